@@ -1,0 +1,131 @@
+"""The ASGI application: ``create_app(settings)``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+
+from gateway.auth import DEFAULT_SECRET_TTL_S, MAX_SECRET_TTL_S, Grant
+from gateway.protocol.errors import Code, ProtocolError
+from gateway.protocol.session_config import ConfigLimits, SessionConfig, apply_update, render
+from gateway.runtime import Runtime
+from gateway.session.session import VadStream
+from gateway.settings import Settings
+from gateway.transport.realtime import RealtimeEndpoint
+from orchestrator.engine import Engine
+
+
+def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
+    body = {"error": {"type": "invalid_request_error", "code": code, "message": message, "param": param}}
+    return JSONResponse(body, status_code=status)
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    engine: Engine | None = None,
+    vad_factory: Callable[[], VadStream] | None | bool = True,
+) -> Starlette:
+    settings = settings or Settings()
+    rt = Runtime(settings, engine, vad_factory=vad_factory)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        ok, reason = rt.ready()
+        return JSONResponse({"status": reason}, status_code=200 if ok else 503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(rt.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def models(request: Request) -> Response:
+        if rt.auth.authenticate_http(request.headers) is None:
+            return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.")
+        info = rt.engine.info
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": settings.model, "object": "model", "owned_by": "omni-gateway",
+                     "engine": info.name, "description": info.description}  # fmt: skip
+                ],
+            }
+        )
+
+    async def client_secrets(request: Request) -> Response:
+        grant = rt.auth.authenticate_http(request.headers)
+        if grant is None:
+            rt.metrics.auth_failures.inc()
+            return _error(401, Code.UNAUTHORIZED, "Minting a client secret needs 'Authorization: Bearer <API key>'.")
+        raw = await request.body()
+        try:
+            body: Any = orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError:
+            return _error(400, Code.INVALID_JSON, "The body is not valid JSON.")
+        if not isinstance(body, dict):
+            return _error(400, Code.INVALID_JSON, "The body must be a JSON object.")
+        ttl = settings.client_secret_ttl_s or DEFAULT_SECRET_TTL_S
+        expires = body.get("expires_after")
+        if expires is not None:
+            seconds = expires.get("seconds") if isinstance(expires, dict) else None
+            if isinstance(seconds, bool) or not isinstance(seconds, int) or not 10 <= seconds <= MAX_SECRET_TTL_S:
+                return _error(400, Code.INVALID_VALUE,
+                              f"'expires_after.seconds' must be an integer from 10 to {MAX_SECRET_TTL_S}.",
+                              "expires_after.seconds")  # fmt: skip
+            ttl = seconds
+        session = body.get("session") or {}
+        config = SessionConfig(model=str(session.get("model", settings.model)) if isinstance(session, dict)
+                               else settings.model)  # fmt: skip
+        try:
+            config, _ = apply_update(
+                config, session, beta=False, limits=ConfigLimits(voices=rt.engine.info.voices)
+            )
+        except ProtocolError as err:
+            return _error(400, err.code, err.message, err.param)
+        token, expires_at = rt.auth.secrets.mint(Grant(grant.principal, session or None), ttl)
+        rendered = render(config, session_id="sess_pending", expires_at=expires_at, beta=False)
+        return JSONResponse({"value": token, "expires_at": expires_at, "session": rendered})
+
+    async def admin(request: Request) -> Response:
+        if rt.auth.authenticate_http(request.headers) is None:
+            return _error(401, Code.UNAUTHORIZED, "Admin endpoints need 'Authorization: Bearer <API key>'.")
+        action = request.path_params["action"]
+        if action == "pause":
+            await rt.orchestrator.pause()
+        elif action == "resume":
+            await rt.orchestrator.resume()
+        else:
+            return _error(404, Code.INVALID_VALUE, f"Unknown admin action {action!r}; use pause or resume.")
+        return JSONResponse({"paused": rt.orchestrator.paused, **rt.orchestrator.stats()})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await rt.start()
+        try:
+            yield
+        finally:
+            await rt.close()
+
+    app = Starlette(
+        routes=[
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics),
+            Route("/v1/models", models),
+            Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
+            Route("/admin/{action}", admin, methods=["POST"]),
+            WebSocketRoute("/v1/realtime", RealtimeEndpoint(rt)),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.runtime = rt
+    return app

@@ -1,0 +1,359 @@
+"""Decode and validate client events (pure: no socket, no engine).
+
+``decode`` turns one text frame into a typed event or raises ``ProtocolError``
+carrying the offending ``param`` and the client's ``event_id``. Structural
+checks live here; checks that need session state (does the item exist? is a
+response active?) live in the session.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from gateway.protocol.errors import Code, ProtocolError
+
+Role = Literal["user", "assistant", "system"]
+
+
+@dataclass(frozen=True, slots=True)
+class PartSpec:
+    """A content part as a client sent it, normalised to GA names."""
+
+    type: Literal["input_text", "input_audio", "output_text", "output_audio"]
+    text: str | None = None
+    audio: bytes | None = None  # decoded input_audio bytes, in the session's input format
+    transcript: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemSpec:
+    id: str | None
+    role: Role
+    content: tuple[PartSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseParams:
+    output_modalities: tuple[Literal["text", "audio"], ...] | None = None
+    instructions: str | None = None
+    voice: str | None = None
+    output_format: Any = None  # raw format object; validated by the session config parser
+    max_output_tokens: int | None | Literal["unset"] = "unset"
+    temperature: float | None = None
+    conversation: Literal["auto", "none"] = "auto"
+    input: tuple[ItemSpec | str, ...] | None = None  # str: an item_reference id
+    metadata: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionUpdate:
+    event_id: str | None
+    session: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AudioAppend:
+    event_id: str | None
+    audio: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AudioCommit:
+    event_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AudioClear:
+    event_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemCreate:
+    event_id: str | None
+    item: ItemSpec
+    previous_item_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemRetrieve:
+    event_id: str | None
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ItemTruncate:
+    event_id: str | None
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ItemDelete:
+    event_id: str | None
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseCreate:
+    event_id: str | None
+    response: ResponseParams = field(default_factory=ResponseParams)
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseCancel:
+    event_id: str | None
+    response_id: str | None = None
+
+
+ClientEvent = (
+    SessionUpdate
+    | AudioAppend
+    | AudioCommit
+    | AudioClear
+    | ItemCreate
+    | ItemRetrieve
+    | ItemTruncate
+    | ItemDelete
+    | ResponseCreate
+    | ResponseCancel
+)
+
+
+class _Ctx:
+    """Carries the client's event_id into every error raised while decoding."""
+
+    __slots__ = ("event_id",)
+
+    def __init__(self, event_id: str | None) -> None:
+        self.event_id = event_id
+
+    def err(self, message: str, param: str | None, code: str = Code.INVALID_VALUE) -> ProtocolError:
+        return ProtocolError(code, message, param=param, event_id=self.event_id)
+
+    def str_(self, obj: dict[str, Any], key: str, *, required: bool = False) -> str | None:
+        value = obj.get(key)
+        if value is None:
+            if required:
+                raise self.err(f"Missing required parameter: '{key}'.", key, Code.MISSING_FIELD)
+            return None
+        if not isinstance(value, str):
+            raise self.err(f"'{key}' must be a string.", key, Code.INVALID_TYPE)
+        return value
+
+    def int_(self, obj: dict[str, Any], key: str, lo: int = 0) -> int:
+        value = obj.get(key)
+        if value is None:
+            raise self.err(f"Missing required parameter: '{key}'.", key, Code.MISSING_FIELD)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.err(f"'{key}' must be an integer.", key, Code.INVALID_TYPE)
+        if value < lo:
+            raise self.err(f"'{key}' must be >= {lo}, got {value}.", key)
+        return value
+
+    def b64(self, value: Any, param: str) -> bytes:
+        if not isinstance(value, str):
+            raise self.err(f"'{param}' must be a base64 string.", param, Code.INVALID_TYPE)
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise self.err(f"'{param}' is not valid base64.", param, Code.INVALID_BASE64) from None
+
+
+def decode(raw: str | bytes) -> ClientEvent:
+    """Parse one JSON text frame into a client event."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(Code.INVALID_JSON, f"The message is not valid JSON: {exc}.") from None
+    if not isinstance(data, dict):
+        raise ProtocolError(Code.INVALID_JSON, "A client event must be a JSON object.")
+    event_id = data.get("event_id")
+    if event_id is not None and not isinstance(event_id, str):
+        raise ProtocolError(Code.INVALID_TYPE, "'event_id' must be a string.", param="event_id")
+    ctx = _Ctx(event_id)
+    kind = data.get("type")
+    if not isinstance(kind, str):
+        raise ctx.err("Missing required parameter: 'type'.", "type", Code.MISSING_FIELD)
+    parser = _PARSERS.get(kind)
+    if parser is None:
+        raise ctx.err(f"Unknown client event type {kind!r}.", "type", Code.UNKNOWN_EVENT)
+    return parser(ctx, data)
+
+
+def _session_update(ctx: _Ctx, d: dict[str, Any]) -> SessionUpdate:
+    session = d.get("session")
+    if not isinstance(session, dict):
+        raise ctx.err("'session' must be an object.", "session", Code.MISSING_FIELD)
+    return SessionUpdate(ctx.event_id, session)
+
+
+def _append(ctx: _Ctx, d: dict[str, Any]) -> AudioAppend:
+    if "audio" not in d:
+        raise ctx.err("Missing required parameter: 'audio'.", "audio", Code.MISSING_FIELD)
+    return AudioAppend(ctx.event_id, ctx.b64(d["audio"], "audio"))
+
+
+def _part(ctx: _Ctx, p: Any, param: str, role: Role) -> PartSpec:
+    if not isinstance(p, dict):
+        raise ctx.err(f"'{param}' must be an object.", param, Code.INVALID_TYPE)
+    kind = p.get("type")
+    # Beta spellings of the assistant parts.
+    kind = {"text": "output_text", "audio": "output_audio"}.get(kind, kind)
+    if kind == "input_text" or kind == "output_text":
+        text = p.get("text")
+        if not isinstance(text, str):
+            raise ctx.err(f"'{param}.text' must be a string.", f"{param}.text", Code.MISSING_FIELD)
+        if role == "assistant" and kind == "input_text":
+            kind = "output_text"
+        return PartSpec(kind, text=text)
+    if kind == "input_audio":
+        audio = ctx.b64(p.get("audio", ""), f"{param}.audio") if p.get("audio") else None
+        transcript = p.get("transcript")
+        if transcript is not None and not isinstance(transcript, str):
+            raise ctx.err(f"'{param}.transcript' must be a string.", f"{param}.transcript", Code.INVALID_TYPE)
+        if audio is None and transcript is None:
+            raise ctx.err(f"'{param}' needs 'audio' or 'transcript'.", f"{param}.audio", Code.MISSING_FIELD)
+        return PartSpec("input_audio", audio=audio, transcript=transcript)
+    if kind == "output_audio":
+        transcript = p.get("transcript")
+        if not isinstance(transcript, str):
+            raise ctx.err(
+                f"'{param}.transcript' must be a string.", f"{param}.transcript", Code.MISSING_FIELD
+            )
+        return PartSpec("output_audio", transcript=transcript)
+    raise ctx.err(
+        f"Unsupported content type {kind!r}; use input_text, input_audio, output_text or output_audio.",
+        f"{param}.type",
+    )
+
+
+def _item(ctx: _Ctx, item: Any, param: str) -> ItemSpec:
+    if not isinstance(item, dict):
+        raise ctx.err(f"'{param}' must be an object.", param, Code.MISSING_FIELD)
+    kind = item.get("type", "message")
+    if kind != "message":
+        raise ctx.err(
+            f"Item type {kind!r} is not supported by this gateway; only 'message' items are.",
+            f"{param}.type",
+        )
+    item_id = item.get("id")
+    if item_id is not None and (not isinstance(item_id, str) or not 0 < len(item_id) <= 64):
+        raise ctx.err(f"'{param}.id' must be a string of 1 to 64 characters.", f"{param}.id")
+    role = item.get("role")
+    if role not in ("user", "assistant", "system"):
+        raise ctx.err(f"'{param}.role' must be user, assistant or system.", f"{param}.role")
+    content = item.get("content")
+    if not isinstance(content, list) or not content:
+        raise ctx.err(f"'{param}.content' must be a non-empty array.", f"{param}.content", Code.MISSING_FIELD)
+    parts = tuple(_part(ctx, p, f"{param}.content[{i}]", role) for i, p in enumerate(content))
+    return ItemSpec(item_id, role, parts)
+
+
+def _item_create(ctx: _Ctx, d: dict[str, Any]) -> ItemCreate:
+    return ItemCreate(ctx.event_id, _item(ctx, d.get("item"), "item"), ctx.str_(d, "previous_item_id"))
+
+
+def _item_id_event(cls: type) -> Any:
+    def parse(ctx: _Ctx, d: dict[str, Any]) -> Any:
+        return cls(ctx.event_id, ctx.str_(d, "item_id", required=True))
+
+    return parse
+
+
+def _truncate(ctx: _Ctx, d: dict[str, Any]) -> ItemTruncate:
+    item_id = ctx.str_(d, "item_id", required=True)
+    assert item_id is not None
+    return ItemTruncate(ctx.event_id, item_id, ctx.int_(d, "content_index"), ctx.int_(d, "audio_end_ms"))
+
+
+def _response_create(ctx: _Ctx, d: dict[str, Any]) -> ResponseCreate:
+    r = d.get("response")
+    if r is None:
+        return ResponseCreate(ctx.event_id)
+    if not isinstance(r, dict):
+        raise ctx.err("'response' must be an object.", "response", Code.INVALID_TYPE)
+    mods = r.get("output_modalities", r.get("modalities"))
+    if mods is not None:
+        if not isinstance(mods, list) or not mods or any(m not in ("text", "audio") for m in mods):
+            raise ctx.err("'response.output_modalities' must be [\"audio\"] or [\"text\"].",
+                          "response.output_modalities")  # fmt: skip
+        mods = ("audio",) if "audio" in mods else ("text",)
+    instructions = r.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise ctx.err("'response.instructions' must be a string.", "response.instructions", Code.INVALID_TYPE)
+    voice = r.get("voice")
+    out_format = r.get("output_audio_format")
+    audio = r.get("audio")
+    if isinstance(audio, dict) and isinstance(audio.get("output"), dict):
+        voice = audio["output"].get("voice", voice)
+        out_format = audio["output"].get("format", out_format)
+    if voice is not None and not isinstance(voice, str):
+        raise ctx.err("'response.audio.output.voice' must be a string.", "response.audio.output.voice")
+    max_tokens: int | None | Literal["unset"] = "unset"
+    raw_max = r.get("max_output_tokens", r.get("max_response_output_tokens", "unset"))
+    if raw_max == "inf":
+        max_tokens = None
+    elif raw_max != "unset":
+        if isinstance(raw_max, bool) or not isinstance(raw_max, int) or raw_max < 1:
+            raise ctx.err("'response.max_output_tokens' must be a positive integer or \"inf\".",
+                          "response.max_output_tokens")  # fmt: skip
+        max_tokens = raw_max
+    temperature = r.get("temperature")
+    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, int | float)):
+        raise ctx.err("'response.temperature' must be a number.", "response.temperature", Code.INVALID_TYPE)
+    conversation = r.get("conversation", "auto")
+    if conversation not in ("auto", "none"):
+        raise ctx.err("'response.conversation' must be \"auto\" or \"none\".", "response.conversation")
+    items: tuple[ItemSpec | str, ...] | None = None
+    if r.get("input") is not None:
+        if not isinstance(r["input"], list):
+            raise ctx.err("'response.input' must be an array.", "response.input", Code.INVALID_TYPE)
+        parsed: list[ItemSpec | str] = []
+        for i, it in enumerate(r["input"]):
+            if isinstance(it, dict) and it.get("type") == "item_reference":
+                ref = it.get("id")
+                if not isinstance(ref, str):
+                    raise ctx.err("An item_reference needs an 'id'.", f"response.input[{i}].id")
+                parsed.append(ref)
+            else:
+                parsed.append(_item(ctx, it, f"response.input[{i}]"))
+        items = tuple(parsed)
+    metadata = r.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise ctx.err("'response.metadata' must be an object.", "response.metadata", Code.INVALID_TYPE)
+    return ResponseCreate(
+        ctx.event_id,
+        ResponseParams(
+            output_modalities=mods,
+            instructions=instructions,
+            voice=voice,
+            output_format=out_format,
+            max_output_tokens=max_tokens,
+            temperature=None if temperature is None else float(temperature),
+            conversation=conversation,
+            input=items,
+            metadata=metadata,
+        ),
+    )
+
+
+_PARSERS: dict[str, Any] = {
+    "session.update": _session_update,
+    "input_audio_buffer.append": _append,
+    "input_audio_buffer.commit": lambda ctx, d: AudioCommit(ctx.event_id),
+    "input_audio_buffer.clear": lambda ctx, d: AudioClear(ctx.event_id),
+    "conversation.item.create": _item_create,
+    "conversation.item.retrieve": _item_id_event(ItemRetrieve),
+    "conversation.item.delete": _item_id_event(ItemDelete),
+    "conversation.item.truncate": _truncate,
+    "response.create": _response_create,
+    "response.cancel": lambda ctx, d: ResponseCancel(ctx.event_id, ctx.str_(d, "response_id")),
+}
+
+CLIENT_EVENT_TYPES = tuple(_PARSERS)

@@ -1,0 +1,76 @@
+"""Stable error codes and WebSocket close codes.
+
+Every client-visible failure has one code here. Codes never change meaning;
+new failures get new codes. The README's "Errors" table is generated from
+nothing: keep it in step with this module by hand.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Code:
+    """``error.code`` values sent in ``error`` events."""
+
+    INVALID_JSON = "invalid_json"
+    UNKNOWN_EVENT = "unknown_event"
+    UNKNOWN_PARAMETER = "unknown_parameter"
+    MISSING_FIELD = "missing_required_parameter"
+    INVALID_VALUE = "invalid_value"
+    INVALID_TYPE = "invalid_type"
+    INVALID_BASE64 = "invalid_base64"
+    INVALID_AUDIO = "invalid_audio_format"  # bytes that cannot be the session's format
+    UNSUPPORTED_FORMAT = "unsupported_audio_format"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    APPEND_TOO_LARGE = "audio_append_too_large"
+    BUFFER_FULL = "input_audio_buffer_full"
+    BUFFER_TOO_SMALL = "input_audio_buffer_commit_empty"
+    RESPONSE_ACTIVE = "conversation_already_has_active_response"
+    RESPONSE_NOT_ACTIVE = "response_cancel_not_active"
+    ITEM_NOT_FOUND = "item_not_found"
+    ITEM_EXISTS = "item_already_exists"
+    INVALID_TRUNCATE = "invalid_truncate"
+    SERVER_BUSY = "server_busy"
+    ENGINE_ERROR = "engine_error"
+    ENGINE_UNAVAILABLE = "engine_unavailable"
+    TRANSCRIPTION_FAILED = "transcription_failed"
+    SESSION_EXPIRED = "session_expired"
+    UNAUTHORIZED = "unauthorized"
+    RATE_LIMITED = "rate_limited"
+    SLOW_CONSUMER = "slow_consumer"
+    INTERNAL = "internal_error"
+
+
+class CloseCode(IntEnum):
+    """WebSocket close codes the gateway uses (documented in the README)."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001
+    MESSAGE_TOO_BIG = 1009  # a frame over the hard transport limit (uvicorn closes)
+    INTERNAL_ERROR = 1011
+    SERVICE_RESTART = 1012  # drain: reconnect and resume on another replica
+    TRY_AGAIN_LATER = 1013  # the replica is at its session limit
+    UNAUTHORIZED = 4001  # missing, wrong, expired or already used credentials
+    SESSION_EXPIRED = 4008  # the session reached its maximum lifetime
+    SLOW_CONSUMER = 4010  # the client read too slowly; the outbound queue overflowed
+
+
+class ProtocolError(Exception):
+    """A client mistake: reported as an ``error`` event; the session goes on."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        event_id: str | None = None,
+        type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.event_id = event_id
+        self.type = type

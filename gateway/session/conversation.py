@@ -1,0 +1,106 @@
+"""Conversation items: the session's memory of the dialogue (pure data).
+
+Items render in the GA shape, or the beta shape for beta clients. Input audio
+is not kept once it has been transcribed: an ``input_audio`` part holds its
+transcript only (documented in the README), so a long session's memory stays
+proportional to its text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from orchestrator.engine import Message
+
+PartType = Literal["input_text", "input_audio", "output_text", "output_audio"]
+_BETA_PART = {"output_text": "text", "output_audio": "audio"}
+
+
+@dataclass(slots=True)
+class Part:
+    type: PartType
+    text: str | None = None
+    transcript: str | None = None
+    audio_ms: float = 0.0  # output audio sent for this part (truncate checks against it)
+    # (audio offset in ms when the text was produced, text length after it):
+    # lets truncate keep only the transcript whose audio had started playing.
+    marks: list[tuple[float, int]] = field(default_factory=list)
+
+    def render(self, beta: bool) -> dict[str, Any]:
+        kind = _BETA_PART.get(self.type, self.type) if beta else self.type
+        if self.type in ("input_text", "output_text"):
+            return {"type": kind, "text": self.text or ""}
+        return {"type": kind, "transcript": self.transcript}
+
+    @property
+    def content_text(self) -> str:
+        return (self.text if self.type.endswith("_text") else self.transcript) or ""
+
+
+@dataclass(slots=True)
+class Item:
+    id: str
+    role: Literal["user", "assistant", "system"]
+    content: list[Part]
+    status: Literal["completed", "in_progress", "incomplete"] = "completed"
+    pending_transcription: bool = False  # an input_audio part still being transcribed
+
+    def render(self, beta: bool) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "realtime.item",
+            "type": "message",
+            "status": self.status,
+            "role": self.role,
+            "content": [p.render(beta) for p in self.content],
+        }
+
+    def as_message(self) -> Message:
+        return Message(self.role, " ".join(p.content_text for p in self.content if p.content_text))
+
+
+class Conversation:
+    """Ordered items with O(1) lookup by id."""
+
+    def __init__(self) -> None:
+        self._items: list[Item] = []
+        self._by_id: dict[str, Item] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._items)
+
+    def get(self, item_id: str) -> Item | None:
+        return self._by_id.get(item_id)
+
+    def last_id(self) -> str | None:
+        return self._items[-1].id if self._items else None
+
+    def insert(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Insert after ``previous_item_id`` (None: at the end); returns the id before it."""
+        if previous_item_id is None:
+            prev = self.last_id()
+            self._items.append(item)
+        elif previous_item_id == "root":
+            prev = None
+            self._items.insert(0, item)
+        else:
+            index = next(i for i, it in enumerate(self._items) if it.id == previous_item_id)
+            prev = previous_item_id
+            self._items.insert(index + 1, item)
+        self._by_id[item.id] = item
+        return prev
+
+    def remove(self, item_id: str) -> Item:
+        item = self._by_id.pop(item_id)
+        self._items.remove(item)
+        return item
+
+    def oldest(self) -> Item | None:
+        return self._items[0] if self._items else None
+
+    def messages(self) -> list[Message]:
+        return [it.as_message() for it in self._items]

@@ -1,0 +1,93 @@
+"""Gateway settings: defaults, then ``OMNI_GATEWAY_*`` environment variables,
+then command-line flags (highest). Every limit says what happens when hit.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+ENV_PREFIX = "OMNI_GATEWAY_"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # Which engine serves sessions: "cascade" (embedded CPU voice: silero VAD,
+    # pocketsphinx, echo thinker, eSpeak NG) or "passthrough" (benchmarks: no model).
+    engine: str = "cascade"
+    model: str = "omni-cascade"  # the name /v1/models lists and sessions report
+    redis_url: str | None = None  # None: in-process memory store
+    api_keys: tuple[str, ...] = ()  # comma separated in the environment
+    # Auth is required whenever the gateway binds beyond loopback or keys are set.
+    # Starting on a non-loopback address with no keys is refused (see cli).
+    auth_required: bool | None = None
+    log_level: str = "info"
+
+    # --- limits ---
+    max_sessions: int = 2_000  # concurrent sessions per process; more: close 1013
+    max_message_bytes: int = 1 << 20  # one client message; larger: error message_too_large,
+    #   the message is dropped and the session goes on
+    max_frame_bytes: int = 8 << 20  # hard transport limit; larger: close 1009 (uvicorn)
+    max_append_ms: int = 10_000  # audio in one append; more: error audio_append_too_large
+    max_buffer_ms: int = 300_000  # uncommitted audio; more: error input_audio_buffer_full
+    max_conversation_items: int = 1_000  # beyond: oldest items deleted (conversation.item.deleted)
+    session_lifetime_s: float = 3_600.0  # then error session_expired and close 4008
+    outbound_queue_bytes: int = 16 << 20  # unsent bytes per socket; more: close 4010 slow_consumer
+    max_transcriptions: int = 1_024  # running transcription requests per process
+    max_responses: int = 256  # running response requests per process
+    admission_timeout_s: float = 10.0  # wait for a slot; then the request fails with server_busy
+    client_secret_ttl_s: int = 600  # default lifetime of a minted client secret (max 7200)
+
+    @property
+    def requires_auth(self) -> bool:
+        if self.auth_required is not None:
+            return self.auth_required
+        return bool(self.api_keys) or not is_loopback(self.host)
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _convert(name: str, raw: str, current: Any) -> Any:
+    if name == "api_keys":
+        return tuple(k.strip() for k in raw.split(",") if k.strip())
+    if name == "auth_required":
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if name == "redis_url":
+        return raw or None
+    if isinstance(current, bool):
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if isinstance(current, int):
+        return int(raw)
+    if isinstance(current, float):
+        return float(raw)
+    return raw
+
+
+def from_env(environ: Mapping[str, str] | None = None, base: Settings | None = None) -> Settings:
+    environ = os.environ if environ is None else environ
+    settings = base or Settings()
+    changes: dict[str, Any] = {}
+    for f in fields(Settings):
+        raw = environ.get(ENV_PREFIX + f.name.upper())
+        if raw is not None:
+            changes[f.name] = _convert(f.name, raw, getattr(settings, f.name))
+    return replace(settings, **changes)
+
+
+def setting_names() -> list[str]:
+    return [f.name for f in fields(Settings)]
+
+
+__all__ = ["ENV_PREFIX", "Settings", "field", "from_env", "is_loopback", "setting_names"]

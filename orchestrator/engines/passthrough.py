@@ -1,0 +1,119 @@
+"""A model-free engine for benchmarks and protocol tests.
+
+It computes nothing a person would call an answer, and says so:
+
+- ``transcribe`` answers every input audio chunk at once with one text delta,
+  ``"<n> "`` where n counts the chunks of the request, so a load generator can
+  match each delta to the chunk that caused it and measure the gateway's added
+  latency. ``Finished.text`` is all the deltas joined.
+- ``respond`` streams ``audio_chunks`` chunks of ``chunk_ms`` ms of a quiet
+  440 Hz tone, paced in real time (``chunk_ms`` apart), each preceded every
+  ``words_every`` chunks by a transcript word, then finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from orchestrator.engine import (
+    AudioChunk,
+    AudioDelta,
+    EngineInfo,
+    EngineInput,
+    EngineOutput,
+    Finished,
+    ResponseRequest,
+    TextChunk,
+    TextDelta,
+    TranscriptionRequest,
+    Usage,
+)
+
+RATE = 24000
+
+
+class PassthroughEngine:
+    def __init__(self, *, audio_chunks: int = 50, chunk_ms: int = 20, paced: bool = True) -> None:
+        self.info = EngineInfo(
+            name="passthrough",
+            description="No model: numbers each input chunk as a transcript delta and streams a paced tone "
+            "as the answer. For benchmarks and protocol tests.",
+            input_sample_rate=RATE,
+            output_sample_rate=RATE,
+            voices=("tone",),
+            default_voice="tone",
+            transcription_models=("passthrough",),
+            ignored_fields=("temperature", "tools", "tool_choice", "noise_reduction", "speed"),
+        )
+        self.audio_chunks = audio_chunks
+        self.chunk_ms = chunk_ms
+        self.paced = paced
+        n = RATE * chunk_ms // 1000
+        tone = 0.05 * np.sin(2 * np.pi * 440 * np.arange(n) / RATE)
+        self._chunk = (tone * 32767).astype("<i2").tobytes()
+        self.active: set[str] = set()  # request ids the engine is serving (tests check for leaks)
+        self.aborted: list[str] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def healthy(self) -> bool:
+        return True
+
+    async def transcribe(
+        self, request: TranscriptionRequest, inputs: AsyncIterator[AudioChunk]
+    ) -> AsyncIterator[EngineOutput]:
+        self.active.add(request.request_id)
+        try:
+            n = 0
+            samples = 0
+            async for chunk in inputs:
+                n += 1
+                samples += len(chunk.pcm) // 2
+                yield TextDelta(f"{n} ")
+            text = " ".join(str(i) for i in range(1, n + 1))
+            yield Finished(text=text, usage=Usage(input_audio_tokens=samples * 10 // RATE))
+        finally:
+            self.active.discard(request.request_id)
+
+    async def respond(
+        self, request: ResponseRequest, inputs: AsyncIterator[EngineInput]
+    ) -> AsyncIterator[EngineOutput]:
+        self.active.add(request.request_id)
+        try:
+            heard = " ".join(m.text for m in request.messages if m.role == "user")
+            async for chunk in inputs:  # the streamed transcript, if any
+                if isinstance(chunk, TextChunk):
+                    heard = f"{heard} {chunk.text}".strip()
+            limit = request.max_output_tokens
+            words = 0
+            audio = "audio" in request.modalities
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            for i in range(self.audio_chunks):
+                if limit is not None and words >= limit:
+                    yield Finished("length", usage=Usage(output_text_tokens=words))
+                    return
+                yield TextDelta(f"w{i} ")
+                words += 1
+                if audio:
+                    yield AudioDelta(self._chunk)
+                if self.paced:
+                    delay = start + (i + 1) * self.chunk_ms / 1000 - loop.time()
+                    await asyncio.sleep(max(0.0, delay))
+            yield Finished(
+                text=heard,
+                usage=Usage(input_text_tokens=len(heard.split()), output_text_tokens=words,
+                            output_audio_tokens=self.audio_chunks if audio else 0),
+            )  # fmt: skip
+        finally:
+            self.active.discard(request.request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)

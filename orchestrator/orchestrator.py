@@ -1,0 +1,292 @@
+"""The orchestrator owns engine requests: admission, pause, the input pump,
+abort, and per-request metrics. It knows no WebSocket and no JSON.
+
+A request is submitted with callbacks (``on_output``, ``on_error``) that the
+caller provides, so nothing here imports a higher floor. Each request runs in
+one task the orchestrator owns:
+
+1. admission: wait while generation is paused, then for a free slot of its
+   kind; both waits together are bounded by ``admission_timeout_s``, after
+   which the request fails with ``server_busy``. A request past the pause gate
+   but not yet running is counted in ``admitting``, so ``pause()`` returns only
+   once no admission is in flight: a pause or a drain never races one.
+2. the input pump: chunks given to ``feed`` reach the engine through an async
+   iterator; ``end`` is the final marker (the iterator ends). ``cancel``
+   aborts the engine request and sends no final marker.
+3. outputs go to ``on_output`` as they come; an exception becomes
+   ``on_error(code, message)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from orchestrator.engine import (
+    AudioDelta,
+    Engine,
+    EngineError,
+    EngineInput,
+    EngineOutput,
+    Finished,
+    ResponseRequest,
+    TranscriptionRequest,
+)
+from orchestrator.metrics import Metrics
+
+log = logging.getLogger("omni.orchestrator")
+
+Kind = Literal["transcription", "response"]
+_END = object()
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionLimits:
+    """Bounds on running requests. When a kind is full, new requests wait up to
+    ``admission_timeout_s`` for a slot, then fail with ``server_busy``."""
+
+    max_transcriptions: int = 1024
+    max_responses: int = 256
+    admission_timeout_s: float = 10.0
+
+
+class RequestHandle:
+    """One engine request; created by ``Orchestrator.submit``."""
+
+    def __init__(
+        self,
+        orchestrator: Orchestrator,
+        kind: Kind,
+        request: TranscriptionRequest | ResponseRequest,
+        on_output: Callable[[EngineOutput], None],
+        on_error: Callable[[str, str], None],
+        turn_started_at: float | None,
+    ) -> None:
+        self.kind = kind
+        self.request = request
+        self.request_id = request.request_id
+        self._orch = orchestrator
+        self._on_output = on_output
+        self._on_error = on_error
+        self._turn_started_at = turn_started_at
+        self._inputs: asyncio.Queue[object] = asyncio.Queue()
+        self._ended = False
+        self._engine_started = False
+        self.submitted_at = time.monotonic()
+        orchestrator._handles[self.request_id] = self
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"request {self.request_id}")
+
+    def feed(self, chunk: EngineInput) -> None:
+        if not self._ended:
+            self._inputs.put_nowait(chunk)
+
+    def end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._inputs.put_nowait(_END)
+
+    def cancel(self) -> None:
+        """Abort: the task is cancelled and the engine told; no final marker."""
+        self._ended = True
+        if not self.task.done():
+            self.task.cancel()
+
+    async def _input_stream(self) -> AsyncIterator[EngineInput]:
+        while True:
+            chunk = await self._inputs.get()
+            if chunk is _END:
+                return
+            yield chunk  # type: ignore[misc]
+
+    async def _run(self) -> None:
+        try:
+            await self._admit_and_run()
+        finally:
+            self._orch._handles.pop(self.request_id, None)
+
+    async def _admit_and_run(self) -> None:
+        orch, kind, m = self._orch, self.kind, self._orch.metrics
+        status = "failed"
+        try:
+            await orch._admit(kind)
+        except asyncio.CancelledError:
+            orch.metrics.requests.labels(kind, "cancelled").inc()
+            raise
+        except EngineError as exc:
+            orch.metrics.requests.labels(kind, "rejected").inc()
+            self._on_error(exc.code, exc.message)
+            return
+        admitted = time.monotonic()
+        m.queue_wait.labels(kind).observe(admitted - self.submitted_at)
+        m.inflight.labels(kind).inc()
+        orch._running[self.request_id] = self
+        self._engine_started = True
+        last = None
+        first_audio = True
+        try:
+            engine = orch.engine
+            stream = (
+                engine.transcribe(self.request, self._input_stream())  # type: ignore[arg-type]
+                if kind == "transcription"
+                else engine.respond(self.request, self._input_stream())  # type: ignore[arg-type]
+            )
+            async for output in stream:
+                now = time.monotonic()
+                if not isinstance(output, Finished):
+                    if last is None:
+                        m.first_delta.labels(kind).observe(now - admitted)
+                    else:
+                        m.delta_gap.labels(kind).observe(now - last)
+                    last = now
+                    if first_audio and isinstance(output, AudioDelta) and self._turn_started_at is not None:
+                        m.turn_latency.observe(now - self._turn_started_at)
+                        first_audio = False
+                self._on_output(output)
+            status = "completed"
+        except asyncio.CancelledError:
+            status = "cancelled"
+            raise
+        except EngineError as exc:
+            if exc.fatal:
+                orch.engine_failed = exc.message
+            self._on_error(exc.code, exc.message)
+        except Exception as exc:  # an engine bug must fail one request, not the session
+            log.exception("engine request %s failed", self.request_id)
+            self._on_error("engine_error", f"The engine failed: {type(exc).__name__}.")
+        finally:
+            m.inflight.labels(kind).dec()
+            m.requests.labels(kind, status).inc()
+            orch._running.pop(self.request_id, None)
+            orch._release(kind)
+            if status != "completed":
+                # Abort in a fresh task: this one may be cancelled already.
+                orch._spawn_abort(self.request_id)
+
+
+class Orchestrator:
+    def __init__(self, engine: Engine, limits: AdmissionLimits | None = None, metrics: Metrics | None = None):
+        self.engine = engine
+        self.limits = limits or AdmissionLimits()
+        self.metrics = metrics or Metrics()
+        self.engine_failed: str | None = None  # set when the engine reported itself dead
+        self._cond = asyncio.Condition()
+        self._paused = False
+        self._admitting = 0
+        self._active = {"transcription": 0, "response": 0}
+        self._handles: dict[str, RequestHandle] = {}  # every request not yet finished
+        self._running: dict[str, RequestHandle] = {}  # admitted: the engine has it
+        self._aborts: set[asyncio.Task[None]] = set()
+
+    # --- submission ------------------------------------------------------------
+
+    def submit(
+        self,
+        kind: Kind,
+        request: TranscriptionRequest | ResponseRequest,
+        *,
+        on_output: Callable[[EngineOutput], None],
+        on_error: Callable[[str, str], None],
+        turn_started_at: float | None = None,
+    ) -> RequestHandle:
+        return RequestHandle(self, kind, request, on_output, on_error, turn_started_at)
+
+    def _capacity(self, kind: Kind) -> int:
+        lim = self.limits
+        return lim.max_transcriptions if kind == "transcription" else lim.max_responses
+
+    async def _admit(self, kind: Kind) -> None:
+        if self.engine_failed is not None or not self.engine.healthy():
+            raise EngineError("engine_unavailable", "The engine is not available; try again later.")
+        try:
+            async with asyncio.timeout(self.limits.admission_timeout_s):
+                async with self._cond:
+                    await self._cond.wait_for(lambda: not self._paused)
+                    self._admitting += 1
+                    try:
+                        await self._cond.wait_for(
+                            lambda: not self._paused and self._active[kind] < self._capacity(kind)
+                        )
+                        self._active[kind] += 1
+                    finally:
+                        self._admitting -= 1
+                        self._cond.notify_all()
+        except TimeoutError:
+            raise EngineError(
+                "server_busy",
+                f"The server is busy: no {kind} slot freed within {self.limits.admission_timeout_s:.0f} s "
+                "(generation paused or at capacity). Try again shortly.",
+            ) from None
+
+    def _release(self, kind: Kind) -> None:
+        self._active[kind] -= 1
+        loop = asyncio.get_running_loop()
+        loop.create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._cond:
+            self._cond.notify_all()
+
+    def _spawn_abort(self, request_id: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._abort(request_id))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+    async def _abort(self, request_id: str) -> None:
+        try:
+            await self.engine.abort(request_id)
+        except Exception:
+            log.exception("engine abort of %s failed", request_id)
+
+    # --- pause / resume / drain ------------------------------------------------
+
+    async def pause(self) -> None:
+        """Stop admitting; returns once no request is half-way through admission."""
+        async with self._cond:
+            self._paused = True
+            await self._cond.wait_for(lambda: self._admitting == 0)
+
+    async def resume(self) -> None:
+        async with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "admitting": self._admitting,
+            "running_transcriptions": self._active["transcription"],
+            "running_responses": self._active["response"],
+            "max_responses": self.limits.max_responses,
+        }
+
+    @property
+    def pending(self) -> int:
+        return len(self._handles)
+
+    async def close(self) -> None:
+        for handle in list(self._handles.values()):
+            handle.cancel()
+        tasks = [h.task for h in self._handles.values()]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._aborts:
+            await asyncio.gather(*self._aborts, return_exceptions=True)
+
+    async def wait_idle(self) -> None:
+        """Wait until every request task and pending abort has finished (tests, drain)."""
+        while self._handles or self._aborts:
+            with contextlib.suppress(Exception):
+                await asyncio.gather(*[h.task for h in self._handles.values()], *self._aborts, return_exceptions=True)
+            await asyncio.sleep(0)
