@@ -32,7 +32,7 @@ def create_app(
     settings: Settings | None = None,
     *,
     engine: Engine | None = None,
-    vad_factory: Callable[[], VadStream] | None | bool = True,
+    vad_factory: Callable[[], VadStream] | bool | None = True,
 ) -> Starlette:
     settings = settings or Settings()
     rt = Runtime(settings, engine, vad_factory=vad_factory)
@@ -55,8 +55,13 @@ def create_app(
             {
                 "object": "list",
                 "data": [
-                    {"id": settings.model, "object": "model", "owned_by": "omni-gateway",
-                     "engine": info.name, "description": info.description}  # fmt: skip
+                    {
+                        "id": settings.model,
+                        "object": "model",
+                        "owned_by": "omni-gateway",
+                        "engine": info.name,
+                        "description": info.description,
+                    }
                 ],
             }
         )
@@ -86,9 +91,7 @@ def create_app(
         config = SessionConfig(model=str(session.get("model", settings.model)) if isinstance(session, dict)
                                else settings.model)  # fmt: skip
         try:
-            config, _ = apply_update(
-                config, session, beta=False, limits=ConfigLimits(voices=rt.engine.info.voices)
-            )
+            config, _ = apply_update(config, session, beta=False, limits=ConfigLimits(voices=rt.engine.info.voices))
         except ProtocolError as err:
             return _error(400, err.code, err.message, err.param)
         token, expires_at = rt.auth.secrets.mint(Grant(grant.principal, session or None), ttl)

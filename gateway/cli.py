@@ -22,13 +22,19 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the gateway")
     serve.add_argument("--host", help="bind address (env OMNI_GATEWAY_HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (env OMNI_GATEWAY_PORT, default 8000)")
-    serve.add_argument("--engine", choices=["cascade", "passthrough"],
-                       help="engine (env OMNI_GATEWAY_ENGINE, default cascade)")
+    serve.add_argument(
+        "--engine", choices=["cascade", "passthrough"], help="engine (env OMNI_GATEWAY_ENGINE, default cascade)"
+    )
     serve.add_argument("--model", help="model name sessions report (env OMNI_GATEWAY_MODEL)")
-    serve.add_argument("--redis-url", help="Redis URL for shared state (env OMNI_GATEWAY_REDIS_URL; "
-                       "default: in-process memory)")
-    serve.add_argument("--api-key", action="append", dest="api_keys",
-                       help="accepted API key; repeat for several (env OMNI_GATEWAY_API_KEYS, comma separated)")
+    serve.add_argument(
+        "--redis-url", help="Redis URL for shared state (env OMNI_GATEWAY_REDIS_URL; default: in-process memory)"
+    )
+    serve.add_argument(
+        "--api-key",
+        action="append",
+        dest="api_keys",
+        help="accepted API key; repeat for several (env OMNI_GATEWAY_API_KEYS, comma separated)",
+    )
     serve.add_argument("--log-level", help="debug, info, warning (env OMNI_GATEWAY_LOG_LEVEL)")
     return parser
 

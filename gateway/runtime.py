@@ -51,7 +51,7 @@ class Runtime:
         settings: Settings,
         engine: Engine | None = None,
         *,
-        vad_factory: Callable[[], VadStream] | None | bool = True,
+        vad_factory: Callable[[], VadStream] | bool | None = True,
         metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
@@ -73,9 +73,7 @@ class Runtime:
             max_items=settings.max_conversation_items,
             lifetime_s=settings.session_lifetime_s,
         )
-        self.vad_factory: Callable[[], VadStream] | None = (
-            load_vad() if vad_factory is True else (vad_factory or None)  # type: ignore[assignment]
-        )
+        self.vad_factory: Callable[[], VadStream] | None = load_vad() if vad_factory is True else (vad_factory or None)
         self.connections: set[Connection] = set()
         self.draining = False
 

@@ -165,9 +165,7 @@ class Engine(Protocol):
         self, request: TranscriptionRequest, inputs: AsyncIterator[AudioChunk]
     ) -> AsyncIterator[EngineOutput]: ...
 
-    def respond(
-        self, request: ResponseRequest, inputs: AsyncIterator[EngineInput]
-    ) -> AsyncIterator[EngineOutput]: ...
+    def respond(self, request: ResponseRequest, inputs: AsyncIterator[EngineInput]) -> AsyncIterator[EngineOutput]: ...
 
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its resources; a no-op for unknown ids."""

@@ -177,10 +177,11 @@ class Orchestrator:
         self._cond = asyncio.Condition()
         self._paused = False
         self._admitting = 0
+        self._waiting = 0  # admissions blocked on a full kind
         self._active = {"transcription": 0, "response": 0}
         self._handles: dict[str, RequestHandle] = {}  # every request not yet finished
         self._running: dict[str, RequestHandle] = {}  # admitted: the engine has it
-        self._aborts: set[asyncio.Task[None]] = set()
+        self._aborts: set[asyncio.Task[None]] = set()  # abort and wake-up tasks in flight
 
     # --- submission ------------------------------------------------------------
 
@@ -208,9 +209,14 @@ class Orchestrator:
                     await self._cond.wait_for(lambda: not self._paused)
                     self._admitting += 1
                     try:
-                        await self._cond.wait_for(
-                            lambda: not self._paused and self._active[kind] < self._capacity(kind)
-                        )
+                        if self._active[kind] >= self._capacity(kind):
+                            self._waiting += 1
+                            try:
+                                await self._cond.wait_for(
+                                    lambda: not self._paused and self._active[kind] < self._capacity(kind)
+                                )
+                            finally:
+                                self._waiting -= 1
                         self._active[kind] += 1
                     finally:
                         self._admitting -= 1
@@ -224,8 +230,11 @@ class Orchestrator:
 
     def _release(self, kind: Kind) -> None:
         self._active[kind] -= 1
-        loop = asyncio.get_running_loop()
-        loop.create_task(self._notify())
+        if self._waiting:
+            # Waiters sleep on the condition; waking them needs its lock, hence a task.
+            task = asyncio.get_running_loop().create_task(self._notify())
+            self._aborts.add(task)
+            task.add_done_callback(self._aborts.discard)
 
     async def _notify(self) -> None:
         async with self._cond:

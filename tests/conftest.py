@@ -19,9 +19,9 @@ import websockets
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from gateway.app import create_app  # noqa: E402
-from gateway.runtime import Runtime  # noqa: E402
-from gateway.settings import Settings  # noqa: E402
+from gateway.app import create_app
+from gateway.runtime import Runtime
+from gateway.settings import Settings
 
 
 def free_port() -> int:

@@ -43,7 +43,7 @@ class ResponseParams:
     instructions: str | None = None
     voice: str | None = None
     output_format: Any = None  # raw format object; validated by the session config parser
-    max_output_tokens: int | None | Literal["unset"] = "unset"
+    max_output_tokens: int | Literal["unset"] | None = "unset"
     temperature: float | None = None
     conversation: Literal["auto", "none"] = "auto"
     input: tuple[ItemSpec | str, ...] | None = None  # str: an item_reference id
@@ -202,9 +202,9 @@ def _append(ctx: _Ctx, d: dict[str, Any]) -> AudioAppend:
 def _part(ctx: _Ctx, p: Any, param: str, role: Role) -> PartSpec:
     if not isinstance(p, dict):
         raise ctx.err(f"'{param}' must be an object.", param, Code.INVALID_TYPE)
-    kind = p.get("type")
+    kind: Any = p.get("type")
     # Beta spellings of the assistant parts.
-    kind = {"text": "output_text", "audio": "output_audio"}.get(kind, kind)
+    kind = {"text": "output_text", "audio": "output_audio"}.get(kind, kind) if isinstance(kind, str) else kind
     if kind == "input_text" or kind == "output_text":
         text = p.get("text")
         if not isinstance(text, str):
@@ -223,9 +223,7 @@ def _part(ctx: _Ctx, p: Any, param: str, role: Role) -> PartSpec:
     if kind == "output_audio":
         transcript = p.get("transcript")
         if not isinstance(transcript, str):
-            raise ctx.err(
-                f"'{param}.transcript' must be a string.", f"{param}.transcript", Code.MISSING_FIELD
-            )
+            raise ctx.err(f"'{param}.transcript' must be a string.", f"{param}.transcript", Code.MISSING_FIELD)
         return PartSpec("output_audio", transcript=transcript)
     raise ctx.err(
         f"Unsupported content type {kind!r}; use input_text, input_audio, output_text or output_audio.",
@@ -283,7 +281,9 @@ def _response_create(ctx: _Ctx, d: dict[str, Any]) -> ResponseCreate:
         if not isinstance(mods, list) or not mods or any(m not in ("text", "audio") for m in mods):
             raise ctx.err("'response.output_modalities' must be [\"audio\"] or [\"text\"].",
                           "response.output_modalities")  # fmt: skip
-        mods = ("audio",) if "audio" in mods else ("text",)
+    modalities: tuple[Literal["text", "audio"], ...] | None = None
+    if mods is not None:
+        modalities = ("audio",) if "audio" in mods else ("text",)
     instructions = r.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise ctx.err("'response.instructions' must be a string.", "response.instructions", Code.INVALID_TYPE)
@@ -295,7 +295,7 @@ def _response_create(ctx: _Ctx, d: dict[str, Any]) -> ResponseCreate:
         out_format = audio["output"].get("format", out_format)
     if voice is not None and not isinstance(voice, str):
         raise ctx.err("'response.audio.output.voice' must be a string.", "response.audio.output.voice")
-    max_tokens: int | None | Literal["unset"] = "unset"
+    max_tokens: int | Literal["unset"] | None = "unset"
     raw_max = r.get("max_output_tokens", r.get("max_response_output_tokens", "unset"))
     if raw_max == "inf":
         max_tokens = None
@@ -309,7 +309,7 @@ def _response_create(ctx: _Ctx, d: dict[str, Any]) -> ResponseCreate:
         raise ctx.err("'response.temperature' must be a number.", "response.temperature", Code.INVALID_TYPE)
     conversation = r.get("conversation", "auto")
     if conversation not in ("auto", "none"):
-        raise ctx.err("'response.conversation' must be \"auto\" or \"none\".", "response.conversation")
+        raise ctx.err('\'response.conversation\' must be "auto" or "none".', "response.conversation")
     items: tuple[ItemSpec | str, ...] | None = None
     if r.get("input") is not None:
         if not isinstance(r["input"], list):
@@ -330,7 +330,7 @@ def _response_create(ctx: _Ctx, d: dict[str, Any]) -> ResponseCreate:
     return ResponseCreate(
         ctx.event_id,
         ResponseParams(
-            output_modalities=mods,
+            output_modalities=modalities,
             instructions=instructions,
             voice=voice,
             output_format=out_format,

@@ -143,7 +143,7 @@ def _str(value: Any, param: str) -> str:
 
 def _modalities(value: Any, param: str) -> tuple[Literal["text", "audio"], ...]:
     if not isinstance(value, list) or not value or any(m not in ("text", "audio") for m in value):
-        raise _err(f"'{param}' must be [\"audio\"] or [\"text\"].", param)
+        raise _err(f'\'{param}\' must be ["audio"] or ["text"].', param)
     # ["audio"] and ["audio", "text"] both mean audio with its transcript.
     return ("audio",) if "audio" in value else ("text",)
 
@@ -210,9 +210,7 @@ def _turn_detection(value: Any, param: str, current: TurnDetection | None) -> Tu
             10_000,
         ),
         create_response=_bool(td.get("create_response", base.create_response), f"{param}.create_response"),
-        interrupt_response=_bool(
-            td.get("interrupt_response", base.interrupt_response), f"{param}.interrupt_response"
-        ),
+        interrupt_response=_bool(td.get("interrupt_response", base.interrupt_response), f"{param}.interrupt_response"),
         idle_timeout_ms=(
             None
             if td.get("idle_timeout_ms") is None
@@ -264,9 +262,7 @@ def apply_update(
         if "input_audio_format" in upd:
             changes["input_format"] = parse_beta_format(upd["input_audio_format"], f"{param}.input_audio_format")
         if "output_audio_format" in upd:
-            changes["output_format"] = parse_beta_format(
-                upd["output_audio_format"], f"{param}.output_audio_format"
-            )
+            changes["output_format"] = parse_beta_format(upd["output_audio_format"], f"{param}.output_audio_format")
         if "input_audio_transcription" in upd:
             changes["transcription"] = _transcription(
                 upd["input_audio_transcription"], f"{param}.input_audio_transcription"
@@ -319,9 +315,7 @@ def apply_update(
     return new, warnings
 
 
-def _ga_audio(
-    value: Any, param: str, current: SessionConfig, limits: ConfigLimits
-) -> dict[str, Any]:
+def _ga_audio(value: Any, param: str, current: SessionConfig, limits: ConfigLimits) -> dict[str, Any]:
     audio = _obj(value, param)
     _check_keys(audio, {"input", "output"}, param)
     changes: dict[str, Any] = {}

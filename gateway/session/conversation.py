@@ -8,6 +8,7 @@ proportional to its text.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -70,7 +71,7 @@ class Conversation:
     def __len__(self) -> int:
         return len(self._items)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Item]:
         return iter(self._items)
 
     def get(self, item_id: str) -> Item | None:

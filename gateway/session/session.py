@@ -196,8 +196,7 @@ class RealtimeSession:
     def expire(self) -> None:
         self._fail(
             Code.SESSION_EXPIRED,
-            f"The session reached its maximum lifetime of {self.limits.lifetime_s:.0f} s; "
-            "open a new session.",
+            f"The session reached its maximum lifetime of {self.limits.lifetime_s:.0f} s; open a new session.",
             None,
         )
         self.shutdown()
@@ -442,9 +441,7 @@ class RealtimeSession:
     # --- transcription outputs ---------------------------------------------
 
     def _transcription_delta(self, item_id: str, delta: str) -> None:
-        self._emit(
-            "conversation.item.input_audio_transcription.delta", item_id=item_id, content_index=0, delta=delta
-        )
+        self._emit("conversation.item.input_audio_transcription.delta", item_id=item_id, content_index=0, delta=delta)
 
     def on_transcription(self, request_id: str, output: EngineOutput) -> None:
         inp = self._input if self._input and self._input.request_id == request_id else None
@@ -482,9 +479,7 @@ class RealtimeSession:
         else:
             self._fail(code, f"Speech recognition failed: {message}", None)
 
-    def _transcribed(
-        self, item_id: str, text: str, usage: Usage | None, failure: tuple[str, str] | None
-    ) -> None:
+    def _transcribed(self, item_id: str, text: str, usage: Usage | None, failure: tuple[str, str] | None) -> None:
         item = self.conversation.get(item_id)
         if item is not None:
             item.content[0].transcript = text
@@ -519,9 +514,7 @@ class RealtimeSession:
     def _item(self, event: ce.ItemRetrieve | ce.ItemTruncate | ce.ItemDelete) -> Item:
         item = self.conversation.get(event.item_id)
         if item is None:
-            raise ProtocolError(
-                Code.ITEM_NOT_FOUND, f"Item with item_id {event.item_id!r} not found.", param="item_id"
-            )
+            raise ProtocolError(Code.ITEM_NOT_FOUND, f"Item with item_id {event.item_id!r} not found.", param="item_id")
         return item
 
     def _insert(self, item: Item, previous_item_id: str | None) -> str | None:
@@ -579,9 +572,7 @@ class RealtimeSession:
     def _truncate(self, event: ce.ItemTruncate) -> None:
         item = self._item(event)
         if item.role != "assistant":
-            raise ProtocolError(
-                Code.INVALID_TRUNCATE, "Only assistant audio items can be truncated.", param="item_id"
-            )
+            raise ProtocolError(Code.INVALID_TRUNCATE, "Only assistant audio items can be truncated.", param="item_id")
         if event.content_index >= len(item.content) or item.content[event.content_index].type != "output_audio":
             raise ProtocolError(
                 Code.INVALID_TRUNCATE,

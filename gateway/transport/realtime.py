@@ -258,7 +258,6 @@ class Connection:
             self.outbox.abort(CloseCode.SLOW_CONSUMER, Code.SLOW_CONSUMER)
 
     def _run_effects(self, effects: list[Any]) -> None:
-        orch = self.runtime.orchestrator
         for effect in effects:
             match effect:
                 case Feed():
@@ -269,27 +268,9 @@ class Connection:
                     handle = self.handles.get(effect.request_id)
                     if handle is not None:
                         handle.end()
-                case StartTranscription():
-                    if self.closed:
-                        continue
-                    rid = effect.request.request_id
-                    self.handles[rid] = orch.submit(
-                        "transcription",
-                        effect.request,
-                        on_output=lambda out, rid=rid: self._on_output(rid, out, transcription=True),
-                        on_error=lambda code, msg, rid=rid: self._on_error(rid, code, msg, transcription=True),
-                    )
-                case StartResponse():
-                    if self.closed:
-                        continue
-                    rid = effect.request.request_id
-                    self.handles[rid] = orch.submit(
-                        "response",
-                        effect.request,
-                        on_output=lambda out, rid=rid: self._on_output(rid, out, transcription=False),
-                        on_error=lambda code, msg, rid=rid: self._on_error(rid, code, msg, transcription=False),
-                        turn_started_at=effect.turn_started_at,
-                    )
+                case StartTranscription() | StartResponse():
+                    if not self.closed:
+                        self._start(effect)
                 case Cancel():
                     handle = self.handles.pop(effect.request_id, None)
                     if handle is not None:
@@ -297,6 +278,24 @@ class Connection:
                 case Close():
                     self.runtime.metrics.closes.labels(str(effect.code)).inc()
                     self.outbox.close(effect.code, effect.reason)
+
+    def _start(self, effect: StartTranscription | StartResponse) -> None:
+        rid = effect.request.request_id
+        transcription = isinstance(effect, StartTranscription)
+
+        def on_output(output: EngineOutput) -> None:
+            self._on_output(rid, output, transcription=transcription)
+
+        def on_error(code: str, message: str) -> None:
+            self._on_error(rid, code, message, transcription=transcription)
+
+        self.handles[rid] = self.runtime.orchestrator.submit(
+            "transcription" if transcription else "response",
+            effect.request,
+            on_output=on_output,
+            on_error=on_error,
+            turn_started_at=None if transcription else effect.turn_started_at,  # type: ignore[union-attr]
+        )
 
     def _on_output(self, request_id: str, output: EngineOutput, *, transcription: bool) -> None:
         if isinstance(output, Finished):
