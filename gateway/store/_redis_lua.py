@@ -1,0 +1,142 @@
+"""Lua scripts of ``RedisStore``: each runs atomically in one round trip.
+
+Ids in the journal stream are ``<seq>-0``; ``XTRIM MINID <seq>-1`` therefore
+drops every entry up to and including ``seq``. Numbers written back to Redis go
+through ``string.format('%d')`` so large values never turn into ``1e+15``.
+"""
+
+# KEYS: 1 fence, 2 snap, 3 log, 4 meta
+# ARGV: 1 fence, 2 idle_ttl_ms, 3 max_events, 4 max_bytes, 5 lost_through,
+#       6 has_snapshot ('1' | '0'), 7 snapshot, then (seq, data) pairs from 8.
+# Returns {1, ''} when written, {0, current_fence_or_''} when fenced (nothing written).
+COMMIT = """
+local cur = redis.call('GET', KEYS[1])
+if cur ~= ARGV[1] then
+  return {0, cur or ''}
+end
+local ttl = ARGV[2]
+if ARGV[6] == '1' then
+  redis.call('SET', KEYS[2], ARGV[7], 'PX', ttl)
+end
+local m = redis.call('HMGET', KEYS[4], 'last', 'trimmed', 'bytes')
+local lost = tonumber(ARGV[5])
+if m[1] or #ARGV > 7 or lost > 0 then
+  local last = tonumber(m[1]) or 0
+  local trimmed = math.max(tonumber(m[2]) or 0, lost)
+  local bytes = tonumber(m[3]) or 0
+  for i = 8, #ARGV, 2 do
+    local seq = tonumber(ARGV[i])
+    if seq > last and seq > trimmed then
+      -- pcall: an id at or below the stream's top (meta lost) is skipped, not fatal
+      local r = redis.pcall('XADD', KEYS[3], ARGV[i] .. '-0', 'd', ARGV[i + 1])
+      if type(r) ~= 'table' or not r.err then
+        bytes = bytes + #ARGV[i + 1]
+      end
+    end
+    if seq > last then last = seq end
+  end
+  -- caps: drop the oldest entries exactly; cut is the id of the last one dropped
+  local maxn, maxb = tonumber(ARGV[3]), tonumber(ARGV[4])
+  local cut = nil
+  local excess = redis.call('XLEN', KEYS[3]) - maxn
+  if excess > 0 then
+    for _, e in ipairs(redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', excess)) do
+      bytes = bytes - #e[2][2]
+      cut = e[1]
+    end
+  end
+  while bytes > maxb do
+    local batch = redis.call('XRANGE', KEYS[3], cut and ('(' .. cut) or '-', '+', 'COUNT', 128)
+    if #batch == 0 then
+      bytes = 0
+      break
+    end
+    for _, e in ipairs(batch) do
+      bytes = bytes - #e[2][2]
+      cut = e[1]
+      if bytes <= maxb then break end
+    end
+  end
+  if cut then
+    local s = string.match(cut, '^(%d+)')
+    redis.call('XTRIM', KEYS[3], 'MINID', s .. '-1')
+    trimmed = math.max(trimmed, tonumber(s))
+  end
+  redis.call('HSET', KEYS[4], 'last', string.format('%d', last),
+             'trimmed', string.format('%d', trimmed), 'bytes', string.format('%d', bytes))
+end
+for i = 1, 4 do
+  redis.call('PEXPIRE', KEYS[i], ttl)
+end
+return {1, ''}
+"""
+
+# KEYS: 1 fence, 2 log, 3 meta; ARGV: 1 up_to_seq, 2 idle_ttl_ms. Returns entries dropped.
+TRIM = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+local m = redis.call('HMGET', KEYS[3], 'last', 'trimmed', 'bytes')
+local bytes = tonumber(m[3]) or 0
+local old = redis.call('XRANGE', KEYS[2], '-', ARGV[1] .. '-0')
+for _, e in ipairs(old) do
+  bytes = bytes - #e[2][2]
+end
+if #old > 0 then
+  redis.call('XTRIM', KEYS[2], 'MINID', ARGV[1] .. '-1')
+end
+local trimmed = math.max(tonumber(m[2]) or 0, tonumber(ARGV[1]))
+redis.call('HSET', KEYS[3], 'last', m[1] or '0', 'trimmed', string.format('%d', trimmed),
+           'bytes', string.format('%d', bytes))
+for i = 1, 3 do
+  redis.call('PEXPIRE', KEYS[i], ARGV[2])
+end
+return #old
+"""
+
+# KEYS: 1 fence, 2 lease, 3 snap, 4 log, 5 meta
+# ARGV: 1 owner, 2 lease_ttl_ms, 3 idle_ttl_ms. Returns the new fence.
+# A new counter starts at the server's clock in ms, so a token issued after the
+# counter expired (idle TTL) is still above every token issued before it.
+ACQUIRE = """
+local f
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  f = redis.call('INCR', KEYS[1])
+else
+  local t = redis.call('TIME')
+  f = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('SET', KEYS[1], string.format('%d', f))
+end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'fence', string.format('%d', f))
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+for i = 3, 5 do
+  redis.call('PEXPIRE', KEYS[i], ARGV[3])
+end
+return f
+"""
+
+# KEYS: 1 fence, 2 lease, 3 snap, 4 log, 5 meta
+# ARGV: 1 owner, 2 fence, 3 lease_ttl_ms, 4 idle_ttl_ms. Returns 1, or 0 if fenced.
+RENEW = """
+if redis.call('GET', KEYS[1]) ~= ARGV[2] then
+  return 0
+end
+redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'fence', ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+for i = 3, 5 do
+  redis.call('PEXPIRE', KEYS[i], ARGV[4])
+end
+return 1
+"""
+
+# KEYS: 1 fence, 2 lease; ARGV: 1 fence. Returns 1, or 0 if fenced.
+RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[2])
+return 1
+"""

@@ -1,0 +1,346 @@
+"""The session store interface and the types both implementations share.
+
+A store keeps, per session: an opaque snapshot, an event journal, an
+ownership lease with a fencing token; plus a cross-replica message bus and a
+single-use token KV. ``MemoryStore`` (one process) and ``RedisStore`` (many
+replicas) implement the same ``SessionStore`` and pass the same contract tests
+(``tests/store/test_store_contract.py``).
+
+Guarantees every implementation gives:
+
+- **Fencing.** Every write to a session (snapshot, journal append) carries the
+  fencing token its writer got from ``acquire``. A write whose token is not the
+  session's current one raises ``FencedError``; the check and the write are one
+  atomic step, so a replica that lost the session can never overwrite the state
+  of the replica that took it over.
+- **Journal order.** Events are stored and returned in ``server_event_seq``
+  order; an append whose seq is not above every seq already appended (or
+  acknowledged) is skipped, which makes retried appends idempotent.
+- **No silent gap.** ``read_events`` says ``gap=True`` whenever an event after
+  the requested seq may have existed and is gone (trimmed by a cap, acked, or
+  the whole journal lost), so the caller resyncs the client instead of
+  replaying a partial range.
+- **Failures are fast and typed.** A backend that cannot be reached raises
+  ``StoreUnavailable`` (never hangs past the configured timeouts); the same
+  store object works again once the backend is back.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from gateway.store.writer import JournalWriter
+
+__all__ = [
+    "BusMessage",
+    "FencedError",
+    "JournalRead",
+    "Owner",
+    "SessionStore",
+    "StoreError",
+    "StoreLimits",
+    "StoreUnavailable",
+    "Subscription",
+    "replica_channel",
+    "session_channel",
+]
+
+
+# --- errors -----------------------------------------------------------------
+
+
+class StoreError(Exception):
+    """Base of every store failure; ``code`` is stable and machine-readable."""
+
+    code = "store_error"
+
+
+class FencedError(StoreError):
+    """A write carried a fencing token that is no longer the session's current one.
+
+    The writer lost ownership (another replica acquired the session); it must
+    stop serving the session and must not retry the write.
+    """
+
+    code = "session_fenced"
+
+    def __init__(self, session_id: str, fence: int, current: int | None) -> None:
+        super().__init__(f"session {session_id}: fence {fence} is stale (current: {current})")
+        self.session_id = session_id
+        self.fence = fence
+        self.current = current
+
+
+class StoreUnavailable(StoreError):
+    """The backend could not be reached or answered with an error.
+
+    Transient: the same store object recovers once the backend is back. A write
+    that raised this may or may not have been applied (the reply was lost);
+    every write is idempotent, so retrying is safe.
+    """
+
+    code = "store_unavailable"
+
+
+# --- configuration ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    """Limits every store applies. All are per session unless said otherwise."""
+
+    # Idle TTL of everything a session owns (snapshot, journal, fence counter),
+    # refreshed by every commit, acquire, renew and ack trim (so a live owner
+    # renewing its lease keeps a quiet session). When it passes untouched the
+    # session is gone: ``load_snapshot`` returns None and a resume fails.
+    idle_ttl_s: float = 3600.0
+    # Journal cap by count. Past it the oldest events are dropped (exactly, in
+    # the same atomic step as the append) and a resume from before them gets
+    # ``gap=True``.
+    max_events: int = 10_000
+    # Journal cap by payload bytes (the sum of the encoded events, not Redis's
+    # own overhead). Past it the oldest events are dropped as for max_events;
+    # a single event larger than the cap is dropped at once.
+    max_bytes: int = 8 * 1024 * 1024
+    # JournalWriter batching window: at most one round trip per session per
+    # interval. A crash loses at most the events appended in the last interval
+    # (plus one round trip in flight). Lower: less loss and latency, more load.
+    flush_interval_ms: float = 20.0
+    # Prefix of every key and bus channel, so several deployments (or test
+    # runs) can share one Redis.
+    key_prefix: str = "omni:"
+
+    def __post_init__(self) -> None:
+        if self.idle_ttl_s <= 0:
+            raise ValueError("idle_ttl_s must be > 0")
+        if self.max_events < 1 or self.max_bytes < 1:
+            raise ValueError("max_events and max_bytes must be >= 1")
+        if self.flush_interval_ms < 0:
+            raise ValueError("flush_interval_ms must be >= 0")
+
+    @property
+    def idle_ttl_ms(self) -> int:
+        return max(1, int(self.idle_ttl_s * 1000))
+
+    @classmethod
+    def split(cls, options: dict[str, Any]) -> tuple[StoreLimits, dict[str, Any]]:
+        """Split keyword options into (limits, the rest) for ``create_store``."""
+        names = {f.name for f in fields(cls)}
+        limits = cls(**{k: v for k, v in options.items() if k in names})
+        return limits, {k: v for k, v in options.items() if k not in names}
+
+
+# --- results ----------------------------------------------------------------
+
+
+class Owner(NamedTuple):
+    owner: str
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRead:
+    """The answer to ``read_events``.
+
+    ``events``: (seq, bytes) with seq > after_seq, ascending, at most ``limit``.
+    ``gap``: True when an event after ``after_seq`` may have existed and is no
+    longer available (trimmed by a cap or an ack, or the journal was lost):
+    replay from ``after_seq`` is impossible and the client must resync.
+    ``first_seq``: lowest seq still stored (None: the journal is empty).
+    ``last_seq``: highest seq ever appended (None: no journal). A client that
+    claims ``after_seq > last_seq`` received events the journal never got
+    (they were lost with a crashed writer's unflushed buffer).
+    """
+
+    events: list[tuple[int, bytes]]
+    gap: bool
+    first_seq: int | None
+    last_seq: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class BusMessage:
+    channel: str  # the logical channel name, without the key prefix
+    data: bytes
+
+
+class Subscription(abc.ABC):
+    """An async iterator of ``BusMessage``; close it (or use ``async with``)."""
+
+    @abc.abstractmethod
+    def __aiter__(self) -> AsyncIterator[BusMessage]: ...
+
+    @abc.abstractmethod
+    async def get(self) -> BusMessage | None:
+        """The next message; None once closed. Bound the wait with
+        ``asyncio.timeout``."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    @property
+    @abc.abstractmethod
+    def connected(self) -> bool:
+        """False while the backend is unreachable (messages sent then are lost)."""
+
+    @abc.abstractmethod
+    async def wait_connected(self) -> None:
+        """Wait until subscribed (bound it with ``asyncio.timeout``)."""
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def replica_channel(owner: str) -> str:
+    """The bus channel a replica listens on for messages to sessions it owns."""
+    return f"replica:{owner}"
+
+
+def session_channel(session_id: str) -> str:
+    """A per-session bus channel (e.g. for observers of one session)."""
+    return f"session:{session_id}"
+
+
+def check_read_args(after_seq: int, limit: int | None) -> None:
+    """Reject arguments both implementations would otherwise treat differently."""
+    if after_seq < 0:
+        raise ValueError("after_seq must be >= 0")
+    if limit is not None and limit < 1:
+        raise ValueError("limit must be None or >= 1")
+
+
+# --- the interface ----------------------------------------------------------
+
+
+class SessionStore(abc.ABC):
+    """One interface, two implementations (memory, redis); see the module doc."""
+
+    limits: StoreLimits
+    # Backend calls made so far (one per network round trip on Redis); for
+    # benchmarks and the batching tests.
+    round_trips: int
+
+    # -- snapshot + journal writes (fenced) --
+
+    @abc.abstractmethod
+    async def commit(
+        self,
+        session_id: str,
+        *,
+        fence: int,
+        events: Sequence[tuple[int, bytes]] = (),
+        snapshot: bytes | None = None,
+        lost_through: int = 0,
+    ) -> None:
+        """Atomically: check ``fence``, append ``events``, set ``snapshot`` (if
+        given), apply the journal caps, refresh the idle TTL. One round trip.
+
+        ``lost_through``: the writer dropped events up to this seq without
+        journaling them (its buffer overflowed while the backend was down); the
+        journal records it so a resume from before it reports a gap.
+        Raises ``FencedError`` (nothing is written) or ``StoreUnavailable``.
+        """
+
+    async def save_snapshot(self, session_id: str, snapshot: bytes, *, fence: int) -> None:
+        await self.commit(session_id, fence=fence, snapshot=snapshot)
+
+    async def append_events(
+        self, session_id: str, events: Sequence[tuple[int, bytes]], *, fence: int
+    ) -> None:
+        await self.commit(session_id, fence=fence, events=events)
+
+    @abc.abstractmethod
+    async def load_snapshot(self, session_id: str) -> bytes | None: ...
+
+    @abc.abstractmethod
+    async def delete_session(self, session_id: str) -> None:
+        """Drop snapshot, journal, lease and fence counter."""
+
+    # -- journal reads --
+
+    @abc.abstractmethod
+    async def read_events(
+        self, session_id: str, after_seq: int, limit: int | None = None
+    ) -> JournalRead: ...
+
+    @abc.abstractmethod
+    async def trim_events(self, session_id: str, up_to_seq: int) -> None:
+        """The client acked everything up to ``up_to_seq``: drop it. Not fenced:
+        dropping what the client already has is safe from any replica. Later
+        appends at or below ``up_to_seq`` are skipped."""
+
+    # -- ownership lease + fencing --
+
+    @abc.abstractmethod
+    async def acquire(self, session_id: str, owner: str, ttl_ms: int) -> int:
+        """Make ``owner`` the owner for ``ttl_ms`` and return a new fencing
+        token, greater than every token issued for this session before. Always
+        succeeds: takeover is allowed (the resuming replica wins)."""
+
+    @abc.abstractmethod
+    async def renew(self, session_id: str, owner: str, fence: int, ttl_ms: int) -> bool:
+        """Extend the lease. False (lease untouched) when ``fence`` is not current:
+        someone took the session over. A lapsed lease whose fence is still
+        current is re-established (nobody took over)."""
+
+    @abc.abstractmethod
+    async def release(self, session_id: str, owner: str, fence: int) -> bool:
+        """Drop the lease if ``fence`` is current; the fence counter stays."""
+
+    @abc.abstractmethod
+    async def owner_of(self, session_id: str) -> Owner | None:
+        """The live lease holder, or None (released or lapsed)."""
+
+    # -- bus --
+
+    @abc.abstractmethod
+    async def publish(self, channel: str, message: bytes) -> int:
+        """Send to every current subscriber of ``channel`` (at most once, no
+        buffering for absent subscribers). Returns the number of receivers
+        (on Redis: of receiving connections)."""
+
+    @abc.abstractmethod
+    async def subscribe(self, *channels: str) -> Subscription:
+        """Listen on ``channels``. Returns once subscribed, or, when the backend
+        is unreachable, after its connect timeout with ``connected`` False; it
+        keeps retrying in the background either way."""
+
+    async def send_to_owner(self, session_id: str, message: bytes) -> bool:
+        """Deliver ``message`` to the replica owning ``session_id`` (on its
+        ``replica_channel``). False when the session has no live owner or no
+        replica was listening."""
+        owner = await self.owner_of(session_id)
+        if owner is None:
+            return False
+        return await self.publish(replica_channel(owner.owner), message) > 0
+
+    # -- single-use tokens --
+
+    @abc.abstractmethod
+    async def put_token(self, token_hash: str, payload: bytes, ttl_s: float) -> None: ...
+
+    @abc.abstractmethod
+    async def take_token(self, token_hash: str) -> bytes | None:
+        """Atomically read and delete: only the first taker gets the payload."""
+
+    # -- lifecycle --
+
+    @abc.abstractmethod
+    async def ping(self) -> None:
+        """Raise ``StoreUnavailable`` if the backend is unreachable."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    def writer(self, session_id: str, fence: int, **options: Any) -> JournalWriter:
+        """A ``JournalWriter`` batching this session's appends (see writer.py)."""
+        from gateway.store.writer import JournalWriter  # writer imports this module
+
+        return JournalWriter(self, session_id, fence, **options)

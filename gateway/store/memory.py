@@ -1,0 +1,304 @@
+"""In-process session store: the embedded default when no ``REDIS_URL`` is set.
+
+It behaves exactly like ``RedisStore`` (same fencing, journal caps, gap rules,
+TTLs, bus semantics; the same contract tests prove both), but everything lives
+in this process: a restart loses every session, and the bus reaches only
+subscribers in this process. Every method is atomic because none awaits while
+it mutates state. Expired entries are dropped lazily on access and by a sweep
+at most once per ``SWEEP_INTERVAL_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+from gateway.store.base import (
+    BusMessage,
+    FencedError,
+    JournalRead,
+    Owner,
+    SessionStore,
+    StoreLimits,
+    Subscription,
+    check_read_args,
+)
+
+SWEEP_INTERVAL_S = 30.0  # how often expired sessions and tokens are reclaimed
+DEFAULT_BUS_QUEUE = 1024  # per subscription; when full the oldest message is dropped
+
+
+@dataclass(slots=True)
+class _Journal:
+    events: deque[tuple[int, bytes]] = field(default_factory=deque)
+    bytes: int = 0
+    last: int = 0  # highest seq ever appended (or skipped as already acked)
+    trimmed: int = 0  # highest seq dropped: caps, acks, writer overflow
+
+
+@dataclass(slots=True)
+class _Session:
+    expires_at: float
+    fence: int | None = None
+    snapshot: bytes | None = None
+    journal: _Journal | None = None
+
+
+@dataclass(slots=True)
+class _Lease:
+    owner: str
+    fence: int
+    expires_at: float
+
+
+class MemorySubscription(Subscription):
+    def __init__(self, bus: dict[str, set[MemorySubscription]], channels: tuple[str, ...],
+                 queue_size: int) -> None:
+        self._bus = bus
+        self._channels = channels
+        self._queue: asyncio.Queue[BusMessage | None] = asyncio.Queue(queue_size)
+        self._closed = False
+        self.dropped = 0  # messages dropped because the consumer fell behind
+        for ch in channels:
+            bus.setdefault(ch, set()).add(self)
+
+    def deliver(self, message: BusMessage) -> None:
+        if self._queue.full():  # slow consumer: keep the newest
+            self._queue.get_nowait()
+            self.dropped += 1
+        self._queue.put_nowait(message)
+
+    @property
+    def connected(self) -> bool:
+        return not self._closed
+
+    async def wait_connected(self) -> None:
+        return  # in-process: subscribed from the start
+
+    async def get(self) -> BusMessage | None:
+        if self._closed and self._queue.empty():
+            return None
+        return await self._queue.get()
+
+    async def __aiter__(self) -> AsyncIterator[BusMessage]:
+        while True:
+            msg = await self.get()
+            if msg is None:
+                return
+            yield msg
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for ch in self._channels:
+            subs = self._bus.get(ch)
+            if subs is not None:
+                subs.discard(self)
+                if not subs:
+                    del self._bus[ch]
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(None)  # wake a waiting iterator
+
+
+class MemoryStore(SessionStore):
+    def __init__(
+        self,
+        limits: StoreLimits | None = None,
+        *,
+        bus_queue_size: int = DEFAULT_BUS_QUEUE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limits = limits or StoreLimits()
+        self.round_trips = 0
+        self._clock = clock
+        self._bus_queue_size = bus_queue_size
+        self._sessions: dict[str, _Session] = {}
+        self._leases: dict[str, _Lease] = {}
+        self._tokens: dict[str, tuple[bytes, float]] = {}
+        self._bus: dict[str, set[MemorySubscription]] = {}
+        self._next_sweep = clock() + SWEEP_INTERVAL_S
+
+    # -- helpers --
+
+    def _tick(self) -> float:
+        self.round_trips += 1
+        now = self._clock()
+        if now >= self._next_sweep:
+            self._next_sweep = now + SWEEP_INTERVAL_S
+            for sid in [s for s, r in self._sessions.items() if r.expires_at <= now]:
+                del self._sessions[sid]
+            for sid in [s for s, ls in self._leases.items() if ls.expires_at <= now]:
+                del self._leases[sid]
+            for tok in [t for t, (_, exp) in self._tokens.items() if exp <= now]:
+                del self._tokens[tok]
+        return now
+
+    def _session(self, session_id: str, now: float) -> _Session | None:
+        rec = self._sessions.get(session_id)
+        if rec is not None and rec.expires_at <= now:
+            del self._sessions[session_id]
+            return None
+        return rec
+
+    def _lease(self, session_id: str, now: float) -> _Lease | None:
+        lease = self._leases.get(session_id)
+        if lease is not None and lease.expires_at <= now:
+            del self._leases[session_id]
+            return None
+        return lease
+
+    def _touch(self, rec: _Session, now: float) -> None:
+        rec.expires_at = now + self.limits.idle_ttl_s
+
+    def _apply_caps(self, j: _Journal) -> None:
+        while j.events and (len(j.events) > self.limits.max_events
+                            or j.bytes > self.limits.max_bytes):
+            seq, data = j.events.popleft()
+            j.bytes -= len(data)
+            j.trimmed = max(j.trimmed, seq)
+
+    # -- snapshot + journal --
+
+    async def commit(
+        self,
+        session_id: str,
+        *,
+        fence: int,
+        events: Sequence[tuple[int, bytes]] = (),
+        snapshot: bytes | None = None,
+        lost_through: int = 0,
+    ) -> None:
+        now = self._tick()
+        rec = self._session(session_id, now)
+        current = rec.fence if rec is not None else None
+        if current != fence:
+            raise FencedError(session_id, fence, current)
+        assert rec is not None
+        if snapshot is not None:
+            rec.snapshot = snapshot
+        if events or lost_through or rec.journal is not None:
+            j = rec.journal = rec.journal or _Journal()
+            j.trimmed = max(j.trimmed, lost_through)
+            for seq, data in events:
+                if seq > j.last and seq > j.trimmed:
+                    j.events.append((seq, data))
+                    j.bytes += len(data)
+                j.last = max(j.last, seq)
+            self._apply_caps(j)
+        self._touch(rec, now)
+
+    async def load_snapshot(self, session_id: str) -> bytes | None:
+        rec = self._session(session_id, self._tick())
+        return rec.snapshot if rec is not None else None
+
+    async def delete_session(self, session_id: str) -> None:
+        self._tick()
+        self._sessions.pop(session_id, None)
+        self._leases.pop(session_id, None)
+
+    async def read_events(
+        self, session_id: str, after_seq: int, limit: int | None = None
+    ) -> JournalRead:
+        check_read_args(after_seq, limit)
+        rec = self._session(session_id, self._tick())
+        j = rec.journal if rec is not None else None
+        if j is None:
+            # No journal: a client that saw an event means the journal was lost.
+            return JournalRead([], gap=after_seq > 0, first_seq=None, last_seq=None)
+        out: list[tuple[int, bytes]] = []
+        for seq, data in j.events:
+            if limit is not None and len(out) >= limit:
+                break
+            if seq > after_seq:
+                out.append((seq, data))
+        first = j.events[0][0] if j.events else None
+        return JournalRead(out, gap=after_seq < j.trimmed, first_seq=first, last_seq=j.last)
+
+    async def trim_events(self, session_id: str, up_to_seq: int) -> None:
+        if up_to_seq < 0:
+            raise ValueError("up_to_seq must be >= 0")
+        now = self._tick()
+        rec = self._session(session_id, now)
+        if rec is None:
+            return
+        j = rec.journal = rec.journal or _Journal()
+        while j.events and j.events[0][0] <= up_to_seq:
+            j.bytes -= len(j.events.popleft()[1])
+        j.trimmed = max(j.trimmed, up_to_seq)
+        self._touch(rec, now)
+
+    # -- lease --
+
+    async def acquire(self, session_id: str, owner: str, ttl_ms: int) -> int:
+        now = self._tick()
+        rec = self._session(session_id, now)
+        if rec is None:
+            rec = self._sessions[session_id] = _Session(expires_at=now)
+        # Seeded from the wall clock when the counter is new, so a token issued
+        # after the counter expired still beats every token issued before.
+        seed = time.time_ns() // 1_000_000
+        rec.fence = rec.fence + 1 if rec.fence is not None else seed
+        self._leases[session_id] = _Lease(owner, rec.fence, now + ttl_ms / 1000)
+        self._touch(rec, now)
+        return rec.fence
+
+    async def renew(self, session_id: str, owner: str, fence: int, ttl_ms: int) -> bool:
+        now = self._tick()
+        rec = self._session(session_id, now)
+        if rec is None or rec.fence != fence:
+            return False
+        self._leases[session_id] = _Lease(owner, fence, now + ttl_ms / 1000)
+        self._touch(rec, now)
+        return True
+
+    async def release(self, session_id: str, owner: str, fence: int) -> bool:
+        now = self._tick()
+        rec = self._session(session_id, now)
+        if rec is None or rec.fence != fence:
+            return False
+        self._leases.pop(session_id, None)
+        return True
+
+    async def owner_of(self, session_id: str) -> Owner | None:
+        lease = self._lease(session_id, self._tick())
+        return Owner(lease.owner, lease.fence) if lease is not None else None
+
+    # -- bus --
+
+    async def publish(self, channel: str, message: bytes) -> int:
+        self._tick()
+        subs = list(self._bus.get(channel, ()))
+        for sub in subs:
+            sub.deliver(BusMessage(channel, message))
+        return len(subs)
+
+    async def subscribe(self, *channels: str) -> Subscription:
+        self._tick()
+        return MemorySubscription(self._bus, channels, self._bus_queue_size)
+
+    # -- tokens --
+
+    async def put_token(self, token_hash: str, payload: bytes, ttl_s: float) -> None:
+        self._tokens[token_hash] = (payload, self._tick() + ttl_s)
+
+    async def take_token(self, token_hash: str) -> bytes | None:
+        now = self._tick()
+        entry = self._tokens.pop(token_hash, None)
+        if entry is None or entry[1] <= now:
+            return None
+        return entry[0]
+
+    # -- lifecycle --
+
+    async def ping(self) -> None:
+        self._tick()
+
+    async def close(self) -> None:
+        for subs in list(self._bus.values()):
+            for sub in list(subs):
+                await sub.close()
