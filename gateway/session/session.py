@@ -356,12 +356,13 @@ class RealtimeSession:
 
     def _speech_started(self, audio_start_ms: int) -> None:
         td = self.config.turn_detection
-        if self._response is not None and td is not None and td.interrupt_response:
-            self.epoch += 1
-            self._end_response("cancelled", {"type": "cancelled", "reason": "turn_detected"}, cancel=True)
         self._open_input(announced=True)
         assert self._input is not None
         self._emit("input_audio_buffer.speech_started", audio_start_ms=audio_start_ms, item_id=self._input.item_id)
+        if self._response is not None and td is not None and td.interrupt_response:
+            # Barge-in: the answer stops where it is; the client truncates what it played.
+            self.epoch += 1
+            self._end_response("cancelled", {"type": "cancelled", "reason": "turn_detected"}, cancel=True)
         for ms, chunk in self._prefix:
             self._buffer_ms += ms
             self._feed_input(chunk)
