@@ -83,13 +83,17 @@ def create_app(
         if expires is not None:
             seconds = expires.get("seconds") if isinstance(expires, dict) else None
             if isinstance(seconds, bool) or not isinstance(seconds, int) or not 10 <= seconds <= MAX_SECRET_TTL_S:
-                return _error(400, Code.INVALID_VALUE,
-                              f"'expires_after.seconds' must be an integer from 10 to {MAX_SECRET_TTL_S}.",
-                              "expires_after.seconds")  # fmt: skip
+                return _error(
+                    400,
+                    Code.INVALID_VALUE,
+                    f"'expires_after.seconds' must be an integer from 10 to {MAX_SECRET_TTL_S}.",
+                    "expires_after.seconds",
+                )
             ttl = seconds
         session = body.get("session") or {}
-        config = SessionConfig(model=str(session.get("model", settings.model)) if isinstance(session, dict)
-                               else settings.model)  # fmt: skip
+        config = SessionConfig(
+            model=str(session.get("model", settings.model)) if isinstance(session, dict) else settings.model
+        )
         try:
             config, _ = apply_update(config, session, beta=False, limits=ConfigLimits(voices=rt.engine.info.voices))
         except ProtocolError as err:

@@ -3,13 +3,28 @@ metrics, the speech detector and the open connections."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hmac
 import logging
+import os
+import secrets
+import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from gateway.auth import Authenticator
-from gateway.session.session import SessionLimits, VadStream
+from gateway.protocol import client_events as ce
+from gateway.protocol.errors import CloseCode, Code, ProtocolError
+from gateway.protocol.session_config import SessionConfig
+from gateway.session import snapshot
+from gateway.session.session import RealtimeSession, SessionLimits, VadStream
 from gateway.settings import Settings
+from gateway.store import create_store
+from gateway.store.base import SessionStore, StoreError, replica_channel
+from gateway.transport.host import SessionHost, connection_event, new_resume_token, token_hash
 from orchestrator.engine import Engine
 from orchestrator.metrics import Metrics
 from orchestrator.orchestrator import AdmissionLimits, Orchestrator
@@ -45,6 +60,9 @@ def load_vad() -> Callable[[], VadStream] | None:
     return model.new_stream
 
 
+RESUME_SEQ_SLACK = 1_000  # a client may hold this many events the journal lost in a crash
+
+
 class Runtime:
     def __init__(
         self,
@@ -53,6 +71,7 @@ class Runtime:
         *,
         vad_factory: Callable[[], VadStream] | bool | None = True,
         metrics: Metrics | None = None,
+        store: SessionStore | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine if engine is not None else build_engine(settings.engine)
@@ -74,8 +93,159 @@ class Runtime:
             lifetime_s=settings.session_lifetime_s,
         )
         self.vad_factory: Callable[[], VadStream] | None = load_vad() if vad_factory is True else (vad_factory or None)
+        self.store = store or create_store(
+            settings.redis_url,
+            idle_ttl_s=settings.journal_ttl_s,
+            max_events=settings.journal_max_events,
+            max_bytes=settings.journal_max_bytes,
+            flush_interval_ms=settings.journal_flush_ms,
+        )
+        self.replica_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.lease_ttl_ms = int(settings.lease_ttl_s * 1000)
         self.connections: set[Connection] = set()
+        self.hosts: dict[str, SessionHost] = {}
+        self.background: set[asyncio.Task[Any]] = set()
         self.draining = False
+        self._bus_task: asyncio.Task[None] | None = None
+
+    # --- sessions ---------------------------------------------------------------
+
+    def _session_kwargs(self) -> dict[str, Any]:
+        return {"limits": self.session_limits, "vad_factory": self.vad_factory, "rate_limits": self.rate_limits}
+
+    async def open_session(self, config: SessionConfig, *, principal: str, beta: bool) -> SessionHost:
+        session = RealtimeSession(
+            session_id="sess_" + secrets.token_hex(10),
+            config=config,
+            engine=self.engine.info,
+            beta=beta,
+            **self._session_kwargs(),
+        )
+        fence = await self.store.acquire(session.id, self.replica_id, self.lease_ttl_ms)
+        return SessionHost(self, session, principal=principal, resume_token=new_resume_token(), fence=fence)
+
+    async def resume(self, conn: Connection, event: ce.SessionResume) -> None:
+        """Move ``event.session_id`` onto ``conn``: replay what the client missed, then go on live."""
+        provisional = conn.host
+        assert provisional is not None
+        try:
+            await self._resume(conn, event, provisional)
+        except ProtocolError as err:
+            err.event_id = event.event_id
+            provisional.session.error(err)
+            provisional.flush()
+        except StoreError as exc:
+            log.warning("resume of %s failed: %s", event.session_id, exc)
+            provisional.session.error(
+                ProtocolError(
+                    Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.", event_id=event.event_id
+                )
+            )
+            provisional.flush()
+
+    async def _resume(self, conn: Connection, event: ce.SessionResume, provisional: SessionHost) -> None:
+        sid, last = event.session_id, event.last_received_server_event_seq
+        host = self.hosts.get(sid)
+        if host is not None and host is not provisional:
+            self._check_resume(event, host.token_hash, host.principal, conn.principal)
+            if last > host.session.seq:
+                raise _seq_error(last, host.session.seq)
+            await host.writer.flush()
+            recover = False
+        else:
+            data = await self.store.load_snapshot(sid)
+            if data is None:
+                raise ProtocolError(
+                    Code.SESSION_NOT_FOUND,
+                    f"No session {sid!r} to resume (unknown or expired); start a new session.",
+                    param="session_id",
+                )
+            state = snapshot.loads(data)
+            self._check_resume(event, state["token_hash"], state["principal"], conn.principal)
+            previous = await self.store.owner_of(sid)
+            fence = await self.store.acquire(sid, self.replica_id, self.lease_ttl_ms)
+            if previous is not None and previous.owner != self.replica_id:
+                # The old owner may be alive (a dropped socket): tell it to stop now.
+                # Fencing stops its writes regardless.
+                await self.store.send_to_owner(sid, orjson.dumps({"type": "replaced", "session_id": sid}))
+            journal_last = (await self.store.read_events(sid, after_seq=0, limit=0)).last_seq or 0
+            top = max(state["seq"], journal_last)
+            if last > top + RESUME_SEQ_SLACK:
+                raise _seq_error(last, top)
+            session = RealtimeSession.restore(state, engine=self.engine.info, **self._session_kwargs())
+            # Never reuse a seq the client may already hold (events sent but lost from the journal).
+            session.seq = max(top, last)
+            host = SessionHost(self, session, principal=state["principal"], resume_token="-", fence=fence)
+            host.token_hash = state["token_hash"]
+            recover = True
+        token = host.rotate_token()
+        conn.hold()
+        host.attach(conn)
+        conn.host = host
+        await provisional.end(reason="replaced by a resumed session", delete=True)
+        read = await self.store.read_events(sid, after_seq=last)
+        if read.gap:
+            s = host.session
+            conn.send_raw(
+                connection_event(
+                    "session.resync_required",
+                    session_id=sid,
+                    resume_token=token,
+                    reason="the events after your last seq are no longer kept",
+                    session=s.render_config(),
+                    conversation=[it.render(s.beta) for it in s.conversation],
+                    last_server_event_seq=s.seq,
+                )
+            )
+            conn.release(host.session.seq)
+        else:
+            replay_to = read.last_seq if read.events else last
+            conn.send_raw(
+                connection_event(
+                    "session.resumed", session_id=sid, resume_token=token, replay_from=last + 1, replay_to=replay_to
+                )
+            )
+            for _, data in read.events:
+                conn.replay(data)
+            conn.release(replay_to or 0)
+        self.metrics.resumes.labels("replayed" if not read.gap else "resync").inc()
+        log.info("session %s resumed (last seq %d, %d replayed, gap=%s)", sid, last, len(read.events), read.gap)
+        if recover:
+            host.session.recover("replica_lost")
+        host.flush()
+
+    @staticmethod
+    def _check_resume(event: ce.SessionResume, expected_hash: str, owner: str, principal: str) -> None:
+        if not hmac.compare_digest(token_hash(event.resume_token), expected_hash):
+            raise ProtocolError(
+                Code.RESUME_TOKEN_INVALID,
+                "The resume token is not valid for this session "
+                "(each resume rotates it: use the one from the last session.resumed).",
+                param="resume_token",
+            )
+        if owner != principal:
+            raise ProtocolError(Code.RESUME_FORBIDDEN, "This session belongs to another principal.", param="session_id")
+
+    async def trim_journal(self, session_id: str, seq: int) -> None:
+        with contextlib.suppress(StoreError):
+            await self.store.trim_events(session_id, seq)
+
+    async def _listen_bus(self) -> None:
+        """Messages from other replicas about sessions this one owns."""
+        sub = await self.store.subscribe(replica_channel(self.replica_id))
+        try:
+            async for message in sub:
+                try:
+                    body = orjson.loads(message.data)
+                except orjson.JSONDecodeError:
+                    continue
+                host = self.hosts.get(body.get("session_id", ""))
+                if host is not None and body.get("type") == "replaced":
+                    host.replaced()
+        finally:
+            await sub.close()
+
+    # --- health -------------------------------------------------------------------
 
     def rate_limits(self) -> list[dict[str, Any]]:
         stats = self.orchestrator.stats()
@@ -98,13 +268,44 @@ class Runtime:
             return False, "engine unhealthy"
         return True, "ready"
 
+    # --- lifecycle ------------------------------------------------------------------
+
     async def start(self) -> None:
         await self.engine.start()
+        self._bus_task = asyncio.get_running_loop().create_task(self._listen_bus(), name="bus")
+
+    async def drain(self) -> None:
+        """SIGTERM: stop taking sessions, let running answers finish (up to
+        ``drain_window_s``), then close every socket with 1012 so clients resume
+        on another replica. Session state stays in the store."""
+        if self.draining:
+            return
+        self.draining = True
+        log.info("draining: %d sessions, up to %.0f s", len(self.hosts), self.settings.drain_window_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.drain_window_s
+        # Polling: many sessions, no single event to wait on.
+        while loop.time() < deadline and any(h.session.active_response_id for h in self.hosts.values()):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        for conn in list(self.connections):
+            conn.close(CloseCode.SERVICE_RESTART, "service restart: reconnect and resume")
+        hosts = list(self.hosts.values())
+        await asyncio.gather(*(h.end(reason="drained") for h in hosts), return_exceptions=True)
 
     async def close(self) -> None:
-        from gateway.protocol.errors import CloseCode
-
-        for conn in list(self.connections):
-            conn.close(CloseCode.GOING_AWAY, "server shutting down")
+        await self.drain()
+        if self._bus_task is not None:
+            self._bus_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._bus_task
         await self.orchestrator.close()
         await self.engine.close()
+        await self.store.close()
+
+
+def _seq_error(last: int, top: int) -> ProtocolError:
+    return ProtocolError(
+        Code.RESUME_SEQ_INVALID,
+        f"last_received_server_event_seq {last} is beyond anything this session sent ({top}).",
+        param="last_received_server_event_seq",
+    )

@@ -43,6 +43,22 @@ class Settings:
     admission_timeout_s: float = 10.0  # wait for a slot; then the request fails with server_busy
     client_secret_ttl_s: int = 600  # default lifetime of a minted client secret (max 7200)
 
+    # --- sessions that survive (resume) ---
+    replica_id: str | None = None  # this process in the cluster; None: "<host>-<pid>-<random>"
+    detach_grace_s: float = 60.0  # a session whose socket dropped keeps running here this long,
+    #   then its requests are cancelled; it stays resumable from the store until journal_ttl_s
+    lease_ttl_s: float = 15.0  # ownership lease, renewed every third of it; another replica
+    #   may take a session over at any time (resume), the lease only tells who owns it
+    journal_max_events: int = 10_000  # events kept per session; older ones are trimmed and a
+    #   resume from before them gets session.resync_required
+    journal_max_bytes: int = 4 << 20  # bytes kept per session (same effect as above; bounds
+    #   the memory store at max_sessions x this)
+    journal_ttl_s: float = 3_600.0  # a session idle this long is forgotten (resume: session_not_found)
+    journal_flush_ms: float = 20.0  # journal batching: at most one store round trip per interval;
+    #   a crash loses at most the events of the last interval from the journal
+    drain_window_s: float = 20.0  # SIGTERM: running answers get this long to finish, then every
+    #   socket is closed with 1012 (reconnect and resume elsewhere)
+
     @property
     def requires_auth(self) -> bool:
         if self.auth_required is not None:

@@ -43,4 +43,5 @@ class Metrics:
         )
         self.errors = Counter("omni_errors_total", "Error events sent, by code.", ["code"], registry=r)
         self.closes = Counter("omni_session_closes_total", "Sessions closed, by close code.", ["code"], registry=r)
+        self.resumes = Counter("omni_resumes_total", "Sessions resumed, by outcome.", ["outcome"], registry=r)
         self.auth_failures = Counter("omni_auth_failures_total", "Refused connections and requests.", registry=r)

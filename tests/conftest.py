@@ -1,129 +1,14 @@
-"""Shared fixtures: a real uvicorn server on 127.0.0.1 and a small client."""
+"""Makes ``tests/support`` importable as ``support``; shared helpers live there
+(``support.gateway``: run_gateway, connect, Client), not in conftest files, so
+that no test depends on which ``conftest`` module Python resolves."""
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import contextlib
-import socket
 import sys
-from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
-
-import orjson
-import pytest
-import uvicorn
-import websockets
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from gateway.app import create_app
-from gateway.runtime import Runtime
-from gateway.settings import Settings
+from support.gateway import Client, RunningGateway, connect, free_port, run_gateway
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RunningGateway:
-    def __init__(self, server: uvicorn.Server, task: asyncio.Task[None], port: int, runtime: Runtime) -> None:
-        self.server = server
-        self.task = task
-        self.port = port
-        self.runtime = runtime
-        self.url = f"ws://127.0.0.1:{port}/v1/realtime"
-        self.http = f"http://127.0.0.1:{port}"
-
-    async def stop(self) -> None:
-        self.server.should_exit = True
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.task, 10)
-
-
-@contextlib.asynccontextmanager
-async def run_gateway(settings: Settings | None = None, **kwargs: Any) -> AsyncIterator[RunningGateway]:
-    port = free_port()
-    settings = replace(settings or Settings(), host="127.0.0.1", port=port)
-    app = create_app(settings, **kwargs)
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, ws="websockets-sansio", http="httptools", loop="none",
-        log_level="warning", ws_per_message_deflate=False, lifespan="on", ws_max_size=settings.max_frame_bytes,
-    )  # fmt: skip
-    server = uvicorn.Server(config)
-    task = asyncio.get_running_loop().create_task(server.serve())
-    for _ in range(500):
-        if server.started:
-            break
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    gw = RunningGateway(server, task, port, app.state.runtime)
-    try:
-        yield gw
-    finally:
-        await gw.stop()
-
-
-class Client:
-    """A minimal realtime client for tests: JSON events in, events out."""
-
-    def __init__(self, ws: Any) -> None:
-        self.ws = ws
-        self.events: list[dict[str, Any]] = []
-        self.binary: list[bytes] = []
-
-    async def send(self, event: dict[str, Any]) -> None:
-        await self.ws.send(orjson.dumps(event).decode())
-
-    async def append(self, pcm: bytes) -> None:
-        await self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
-
-    async def recv(self, timeout: float = 10.0) -> dict[str, Any]:
-        while True:
-            msg = await asyncio.wait_for(self.ws.recv(), timeout)
-            if isinstance(msg, bytes):
-                self.binary.append(msg)
-                from gateway.protocol.server_events import decode_audio_frame
-
-                event = decode_audio_frame(msg)
-                self.events.append(event)
-                return event
-            event = orjson.loads(msg)
-            self.events.append(event)
-            return event
-
-    async def wait_for(self, type_: str | Callable[[dict[str, Any]], bool], timeout: float = 20.0) -> dict[str, Any]:
-        match = (lambda e: e["type"] == type_) if isinstance(type_, str) else type_
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            left = deadline - loop.time()
-            if left <= 0:
-                seen = [e["type"] for e in self.events[-30:]]
-                raise AssertionError(f"timed out waiting for {type_}; last events: {seen}")
-            event = await self.recv(left)
-            if match(event):
-                return event
-
-    def types(self) -> list[str]:
-        return [e["type"] for e in self.events]
-
-
-@contextlib.asynccontextmanager
-async def connect(url: str, *, subprotocols: list[str] | None = None,
-                  headers: dict[str, str] | None = None) -> AsyncIterator[Client]:  # fmt: skip
-    async with websockets.connect(
-        url, subprotocols=subprotocols, additional_headers=headers, max_size=None, compression=None,
-        open_timeout=10,
-    ) as ws:  # fmt: skip
-        yield Client(ws)
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
+__all__ = ["Client", "RunningGateway", "connect", "free_port", "run_gateway"]

@@ -111,8 +111,28 @@ class ResponseCancel:
     response_id: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SessionResume:
+    """Gateway extension: continue an existing session on this connection."""
+
+    event_id: str | None
+    session_id: str
+    resume_token: str
+    last_received_server_event_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventAck:
+    """Gateway extension: the client holds every event up to this seq; trim the journal."""
+
+    event_id: str | None
+    last_received_server_event_seq: int
+
+
 ClientEvent = (
-    SessionUpdate
+    SessionResume
+    | EventAck
+    | SessionUpdate
     | AudioAppend
     | AudioCommit
     | AudioClear
@@ -343,7 +363,16 @@ def _response_create(ctx: _Ctx, d: dict[str, Any]) -> ResponseCreate:
     )
 
 
+def _resume(ctx: _Ctx, d: dict[str, Any]) -> SessionResume:
+    session_id = ctx.str_(d, "session_id", required=True)
+    token = ctx.str_(d, "resume_token", required=True)
+    assert session_id is not None and token is not None
+    return SessionResume(ctx.event_id, session_id, token, ctx.int_(d, "last_received_server_event_seq"))
+
+
 _PARSERS: dict[str, Any] = {
+    "session.resume": _resume,
+    "session.event_ack": lambda ctx, d: EventAck(ctx.event_id, ctx.int_(d, "last_received_server_event_seq")),
     "session.update": _session_update,
     "input_audio_buffer.append": _append,
     "input_audio_buffer.commit": lambda ctx, d: AudioCommit(ctx.event_id),

@@ -40,6 +40,13 @@ class Code:
     RATE_LIMITED = "rate_limited"
     SLOW_CONSUMER = "slow_consumer"
     INTERNAL = "internal_error"
+    # resume
+    SESSION_NOT_FOUND = "session_not_found"  # unknown or expired session
+    RESUME_TOKEN_INVALID = "resume_token_invalid"
+    RESUME_FORBIDDEN = "resume_forbidden"  # the session belongs to another principal
+    RESUME_SEQ_INVALID = "resume_seq_invalid"  # a seq the session never sent
+    RESUME_NOT_FIRST = "resume_not_first"  # session.resume after other client events
+    STORE_UNAVAILABLE = "store_unavailable"
 
 
 class CloseCode(IntEnum):
@@ -53,6 +60,7 @@ class CloseCode(IntEnum):
     TRY_AGAIN_LATER = 1013  # the replica is at its session limit
     UNAUTHORIZED = 4001  # missing, wrong, expired or already used credentials
     SESSION_EXPIRED = 4008  # the session reached its maximum lifetime
+    SESSION_REPLACED = 4009  # another connection resumed this session
     SLOW_CONSUMER = 4010  # the client read too slowly; the outbound queue overflowed
 
 

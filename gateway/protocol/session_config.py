@@ -72,6 +72,9 @@ class SessionConfig:
     truncation: Any = "auto"
     prompt: Any = None
     include: Any = None
+    # Gateway extension: after a replica is lost mid-response, create the
+    # response again on the replica that resumes the session.
+    reissue_interrupted_responses: bool = True
 
 
 @dataclass(slots=True)
@@ -87,13 +90,13 @@ class ConfigLimits:
 _GA_TOP = {
     "type", "object", "id", "model", "output_modalities", "instructions", "audio", "tools",
     "tool_choice", "max_output_tokens", "tracing", "truncation", "prompt", "include",
-    "expires_at", "temperature",
+    "expires_at", "temperature", "reissue_interrupted_responses",
 }  # fmt: skip
 _BETA_TOP = {
     "object", "id", "model", "modalities", "instructions", "voice", "input_audio_format",
     "output_audio_format", "input_audio_transcription", "turn_detection", "tools",
     "tool_choice", "temperature", "max_response_output_tokens", "speed", "tracing",
-    "input_audio_noise_reduction", "expires_at", "include", "client_secret",
+    "input_audio_noise_reduction", "expires_at", "include", "client_secret", "reissue_interrupted_responses",
 }  # fmt: skip
 
 
@@ -300,6 +303,10 @@ def apply_update(
         if not isinstance(upd["tools"], list):
             raise _err(f"'{param}.tools' must be an array.", f"{param}.tools", Code.INVALID_TYPE)
         changes["tools"] = tuple(upd["tools"])
+    if "reissue_interrupted_responses" in upd:
+        changes["reissue_interrupted_responses"] = _bool(
+            upd["reissue_interrupted_responses"], f"{param}.reissue_interrupted_responses"
+        )
     for key in ("tool_choice", "tracing", "truncation", "prompt", "include"):
         if key in upd:
             changes[key] = copy.deepcopy(upd[key])
@@ -399,6 +406,7 @@ def render(cfg: SessionConfig, *, session_id: str, expires_at: int, beta: bool) 
             "temperature": cfg.temperature,
             "max_response_output_tokens": max_tokens,
             "tracing": cfg.tracing,
+            "reissue_interrupted_responses": cfg.reissue_interrupted_responses,
         }
     return {
         "type": "realtime",
@@ -424,6 +432,7 @@ def render(cfg: SessionConfig, *, session_id: str, expires_at: int, beta: bool) 
         "truncation": cfg.truncation,
         "prompt": cfg.prompt,
         "include": cfg.include,
+        "reissue_interrupted_responses": cfg.reissue_interrupted_responses,
     }
 
 

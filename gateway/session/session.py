@@ -42,6 +42,7 @@ from gateway.protocol.session_config import (
     parse_ga_format,
     render,
 )
+from gateway.session import snapshot
 from gateway.session.conversation import Conversation, Item, Part
 from gateway.session.effects import Cancel, Close, Effect, EndInput, Feed, StartResponse, StartTranscription
 from gateway.session.turns import SpeechStarted, TurnDetector
@@ -104,6 +105,7 @@ class _Response:
     metadata: dict[str, Any] | None
     resampler: StreamResampler
     awaiting: set[str]  # items whose transcript the engine still waits for
+    instructions: str | None = None  # the response's own override, kept to re-issue it
     usage: Usage | None = None
 
 
@@ -129,7 +131,8 @@ class RealtimeSession:
         self.outbox: list[dict[str, Any]] = []
         self.effects: list[Effect] = []
         self.seq = 0
-        self.epoch = 0  # bumped on barge-in; resume builds on it
+        self.epoch = 0  # bumped on barge-in and on takeover by another replica
+        self.dirty = True  # state changed since the last snapshot
         self.conversation = Conversation()
         self.conversation_id = "conv_" + secrets.token_hex(8)
         self._clock = clock
@@ -158,6 +161,8 @@ class RealtimeSession:
         event = {"type": type_, "event_id": f"event_{self._id_base}{self.seq:x}", **fields}
         event["server_event_seq"] = self.seq
         self.outbox.append(event)
+        if not type_.endswith(".delta"):
+            self.dirty = True  # every non-delta event reflects a state change worth a snapshot
         return event
 
     def _new_id(self, prefix: str) -> str:
@@ -187,8 +192,12 @@ class RealtimeSession:
 
     # --- lifecycle ----------------------------------------------------------
 
-    def start(self) -> None:
-        self._emit("session.created", session=self.render_config())
+    def start(self, resume_token: str | None = None) -> None:
+        """``resume_token`` (gateway extension) lets the client resume the session later."""
+        if resume_token is None:
+            self._emit("session.created", session=self.render_config())
+        else:
+            self._emit("session.created", session=self.render_config(), resume_token=resume_token)
 
     def render_config(self) -> dict[str, Any]:
         return render(self.config, session_id=self.id, expires_at=self.expires_at, beta=self.beta)
@@ -651,6 +660,7 @@ class RealtimeSession:
             metadata=params.metadata,
             resampler=StreamResampler(self.engine.output_sample_rate, out_fmt.rate),
             awaiting=awaiting,
+            instructions=params.instructions,
         )
         self._response = resp
         self._emit("response.created", response=self._render_response(resp, "in_progress", None))
@@ -815,3 +825,109 @@ class RealtimeSession:
     @property
     def active_response_id(self) -> str | None:
         return self._response.id if self._response else None
+
+    # --- snapshots (resume) --------------------------------------------------
+
+    def snapshot_state(self) -> dict[str, Any]:
+        """Everything another replica needs to carry the session on."""
+        resp = self._response
+        return {
+            "id": self.id,
+            "beta": self.beta,
+            "config": snapshot.config_to_dict(self.config),
+            "created_at": self.created_at,
+            "seq": self.seq,
+            "epoch": self.epoch,
+            "conversation_id": self.conversation_id,
+            "id_base": self._id_base,
+            "id_counter": self._id_counter,
+            "audio_ms": self.audio_ms,
+            "items": [snapshot.item_to_dict(it) for it in self.conversation],
+            "response": None
+            if resp is None
+            else {
+                "id": resp.id,
+                "item": snapshot.item_to_dict(resp.item),
+                "in_conversation": resp.in_conversation,
+                "modalities": list(resp.modalities),
+                "output_format": [resp.output_format.codec, resp.output_format.rate],
+                "voice": resp.voice,
+                "max_output_tokens": resp.max_output_tokens,
+                "metadata": resp.metadata,
+                "instructions": resp.instructions,
+            },
+        }
+
+    @classmethod
+    def restore(cls, state: dict[str, Any], *, engine: EngineInfo, **kwargs: Any) -> RealtimeSession:
+        """Rebuild a session from ``snapshot_state`` output (on any replica)."""
+        session = cls(
+            session_id=state["id"],
+            config=snapshot.config_from_dict(state["config"]),
+            engine=engine,
+            beta=state["beta"],
+            created_at=state["created_at"],
+            **kwargs,
+        )
+        session.seq = state["seq"]
+        session.epoch = state["epoch"]
+        session.conversation_id = state["conversation_id"]
+        session._id_base = state["id_base"]
+        session._id_counter = state["id_counter"]
+        session.audio_ms = state["audio_ms"]
+        session._setup_input()
+        for entry in state["items"]:
+            session.conversation.insert(snapshot.item_from_dict(entry))
+        r = state["response"]
+        if r is not None:
+            item = session.conversation.get(r["item"]["id"]) or snapshot.item_from_dict(r["item"])
+            codec, rate = r["output_format"]
+            fmt = AudioFormat(codec, rate)
+            session._response = _Response(
+                id=r["id"],
+                item=item,
+                part=item.content[0] if item.content else Part("output_audio", transcript=""),
+                in_conversation=r["in_conversation"],
+                modalities=tuple(r["modalities"]),
+                output_format=fmt,
+                voice=r["voice"],
+                max_output_tokens=r["max_output_tokens"],
+                metadata=r["metadata"],
+                resampler=StreamResampler(engine.output_sample_rate, fmt.rate),
+                awaiting=set(),
+                instructions=r["instructions"],
+            )
+        session.dirty = False
+        return session
+
+    def recover(self, reason: str) -> None:
+        """After a takeover: end what died with the old replica, explicitly.
+
+        A running response ends with status ``incomplete`` and ``reason`` and,
+        unless ``reissue_interrupted_responses`` is off, is created again from
+        the conversation. A transcription that was running is reported failed.
+        """
+        self.epoch += 1
+        for item in self.conversation:
+            if item.pending_transcription:
+                item.pending_transcription = False
+                item.content[0].transcript = ""
+                self._report_transcription_failure(
+                    item.id, "replica_lost", "The replica transcribing this audio was lost."
+                )
+        resp = self._response
+        if resp is None:
+            return
+        self._end_response("incomplete", {"type": "incomplete", "reason": reason})
+        if self.config.reissue_interrupted_responses:
+            self.create_response(
+                ce.ResponseParams(
+                    output_modalities=resp.modalities,
+                    instructions=resp.instructions,
+                    voice=resp.voice,
+                    max_output_tokens=resp.max_output_tokens,
+                    conversation="auto" if resp.in_conversation else "none",
+                    metadata=resp.metadata,
+                ),
+                None,
+            )

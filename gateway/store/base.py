@@ -251,9 +251,7 @@ class SessionStore(abc.ABC):
     async def save_snapshot(self, session_id: str, snapshot: bytes, *, fence: int) -> None:
         await self.commit(session_id, fence=fence, snapshot=snapshot)
 
-    async def append_events(
-        self, session_id: str, events: Sequence[tuple[int, bytes]], *, fence: int
-    ) -> None:
+    async def append_events(self, session_id: str, events: Sequence[tuple[int, bytes]], *, fence: int) -> None:
         await self.commit(session_id, fence=fence, events=events)
 
     @abc.abstractmethod
@@ -266,9 +264,7 @@ class SessionStore(abc.ABC):
     # -- journal reads --
 
     @abc.abstractmethod
-    async def read_events(
-        self, session_id: str, after_seq: int, limit: int | None = None
-    ) -> JournalRead: ...
+    async def read_events(self, session_id: str, after_seq: int, limit: int | None = None) -> JournalRead: ...
 
     @abc.abstractmethod
     async def trim_events(self, session_id: str, up_to_seq: int) -> None:

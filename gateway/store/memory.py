@@ -56,8 +56,7 @@ class _Lease:
 
 
 class MemorySubscription(Subscription):
-    def __init__(self, bus: dict[str, set[MemorySubscription]], channels: tuple[str, ...],
-                 queue_size: int) -> None:
+    def __init__(self, bus: dict[str, set[MemorySubscription]], channels: tuple[str, ...], queue_size: int) -> None:
         self._bus = bus
         self._channels = channels
         self._queue: asyncio.Queue[BusMessage | None] = asyncio.Queue(queue_size)
@@ -156,8 +155,7 @@ class MemoryStore(SessionStore):
         rec.expires_at = now + self.limits.idle_ttl_s
 
     def _apply_caps(self, j: _Journal) -> None:
-        while j.events and (len(j.events) > self.limits.max_events
-                            or j.bytes > self.limits.max_bytes):
+        while j.events and (len(j.events) > self.limits.max_events or j.bytes > self.limits.max_bytes):
             seq, data = j.events.popleft()
             j.bytes -= len(data)
             j.trimmed = max(j.trimmed, seq)
@@ -201,9 +199,7 @@ class MemoryStore(SessionStore):
         self._sessions.pop(session_id, None)
         self._leases.pop(session_id, None)
 
-    async def read_events(
-        self, session_id: str, after_seq: int, limit: int | None = None
-    ) -> JournalRead:
+    async def read_events(self, session_id: str, after_seq: int, limit: int | None = None) -> JournalRead:
         check_read_args(after_seq, limit)
         rec = self._session(session_id, self._tick())
         j = rec.journal if rec is not None else None

@@ -83,8 +83,7 @@ BUS_BACKOFF_MAX_S = 2.0  # the wait doubles up to this while Redis stays down
 
 
 class RedisSubscription(Subscription):
-    def __init__(self, client: Redis, prefix: str, channels: tuple[str, ...],
-                 queue_size: int) -> None:
+    def __init__(self, client: Redis, prefix: str, channels: tuple[str, ...], queue_size: int) -> None:
         self._client = client
         self._prefix = prefix
         self._names = {(prefix + ch).encode(): ch for ch in channels}
@@ -93,8 +92,7 @@ class RedisSubscription(Subscription):
         self._closed = False
         self.dropped = 0  # messages dropped because the consumer fell behind
         self.reconnects = 0
-        self._task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"bus-subscription:{','.join(channels)}")
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"bus-subscription:{','.join(channels)}")
 
     @property
     def connected(self) -> bool:
@@ -229,8 +227,13 @@ class RedisStore(SessionStore):
     ) -> None:
         k = self._keys(session_id)
         args: list[Arg] = [
-            fence, self.limits.idle_ttl_ms, self.limits.max_events, self.limits.max_bytes,
-            lost_through, 1 if snapshot is not None else 0, snapshot or b"",
+            fence,
+            self.limits.idle_ttl_ms,
+            self.limits.max_events,
+            self.limits.max_bytes,
+            lost_through,
+            1 if snapshot is not None else 0,
+            snapshot or b"",
         ]
         for seq, data in events:
             args.append(seq)
@@ -249,9 +252,7 @@ class RedisStore(SessionStore):
         keys = list(self._keys(session_id).values())
         await self._call(lambda: self._redis.delete(*keys))
 
-    async def read_events(
-        self, session_id: str, after_seq: int, limit: int | None = None
-    ) -> JournalRead:
+    async def read_events(self, session_id: str, after_seq: int, limit: int | None = None) -> JournalRead:
         check_read_args(after_seq, limit)
         k = self._keys(session_id)
 

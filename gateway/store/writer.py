@@ -114,18 +114,14 @@ class JournalWriter:
         self._kick()
 
     def _enforce_caps(self) -> None:
-        while len(self._events) > self.max_pending_events or (
-            self._bytes > self.max_pending_bytes and self._events
-        ):
+        while len(self._events) > self.max_pending_events or (self._bytes > self.max_pending_bytes and self._events):
             seq, data = self._events.popleft()
             self._bytes -= len(data)
             self._lost_through = max(self._lost_through, seq)
 
     def _kick(self) -> None:
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"journal-writer:{self.session_id}"
-            )
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"journal-writer:{self.session_id}")
         self._wake.set()
 
     # -- flushing --
@@ -150,8 +146,11 @@ class JournalWriter:
         started = loop.time()
         try:
             await self.store.commit(
-                self.session_id, fence=self.fence, events=events,
-                snapshot=snapshot, lost_through=lost,
+                self.session_id,
+                fence=self.fence,
+                events=events,
+                snapshot=snapshot,
+                lost_through=lost,
             )
         except FencedError as exc:
             self.fenced = exc
@@ -171,8 +170,7 @@ class JournalWriter:
         self.flushes += 1
         self.flush_seconds += loop.time() - started
 
-    def _restore(self, events: list[tuple[int, bytes]], snapshot: bytes | None,
-                 lost: int) -> None:
+    def _restore(self, events: list[tuple[int, bytes]], snapshot: bytes | None, lost: int) -> None:
         # Put the batch back in front of what arrived meanwhile (it may or may
         # not have been applied; a retry is idempotent).
         self._events.extendleft(reversed(events))
@@ -201,8 +199,7 @@ class JournalWriter:
                 retry_s = min(max(retry_s * 2, self.interval_s, 0.01), MAX_RETRY_S)
                 self._next_at = loop.time() + retry_s
                 self._wake.set()
-                log.warning("journal flush failed for session %s (retry in %.2fs): %s",
-                            self.session_id, retry_s, exc)
+                log.warning("journal flush failed for session %s (retry in %.2fs): %s", self.session_id, retry_s, exc)
             except Exception:  # a bug must not kill the flusher silently
                 log.exception("journal flush crashed for session %s", self.session_id)
                 self._next_at = loop.time() + MAX_RETRY_S

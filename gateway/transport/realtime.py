@@ -15,8 +15,8 @@ Subprotocols a client may offer (one is echoed, never the key):
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
-import secrets
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -28,14 +28,11 @@ from gateway.protocol.server_events import (
     BINARY_SUBPROTOCOL,
     decode_input_frame,
     encode_audio_frame,
-    encode_json,
 )
 from gateway.protocol.session_config import ConfigLimits, SessionConfig, TurnDetection, apply_update
-from gateway.session.effects import Cancel, Close, EndInput, Feed, StartResponse, StartTranscription
-from gateway.session.session import RealtimeSession
+from gateway.store.base import StoreError
+from gateway.transport.host import SessionHost, connection_event
 from gateway.transport.outbox import Outbox, SlowConsumer
-from orchestrator.engine import EngineOutput, Finished
-from orchestrator.orchestrator import RequestHandle
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -89,10 +86,7 @@ class RealtimeEndpoint:
             )
         if refusal is not None:
             code, text, close_code = refusal
-            event = {"type": "error", "event_id": "event_" + secrets.token_hex(8), "server_event_seq": 0,
-                     "error": {"type": "invalid_request_error", "code": code, "message": text,
-                               "param": None, "event_id": None}}  # fmt: skip
-            await send({"type": "websocket.send", "text": orjson.dumps(event).decode()})
+            await send({"type": "websocket.send", "text": error_event(code, text).decode()})
             await send({"type": "websocket.close", "code": int(close_code), "reason": code})
             rt.metrics.closes.labels(str(int(close_code))).inc()
             return
@@ -108,9 +102,8 @@ class RealtimeEndpoint:
                 )
             except ProtocolError:
                 pass  # validated when minted; a stale shape falls back to the defaults
-        conn = Connection(rt, config, beta=beta, binary=BINARY_SUBPROTOCOL in offered,
-                          principal=grant.principal, receive=receive, send=send)  # fmt: skip
-        await conn.run()
+        conn = Connection(rt, receive, send, beta=beta, binary=BINARY_SUBPROTOCOL in offered, principal=grant.principal)
+        await conn.run(config)
 
 
 def _query_param(query: str, name: str) -> str | None:
@@ -121,52 +114,45 @@ def _query_param(query: str, name: str) -> str | None:
 
 
 class Connection:
-    def __init__(
-        self,
-        runtime: Runtime,
-        config: SessionConfig,
-        *,
-        beta: bool,
-        binary: bool,
-        principal: str,
-        receive: Any,
-        send: Any,
-    ) -> None:
-        rt = self.runtime = runtime
-        s = rt.settings
+    """One client socket. The session it serves lives in a ``SessionHost``."""
+
+    def __init__(self, runtime: Runtime, receive: Any, send: Any, *, beta: bool, binary: bool, principal: str) -> None:
+        self.runtime = runtime
         self.principal = principal
         self.binary = binary
         self.beta = beta
         self._receive = receive
-        self.outbox = Outbox(send, s.outbound_queue_bytes)
-        self.session = RealtimeSession(
-            session_id="sess_" + secrets.token_hex(10),
-            config=config,
-            engine=rt.engine.info,
-            beta=beta,
-            limits=rt.session_limits,
-            vad_factory=rt.vad_factory,
-            rate_limits=rt.rate_limits,
-        )
-        self.handles: dict[str, RequestHandle] = {}
-        self.closed = False
-        self._turn_started: dict[str, float | None] = {}
+        self.outbox = Outbox(send, runtime.settings.outbound_queue_bytes)
+        self.host: SessionHost | None = None
+        self._held: list[tuple[dict[str, Any], bytes]] | None = None  # live events held during a replay
+        self._client_events = 0
 
     # --- main loop -----------------------------------------------------------
 
-    async def run(self) -> None:
+    async def run(self, config: SessionConfig) -> None:
         rt = self.runtime
+        loop = asyncio.get_running_loop()
+        writer = loop.create_task(self.outbox.run())
         rt.connections.add(self)
         rt.metrics.sessions.inc()
         rt.metrics.sessions_total.inc()
-        writer = asyncio.get_running_loop().create_task(self.outbox.run())
-        expiry = asyncio.get_running_loop().call_later(rt.settings.session_lifetime_s, self._expire)
-        log.info("session %s opened principal=%s beta=%s binary=%s", self.session.id, self.principal,
-                 self.beta, self.binary)  # fmt: skip
-        reader = asyncio.get_running_loop().create_task(self._read_loop())
+        reader: asyncio.Task[None] | None = None
         try:
-            self.session.start()
-            self.flush()
+            try:
+                self.host = await rt.open_session(config, principal=self.principal, beta=self.beta)
+            except StoreError as exc:
+                log.warning("cannot open a session: %s", exc)
+                self.send_raw(error_event(Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly."))
+                self.outbox.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
+                await writer
+                return
+            log.info(
+                "session %s opened principal=%s beta=%s binary=%s", self.host.id, self.principal, self.beta, self.binary
+            )
+            self.host.attach(self)
+            self.host.session.start(resume_token=self.host.rotate_token())
+            self.host.flush()
+            reader = loop.create_task(self._read_loop())
             await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
             if not reader.done():
                 # We closed first: give the peer a moment to answer the close frame.
@@ -175,15 +161,13 @@ class Connection:
                 except (TimeoutError, Exception):
                     reader.cancel()
         finally:
-            if not reader.done():
+            if reader is not None and not reader.done():
                 reader.cancel()
-            expiry.cancel()
-            self.closed = True
-            self.session.shutdown()
-            self._run_effects(self.session.take()[1])
-            for handle in self.handles.values():
-                handle.cancel()
-            self.handles.clear()
+            if reader is not None and reader.done() and not reader.cancelled() and reader.exception():
+                log.debug("reader ended with %r", reader.exception())
+            if self.host is not None:
+                self.host.detach(self)
+                self.host = None
             self.outbox.close(CloseCode.NORMAL, "")
             try:
                 await asyncio.wait_for(writer, timeout=1.0)
@@ -191,18 +175,17 @@ class Connection:
                 writer.cancel()
             rt.connections.discard(self)
             rt.metrics.sessions.dec()
-            log.info("session %s closed", self.session.id)
 
     async def _read_loop(self) -> None:
         limit = self.runtime.settings.max_message_bytes
         count = self.runtime.metrics.client_events
-        session = self.session
         while True:
             message = await self._receive()
             kind = message["type"]
             if kind == "websocket.disconnect":
                 return
-            if kind != "websocket.receive":
+            host = self.host
+            if kind != "websocket.receive" or host is None:
                 continue
             text = message.get("text")
             try:
@@ -215,7 +198,14 @@ class Connection:
                         )
                     event = ce.decode(text)
                     count.labels(_EVENT_NAMES.get(type(event), "other")).inc()
-                    session.handle(event)
+                    if isinstance(event, ce.SessionResume):
+                        await self._resume(event)
+                        continue
+                    if isinstance(event, ce.EventAck):
+                        self._ack(host, event)
+                        continue
+                    self._client_events += 1
+                    host.session.handle(event)
                 else:
                     data = message.get("bytes") or b""
                     if len(data) > limit:
@@ -223,100 +213,92 @@ class Connection:
                             Code.MESSAGE_TOO_LARGE, f"A message may be at most {limit} bytes; got {len(data)}."
                         )
                     count.labels("binary.append").inc()
-                    session.append_audio(decode_input_frame(data), None)
+                    self._client_events += 1
+                    host.session.append_audio(decode_input_frame(data), None)
             except ProtocolError as err:
-                session.error(err)
-            self.flush()
+                host.session.error(err)
+            host.flush()
 
-    def _expire(self) -> None:
-        self.session.expire()
-        self.flush()
+    async def _resume(self, event: ce.SessionResume) -> None:
+        if self._client_events:
+            raise ProtocolError(
+                Code.RESUME_NOT_FIRST,
+                "session.resume must be the first event on a connection; reconnect and send it first.",
+                param="type",
+                event_id=event.event_id,
+            )
+        await self.runtime.resume(self, event)
 
-    # --- session outputs -------------------------------------------------------
+    def _ack(self, host: SessionHost, event: ce.EventAck) -> None:
+        seq = min(event.last_received_server_event_seq, host.session.seq)
+        task = asyncio.get_running_loop().create_task(self.runtime.trim_journal(host.id, seq))
+        self.runtime.background.add(task)
+        task.add_done_callback(self.runtime.background.discard)
 
-    def flush(self) -> None:
-        events, effects = self.session.take()
-        if events:
-            self._send_events(events)
-        if effects:
-            self._run_effects(effects)
+    # --- output ------------------------------------------------------------------
 
-    def _send_events(self, events: list[dict[str, Any]]) -> None:
-        outbox, beta, binary = self.outbox, self.beta, self.binary
-        errors = self.runtime.metrics.errors
+    def send_event(self, event: dict[str, Any], data: bytes) -> None:
+        """One session event (already JSON-encoded in the client's dialect)."""
+        if self._held is not None:
+            self._held.append((event, data))
+            return
         try:
-            for event in events:
-                if binary and event["type"] == AUDIO_DELTA:
-                    outbox.put_bytes(encode_audio_frame(event))
-                    continue
-                if event["type"] == "error":
-                    errors.labels(event["error"]["code"]).inc()
-                outbox.put_text(encode_json(event, beta=beta).decode())
+            if self.binary and event["type"] == AUDIO_DELTA:
+                self.outbox.put_bytes(encode_audio_frame(event))
+            else:
+                self.outbox.put_text(data.decode())
         except SlowConsumer as exc:
-            log.warning("session %s: slow consumer, closing: %s", self.session.id, exc)
-            self.runtime.metrics.closes.labels(str(int(CloseCode.SLOW_CONSUMER))).inc()
-            self.outbox.abort(CloseCode.SLOW_CONSUMER, Code.SLOW_CONSUMER)
+            self._slow(exc)
 
-    def _run_effects(self, effects: list[Any]) -> None:
-        for effect in effects:
-            match effect:
-                case Feed():
-                    handle = self.handles.get(effect.request_id)
-                    if handle is not None:
-                        handle.feed(effect.chunk)
-                case EndInput():
-                    handle = self.handles.get(effect.request_id)
-                    if handle is not None:
-                        handle.end()
-                case StartTranscription() | StartResponse():
-                    if not self.closed:
-                        self._start(effect)
-                case Cancel():
-                    handle = self.handles.pop(effect.request_id, None)
-                    if handle is not None:
-                        handle.cancel()
-                case Close():
-                    self.runtime.metrics.closes.labels(str(effect.code)).inc()
-                    self.outbox.close(effect.code, effect.reason)
+    def send_raw(self, data: bytes) -> None:
+        try:
+            self.outbox.put_text(data.decode())
+        except SlowConsumer as exc:
+            self._slow(exc)
 
-    def _start(self, effect: StartTranscription | StartResponse) -> None:
-        rid = effect.request.request_id
-        transcription = isinstance(effect, StartTranscription)
+    def _slow(self, exc: SlowConsumer) -> None:
+        log.warning("slow consumer, closing: %s", exc)
+        self.runtime.metrics.closes.labels(str(int(CloseCode.SLOW_CONSUMER))).inc()
+        self.outbox.abort(CloseCode.SLOW_CONSUMER, Code.SLOW_CONSUMER)
 
-        def on_output(output: EngineOutput) -> None:
-            self._on_output(rid, output, transcription=transcription)
+    def hold(self) -> None:
+        """Hold live events while a replay is being read (they follow it)."""
+        self._held = []
 
-        def on_error(code: str, message: str) -> None:
-            self._on_error(rid, code, message, transcription=transcription)
+    def release(self, after_seq: int) -> None:
+        """Send the held live events the replay did not already carry."""
+        held, self._held = self._held or [], None
+        for event, data in held:
+            if event["server_event_seq"] > after_seq:
+                self.send_event(event, data)
 
-        self.handles[rid] = self.runtime.orchestrator.submit(
-            "transcription" if transcription else "response",
-            effect.request,
-            on_output=on_output,
-            on_error=on_error,
-            turn_started_at=None if transcription else effect.turn_started_at,  # type: ignore[union-attr]
-        )
-
-    def _on_output(self, request_id: str, output: EngineOutput, *, transcription: bool) -> None:
-        if isinstance(output, Finished):
-            self.handles.pop(request_id, None)
-        if transcription:
-            self.session.on_transcription(request_id, output)
+    def replay(self, data: bytes) -> None:
+        """One journaled event, sent again as it was first sent."""
+        if self.binary and b'"response.output_audio.delta"' in data[:64]:
+            event = orjson.loads(data)
+            event["delta"] = base64.b64decode(event["delta"])
+            self.send_event(event, data)
         else:
-            self.session.on_response(request_id, output)
-        self.flush()
+            self.send_raw(data)
 
-    def _on_error(self, request_id: str, code: str, message: str, *, transcription: bool) -> None:
-        self.handles.pop(request_id, None)
-        if transcription:
-            self.session.on_transcription_failed(request_id, code, message)
-        else:
-            self.session.on_response_failed(request_id, code, message)
-        self.flush()
+    def replaced(self, session_id: str) -> None:
+        """Another connection resumed our session: say so and close (4009)."""
+        self.host = None
+        self.send_raw(connection_event("session.replaced", session_id=session_id))
+        self.runtime.metrics.closes.labels(str(int(CloseCode.SESSION_REPLACED))).inc()
+        self.outbox.close(CloseCode.SESSION_REPLACED, "session replaced")
 
     def close(self, code: int, reason: str) -> None:
         """Close from outside (drain, shutdown): queued events go out first."""
         self.outbox.close(code, reason)
+
+
+def error_event(code: str, message: str, *, param: str | None = None, event_id: str | None = None) -> bytes:
+    """A connection-level error (``server_event_seq`` 0: not part of any session's journal)."""
+    return connection_event(
+        "error",
+        error={"type": "invalid_request_error", "code": code, "message": message, "param": param, "event_id": event_id},
+    )
 
 
 _EVENT_NAMES: dict[type, str] = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 
 import pytest
-from conftest import run_gateway
+from support.gateway import run_gateway
 from support.speech import chunks, silence, speak
 
 from gateway.settings import Settings
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 async def test_openai_sdk_holds_a_spoken_conversation() -> None:
-    speech = await speak("hello world")
+    speech = await speak("what is your name")
     async with run_gateway(Settings(engine="cascade", api_keys=("sk-test",))) as gw:
         client = openai.AsyncOpenAI(api_key="sk-test", websocket_base_url=f"ws://127.0.0.1:{gw.port}/v1")
         async with client.realtime.connect(model="omni-cascade") as conn:

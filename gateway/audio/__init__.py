@@ -1,0 +1,1 @@
+"""Audio utilities: G.711 codecs, streaming resampling, voice-activity detection."""

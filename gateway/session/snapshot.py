@@ -1,0 +1,73 @@
+"""Session snapshots: what a replica needs to carry a session on (pure).
+
+A snapshot holds the configuration, the conversation, the event sequence and
+epoch, and the response that was running. It does not hold audio: the
+uncommitted input buffer and running engine requests live only on the replica
+that owns the session; a takeover ends them explicitly (see ``restore``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import orjson
+
+from gateway.audio.codecs import AudioFormat
+from gateway.protocol.session_config import SessionConfig, Transcription, TurnDetection
+from gateway.session.conversation import Item, Part
+
+VERSION = 1
+
+
+def config_to_dict(cfg: SessionConfig) -> dict[str, Any]:
+    return asdict(cfg)
+
+
+def config_from_dict(d: dict[str, Any]) -> SessionConfig:
+    d = dict(d)
+    d["input_format"] = AudioFormat(**d["input_format"])
+    d["output_format"] = AudioFormat(**d["output_format"])
+    d["output_modalities"] = tuple(d["output_modalities"])
+    d["tools"] = tuple(d["tools"])
+    d["transcription"] = Transcription(**d["transcription"]) if d["transcription"] else None
+    d["turn_detection"] = TurnDetection(**d["turn_detection"]) if d["turn_detection"] else None
+    return SessionConfig(**d)
+
+
+def item_to_dict(item: Item) -> dict[str, Any]:
+    return {
+        "id": item.id,
+        "role": item.role,
+        "status": item.status,
+        "pending": item.pending_transcription,
+        "content": [
+            {"type": p.type, "text": p.text, "transcript": p.transcript, "audio_ms": p.audio_ms, "marks": p.marks}
+            for p in item.content
+        ],
+    }
+
+
+def item_from_dict(d: dict[str, Any]) -> Item:
+    parts = [
+        Part(
+            p["type"],
+            text=p["text"],
+            transcript=p["transcript"],
+            audio_ms=p["audio_ms"],
+            marks=[(m[0], m[1]) for m in p["marks"]],
+        )
+        for p in d["content"]
+    ]
+    return Item(d["id"], d["role"], parts, status=d["status"], pending_transcription=d["pending"])
+
+
+def dumps(state: dict[str, Any]) -> bytes:
+    return orjson.dumps({"v": VERSION, **state})
+
+
+def loads(data: bytes) -> dict[str, Any]:
+    state: dict[str, Any] = orjson.loads(data)
+    if state.get("v") != VERSION:
+        raise ValueError(f"unsupported snapshot version {state.get('v')!r}")
+    return state

@@ -1,0 +1,288 @@
+"""SessionHost: one session running on this replica, with or without a socket.
+
+The host owns what cannot live in a snapshot: the session's engine requests,
+its journal writer and lease, and the connection attached to it. It outlives
+its socket: when the client drops, the host keeps the session (and any answer
+being generated, journaled as it goes) for ``detach_grace_s`` so the client can
+come back and resume, on this replica or any other.
+
+Every server event goes to the journal (as the JSON the client reads) and, if
+a socket is attached, to the socket, in the same order, as it is produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gateway.protocol.errors import CloseCode, Code
+from gateway.protocol.server_events import encode_json
+from gateway.session import snapshot
+from gateway.session.effects import Cancel, Close, EndInput, Feed, StartResponse, StartTranscription
+from gateway.session.session import RealtimeSession
+from gateway.store.base import FencedError, StoreError
+from orchestrator.engine import EngineOutput, Finished
+from orchestrator.orchestrator import RequestHandle
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
+    from gateway.store.writer import JournalWriter
+    from gateway.transport.realtime import Connection
+
+log = logging.getLogger("omni.host")
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_resume_token() -> str:
+    return "rt_" + secrets.token_urlsafe(24)
+
+
+class SessionHost:
+    def __init__(
+        self,
+        runtime: Runtime,
+        session: RealtimeSession,
+        *,
+        principal: str,
+        resume_token: str,
+        fence: int,
+    ) -> None:
+        self.runtime = runtime
+        self.session = session
+        self.principal = principal
+        self.token_hash = token_hash(resume_token)
+        self.fence = fence
+        self.writer: JournalWriter = self._new_writer(fence)
+        self.conn: Connection | None = None
+        self.handles: dict[str, RequestHandle] = {}
+        self.ended = False
+        loop = asyncio.get_running_loop()
+        self._expiry = loop.call_later(max(0.0, session.expires_at - time.time()), self._expire)
+        self._detach_timer: asyncio.TimerHandle | None = None
+        self._lease_task = loop.create_task(self._renew_lease(), name=f"lease {session.id}")
+        runtime.hosts[session.id] = self
+
+    @property
+    def id(self) -> str:
+        return self.session.id
+
+    def _new_writer(self, fence: int) -> JournalWriter:
+        return self.runtime.store.writer(self.session.id, fence, on_fenced=self._on_fenced)
+
+    def rotate_token(self) -> str:
+        token = new_resume_token()
+        self.token_hash = token_hash(token)
+        self.session.dirty = True
+        return token
+
+    # --- the socket ------------------------------------------------------------
+
+    def attach(self, conn: Connection) -> None:
+        if self._detach_timer is not None:
+            self._detach_timer.cancel()
+            self._detach_timer = None
+        old = self.conn
+        self.conn = conn
+        if old is not None and old is not conn:
+            old.replaced(self.session.id)
+
+    def detach(self, conn: Connection) -> None:
+        """The socket went away; keep the session resumable for a grace period."""
+        if self.conn is not conn or self.ended:
+            return
+        self.conn = None
+        grace = self.runtime.settings.detach_grace_s
+        self._detach_timer = asyncio.get_running_loop().call_later(grace, self._grace_over)
+
+    def _grace_over(self) -> None:
+        asyncio.get_running_loop().create_task(self.end(reason="client gone"))
+
+    # --- events and effects --------------------------------------------------------
+
+    def flush(self) -> None:
+        """Journal and send what the session produced; run its effects."""
+        session = self.session
+        events, effects = session.take()
+        if events:
+            beta, conn, writer = session.beta, self.conn, self.writer
+            errors = self.runtime.metrics.errors
+            try:
+                for event in events:
+                    data = encode_json(event, beta=beta)
+                    writer.append(event["server_event_seq"], data)
+                    if event["type"] == "error":
+                        errors.labels(event["error"]["code"]).inc()
+                    if conn is not None:
+                        conn.send_event(event, data)
+                if session.dirty:
+                    writer.set_snapshot(self.snapshot_bytes())
+                    session.dirty = False
+            except FencedError as exc:
+                self._on_fenced(exc)
+                return
+        if effects:
+            self._run_effects(effects)
+
+    def snapshot_bytes(self) -> bytes:
+        state = self.session.snapshot_state()
+        state["principal"] = self.principal
+        state["token_hash"] = self.token_hash
+        return snapshot.dumps(state)
+
+    def _run_effects(self, effects: list[Any]) -> None:
+        for effect in effects:
+            match effect:
+                case Feed():
+                    handle = self.handles.get(effect.request_id)
+                    if handle is not None:
+                        handle.feed(effect.chunk)
+                case EndInput():
+                    handle = self.handles.get(effect.request_id)
+                    if handle is not None:
+                        handle.end()
+                case StartTranscription() | StartResponse():
+                    if not self.ended:
+                        self._start(effect)
+                case Cancel():
+                    handle = self.handles.pop(effect.request_id, None)
+                    if handle is not None:
+                        handle.cancel()
+                case Close():
+                    self.runtime.metrics.closes.labels(str(effect.code)).inc()
+                    if self.conn is not None:
+                        self.conn.close(effect.code, effect.reason)
+                    asyncio.get_running_loop().create_task(self.end(reason=effect.reason))
+
+    def _start(self, effect: StartTranscription | StartResponse) -> None:
+        rid = effect.request.request_id
+        transcription = isinstance(effect, StartTranscription)
+
+        def on_output(output: EngineOutput) -> None:
+            if isinstance(output, Finished):
+                self.handles.pop(rid, None)
+            if transcription:
+                self.session.on_transcription(rid, output)
+            else:
+                self.session.on_response(rid, output)
+            self.flush()
+
+        def on_error(code: str, message: str) -> None:
+            self.handles.pop(rid, None)
+            if transcription:
+                self.session.on_transcription_failed(rid, code, message)
+            else:
+                self.session.on_response_failed(rid, code, message)
+            self.flush()
+
+        self.handles[rid] = self.runtime.orchestrator.submit(
+            "transcription" if transcription else "response",
+            effect.request,
+            on_output=on_output,
+            on_error=on_error,
+            turn_started_at=None if isinstance(effect, StartTranscription) else effect.turn_started_at,
+        )
+
+    def _expire(self) -> None:
+        self.session.expire()
+        self.flush()
+
+    # --- ownership -------------------------------------------------------------------
+
+    def _on_fenced(self, exc: FencedError) -> None:
+        if self.ended:
+            return
+        if exc.current is None:
+            # The store lost the session (Redis restarted empty): take it again.
+            log.warning("session %s: store lost its lease; re-acquiring", self.id)
+            asyncio.get_running_loop().create_task(self._reacquire())
+        else:
+            self.replaced()
+
+    async def _reacquire(self) -> None:
+        try:
+            fence = await self.runtime.store.acquire(self.id, self.runtime.replica_id, self.runtime.lease_ttl_ms)
+        except StoreError as exc:
+            log.warning("session %s: re-acquire failed (%s); will retry on the next write", self.id, exc)
+            self.writer = self._new_writer(self.fence)
+            return
+        self.fence = fence
+        self.writer = self._new_writer(fence)
+        self.writer.set_snapshot(self.snapshot_bytes())
+
+    def replaced(self) -> None:
+        """Another replica (or connection) took the session over: stop serving it."""
+        if self.ended:
+            return
+        log.info("session %s taken over elsewhere", self.id)
+        if self.conn is not None:
+            self.conn.replaced(self.id)
+            self.conn = None
+        self._stop()
+        self.runtime.hosts.pop(self.id, None)
+
+    async def _renew_lease(self) -> None:
+        rt = self.runtime
+        period = rt.lease_ttl_ms / 3000
+        while not self.ended:
+            await asyncio.sleep(period)
+            try:
+                if not await rt.store.renew(self.id, rt.replica_id, self.fence, rt.lease_ttl_ms):
+                    owner = await rt.store.owner_of(self.id)
+                    if owner is not None and owner.owner != rt.replica_id:
+                        self.replaced()
+                        return
+                    # Lapsed or lost with a Redis restart: take it again.
+                    self.fence = await rt.store.acquire(self.id, rt.replica_id, rt.lease_ttl_ms)
+                    self.writer = self._new_writer(self.fence)
+                    self.writer.set_snapshot(self.snapshot_bytes())
+            except StoreError as exc:
+                log.warning("session %s: lease renewal failed: %s", self.id, exc)
+
+    # --- the end -------------------------------------------------------------------------
+
+    def _stop(self) -> None:
+        self.ended = True
+        self._expiry.cancel()
+        if self._detach_timer is not None:
+            self._detach_timer.cancel()
+        self._lease_task.cancel()
+        self.session.shutdown()
+        self.session.take()
+        for handle in self.handles.values():
+            handle.cancel()
+        self.handles.clear()
+
+    async def end(self, *, reason: str, delete: bool = False) -> None:
+        """Stop serving the session here. Its state stays in the store (resumable
+        until the journal's idle TTL) unless ``delete``."""
+        if self.ended:
+            return
+        log.info("session %s ends here: %s", self.id, reason)
+        self._stop()
+        self.runtime.hosts.pop(self.id, None)
+        store, rt = self.runtime.store, self.runtime
+        with contextlib.suppress(StoreError, RuntimeError):
+            if not delete:
+                self.writer.set_snapshot(self.snapshot_bytes())
+            await self.writer.close(flush=not delete)
+            if delete:
+                await store.delete_session(self.id)
+            await store.release(self.id, rt.replica_id, self.fence)
+
+
+def connection_event(type_: str, **fields: Any) -> bytes:
+    """A connection-level event: ``server_event_seq`` 0, never journaled or replayed."""
+    return orjson.dumps({"type": type_, "event_id": "event_" + secrets.token_hex(8), "server_event_seq": 0, **fields})
+
+
+__all__ = ["CloseCode", "Code", "SessionHost", "connection_event", "new_resume_token", "token_hash"]
