@@ -9,11 +9,19 @@ without permessage-deflate (it costs CPU on audio and gains nothing).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 from dataclasses import replace
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import uvicorn
 
 from gateway.settings import Settings, from_env, is_loopback
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,12 +69,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    import uvicorn
-
     from gateway.app import create_app
 
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         loop="uvloop",
@@ -77,8 +84,34 @@ def main(argv: list[str] | None = None) -> int:
         log_level=settings.log_level,
         lifespan="on",
     )
+    DrainingServer(config, app.state.runtime).run()
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, but the first SIGTERM/SIGINT drains before exiting.
+
+    Draining: /readyz turns 503 at once, new sessions are refused, running
+    answers get ``drain_window_s`` to finish, then every socket closes with
+    1012 and uvicorn shuts down. A second signal exits at once.
+    """
+
+    def __init__(self, config: uvicorn.Config, runtime: Runtime) -> None:
+        super().__init__(config)
+        self.runtime = runtime
+        self.draining = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.draining or self.should_exit:
+            super().handle_exit(sig, frame)
+            return
+        self.draining = True
+        loop = asyncio.get_event_loop()
+        loop.call_soon_threadsafe(lambda: self._tasks.add(loop.create_task(self._drain())))
+
+    async def _drain(self) -> None:
+        try:
+            await self.runtime.drain()
+        finally:
+            self.should_exit = True
