@@ -24,7 +24,7 @@ from gateway.session.session import RealtimeSession, SessionLimits, VadStream
 from gateway.settings import Settings
 from gateway.store import create_store
 from gateway.store.base import SessionStore, StoreError, replica_channel
-from gateway.transport.host import SessionHost, connection_event, new_resume_token, token_hash
+from gateway.transport.host import SessionHost, connection_event, error_event, new_resume_token, token_hash
 from orchestrator.engine import Engine
 from orchestrator.metrics import Metrics
 from orchestrator.orchestrator import AdmissionLimits, Orchestrator
@@ -179,11 +179,19 @@ class Runtime:
             host.token_hash = state["token_hash"]
             recover = True
         token = host.rotate_token()
-        conn.hold()
+        conn.hold()  # live events from here on wait until the replay is out
         host.attach(conn)
         conn.host = host
-        await provisional.end(reason="replaced by a resumed session", delete=True)
-        read = await self.store.read_events(sid, after_seq=last)
+        try:
+            read = await self.store.read_events(sid, after_seq=last)
+        except StoreError:
+            # Attached but cannot replay: let the client retry the resume shortly.
+            conn.release(host.session.seq)
+            conn.send_raw(error_event(Code.STORE_UNAVAILABLE, "Session state is unavailable; resume again shortly."))
+            conn.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
+            host.detach(conn)
+            await provisional.end(reason="resume failed", delete=True)
+            return
         if read.gap:
             s = host.session
             conn.send_raw(
@@ -213,6 +221,7 @@ class Runtime:
         if recover:
             host.session.recover("replica_lost")
         host.flush()
+        await provisional.end(reason="replaced by a resumed session", delete=True)
 
     @staticmethod
     def _check_resume(event: ce.SessionResume, expected_hash: str, owner: str, principal: str) -> None:

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.protocol.errors import CloseCode, Code
 from gateway.protocol.server_events import encode_json
 from gateway.session import snapshot
 from gateway.session.effects import Cancel, Close, EndInput, Feed, StartResponse, StartTranscription
@@ -285,4 +284,12 @@ def connection_event(type_: str, **fields: Any) -> bytes:
     return orjson.dumps({"type": type_, "event_id": "event_" + secrets.token_hex(8), "server_event_seq": 0, **fields})
 
 
-__all__ = ["CloseCode", "Code", "SessionHost", "connection_event", "new_resume_token", "token_hash"]
+def error_event(code: str, message: str, *, param: str | None = None, event_id: str | None = None) -> bytes:
+    """A connection-level error (``server_event_seq`` 0: not part of any session's journal)."""
+    return connection_event(
+        "error",
+        error={"type": "invalid_request_error", "code": code, "message": message, "param": param, "event_id": event_id},
+    )
+
+
+__all__ = ["SessionHost", "connection_event", "error_event", "new_resume_token", "token_hash"]

@@ -31,7 +31,7 @@ from gateway.protocol.server_events import (
 )
 from gateway.protocol.session_config import ConfigLimits, SessionConfig, TurnDetection, apply_update
 from gateway.store.base import StoreError
-from gateway.transport.host import SessionHost, connection_event
+from gateway.transport.host import SessionHost, connection_event, error_event
 from gateway.transport.outbox import Outbox, SlowConsumer
 
 if TYPE_CHECKING:
@@ -291,14 +291,6 @@ class Connection:
     def close(self, code: int, reason: str) -> None:
         """Close from outside (drain, shutdown): queued events go out first."""
         self.outbox.close(code, reason)
-
-
-def error_event(code: str, message: str, *, param: str | None = None, event_id: str | None = None) -> bytes:
-    """A connection-level error (``server_event_seq`` 0: not part of any session's journal)."""
-    return connection_event(
-        "error",
-        error={"type": "invalid_request_error", "code": code, "message": message, "param": param, "event_id": event_id},
-    )
 
 
 _EVENT_NAMES: dict[type, str] = {
