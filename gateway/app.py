@@ -16,10 +16,13 @@ from starlette.routing import Route, WebSocketRoute
 from gateway.auth import DEFAULT_SECRET_TTL_S, MAX_SECRET_TTL_S, Grant
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import ConfigLimits, SessionConfig, apply_update, render
+from gateway.protocol.video_events import decode_interaction
 from gateway.runtime import Runtime
 from gateway.session.session import VadStream
 from gateway.settings import Settings
+from gateway.store.base import StoreError
 from gateway.transport.realtime import RealtimeEndpoint
+from gateway.transport.video import VideoEndpoint
 from orchestrator.engine import Engine
 
 
@@ -114,6 +117,51 @@ def create_app(
             return _error(404, Code.INVALID_VALUE, f"Unknown admin action {action!r}; use pause or resume.")
         return JSONResponse({"paused": rt.orchestrator.paused, **rt.orchestrator.stats()})
 
+    async def video_interaction(request: Request) -> Response:
+        """POST an interaction to a streaming video session, from any replica."""
+        grant = rt.auth.authenticate_http(request.headers)
+        if grant is None:
+            rt.metrics.auth_failures.inc()
+            return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.")
+        sid = request.path_params["session_id"]
+        try:
+            body = orjson.loads(await request.body() or b"{}")
+            payload = body.get("interaction", body) if isinstance(body, dict) else None
+            default_k = rt.video_engine.info.default_transition_chunks if rt.video_engine else 3
+            event = decode_interaction(payload, default_k)
+        except orjson.JSONDecodeError:
+            return _error(400, Code.INVALID_JSON, "The body is not valid JSON.")
+        except ProtocolError as err:
+            return _error(400, err.code, err.message, err.param)
+        interaction = event.interaction
+        local = rt.video_sessions.get(sid)
+        if local is not None:
+            if local.principal != grant.principal:
+                return _error(403, Code.RESUME_FORBIDDEN, "This session belongs to another principal.")
+            failure = await local.interact_now(interaction)
+            if failure is not None:
+                return _error(409, failure[0], failure[1], "interaction")
+            return JSONResponse({"queued": True, "session_id": sid, "event_id": interaction.event_id}, status_code=202)
+        try:
+            data = await rt.store.load_snapshot(sid)
+            state = orjson.loads(data) if data else None
+            if not isinstance(state, dict) or state.get("kind") != "video":
+                return _error(404, Code.SESSION_NOT_FOUND, f"No streaming video session {sid!r}.")
+            if state.get("principal") != grant.principal:
+                return _error(403, Code.RESUME_FORBIDDEN, "This session belongs to another principal.")
+            message = {"type": "interaction", "session_id": sid, "interaction": payload}
+            if not isinstance(payload, dict) or "event_id" not in payload:
+                message["interaction"] = {**(payload or {}), "event_id": interaction.event_id}
+            delivered = await rt.store.send_to_owner(sid, orjson.dumps(message))
+        except StoreError:
+            return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
+        if not delivered:
+            return _error(404, Code.SESSION_NOT_FOUND, f"Session {sid!r} has no live owner.")
+        # Forwarded: the owning replica reports the outcome on the session's socket.
+        return JSONResponse(
+            {"queued": True, "forwarded": True, "session_id": sid, "event_id": interaction.event_id}, status_code=202
+        )
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await rt.start()
@@ -130,7 +178,9 @@ def create_app(
             Route("/v1/models", models),
             Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
             Route("/admin/{action}", admin, methods=["POST"]),
+            Route("/v1/realtime/video/{session_id}/interactions", video_interaction, methods=["POST"]),
             WebSocketRoute("/v1/realtime", RealtimeEndpoint(rt)),
+            WebSocketRoute("/v1/realtime/video", VideoEndpoint(rt)),
         ],
         lifespan=lifespan,
     )

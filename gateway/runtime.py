@@ -19,6 +19,7 @@ from gateway.auth import Authenticator
 from gateway.protocol import client_events as ce
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.session_config import SessionConfig
+from gateway.protocol.video_events import decode_interaction
 from gateway.session import snapshot
 from gateway.session.session import RealtimeSession, SessionLimits, VadStream
 from gateway.settings import Settings
@@ -26,11 +27,13 @@ from gateway.store import create_store
 from gateway.store.base import SessionStore, StoreError, replica_channel
 from gateway.transport.host import SessionHost, connection_event, error_event, new_resume_token, token_hash
 from orchestrator.engine import Engine
+from orchestrator.engines.video.types import VideoEngine
 from orchestrator.metrics import Metrics
 from orchestrator.orchestrator import AdmissionLimits, Orchestrator
 
 if TYPE_CHECKING:
     from gateway.transport.realtime import Connection
+    from gateway.transport.video import VideoConnection
 
 log = logging.getLogger("omni.runtime")
 
@@ -46,6 +49,21 @@ def build_engine(name: str) -> Engine:
 
         return CascadeEngine()
     raise ValueError(f"unknown engine {name!r}; choose cascade or passthrough")
+
+
+def load_video_engine(name: str) -> VideoEngine | None:
+    """The video engine, when the ``video`` extra (torch, PyAV) is installed."""
+    if name == "none":
+        return None
+    if name != "cpu":
+        raise ValueError(f"unknown video engine {name!r}; choose cpu or none")
+    try:
+        from orchestrator.engines.video import CpuVideoEngine
+
+        return CpuVideoEngine()
+    except ImportError as exc:
+        log.warning("video engine unavailable (%s); /v1/realtime/video refuses sessions", exc)
+        return None
 
 
 def load_vad() -> Callable[[], VadStream] | None:
@@ -72,18 +90,25 @@ class Runtime:
         vad_factory: Callable[[], VadStream] | bool | None = True,
         metrics: Metrics | None = None,
         store: SessionStore | None = None,
+        video_engine: VideoEngine | bool | None = True,
     ) -> None:
         self.settings = settings
         self.engine = engine if engine is not None else build_engine(settings.engine)
+        self.video_engine: VideoEngine | None = (
+            load_video_engine(settings.video_engine) if video_engine is True else (video_engine or None)
+        )
         self.metrics = metrics or Metrics()
         self.orchestrator = Orchestrator(
             self.engine,
             AdmissionLimits(
                 max_transcriptions=settings.max_transcriptions,
                 max_responses=settings.max_responses,
+                max_videos=settings.max_videos,
                 admission_timeout_s=settings.admission_timeout_s,
+                video_lead_chunks=settings.video_lead_chunks,
             ),
             self.metrics,
+            video_engine=self.video_engine,
         )
         self.auth = Authenticator(settings.api_keys, required=settings.requires_auth)
         self.session_limits = SessionLimits(
@@ -104,6 +129,7 @@ class Runtime:
         self.lease_ttl_ms = int(settings.lease_ttl_s * 1000)
         self.connections: set[Connection] = set()
         self.hosts: dict[str, SessionHost] = {}
+        self.video_sessions: dict[str, VideoConnection] = {}
         self.background: set[asyncio.Task[Any]] = set()
         self.draining = False
         self._bus_task: asyncio.Task[None] | None = None
@@ -248,9 +274,20 @@ class Runtime:
                     body = orjson.loads(message.data)
                 except orjson.JSONDecodeError:
                     continue
-                host = self.hosts.get(body.get("session_id", ""))
+                sid = body.get("session_id", "")
+                host = self.hosts.get(sid)
                 if host is not None and body.get("type") == "replaced":
                     host.replaced()
+                video = self.video_sessions.get(sid)
+                if video is not None and body.get("type") == "interaction":
+                    try:
+                        default_k = video.session.info.default_transition_chunks
+                        event = decode_interaction(body.get("interaction"), default_k)
+                    except ProtocolError:
+                        continue  # validated by the replica that accepted the HTTP request
+                    task = asyncio.get_running_loop().create_task(video.interact_now(event.interaction))
+                    self.background.add(task)
+                    task.add_done_callback(self.background.discard)
         finally:
             await sub.close()
 
@@ -275,12 +312,16 @@ class Runtime:
             return False, f"engine failed: {self.orchestrator.engine_failed}"
         if not self.engine.healthy():
             return False, "engine unhealthy"
+        if self.video_engine is not None and not self.video_engine.healthy():
+            return False, "video engine unhealthy"
         return True, "ready"
 
     # --- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
         await self.engine.start()
+        if self.video_engine is not None:
+            await self.video_engine.start()
         self._bus_task = asyncio.get_running_loop().create_task(self._listen_bus(), name="bus")
 
     async def drain(self) -> None:
@@ -307,8 +348,12 @@ class Runtime:
             self._bus_task.cancel()
             with contextlib.suppress(BaseException):
                 await self._bus_task
+        for video in list(self.video_sessions.values()):
+            video.close(CloseCode.SERVICE_RESTART, "service restart")
         await self.orchestrator.close()
         await self.engine.close()
+        if self.video_engine is not None:
+            await self.video_engine.close()
         await self.store.close()
 
 

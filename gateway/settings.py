@@ -56,6 +56,14 @@ class Settings:
     journal_ttl_s: float = 3_600.0  # a session idle this long is forgotten (resume: session_not_found)
     journal_flush_ms: float = 20.0  # journal batching: at most one store round trip per interval;
     #   a crash loses at most the events of the last interval from the journal
+    # --- video ---
+    video_engine: str = "cpu"  # "cpu": frames rendered from the prompt (needs the video extra); "none"
+    max_videos: int = 32  # running video streams per process; more wait, then server_busy
+    video_queue_chunks: int = 8  # chunks waiting for a slow client; when full the oldest is dropped
+    #   (reported in the next chunk's metadata)
+    video_max_consecutive_drops: int = 24  # more chunks dropped in a row: close 4010 slow_consumer
+    video_lead_chunks: int = 2  # generation runs at most this many chunks ahead of real time
+
     drain_window_s: float = 20.0  # SIGTERM: running answers get this long to finish, then every
     #   socket is closed with 1012 (reconnect and resume elsewhere)
 

@@ -43,5 +43,8 @@ class Metrics:
         )
         self.errors = Counter("omni_errors_total", "Error events sent, by code.", ["code"], registry=r)
         self.closes = Counter("omni_session_closes_total", "Sessions closed, by close code.", ["code"], registry=r)
+        self.video_dropped = Counter(
+            "omni_video_chunks_dropped_total", "Video chunks dropped for slow clients.", registry=r
+        )
         self.resumes = Counter("omni_resumes_total", "Sessions resumed, by outcome.", ["outcome"], registry=r)
         self.auth_failures = Counter("omni_auth_failures_total", "Refused connections and requests.", registry=r)

@@ -25,23 +25,23 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from orchestrator.engine import (
     AudioDelta,
     Engine,
     EngineError,
     EngineInput,
-    EngineOutput,
     Finished,
     ResponseRequest,
     TranscriptionRequest,
 )
+from orchestrator.engines.video.types import Interaction, VideoChunk, VideoEngine, VideoRequest
 from orchestrator.metrics import Metrics
 
 log = logging.getLogger("omni.orchestrator")
 
-Kind = Literal["transcription", "response"]
+Kind = Literal["transcription", "response", "video"]
 _END = object()
 
 
@@ -52,7 +52,12 @@ class AdmissionLimits:
 
     max_transcriptions: int = 1024
     max_responses: int = 256
+    max_videos: int = 32
     admission_timeout_s: float = 10.0
+    # Video is paced to real time: the next chunk is asked of the engine no
+    # earlier than ``video_lead_chunks`` chunks before it is due to play, so a
+    # fast engine does not flood clients (and spends no work ahead of need).
+    video_lead_chunks: int = 2
 
 
 class RequestHandle:
@@ -62,10 +67,11 @@ class RequestHandle:
         self,
         orchestrator: Orchestrator,
         kind: Kind,
-        request: TranscriptionRequest | ResponseRequest,
-        on_output: Callable[[EngineOutput], None],
+        request: TranscriptionRequest | ResponseRequest | VideoRequest,
+        on_output: Callable[[Any], None],
         on_error: Callable[[str, str], None],
         turn_started_at: float | None,
+        on_done: Callable[[], None] | None = None,
     ) -> None:
         self.kind = kind
         self.request = request
@@ -73,6 +79,7 @@ class RequestHandle:
         self._orch = orchestrator
         self._on_output = on_output
         self._on_error = on_error
+        self._on_done = on_done
         self._turn_started_at = turn_started_at
         self._inputs: asyncio.Queue[object] = asyncio.Queue()
         self._ended = False
@@ -95,6 +102,19 @@ class RequestHandle:
         self._ended = True
         if not self.task.done():
             self.task.cancel()
+
+    async def _paced(self, chunks: AsyncIterator[VideoChunk], fps: int) -> AsyncIterator[VideoChunk]:
+        loop = asyncio.get_running_loop()
+        lead = self._orch.limits.video_lead_chunks
+        start = loop.time()
+        media_s = 0.0
+        async for chunk in chunks:
+            yield chunk
+            chunk_s = chunk.num_frames / fps
+            media_s += chunk_s
+            delay = start + media_s - lead * chunk_s - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
 
     async def _input_stream(self) -> AsyncIterator[EngineInput]:
         while True:
@@ -130,11 +150,14 @@ class RequestHandle:
         first_audio = True
         try:
             engine = orch.engine
-            stream = (
-                engine.transcribe(self.request, self._input_stream())  # type: ignore[arg-type]
-                if kind == "transcription"
-                else engine.respond(self.request, self._input_stream())  # type: ignore[arg-type]
-            )
+            stream: AsyncIterator[Any]
+            if kind == "video":
+                assert orch.video_engine is not None and isinstance(self.request, VideoRequest)
+                stream = self._paced(orch.video_engine.generate_video(self.request), self.request.fps)
+            elif kind == "transcription":
+                stream = engine.transcribe(self.request, self._input_stream())  # type: ignore[arg-type]
+            else:
+                stream = engine.respond(self.request, self._input_stream())  # type: ignore[arg-type]
             async for output in stream:
                 now = time.monotonic()
                 if not isinstance(output, Finished):
@@ -148,6 +171,8 @@ class RequestHandle:
                         first_audio = False
                 self._on_output(output)
             status = "completed"
+            if self._on_done is not None:
+                self._on_done()
         except asyncio.CancelledError:
             status = "cancelled"
             raise
@@ -165,12 +190,19 @@ class RequestHandle:
             orch._release(kind)
             if status != "completed":
                 # Abort in a fresh task: this one may be cancelled already.
-                orch._spawn_abort(self.request_id)
+                orch._spawn_abort(self.request_id, video=kind == "video")
 
 
 class Orchestrator:
-    def __init__(self, engine: Engine, limits: AdmissionLimits | None = None, metrics: Metrics | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        limits: AdmissionLimits | None = None,
+        metrics: Metrics | None = None,
+        video_engine: VideoEngine | None = None,
+    ):
         self.engine = engine
+        self.video_engine = video_engine
         self.limits = limits or AdmissionLimits()
         self.metrics = metrics or Metrics()
         self.engine_failed: str | None = None  # set when the engine reported itself dead
@@ -178,7 +210,7 @@ class Orchestrator:
         self._paused = False
         self._admitting = 0
         self._waiting = 0  # admissions blocked on a full kind
-        self._active = {"transcription": 0, "response": 0}
+        self._active = {"transcription": 0, "response": 0, "video": 0}
         self._handles: dict[str, RequestHandle] = {}  # every request not yet finished
         self._running: dict[str, RequestHandle] = {}  # admitted: the engine has it
         self._aborts: set[asyncio.Task[None]] = set()  # abort and wake-up tasks in flight
@@ -188,20 +220,32 @@ class Orchestrator:
     def submit(
         self,
         kind: Kind,
-        request: TranscriptionRequest | ResponseRequest,
+        request: TranscriptionRequest | ResponseRequest | VideoRequest,
         *,
-        on_output: Callable[[EngineOutput], None],
+        on_output: Callable[[Any], None],
         on_error: Callable[[str, str], None],
         turn_started_at: float | None = None,
+        on_done: Callable[[], None] | None = None,
     ) -> RequestHandle:
-        return RequestHandle(self, kind, request, on_output, on_error, turn_started_at)
+        """Start a request. ``on_output`` gets each output (``EngineOutput`` for
+        voice, ``VideoChunk`` for video); ``on_done`` runs once a video ends."""
+        return RequestHandle(self, kind, request, on_output, on_error, turn_started_at, on_done)
+
+    async def interact(self, request_id: str, interaction: Interaction) -> None:
+        """Queue a midway interaction for a running video request (EngineError if refused)."""
+        if self.video_engine is None:
+            raise EngineError("no_video_engine", "This gateway has no video engine.")
+        if request_id not in self._running:
+            raise EngineError("no_active_request", f"No active video request {request_id!r}.")
+        await self.video_engine.submit_interaction(request_id, interaction)
 
     def _capacity(self, kind: Kind) -> int:
         lim = self.limits
-        return lim.max_transcriptions if kind == "transcription" else lim.max_responses
+        return {"transcription": lim.max_transcriptions, "response": lim.max_responses, "video": lim.max_videos}[kind]
 
     async def _admit(self, kind: Kind) -> None:
-        if self.engine_failed is not None or not self.engine.healthy():
+        engine_ok = self.video_engine.healthy() if kind == "video" and self.video_engine else self.engine.healthy()
+        if self.engine_failed is not None or not engine_ok:
             raise EngineError("engine_unavailable", "The engine is not available; try again later.")
         try:
             async with asyncio.timeout(self.limits.admission_timeout_s):
@@ -240,14 +284,17 @@ class Orchestrator:
         async with self._cond:
             self._cond.notify_all()
 
-    def _spawn_abort(self, request_id: str) -> None:
-        task = asyncio.get_running_loop().create_task(self._abort(request_id))
+    def _spawn_abort(self, request_id: str, video: bool = False) -> None:
+        task = asyncio.get_running_loop().create_task(self._abort(request_id, video))
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
 
-    async def _abort(self, request_id: str) -> None:
+    async def _abort(self, request_id: str, video: bool = False) -> None:
         try:
-            await self.engine.abort(request_id)
+            if video and self.video_engine is not None:
+                await self.video_engine.abort(request_id)
+            else:
+                await self.engine.abort(request_id)
         except Exception:
             log.exception("engine abort of %s failed", request_id)
 
@@ -277,6 +324,7 @@ class Orchestrator:
             "admitting": self._admitting,
             "running_transcriptions": self._active["transcription"],
             "running_responses": self._active["response"],
+            "running_videos": self._active["video"],
             "max_responses": self.limits.max_responses,
         }
 

@@ -47,6 +47,12 @@ class Code:
     RESUME_SEQ_INVALID = "resume_seq_invalid"  # a seq the session never sent
     RESUME_NOT_FIRST = "resume_not_first"  # session.resume after other client events
     STORE_UNAVAILABLE = "store_unavailable"
+    # video
+    UNSUPPORTED_FIELD = "unsupported_field"  # a field that cannot be honoured where it was sent
+    NO_ACTIVE_REQUEST = "no_active_request"  # an interaction with no video streaming
+    EVENT_ID_CONFLICT = "event_id_conflict"  # an interaction event_id already used in this stream
+    ALREADY_STARTED = "session_already_started"  # a second session.start on one connection
+    NO_VIDEO_ENGINE = "no_video_engine"
 
 
 class CloseCode(IntEnum):

@@ -1,0 +1,207 @@
+"""The streaming video session state machine (Sans-I/O).
+
+One connection streams one video: ``session.start`` starts it, interactions
+change it while it renders, ``session.stop`` or the last frame ends it.
+The session validates everything a client sends (each refusal is a coded
+``error`` and the stream goes on), tracks the event ids used in the stream,
+and turns engine chunks into ``video.chunk_metadata`` events. Delivery (the
+binary frames, backpressure, dropped chunks) is the shell's.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.protocol import video_events as ve
+from gateway.protocol.errors import Code, ProtocolError
+from orchestrator.engine import EngineError
+from orchestrator.engines.video.types import Interaction, VideoChunk, VideoEngineInfo, VideoRequest, validate_request
+
+
+@dataclass(frozen=True, slots=True)
+class StartVideo:
+    request: VideoRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Interact:
+    request_id: str
+    interaction: Interaction
+
+
+@dataclass(frozen=True, slots=True)
+class StopVideo:
+    request_id: str
+
+
+VideoEffect = StartVideo | Interact | StopVideo
+
+
+def error_event(
+    code: str, message: str, *, event_id: str | None = None, param: str | None = None, request_id: str | None = None
+) -> dict[str, Any]:
+    """vLLM-Omni's flat error shape, with our stable code."""
+    return {
+        "type": "error",
+        "code": code,
+        "message": message,
+        "param": param,
+        "event_id": event_id,
+        "request_id": request_id,
+    }
+
+
+class VideoSession:
+    def __init__(self, *, session_id: str, info: VideoEngineInfo) -> None:
+        self.id = session_id
+        self.info = info
+        self.state = "idle"  # idle -> streaming -> done
+        self.request_id: str | None = None
+        self.chunks = 0  # chunks the engine produced
+        self.outbox: list[dict[str, Any]] = []
+        self.effects: list[VideoEffect] = []
+        self._event_ids: set[str] = set()
+
+    def take(self) -> tuple[list[dict[str, Any]], list[VideoEffect]]:
+        out, eff = self.outbox, self.effects
+        self.outbox, self.effects = [], []
+        return out, eff
+
+    def error(self, err: ProtocolError) -> None:
+        self.outbox.append(
+            error_event(err.code, err.message, event_id=err.event_id, param=err.param, request_id=self.request_id)
+        )
+
+    def handle(self, event: ve.VideoClientEvent) -> None:
+        try:
+            match event:
+                case ve.Start():
+                    self._start(event)
+                case ve.InteractionEvent():
+                    self.interact(event.interaction)
+                case ve.Ping():
+                    self.outbox.append({"type": "session.pong"})
+                case ve.Stop():
+                    self.stop()
+        except ProtocolError as err:
+            self.error(err)
+
+    def _start(self, start: ve.Start) -> None:
+        if self.state != "idle":
+            raise ProtocolError(Code.ALREADY_STARTED, "This connection already streams a video; open another.")
+        info = self.info
+        if start.format not in info.formats:
+            raise ProtocolError(
+                Code.UNSUPPORTED_FORMAT, f"This engine streams {', '.join(info.formats)}.", param="format"
+            )
+        request = VideoRequest(
+            request_id=f"video_stream-{secrets.token_hex(12)}",
+            prompt=start.prompt,
+            width=start.width or info.default_width,
+            height=start.height or info.default_height,
+            fps=start.fps or info.default_fps,
+            num_frames=start.num_frames,
+            frames_per_chunk=start.frames_per_chunk,
+            seed=start.seed,
+            format="jpeg" if start.format == "jpeg" else "mp4",
+            negative_prompt=start.negative_prompt,
+            sampling_params=start.sampling_params,
+        )
+        try:
+            validate_request(request)
+        except EngineError as exc:
+            raise ProtocolError(Code.INVALID_VALUE, exc.message) from None
+        self.state = "streaming"
+        self.request_id = request.request_id
+        ignored = sorted(k for k in start.sampling_params if k in info.ignored_fields or info.ignored_fields == ("*",))
+        config = {
+            "prompt": request.prompt,
+            "width": request.width,
+            "height": request.height,
+            "fps": request.fps,
+            "num_frames": request.num_frames,
+            "frames_per_chunk": request.chunk_frames,
+            "seed": request.seed,
+            "negative_prompt": request.negative_prompt,
+            **start.sampling_params,
+        }
+        self.outbox.append(
+            {
+                "type": "video.start",
+                "request_id": request.request_id,
+                "session_id": self.id,
+                "format": start.requested_format,
+                "config": config,
+                "ignored_fields": ignored,
+            }
+        )
+        self.effects.append(StartVideo(request))
+
+    def interact(self, interaction: Interaction) -> None:
+        """Validate and queue; the engine's answer comes back via on_interaction_*."""
+        if self.state != "streaming" or self.request_id is None:
+            raise ProtocolError(
+                Code.NO_ACTIVE_REQUEST,
+                "No video is streaming; send session.start first.",
+                event_id=interaction.event_id,
+            )
+        if interaction.event_id in self._event_ids:
+            raise ProtocolError(
+                Code.EVENT_ID_CONFLICT,
+                f"event_id {interaction.event_id!r} was already used in this stream.",
+                param="interaction.event_id",
+                event_id=interaction.event_id,
+            )
+        self._event_ids.add(interaction.event_id)
+        self.effects.append(Interact(self.request_id, interaction))
+
+    def on_interaction_queued(self, event_id: str) -> None:
+        self.outbox.append({"type": "session.interaction.queued", "request_id": self.request_id, "event_id": event_id})
+
+    def on_interaction_failed(self, event_id: str, code: str, message: str) -> None:
+        self._event_ids.discard(event_id)  # refused: the id may be used again
+        self.outbox.append(error_event(code, message, event_id=event_id, request_id=self.request_id))
+
+    def stop(self) -> None:
+        if self.state == "streaming" and self.request_id is not None:
+            self.effects.append(StopVideo(self.request_id))
+        if self.state != "done":
+            self.state = "done"
+            self.outbox.append(
+                {"type": "session.done", "request_id": self.request_id, "chunks": self.chunks, "stopped": True}
+            )
+
+    def on_chunk(self, chunk: VideoChunk) -> dict[str, Any] | None:
+        """The metadata of a chunk to deliver (the shell adds transport fields)."""
+        if self.state != "streaming":
+            return None
+        self.chunks += 1
+        return {
+            "type": "video.chunk_metadata",
+            "request_id": self.request_id,
+            "kind": "media",
+            "generation_chunk_index": chunk.generation_chunk_index,
+            "num_frames": chunk.num_frames,
+            "mime_type": chunk.mime_type,
+            "started_event_ids": list(chunk.started_event_ids),
+            "active_event_ids": list(chunk.active_event_ids),
+            "completed_event_ids": list(chunk.completed_event_ids),
+            "superseded_event_ids": list(chunk.superseded_event_ids),
+        }
+
+    def on_done(self) -> None:
+        if self.state == "streaming":
+            self.state = "done"
+            self.outbox.append(
+                {"type": "session.done", "request_id": self.request_id, "chunks": self.chunks, "stopped": False}
+            )
+
+    def on_failed(self, code: str, message: str) -> None:
+        if self.state == "streaming":
+            self.outbox.append(error_event(code, message, request_id=self.request_id))
+            self.state = "done"
+            self.outbox.append(
+                {"type": "session.done", "request_id": self.request_id, "chunks": self.chunks, "stopped": True}
+            )
