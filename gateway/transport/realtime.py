@@ -242,6 +242,9 @@ class Connection:
         if self._held is not None:
             self._held.append((event, data))
             return
+        self._deliver(event, data)
+
+    def _deliver(self, event: dict[str, Any], data: bytes) -> None:
         try:
             if self.binary and event["type"] == AUDIO_DELTA:
                 self.outbox.put_bytes(encode_audio_frame(event))
@@ -277,7 +280,7 @@ class Connection:
         if self.binary and b'"response.output_audio.delta"' in data[:64]:
             event = orjson.loads(data)
             event["delta"] = base64.b64decode(event["delta"])
-            self.send_event(event, data)
+            self._deliver(event, data)  # replayed now, not held like live events
         else:
             self.send_raw(data)
 
