@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -11,7 +12,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 
 from gateway.auth import DEFAULT_SECRET_TTL_S, MAX_SECRET_TTL_S, Grant
 from gateway.protocol.errors import Code, ProtocolError
@@ -24,6 +26,8 @@ from gateway.store.base import StoreError
 from gateway.transport.realtime import RealtimeEndpoint
 from gateway.transport.video import VideoEndpoint
 from orchestrator.engine import Engine
+
+WEB_DEMO = Path(__file__).resolve().parent.parent / "web_demo"
 
 
 def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
@@ -181,6 +185,8 @@ def create_app(
             Route("/v1/realtime/video/{session_id}/interactions", video_interaction, methods=["POST"]),
             WebSocketRoute("/v1/realtime", RealtimeEndpoint(rt)),
             WebSocketRoute("/v1/realtime/video", VideoEndpoint(rt)),
+            # The browser demo and SDK, last so that it never shadows the API.
+            Mount("/", StaticFiles(directory=WEB_DEMO, html=True, check_dir=False), name="web_demo"),
         ],
         lifespan=lifespan,
     )
