@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from gateway import logs
 from gateway.auth import DEFAULT_SECRET_TTL_S, MAX_SECRET_TTL_S, Grant
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import ConfigLimits, SessionConfig, apply_update, render
@@ -42,6 +44,7 @@ def create_app(
     vad_factory: Callable[[], VadStream] | bool | None = True,
 ) -> Starlette:
     settings = settings or Settings()
+    logs.install()
     rt = Runtime(settings, engine, vad_factory=vad_factory)
 
     async def healthz(request: Request) -> Response:
@@ -49,7 +52,7 @@ def create_app(
 
     async def readyz(request: Request) -> Response:
         ok, reason = rt.ready()
-        return JSONResponse({"status": reason}, status_code=200 if ok else 503)
+        return JSONResponse({"status": reason, "engines": rt.engine_health()}, status_code=200 if ok else 503)
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(rt.metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -57,21 +60,21 @@ def create_app(
     async def models(request: Request) -> Response:
         if rt.auth.authenticate_http(request.headers) is None:
             return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.")
-        info = rt.engine.info
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": settings.model,
-                        "object": "model",
-                        "owned_by": "omni-gateway",
-                        "engine": info.name,
-                        "description": info.description,
-                    }
-                ],
-            }
-        )
+        health = rt.engine_health()
+        data = []
+        for spec in rt.router.named():
+            engine = rt.router.engines[spec.key]
+            data.append(
+                {
+                    "id": spec.name,
+                    "object": "model",
+                    "owned_by": "omni-gateway",
+                    "engine": engine.info.name,
+                    "description": engine.info.description,
+                    "health": health.get(spec.name, "ok"),
+                }
+            )
+        return JSONResponse({"object": "list", "data": data})
 
     async def client_secrets(request: Request) -> Response:
         grant = rt.auth.authenticate_http(request.headers)
@@ -105,6 +108,8 @@ def create_app(
             config, _ = apply_update(config, session, beta=False, limits=ConfigLimits(voices=rt.engine.info.voices))
         except ProtocolError as err:
             return _error(400, err.code, err.message, err.param)
+        if rt.vad_factory is None:
+            config = replace(config, turn_detection=None)  # what the session will really get here
         token, expires_at = rt.auth.secrets.mint(Grant(grant.principal, session or None), ttl)
         rendered = render(config, session_id="sess_pending", expires_at=expires_at, beta=False)
         return JSONResponse({"value": token, "expires_at": expires_at, "session": rendered})
@@ -113,12 +118,10 @@ def create_app(
         if rt.auth.authenticate_http(request.headers) is None:
             return _error(401, Code.UNAUTHORIZED, "Admin endpoints need 'Authorization: Bearer <API key>'.")
         action = request.path_params["action"]
-        if action == "pause":
-            await rt.orchestrator.pause()
-        elif action == "resume":
-            await rt.orchestrator.resume()
-        else:
+        if action not in ("pause", "resume"):
             return _error(404, Code.INVALID_VALUE, f"Unknown admin action {action!r}; use pause or resume.")
+        for orch in rt.orchestrators:
+            await (orch.pause() if action == "pause" else orch.resume())
         return JSONResponse({"paused": rt.orchestrator.paused, **rt.orchestrator.stats()})
 
     async def video_interaction(request: Request) -> Response:

@@ -20,6 +20,7 @@ from gateway.protocol import client_events as ce
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.session_config import SessionConfig
 from gateway.protocol.video_events import decode_interaction
+from gateway.routing import CATCH_ALL, Router, RouteSpec, RoutingError, parse_routes
 from gateway.session import snapshot
 from gateway.session.session import RealtimeSession, SessionLimits, VadStream
 from gateway.settings import Settings
@@ -38,17 +39,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("omni.runtime")
 
 
-def build_engine(name: str) -> Engine:
-    """The engine registry: each backend is imported only when chosen."""
+def build_engine(spec: RouteSpec) -> Engine:
+    """The engine registry: each backend is imported only when a route uses it."""
+    name, options = spec.engine, dict(spec.options)
     if name == "passthrough":
         from orchestrator.engines.passthrough import PassthroughEngine
 
-        return PassthroughEngine()
+        return PassthroughEngine(**options)
     if name == "cascade":
         from orchestrator.engines.cascade import CascadeEngine
 
-        return CascadeEngine()
-    raise ValueError(f"unknown engine {name!r}; choose cascade or passthrough")
+        return CascadeEngine(**options)
+    raise ValueError(f"unknown engine {name!r} for model {spec.name!r}; choose cascade or passthrough")
 
 
 def load_video_engine(name: str) -> VideoEngine | None:
@@ -93,23 +95,20 @@ class Runtime:
         video_engine: VideoEngine | bool | None = True,
     ) -> None:
         self.settings = settings
-        self.engine = engine if engine is not None else build_engine(settings.engine)
         self.video_engine: VideoEngine | None = (
             load_video_engine(settings.video_engine) if video_engine is True else (video_engine or None)
         )
         self.metrics = metrics or Metrics()
-        self.orchestrator = Orchestrator(
-            self.engine,
-            AdmissionLimits(
-                max_transcriptions=settings.max_transcriptions,
-                max_responses=settings.max_responses,
-                max_videos=settings.max_videos,
-                admission_timeout_s=settings.admission_timeout_s,
-                video_lead_chunks=settings.video_lead_chunks,
-            ),
-            self.metrics,
-            video_engine=self.video_engine,
+        self.router = Router(
+            parse_routes(settings.models, settings),
+            (lambda spec: engine) if engine is not None else build_engine,
         )
+        self._orchestrators: dict[int, Orchestrator] = {}
+        default = self.router.resolve(settings.model)
+        if default is None:
+            raise RoutingError(f"the default model {settings.model!r} has no route")
+        self.engine = default[1]
+        self.orchestrator = self.orchestrator_for(self.engine)  # the default route's; also runs video
         self.auth = Authenticator(settings.api_keys, required=settings.requires_auth)
         self.session_limits = SessionLimits(
             max_append_ms=settings.max_append_ms,
@@ -136,19 +135,56 @@ class Runtime:
 
     # --- sessions ---------------------------------------------------------------
 
-    def _session_kwargs(self) -> dict[str, Any]:
-        return {"limits": self.session_limits, "vad_factory": self.vad_factory, "rate_limits": self.rate_limits}
+    def orchestrator_for(self, engine: Engine) -> Orchestrator:
+        """One orchestrator per engine: its admission bounds are that engine's."""
+        orch = self._orchestrators.get(id(engine))
+        if orch is None:
+            s = self.settings
+            limits = AdmissionLimits(
+                max_transcriptions=s.max_transcriptions,
+                max_responses=s.max_responses,
+                max_videos=s.max_videos,
+                admission_timeout_s=s.admission_timeout_s,
+                video_lead_chunks=s.video_lead_chunks,
+            )
+            video = self.video_engine if not self._orchestrators else None
+            orch = self._orchestrators[id(engine)] = Orchestrator(engine, limits, self.metrics, video_engine=video)
+        return orch
+
+    @property
+    def orchestrators(self) -> list[Orchestrator]:
+        return list(self._orchestrators.values())
+
+    def route(self, model: str) -> tuple[Engine, Orchestrator] | None:
+        """The engine and orchestrator serving ``model``; None: no route (refuse the session)."""
+        found = self.router.resolve(model)
+        if found is None:
+            return None
+        return found[1], self.orchestrator_for(found[1])
+
+    def _session_kwargs(self, orch: Orchestrator) -> dict[str, Any]:
+        return {
+            "limits": self.session_limits,
+            "vad_factory": self.vad_factory,
+            "rate_limits": lambda: rate_limits(orch),
+        }
 
     async def open_session(self, config: SessionConfig, *, principal: str, beta: bool) -> SessionHost:
+        found = self.route(config.model)
+        if found is None:
+            raise ProtocolError(Code.MODEL_NOT_FOUND, f"No model {config.model!r} here; see GET /v1/models.")
+        engine, orch = found
         session = RealtimeSession(
             session_id="sess_" + secrets.token_hex(10),
             config=config,
-            engine=self.engine.info,
+            engine=engine.info,
             beta=beta,
-            **self._session_kwargs(),
+            **self._session_kwargs(orch),
         )
         fence = await self.store.acquire(session.id, self.replica_id, self.lease_ttl_ms)
-        return SessionHost(self, session, principal=principal, resume_token=new_resume_token(), fence=fence)
+        return SessionHost(
+            self, session, orchestrator=orch, principal=principal, resume_token=new_resume_token(), fence=fence
+        )
 
     async def resume(self, conn: Connection, event: ce.SessionResume) -> None:
         """Move ``event.session_id`` onto ``conn``: replay what the client missed, then go on live."""
@@ -198,10 +234,16 @@ class Runtime:
             top = max(state["seq"], journal_last)
             if last > top + RESUME_SEQ_SLACK:
                 raise _seq_error(last, top)
-            session = RealtimeSession.restore(state, engine=self.engine.info, **self._session_kwargs())
+            found = self.route(state["config"]["model"])
+            if found is None:
+                raise ProtocolError(Code.MODEL_NOT_FOUND, "This session's model is not served here any more.")
+            engine, orch = found
+            session = RealtimeSession.restore(state, engine=engine.info, **self._session_kwargs(orch))
             # Never reuse a seq the client may already hold (events sent but lost from the journal).
             session.seq = max(top, last)
-            host = SessionHost(self, session, principal=state["principal"], resume_token="-", fence=fence)
+            host = SessionHost(
+                self, session, orchestrator=orch, principal=state["principal"], resume_token="-", fence=fence
+            )
             host.token_hash = state["token_hash"]
             recover = True
         token = host.rotate_token()
@@ -293,33 +335,37 @@ class Runtime:
 
     # --- health -------------------------------------------------------------------
 
-    def rate_limits(self) -> list[dict[str, Any]]:
-        stats = self.orchestrator.stats()
-        limit = stats["max_responses"]
-        return [
-            {
-                "name": "requests",
-                "limit": limit,
-                "remaining": max(0, limit - stats["running_responses"]),
-                "reset_seconds": 0,
-            }
-        ]
+    def engine_health(self) -> dict[str, str]:
+        """Each engine's state by route name: ok, failed: <why>, or unhealthy."""
+        health: dict[str, str] = {}
+        named = {s.key for s in self.router.named()}
+        for spec in self.router.specs:
+            if spec.name == CATCH_ALL and spec.key in named:
+                continue  # the catch-all's engine is reported under its named route
+            engine = self.router.engines[spec.key]
+            orch = self._orchestrators.get(id(engine))
+            if orch is not None and orch.engine_failed is not None:
+                health[spec.name] = f"failed: {orch.engine_failed}"
+            else:
+                health[spec.name] = "ok" if engine.healthy() else "unhealthy"
+        if self.video_engine is not None:
+            health["video"] = "ok" if self.video_engine.healthy() else "unhealthy"
+        return health
 
     def ready(self) -> tuple[bool, str]:
+        """Ready when not draining and every engine is healthy."""
         if self.draining:
             return False, "draining"
-        if self.orchestrator.engine_failed is not None:
-            return False, f"engine failed: {self.orchestrator.engine_failed}"
-        if not self.engine.healthy():
-            return False, "engine unhealthy"
-        if self.video_engine is not None and not self.video_engine.healthy():
-            return False, "video engine unhealthy"
+        bad = {name: state for name, state in self.engine_health().items() if state != "ok"}
+        if bad:
+            return False, "; ".join(f"{name}: {state}" for name, state in bad.items())
         return True, "ready"
 
     # --- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.engine.start()
+        for engine in self.router.engines.values():
+            await engine.start()
         if self.video_engine is not None:
             await self.video_engine.start()
         self._bus_task = asyncio.get_running_loop().create_task(self._listen_bus(), name="bus")
@@ -350,11 +396,21 @@ class Runtime:
                 await self._bus_task
         for video in list(self.video_sessions.values()):
             video.close(CloseCode.SERVICE_RESTART, "service restart")
-        await self.orchestrator.close()
-        await self.engine.close()
+        for orch in self.orchestrators:
+            await orch.close()
+        for engine in self.router.engines.values():
+            await engine.close()
         if self.video_engine is not None:
             await self.video_engine.close()
         await self.store.close()
+
+
+def rate_limits(orch: Orchestrator) -> list[dict[str, Any]]:
+    """``rate_limits.updated``: the response slots of the session's engine."""
+    stats = orch.stats()
+    limit = stats["max_responses"]
+    remaining = max(0, limit - stats["running_responses"])
+    return [{"name": "requests", "limit": limit, "remaining": remaining, "reset_seconds": 0}]
 
 
 def _seq_error(last: int, top: int) -> ProtocolError:

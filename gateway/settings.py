@@ -20,7 +20,10 @@ class Settings:
     # Which engine serves sessions: "cascade" (embedded CPU voice: silero VAD,
     # pocketsphinx, echo thinker, eSpeak NG) or "passthrough" (benchmarks: no model).
     engine: str = "cascade"
-    model: str = "omni-cascade"  # the name /v1/models lists and sessions report
+    model: str = "omni-cascade"  # the default model: sessions that name none get it
+    # Model routes (gateway/routing.py): inline JSON or a file path. None: ``model``
+    # -> ``engine`` plus a catch-all, so any model name reaches the one engine.
+    models: str | None = None
     redis_url: str | None = None  # None: in-process memory store
     api_keys: tuple[str, ...] = ()  # comma separated in the environment
     # Auth is required whenever the gateway binds beyond loopback or keys are set.

@@ -198,8 +198,10 @@ def decode(raw: str | bytes) -> ClientEvent:
         raise ProtocolError(Code.INVALID_TYPE, "'event_id' must be a string.", param="event_id")
     ctx = _Ctx(event_id)
     kind = data.get("type")
-    if not isinstance(kind, str):
+    if kind is None:
         raise ctx.err("Missing required parameter: 'type'.", "type", Code.MISSING_FIELD)
+    if not isinstance(kind, str):
+        raise ctx.err("'type' must be a string.", "type", Code.INVALID_TYPE)
     parser = _PARSERS.get(kind)
     if parser is None:
         raise ctx.err(f"Unknown client event type {kind!r}.", "type", Code.UNKNOWN_EVENT)
@@ -208,8 +210,10 @@ def decode(raw: str | bytes) -> ClientEvent:
 
 def _session_update(ctx: _Ctx, d: dict[str, Any]) -> SessionUpdate:
     session = d.get("session")
+    if session is None:
+        raise ctx.err("Missing required parameter: 'session'.", "session", Code.MISSING_FIELD)
     if not isinstance(session, dict):
-        raise ctx.err("'session' must be an object.", "session", Code.MISSING_FIELD)
+        raise ctx.err("'session' must be an object.", "session", Code.INVALID_TYPE)
     return SessionUpdate(ctx.event_id, session)
 
 
@@ -228,7 +232,8 @@ def _part(ctx: _Ctx, p: Any, param: str, role: Role) -> PartSpec:
     if kind == "input_text" or kind == "output_text":
         text = p.get("text")
         if not isinstance(text, str):
-            raise ctx.err(f"'{param}.text' must be a string.", f"{param}.text", Code.MISSING_FIELD)
+            code = Code.MISSING_FIELD if text is None else Code.INVALID_TYPE
+            raise ctx.err(f"'{param}.text' must be a string.", f"{param}.text", code)
         if role == "assistant" and kind == "input_text":
             kind = "output_text"
         return PartSpec(kind, text=text)
@@ -253,7 +258,8 @@ def _part(ctx: _Ctx, p: Any, param: str, role: Role) -> PartSpec:
 
 def _item(ctx: _Ctx, item: Any, param: str) -> ItemSpec:
     if not isinstance(item, dict):
-        raise ctx.err(f"'{param}' must be an object.", param, Code.MISSING_FIELD)
+        code = Code.MISSING_FIELD if item is None else Code.INVALID_TYPE
+        raise ctx.err(f"'{param}' must be an object.", param, code)
     kind = item.get("type", "message")
     if kind != "message":
         raise ctx.err(

@@ -53,6 +53,7 @@ class Code:
     EVENT_ID_CONFLICT = "event_id_conflict"  # an interaction event_id already used in this stream
     ALREADY_STARTED = "session_already_started"  # a second session.start on one connection
     NO_VIDEO_ENGINE = "no_video_engine"
+    MODEL_NOT_FOUND = "model_not_found"  # no route for the model a client asked for
 
 
 class CloseCode(IntEnum):
@@ -65,6 +66,7 @@ class CloseCode(IntEnum):
     SERVICE_RESTART = 1012  # drain: reconnect and resume on another replica
     TRY_AGAIN_LATER = 1013  # the replica is at its session limit
     UNAUTHORIZED = 4001  # missing, wrong, expired or already used credentials
+    UNKNOWN_MODEL = 4004  # no route for the requested model
     SESSION_EXPIRED = 4008  # the session reached its maximum lifetime
     SESSION_REPLACED = 4009  # another connection resumed this session
     SLOW_CONSUMER = 4010  # the client read too slowly; the outbound queue overflowed

@@ -160,7 +160,7 @@ def _max_tokens(value: Any, param: str) -> int | None:
 def parse_ga_format(value: Any, param: str) -> AudioFormat:
     fmt = _obj(value, param)
     kind = fmt.get("type")
-    if kind not in _GA_FORMATS:
+    if not isinstance(kind, str) or kind not in _GA_FORMATS:
         raise _err(
             f"Unsupported audio format {kind!r}; use audio/pcm (24 kHz), audio/pcmu or audio/pcma.",
             f"{param}.type",
@@ -178,7 +178,7 @@ def parse_ga_format(value: Any, param: str) -> AudioFormat:
 
 
 def parse_beta_format(value: Any, param: str) -> AudioFormat:
-    if value not in _BETA_FORMATS:
+    if not isinstance(value, str) or value not in _BETA_FORMATS:
         raise _err(
             f"Unsupported audio format {value!r}; use pcm16, g711_ulaw or g711_alaw.",
             param,

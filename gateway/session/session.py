@@ -106,6 +106,7 @@ class _Response:
     resampler: StreamResampler
     awaiting: set[str]  # items whose transcript the engine still waits for
     instructions: str | None = None  # the response's own override, kept to re-issue it
+    event_id: str | None = None  # the response.create that asked for it (echoed in its errors)
     usage: Usage | None = None
 
 
@@ -254,6 +255,7 @@ class RealtimeSession:
             self.error(err)
 
     def _session_update(self, event: ce.SessionUpdate) -> None:
+        old_td = self.config.turn_detection
         new, warnings = apply_update(self.config, event.session, beta=self.beta, limits=self._config_limits)
         tr = new.transcription
         known = OPENAI_TRANSCRIPTION_MODELS + self.engine.transcription_models
@@ -263,7 +265,7 @@ class RealtimeSession:
                 f"Unknown transcription model {tr.model!r}; use one of: {', '.join(known)}.",
                 param="session.audio.input.transcription.model",
             )
-        if new.turn_detection is not None and self._vad_factory is None:
+        if new.turn_detection is not None and new.turn_detection != old_td and self._vad_factory is None:
             raise ProtocolError(
                 Code.INVALID_VALUE,
                 "Server VAD is not available on this gateway (no speech detector); "
@@ -553,10 +555,11 @@ class RealtimeSession:
         self._emit("conversation.item.done", previous_item_id=prev, item=item.render(self.beta))
 
     def _item_from_spec(self, spec: ce.ItemSpec, param: str) -> Item:
+        """Build an item; validates every part before asking for any work."""
         item = Item(spec.id or self._new_id("item"), spec.role, [])
         fmt = self.config.input_format
+        audio: bytes | None = None
         for i, p in enumerate(spec.content):
-            part = Part(p.type, text=p.text, transcript=p.transcript)
             if p.audio is not None and p.transcript is None:
                 if len(p.audio) % fmt.bytes_per_sample:
                     raise ProtocolError(
@@ -564,19 +567,21 @@ class RealtimeSession:
                         f"Audio length {len(p.audio)} is not a whole number of {fmt.codec} samples.",
                         param=f"{param}.content[{i}].audio",
                     )
-                request_id = f"input_{item.id}"
-                if request_id in self._committed:
+                if audio is not None:
                     raise ProtocolError(
                         Code.INVALID_VALUE, "Only one input_audio part per item.", param=f"{param}.content"
                     )
-                pcm = decode_to_pcm16(fmt, p.audio)
-                resampler = StreamResampler(fmt.rate, self.engine.input_sample_rate)
-                self.effects.append(StartTranscription(TranscriptionRequest(request_id)))
-                self.effects.append(Feed(request_id, AudioChunk(resampler.process(pcm) + resampler.flush())))
-                self.effects.append(EndInput(request_id))
-                self._committed[request_id] = item.id
-                item.pending_transcription = True
-            item.content.append(part)
+                audio = p.audio
+            item.content.append(Part(p.type, text=p.text, transcript=p.transcript))
+        if audio is not None:
+            request_id = f"input_{item.id}"
+            pcm = decode_to_pcm16(fmt, audio)
+            resampler = StreamResampler(fmt.rate, self.engine.input_sample_rate)
+            self.effects.append(StartTranscription(TranscriptionRequest(request_id)))
+            self.effects.append(Feed(request_id, AudioChunk(resampler.process(pcm) + resampler.flush())))
+            self.effects.append(EndInput(request_id))
+            self._committed[request_id] = item.id
+            item.pending_transcription = True
         return item
 
     def _truncate(self, event: ce.ItemTruncate) -> None:
@@ -589,9 +594,6 @@ class RealtimeSession:
                 f"content_index {event.content_index} is not an audio part of item {item.id!r}.",
                 param="content_index",
             )
-        resp = self._response
-        if resp is not None and resp.item is item:
-            self._end_response("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
         part = item.content[event.content_index]
         if event.audio_end_ms > part.audio_ms + 1:
             raise ProtocolError(
@@ -599,6 +601,10 @@ class RealtimeSession:
                 f"audio_end_ms {event.audio_end_ms} is beyond the item's audio ({part.audio_ms:.0f} ms).",
                 param="audio_end_ms",
             )
+        resp = self._response
+        if resp is not None and resp.item is item:
+            # The client stopped playing this answer: stop generating it too.
+            self._end_response("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
         kept = 0
         for offset_ms, length in part.marks:
             if offset_ms < event.audio_end_ms:
@@ -661,6 +667,7 @@ class RealtimeSession:
             resampler=StreamResampler(self.engine.output_sample_rate, out_fmt.rate),
             awaiting=awaiting,
             instructions=params.instructions,
+            event_id=event_id,
         )
         self._response = resp
         self._emit("response.created", response=self._render_response(resp, "in_progress", None))
@@ -784,7 +791,7 @@ class RealtimeSession:
         resp = self._response
         if resp is None or resp.id != request_id:
             return
-        self._fail(code, message, None)
+        self._fail(code, message, resp.event_id)
         self._end_response(
             "failed", {"type": "failed", "error": {"type": "server_error", "code": code, "message": message}}
         )

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.protocol.server_events import encode_json
+from gateway.protocol.server_events import BETA_DROPPED, encode_json
 from gateway.session import snapshot
 from gateway.session.effects import Cancel, Close, EndInput, Feed, StartResponse, StartTranscription
 from gateway.session.session import RealtimeSession
 from gateway.store.base import FencedError, StoreError
 from orchestrator.engine import EngineOutput, Finished
-from orchestrator.orchestrator import RequestHandle
+from orchestrator.orchestrator import Orchestrator, RequestHandle
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -52,12 +52,14 @@ class SessionHost:
         runtime: Runtime,
         session: RealtimeSession,
         *,
+        orchestrator: Orchestrator,
         principal: str,
         resume_token: str,
         fence: int,
     ) -> None:
         self.runtime = runtime
         self.session = session
+        self.orchestrator = orchestrator  # the one of the session's engine
         self.principal = principal
         self.token_hash = token_hash(resume_token)
         self.fence = fence
@@ -66,7 +68,8 @@ class SessionHost:
         self.handles: dict[str, RequestHandle] = {}
         self.ended = False
         loop = asyncio.get_running_loop()
-        self._expiry = loop.call_later(max(0.0, session.expires_at - time.time()), self._expire)
+        lifetime_left = session.created_at + session.limits.lifetime_s - time.time()
+        self._expiry = loop.call_later(max(0.0, lifetime_left), self._expire)
         self._detach_timer: asyncio.TimerHandle | None = None
         self._lease_task = loop.create_task(self._renew_lease(), name=f"lease {session.id}")
         runtime.hosts[session.id] = self
@@ -117,6 +120,8 @@ class SessionHost:
             errors = self.runtime.metrics.errors
             try:
                 for event in events:
+                    if beta and event["type"] in BETA_DROPPED:
+                        continue  # beta clients never had it (their seq skips it)
                     data = encode_json(event, beta=beta)
                     writer.append(event["server_event_seq"], data)
                     if event["type"] == "error":
@@ -183,7 +188,7 @@ class SessionHost:
                 self.session.on_response_failed(rid, code, message)
             self.flush()
 
-        self.handles[rid] = self.runtime.orchestrator.submit(
+        self.handles[rid] = self.orchestrator.submit(
             "transcription" if transcription else "response",
             effect.request,
             on_output=on_output,

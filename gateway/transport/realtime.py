@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -84,16 +85,22 @@ class RealtimeEndpoint:
                 f"This replica is at its limit of {rt.settings.max_sessions} sessions; try again later.",
                 CloseCode.TRY_AGAIN_LATER,
             )
+
+        query = scope.get("query_string", b"").decode("latin-1")
+        model = _query_param(query, "model") or rt.settings.model
+        if refusal is None and rt.route(model) is None:
+            refusal = (
+                Code.MODEL_NOT_FOUND,
+                f"No model {model!r} is served here; GET /v1/models lists them.",
+                CloseCode.UNKNOWN_MODEL,
+            )
         if refusal is not None:
             code, text, close_code = refusal
             await send({"type": "websocket.send", "text": error_event(code, text).decode()})
             await send({"type": "websocket.close", "code": int(close_code), "reason": code})
             rt.metrics.closes.labels(str(int(close_code))).inc()
             return
-
         assert grant is not None
-        query = scope.get("query_string", b"").decode("latin-1")
-        model = _query_param(query, "model") or rt.settings.model
         config = SessionConfig(model=model, turn_detection=TurnDetection() if rt.vad_factory else None)
         if grant.session:
             try:
@@ -102,6 +109,8 @@ class RealtimeEndpoint:
                 )
             except ProtocolError:
                 pass  # validated when minted; a stale shape falls back to the defaults
+            if rt.vad_factory is None:
+                config = replace(config, turn_detection=None)  # no detector here: manual turns
         conn = Connection(rt, receive, send, beta=beta, binary=BINARY_SUBPROTOCOL in offered, principal=grant.principal)
         await conn.run(config)
 
@@ -217,6 +226,11 @@ class Connection:
                     host.session.append_audio(decode_input_frame(data), None)
             except ProtocolError as err:
                 host.session.error(err)
+            except Exception:  # a bug must cost one event, not the session
+                log.exception("session %s: unexpected failure handling a client message", host.id)
+                host.session.error(
+                    ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error")
+                )
             host.flush()
 
     async def _resume(self, event: ce.SessionResume) -> None:

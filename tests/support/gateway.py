@@ -115,5 +115,6 @@ async def connect(url: str, *, subprotocols: list[str] | None = None,
     async with websockets.connect(
         url, subprotocols=subprotocols, additional_headers=headers, max_size=None, compression=None,
         open_timeout=10,
+        close_timeout=1,
     ) as ws:  # fmt: skip
         yield Client(ws)

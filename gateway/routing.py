@@ -1,0 +1,102 @@
+"""Model routing: the ``model`` a client asks for picks an engine.
+
+Routes come from the ``models`` setting: a JSON document, inline or in a
+file, listing ``{"name", "engine", ...engine options}``::
+
+    {"models": [
+        {"name": "omni-cascade", "engine": "cascade"},
+        {"name": "tiny-llama", "engine": "vllm", "model": "/models/tiny", "dtype": "float32"},
+        {"name": "qwen-omni", "engine": "remote", "upstreams": ["ws://gpu-1:8091"]},
+        {"name": "*", "engine": "cascade"}
+    ]}
+
+A route named ``*`` catches every other name. Without ``*``, a session that
+asks for an unknown model is refused at connect (``model_not_found``, close
+4004). Without the ``models`` setting the gateway serves one route,
+``model`` → ``engine``, plus a catch-all to it, so OpenAI clients that send
+their own model names just work.
+
+Routes with the same engine and options share one engine instance (and its
+orchestrator: its admission bounds are the engine's).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.settings import Settings
+from orchestrator.engine import Engine
+
+CATCH_ALL = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSpec:
+    name: str
+    engine: str
+    options: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        """Routes with equal keys share an engine."""
+        return json.dumps([self.engine, self.options], sort_keys=True)
+
+
+class RoutingError(ValueError):
+    pass
+
+
+def parse_routes(document: str | None, settings: Settings) -> list[RouteSpec]:
+    """The routes of ``document`` (inline JSON or a file path), or the default pair."""
+    if not document:
+        default = RouteSpec(settings.model, settings.engine, {})
+        return [default, RouteSpec(CATCH_ALL, settings.engine, {})]
+    text = document if document.lstrip()[:1] in ("{", "[") else Path(document).read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RoutingError(f"models: not valid JSON: {exc}") from None
+    entries = data.get("models") if isinstance(data, dict) else data
+    if not isinstance(entries, list) or not entries:
+        raise RoutingError('models: expected {"models": [{"name": ..., "engine": ...}, ...]}')
+    routes: list[RouteSpec] = []
+    for i, entry in enumerate(entries):
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("name"), str)
+            or not isinstance(entry.get("engine"), str)
+        ):
+            raise RoutingError(f"models[{i}]: needs string 'name' and 'engine'")
+        options = {k: v for k, v in entry.items() if k not in ("name", "engine")}
+        routes.append(RouteSpec(entry["name"], entry["engine"], options))
+    names = [r.name for r in routes]
+    if len(names) != len(set(names)):
+        raise RoutingError("models: duplicate model names")
+    return routes
+
+
+class Router:
+    """Resolves a model name to its engine, building each distinct engine once."""
+
+    def __init__(self, specs: list[RouteSpec], build: Callable[[RouteSpec], Engine]) -> None:
+        self.specs = specs
+        self.engines: dict[str, Engine] = {}  # by RouteSpec.key
+        self._by_name: dict[str, RouteSpec] = {}
+        for spec in specs:
+            if spec.key not in self.engines:
+                self.engines[spec.key] = build(spec)
+            self._by_name[spec.name] = spec
+
+    def resolve(self, model: str) -> tuple[RouteSpec, Engine] | None:
+        spec = self._by_name.get(model) or self._by_name.get(CATCH_ALL)
+        if spec is None:
+            return None
+        return spec, self.engines[spec.key]
+
+    def named(self) -> list[RouteSpec]:
+        """The routes a client can name (the catch-all is not listed)."""
+        return [s for s in self.specs if s.name != CATCH_ALL]

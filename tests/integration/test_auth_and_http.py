@@ -1,0 +1,473 @@
+"""Auth over real sockets (API keys, browser subprotocol, single-use client
+secrets) and the HTTP endpoints: health, readiness, metrics, admin."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+from prometheus_client.parser import text_string_to_metric_families
+from support.gateway import Client, RunningGateway, connect, run_gateway
+
+from gateway.auth import Grant, principal_of_key
+from gateway.protocol.errors import Code
+from gateway.settings import Settings
+from orchestrator.engine import EngineError, EngineOutput, ResponseRequest
+from orchestrator.engines.passthrough import PassthroughEngine
+
+pytestmark = pytest.mark.timeout(60)
+
+K1 = "sk-test-k1-5a1c7e0f"
+K2 = "sk-test-k2-93b2d4c6"
+KEY_PROTO = "openai-insecure-api-key."
+
+
+def settings(**kwargs: Any) -> Settings:
+    kwargs.setdefault("detach_grace_s", 0.2)
+    kwargs.setdefault("drain_window_s", 0.5)
+    kwargs.setdefault("video_engine", "none")
+    return Settings(engine="passthrough", **kwargs)
+
+
+def passthrough() -> PassthroughEngine:
+    return PassthroughEngine(audio_chunks=3, paced=False)
+
+
+@pytest.fixture
+async def gw() -> AsyncIterator[RunningGateway]:
+    async with run_gateway(settings(api_keys=(K1, K2)), engine=passthrough(), vad_factory=None) as gw:
+        yield gw
+
+
+@pytest.fixture
+async def open_gw() -> AsyncIterator[RunningGateway]:
+    """Loopback and no keys: auth is off."""
+    async with run_gateway(settings(), engine=passthrough(), vad_factory=None) as gw:
+        yield gw
+
+
+@pytest.fixture
+async def http(gw: RunningGateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=gw.http) as client:
+        yield client
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def assert_refused(gw: RunningGateway, **connect_kwargs: Any) -> None:
+    """An error ``unauthorized`` first, then the close 4001; never a session."""
+    async with connect(gw.url, **connect_kwargs) as c:
+        first = await c.recv()
+        assert first["type"] == "error"
+        assert first["error"]["code"] == Code.UNAUTHORIZED
+        assert first["error"]["message"]
+        with pytest.raises(websockets.ConnectionClosed) as info:
+            await asyncio.wait_for(c.ws.recv(), 5)
+        assert info.value.rcvd is not None
+        assert info.value.rcvd.code == 4001
+    assert "session.created" not in c.types()
+
+
+async def assert_session(c: Client) -> dict[str, Any]:
+    created = await c.wait_for("session.created")
+    await c.send(
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        }
+    )
+    await c.wait_for("conversation.item.added")
+    return created
+
+
+# --- API keys on the socket -----------------------------------------------------------
+
+
+async def test_no_credentials_get_unauthorized_then_close_4001(gw: RunningGateway) -> None:
+    await assert_refused(gw)
+    assert gw.runtime.metrics.registry.get_sample_value("omni_auth_failures_total") == 1.0
+    assert not gw.runtime.connections
+
+
+async def test_wrong_key_gets_close_4001(gw: RunningGateway) -> None:
+    await assert_refused(gw, headers=bearer("sk-test-wrong"))
+    await assert_refused(gw, subprotocols=[KEY_PROTO + "sk-test-wrong"])
+
+
+async def test_second_configured_key_works_as_bearer(gw: RunningGateway) -> None:
+    async with connect(gw.url, headers=bearer(K2)) as c:
+        await assert_session(c)
+
+
+async def test_key_in_the_browser_subprotocol_works_and_is_not_echoed(gw: RunningGateway) -> None:
+    async with connect(gw.url, subprotocols=[KEY_PROTO + K1]) as c:
+        assert c.ws.subprotocol is None
+        await assert_session(c)
+    async with connect(gw.url, subprotocols=["realtime", KEY_PROTO + K1]) as c:
+        assert c.ws.subprotocol == "realtime"
+        await assert_session(c)
+
+
+async def test_without_keys_on_loopback_no_credentials_are_needed(open_gw: RunningGateway) -> None:
+    async with connect(open_gw.url) as c:
+        await assert_session(c)
+
+
+# --- client secrets ----------------------------------------------------------------
+
+
+async def mint(http: httpx.AsyncClient, body: dict[str, Any] | None = None, key: str = K1) -> httpx.Response:
+    return await http.post("/v1/realtime/client_secrets", headers=bearer(key), json=body or {})
+
+
+async def test_client_secret_is_minted_in_the_ga_shape(http: httpx.AsyncClient) -> None:
+    before = time.time()
+    r = await mint(http, {"session": {"type": "realtime", "instructions": "Talk like a pirate."}})
+    assert r.status_code == 200
+    body = r.json()
+    assert set(body) == {"value", "expires_at", "session"}
+    assert body["value"].startswith("ek_")
+    assert before + 600 - 2 <= body["expires_at"] <= time.time() + 600 + 1  # the default TTL
+    session = body["session"]
+    assert session["type"] == "realtime"
+    assert session["object"] == "realtime.session"
+    assert session["instructions"] == "Talk like a pirate."
+    assert session["audio"]["output"]["voice"] == "alloy"
+
+
+async def test_client_secret_lifetime_follows_expires_after(http: httpx.AsyncClient) -> None:
+    r = await mint(http, {"expires_after": {"anchor": "created_at", "seconds": 30}})
+    assert r.status_code == 200
+    assert abs(r.json()["expires_at"] - (time.time() + 30)) <= 2
+
+
+@pytest.mark.parametrize("seconds", [5, 7201, "60", True, None])
+async def test_client_secret_lifetime_out_of_range_is_refused(http: httpx.AsyncClient, seconds: Any) -> None:
+    r = await mint(http, {"expires_after": {"anchor": "created_at", "seconds": seconds}})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == (Code.INVALID_VALUE, "expires_after.seconds")
+
+
+async def test_client_secret_with_a_bad_session_is_refused(http: httpx.AsyncClient) -> None:
+    r = await mint(http, {"session": {"instructions": "x", "colour": "red"}})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == (Code.UNKNOWN_PARAMETER, "session.colour")
+    r = await mint(http, {"session": {"audio": {"output": {"voice": "nobody"}}}})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "session.audio.output.voice"
+
+
+async def test_client_secret_body_must_be_json(http: httpx.AsyncClient) -> None:
+    r = await http.post("/v1/realtime/client_secrets", headers=bearer(K1), content=b"{nope")
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == Code.INVALID_JSON
+
+
+async def test_client_secret_needs_an_api_key(gw: RunningGateway, http: httpx.AsyncClient) -> None:
+    r = await http.post("/v1/realtime/client_secrets", json={})
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] == Code.UNAUTHORIZED
+    r = await mint(http, key="sk-test-wrong")
+    assert r.status_code == 401
+    secret = (await mint(http)).json()["value"]
+    r = await mint(http, key=secret)  # a client secret cannot mint another
+    assert r.status_code == 401
+
+
+async def test_client_secret_connects_once(gw: RunningGateway, http: httpx.AsyncClient) -> None:
+    secret = (await mint(http)).json()["value"]
+    async with connect(gw.url, subprotocols=["realtime", KEY_PROTO + secret]) as c:
+        assert c.ws.subprotocol == "realtime"
+        await assert_session(c)
+    await assert_refused(gw, subprotocols=["realtime", KEY_PROTO + secret])
+
+
+async def test_client_secret_works_as_bearer_too(gw: RunningGateway, http: httpx.AsyncClient) -> None:
+    secret = (await mint(http)).json()["value"]
+    async with connect(gw.url, headers=bearer(secret)) as c:
+        await assert_session(c)
+    await assert_refused(gw, headers=bearer(secret))
+
+
+async def test_expired_client_secret_is_refused(gw: RunningGateway) -> None:
+    # Minted a minute ago with a 10 s lifetime (the HTTP endpoint's shortest).
+    secret, _ = gw.runtime.auth.secrets.mint(Grant(principal_of_key(K1)), 10, now=time.time() - 60)
+    await assert_refused(gw, subprotocols=[KEY_PROTO + secret])
+
+
+async def test_forged_client_secret_is_refused(gw: RunningGateway) -> None:
+    await assert_refused(gw, subprotocols=[KEY_PROTO + "ek_forged0000000000000000000000000000000000"])
+
+
+async def test_session_settings_given_when_minting_apply_to_the_session(
+    gw: RunningGateway, http: httpx.AsyncClient
+) -> None:
+    r = await mint(
+        http,
+        {
+            "session": {
+                "type": "realtime",
+                "instructions": "Talk like a pirate.",
+                "output_modalities": ["text"],
+                "audio": {"output": {"voice": "marin"}},
+            }
+        },
+    )
+    secret = r.json()["value"]
+    async with connect(gw.url, subprotocols=[KEY_PROTO + secret]) as c:
+        created = await c.wait_for("session.created")
+        session = created["session"]
+        assert session["instructions"] == "Talk like a pirate."
+        assert session["output_modalities"] == ["text"]
+        assert session["audio"]["output"]["voice"] == "marin"
+        await c.send({"type": "response.create"})
+        await c.wait_for("response.done")
+        assert "response.output_text.delta" in c.types()
+        assert "response.output_audio.delta" not in c.types()
+
+
+def _comparable(session: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in session.items() if k not in ("id", "expires_at")}
+
+
+async def test_minted_session_describes_the_session_the_secret_opens(
+    gw: RunningGateway, http: httpx.AsyncClient
+) -> None:
+    minted = (await mint(http, {"session": {"instructions": "x"}})).json()
+    async with connect(gw.url, subprotocols=[KEY_PROTO + minted["value"]]) as c:
+        created = await c.wait_for("session.created")
+    assert _comparable(minted["session"]) == _comparable(created["session"])
+
+
+async def test_secret_minted_with_server_vad_on_a_gateway_without_vad_leaves_a_usable_session(
+    gw: RunningGateway, http: httpx.AsyncClient
+) -> None:
+    r = await mint(http, {"session": {"audio": {"input": {"turn_detection": {"type": "server_vad"}}}}})
+    if r.status_code == 400:  # refusing it when minting is as good as fixing it up later
+        assert r.json()["error"]["param"] == "session.audio.input.turn_detection"
+        return
+    async with connect(gw.url, subprotocols=[KEY_PROTO + r.json()["value"]]) as c:
+        await c.wait_for("session.created")
+        await c.send({"type": "session.update", "session": {"instructions": "hello"}})
+        got = await c.wait_for(lambda e: e["type"] in ("session.updated", "error"))
+        assert got["type"] == "session.updated", got
+
+
+# --- secrets in logs -------------------------------------------------------------------
+
+
+WRONG = "sk-test-wrong-key-77"
+
+
+async def run_credentialed_traffic(caplog: pytest.LogCaptureFixture, *, hook_uvicorn: bool) -> tuple[str, str]:
+    """Keys and a client secret used every way they can be, logging at DEBUG.
+    Returns the server-side log text and the client secret used."""
+    caplog.set_level(logging.DEBUG)
+    async with run_gateway(settings(api_keys=(K1, K2)), engine=passthrough(), vad_factory=None) as gw:
+        # uvicorn's loggers do not propagate to the root logger: listen to them directly.
+        hooked = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.error", "uvicorn.access")] if hook_uvicorn else []
+        levels = [lg.level for lg in hooked]
+        for lg in hooked:
+            lg.addHandler(caplog.handler)
+            lg.setLevel(logging.DEBUG)
+        try:
+            async with httpx.AsyncClient(base_url=gw.http) as http:
+                secret = (await mint(http, key=K1)).json()["value"]
+                await http.post("/admin/pause", headers=bearer(K2))
+                await http.post("/admin/resume", headers=bearer(K2))
+                await http.get("/v1/models", headers=bearer(WRONG))
+            async with connect(gw.url, headers=bearer(K1)) as c:
+                await assert_session(c)
+                await c.send({"type": "response.create"})
+                await c.wait_for("response.done")
+            async with connect(gw.url, subprotocols=[KEY_PROTO + K2]) as c:
+                await assert_session(c)
+            async with connect(gw.url, subprotocols=[KEY_PROTO + secret]) as c:
+                await assert_session(c)
+            await assert_refused(gw, subprotocols=[KEY_PROTO + secret])
+            await assert_refused(gw, headers=bearer(WRONG))
+        finally:
+            for lg, level in zip(hooked, levels, strict=True):
+                lg.removeHandler(caplog.handler)
+                lg.setLevel(level)
+    # What the gateway process logged (the test's own clients log their headers at DEBUG).
+    client_side = ("websockets.client", "httpx", "httpcore")
+    records = [r for r in caplog.records if not r.name.startswith(client_side)]
+    assert any(r.name.startswith("omni.") for r in records)
+    if hook_uvicorn:
+        assert any(r.name.startswith("uvicorn") for r in records)
+    text = "\n".join(caplog.handler.format(r) + repr(r.args) for r in records)
+    assert f"principal={principal_of_key(K1)}" in text  # the logs were captured, and name the caller
+    return text, secret
+
+
+def assert_no_credentials(text: str, secret: str) -> None:
+    for credential in (K1, K2, secret, secret[len("ek_") :], WRONG):
+        assert credential not in text
+
+
+async def test_gateway_logs_never_contain_keys_or_secrets(caplog: pytest.LogCaptureFixture) -> None:
+    text, secret = await run_credentialed_traffic(caplog, hook_uvicorn=False)
+    assert_no_credentials(text, secret)
+
+
+async def test_server_logs_at_debug_never_contain_keys_or_secrets(caplog: pytest.LogCaptureFixture) -> None:
+    text, secret = await run_credentialed_traffic(caplog, hook_uvicorn=True)
+    assert_no_credentials(text, secret)
+
+
+# --- HTTP endpoints ----------------------------------------------------------------------
+
+
+async def test_healthz_is_200(http: httpx.AsyncClient) -> None:
+    r = await http.get("/healthz")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok"}
+
+
+async def test_readyz_is_200_when_ready(http: httpx.AsyncClient) -> None:
+    r = await http.get("/readyz")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ready", "engines": {"omni-cascade": "ok"}}
+
+
+class SwitchableEngine(PassthroughEngine):
+    """Engine double: the passthrough engine with a health switch the test flips."""
+
+    def __init__(self) -> None:
+        super().__init__(audio_chunks=3, paced=False)
+        self.up = True
+
+    def healthy(self) -> bool:
+        return self.up
+
+
+class DyingEngine(PassthroughEngine):
+    """Engine double: every answer fails with a fatal EngineError (the model server died)."""
+
+    async def respond(self, request: ResponseRequest, inputs: Any) -> AsyncIterator[EngineOutput]:
+        self.active.add(request.request_id)
+        try:
+            raise EngineError("engine_unavailable", "the model server died", fatal=True)
+            yield  # an async generator, like every engine's respond
+        finally:
+            self.active.discard(request.request_id)
+
+
+async def test_readyz_is_503_while_the_engine_is_unhealthy() -> None:
+    engine = SwitchableEngine()
+    async with run_gateway(settings(), engine=engine, vad_factory=None) as gw:
+        async with httpx.AsyncClient(base_url=gw.http) as http:
+            engine.up = False
+            r = await http.get("/readyz")
+            assert r.status_code == 503
+            assert r.json() == {"status": "omni-cascade: unhealthy", "engines": {"omni-cascade": "unhealthy"}}
+            assert (await http.get("/healthz")).status_code == 200  # alive, just not ready
+            engine.up = True
+            assert (await http.get("/readyz")).status_code == 200
+
+
+async def test_readyz_is_503_once_the_engine_has_failed() -> None:
+    async with run_gateway(settings(), engine=DyingEngine(), vad_factory=None) as gw:
+        async with httpx.AsyncClient(base_url=gw.http) as http:
+            assert (await http.get("/readyz")).status_code == 200
+            async with connect(gw.url) as c:
+                await c.wait_for("session.created")
+                await c.send({"type": "response.create", "event_id": "r1"})
+                err = await c.wait_for("error")
+                assert err["error"]["code"] == "engine_unavailable"
+                done = await c.wait_for("response.done")
+                assert done["response"]["status"] == "failed"
+            r = await http.get("/readyz")
+            assert r.status_code == 503
+            assert r.json()["status"] == "omni-cascade: failed: the model server died"
+
+
+async def test_metrics_are_prometheus_text_with_the_omni_names(gw: RunningGateway, http: httpx.AsyncClient) -> None:
+    async with connect(gw.url, headers=bearer(K1)) as c:
+        await c.wait_for("session.created")
+        await c.send({"type": "response.create"})
+        await c.wait_for("response.done")
+        await c.send({"type": "conversation.item.retrieve", "item_id": "ghost"})
+        await c.wait_for("error")
+        r = await http.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+
+    def value(name: str, **labels: str) -> float:
+        for family in families.values():
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    return float(sample.value)
+        raise AssertionError(f"no sample {name}{labels} in /metrics")
+
+    assert value("omni_sessions_active") == 1.0
+    assert value("omni_sessions_total") == 1.0
+    assert value("omni_requests_total", kind="response", status="completed") == 1.0
+    assert value("omni_request_queue_wait_seconds_count", kind="response") == 1.0
+    assert value("omni_request_time_to_first_delta_seconds_count", kind="response") == 1.0
+    assert value("omni_request_inter_delta_seconds_count", kind="response") >= 1.0
+    assert value("omni_errors_total", code="item_not_found") == 1.0
+    assert value("omni_client_events_total", type="response.create") == 1.0
+    for name in (
+        "omni_requests_inflight",
+        "omni_speech_stopped_to_first_audio_seconds",
+        "omni_session_closes",
+        "omni_auth_failures",
+    ):
+        assert name in families, sorted(families)
+
+
+async def test_metrics_count_refused_connections(gw: RunningGateway, http: httpx.AsyncClient) -> None:
+    await assert_refused(gw)
+    text = (await http.get("/metrics")).text
+    assert "omni_auth_failures_total 1.0" in text
+    assert 'omni_session_closes_total{code="4001"} 1.0' in text
+
+
+async def test_admin_needs_a_key_when_keys_are_set(gw: RunningGateway, http: httpx.AsyncClient) -> None:
+    for action in ("pause", "resume"):
+        r = await http.post(f"/admin/{action}")
+        assert r.status_code == 401
+        assert r.json()["error"]["code"] == Code.UNAUTHORIZED
+        assert (await http.post(f"/admin/{action}", headers=bearer("sk-test-wrong"))).status_code == 401
+    assert not gw.runtime.orchestrator.paused
+    r = await http.post("/admin/pause", headers=bearer(K1))
+    assert r.status_code == 200
+    assert r.json()["paused"] is True
+    assert gw.runtime.orchestrator.paused
+    r = await http.post("/admin/resume", headers=bearer(K2))
+    assert r.status_code == 200
+    assert r.json()["paused"] is False
+    assert not gw.runtime.orchestrator.paused
+
+
+async def test_admin_unknown_action_is_404(http: httpx.AsyncClient) -> None:
+    r = await http.post("/admin/reboot", headers=bearer(K1))
+    assert r.status_code == 404
+
+
+async def test_admin_is_open_without_keys_on_loopback(open_gw: RunningGateway) -> None:
+    async with httpx.AsyncClient(base_url=open_gw.http) as http:
+        assert (await http.post("/admin/pause")).json()["paused"] is True
+        assert (await http.post("/admin/resume")).json()["paused"] is False
+
+
+async def test_models_lists_the_served_model_for_a_key_holder(http: httpx.AsyncClient) -> None:
+    assert (await http.get("/v1/models")).status_code == 401
+    r = await http.get("/v1/models", headers=bearer(K1))
+    assert r.status_code == 200
+    data = r.json()["data"]
+    assert [m["id"] for m in data] == ["omni-cascade"]
+    assert data[0]["engine"] == "passthrough"

@@ -1,0 +1,446 @@
+"""The orchestrator: admission and its bound, pause/resume, the input pump,
+cancellation and engine failures.
+
+The engine here is a test double written for these tests (``ScriptedEngine``):
+a real ``Engine`` implementation whose behaviour each test chooses, and which
+records what reached it, so each rule can be checked from the engine's side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from gateway.runtime import Runtime
+from gateway.settings import Settings
+from orchestrator.engine import (
+    AudioChunk,
+    Engine,
+    EngineError,
+    EngineInfo,
+    EngineInput,
+    EngineOutput,
+    Finished,
+    ResponseRequest,
+    TextChunk,
+    TextDelta,
+    TranscriptionRequest,
+)
+from orchestrator.orchestrator import AdmissionLimits, Orchestrator, RequestHandle
+
+
+@dataclass
+class Seen:
+    """What one request looked like from inside the engine."""
+
+    inputs: list[Any] = field(default_factory=list)
+    input_ended: bool = False  # the input iterator ended normally (the final marker)
+    closed: bool = False  # the output generator was finalised
+
+
+class ScriptedEngine:
+    """Echoes each input chunk as a TextDelta; behaviour per request id prefix:
+
+    ``hang*``: after the input ends, wait until ``release(rid)``;
+    ``boom*``: raise RuntimeError after the first input;
+    ``fatal*`` / ``bad*``: raise EngineError (fatal / not fatal) after the first input.
+    """
+
+    def __init__(self) -> None:
+        self.info = EngineInfo(name="scripted", description="test double")
+        self.seen: dict[str, Seen] = {}
+        self.started: list[str] = []
+        self.aborted: list[str] = []
+        self.is_healthy = True
+        self._gates: dict[str, asyncio.Event] = {}
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def healthy(self) -> bool:
+        return self.is_healthy
+
+    def gate(self, rid: str) -> asyncio.Event:
+        return self._gates.setdefault(rid, asyncio.Event())
+
+    def release(self, rid: str) -> None:
+        self.gate(rid).set()
+
+    async def _run(self, rid: str, inputs: AsyncIterator[Any]) -> AsyncIterator[EngineOutput]:
+        self.started.append(rid)
+        seen = self.seen[rid] = Seen()
+        try:
+            async for chunk in inputs:
+                seen.inputs.append(chunk)
+                if rid.startswith("boom"):
+                    raise RuntimeError("model exploded")
+                if rid.startswith("fatal"):
+                    raise EngineError("engine_unavailable", "GPU fell off the bus", fatal=True)
+                if rid.startswith("bad"):
+                    raise EngineError("engine_error", "one request failed")
+                yield TextDelta(chunk.text if isinstance(chunk, TextChunk) else f"{len(chunk.pcm)}")
+            seen.input_ended = True
+            if rid.startswith("hang"):
+                await self.gate(rid).wait()
+            yield Finished(text="done")
+        finally:
+            seen.closed = True
+
+    def transcribe(
+        self, request: TranscriptionRequest, inputs: AsyncIterator[AudioChunk]
+    ) -> AsyncIterator[EngineOutput]:
+        return self._run(request.request_id, inputs)
+
+    def respond(self, request: ResponseRequest, inputs: AsyncIterator[EngineInput]) -> AsyncIterator[EngineOutput]:
+        return self._run(request.request_id, inputs)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.outputs: list[EngineOutput] = []
+        self.errors: list[tuple[str, str]] = []
+
+    def submit(self, orch: Orchestrator, rid: str, kind: str = "response") -> RequestHandle:
+        request: Any = ResponseRequest(rid, ()) if kind == "response" else TranscriptionRequest(rid)
+        return orch.submit(
+            kind,  # type: ignore[arg-type]
+            request,
+            on_output=self.outputs.append,
+            on_error=lambda code, msg: self.errors.append((code, msg)),
+        )
+
+
+async def settle(n: int = 20) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def until(predicate: Any, timeout: float = 2.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110
+            await asyncio.sleep(0.001)
+
+
+@pytest.fixture
+def engine() -> ScriptedEngine:
+    return ScriptedEngine()
+
+
+def test_scripted_engine_is_an_engine(engine: ScriptedEngine) -> None:
+    assert isinstance(engine, Engine)
+
+
+# --- the input pump ---------------------------------------------------------------
+
+
+async def test_fed_chunks_reach_the_engine_in_order_and_end_closes_the_input(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine), Recorder()
+    h = rec.submit(orch, "r1")
+    chunks = [TextChunk("a"), AudioChunk(b"\x00" * 4), TextChunk("b"), TextChunk("c")]
+    for c in chunks[:2]:
+        h.feed(c)
+    await settle()
+    for c in chunks[2:]:
+        h.feed(c)
+    h.end()
+    await asyncio.wait_for(h.task, 2)
+    assert engine.seen["r1"].inputs == chunks
+    assert engine.seen["r1"].input_ended
+    assert rec.outputs == [TextDelta("a"), TextDelta("4"), TextDelta("b"), TextDelta("c"), Finished(text="done")]
+    assert rec.errors == []
+    assert orch.pending == 0
+    await orch.wait_idle()
+    assert engine.aborted == []  # a completed request is not aborted
+
+
+async def test_feed_after_end_is_ignored(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine), Recorder()
+    h = rec.submit(orch, "r1")
+    h.feed(TextChunk("a"))
+    h.end()
+    h.feed(TextChunk("late"))
+    h.end()
+    await asyncio.wait_for(h.task, 2)
+    assert engine.seen["r1"].inputs == [TextChunk("a")]
+
+
+async def test_transcriptions_and_responses_use_their_engine_call(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine), Recorder()
+    h = rec.submit(orch, "t1", kind="transcription")
+    h.feed(AudioChunk(b"\x00\x00"))
+    h.end()
+    await asyncio.wait_for(h.task, 2)
+    assert rec.outputs[0] == TextDelta("2")
+    assert h.kind == "transcription"
+    text = orch.metrics.registry.get_sample_value(
+        "omni_requests_total", {"kind": "transcription", "status": "completed"}
+    )
+    assert text == 1.0
+
+
+# --- cancel -------------------------------------------------------------------------
+
+
+async def test_cancel_aborts_the_engine_request_and_leaves_no_task(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine), Recorder()
+    h = rec.submit(orch, "r1")
+    h.feed(TextChunk("a"))
+    await until(lambda: engine.seen.get("r1") and engine.seen["r1"].inputs)
+    assert orch.running == 1
+    h.cancel()
+    await orch.wait_idle()
+    assert engine.aborted == ["r1"]
+    assert orch.pending == 0
+    assert orch.running == 0
+    assert h.task.cancelled()
+    assert engine.seen["r1"].closed  # the engine's generator was finalised
+    assert rec.errors == []  # a cancel is not an error
+    assert orch.stats()["running_responses"] == 0
+    cancelled = orch.metrics.registry.get_sample_value(
+        "omni_requests_total", {"kind": "response", "status": "cancelled"}
+    )
+    assert cancelled == 1.0
+
+
+async def test_cancel_sends_no_final_marker(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine), Recorder()
+    h = rec.submit(orch, "r1")
+    h.feed(TextChunk("a"))
+    await until(lambda: engine.seen.get("r1") and engine.seen["r1"].inputs)
+    h.cancel()
+    await orch.wait_idle()
+    assert engine.seen["r1"].inputs == [TextChunk("a")]
+    assert not engine.seen["r1"].input_ended
+
+
+async def test_end_then_cancel_still_aborts_a_running_request(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine), Recorder()
+    h = rec.submit(orch, "hang1")
+    h.end()
+    await until(lambda: engine.seen.get("hang1") and engine.seen["hang1"].input_ended)
+    h.cancel()
+    await orch.wait_idle()
+    assert engine.aborted == ["hang1"]
+    assert orch.pending == 0
+
+
+async def test_cancel_before_admission_never_reaches_the_engine(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine), Recorder()
+    await orch.pause()
+    h = rec.submit(orch, "r1")
+    await settle()
+    h.cancel()
+    await orch.wait_idle()
+    assert engine.started == []
+    assert orch.pending == 0
+    assert rec.errors == []
+    await orch.resume()
+    h2 = rec.submit(orch, "r2")
+    h2.end()
+    await asyncio.wait_for(h2.task, 2)
+    assert engine.started == ["r2"]  # the cancelled waiter left no slot or admission count behind
+    assert orch.stats()["admitting"] == 0
+
+
+async def test_close_cancels_every_request(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine), Recorder()
+    for rid in ("hang1", "hang2"):
+        rec.submit(orch, rid).end()
+    await until(lambda: len(engine.started) == 2)
+    await orch.close()
+    assert orch.pending == 0
+    assert sorted(engine.aborted) == ["hang1", "hang2"]
+
+
+# --- admission ------------------------------------------------------------------
+
+
+async def test_admission_is_bounded_and_a_waiting_request_starts_when_a_slot_frees(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine, AdmissionLimits(max_responses=1, admission_timeout_s=5)), Recorder()
+    a = rec.submit(orch, "hang_a")
+    a.end()
+    await until(lambda: engine.started == ["hang_a"])
+    b = rec.submit(orch, "b")
+    b.end()
+    await asyncio.sleep(0.05)
+    assert engine.started == ["hang_a"]  # b waits for the slot
+    assert orch.pending == 2 and orch.running == 1
+    engine.release("hang_a")
+    await asyncio.wait_for(b.task, 2)
+    assert engine.started == ["hang_a", "b"]
+    assert rec.errors == []
+    await orch.wait_idle()
+    assert orch.pending == 0
+
+
+async def test_kinds_have_separate_slots(engine: ScriptedEngine) -> None:
+    orch = Orchestrator(engine, AdmissionLimits(max_responses=1, max_transcriptions=1, admission_timeout_s=5))
+    rec = Recorder()
+    rec.submit(orch, "hang_r").end()
+    await until(lambda: engine.started == ["hang_r"])
+    t = rec.submit(orch, "t", kind="transcription")
+    t.end()
+    await asyncio.wait_for(t.task, 2)  # a busy response slot does not block a transcription
+    assert engine.started == ["hang_r", "t"]
+    engine.release("hang_r")
+    await orch.wait_idle()
+
+
+async def test_admission_timeout_fails_with_server_busy(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine, AdmissionLimits(max_responses=1, admission_timeout_s=0.1)), Recorder()
+    rec.submit(orch, "hang_a").end()
+    await until(lambda: engine.started == ["hang_a"])
+    b = rec.submit(orch, "b")
+    await asyncio.wait_for(b.task, 2)
+    assert [code for code, _ in rec.errors] == ["server_busy"]
+    assert rec.errors[0][1]
+    assert engine.started == ["hang_a"]
+    assert "b" not in engine.aborted  # the engine never had it
+    assert orch.pending == 1  # only the running one
+    rejected = orch.metrics.registry.get_sample_value("omni_requests_total", {"kind": "response", "status": "rejected"})
+    assert rejected == 1.0
+    engine.release("hang_a")
+    await orch.wait_idle()
+    assert orch.pending == 0
+
+
+async def test_unhealthy_engine_refuses_admission_with_engine_unavailable(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine), Recorder()
+    engine.is_healthy = False
+    h = rec.submit(orch, "r1")
+    await asyncio.wait_for(h.task, 2)
+    assert [code for code, _ in rec.errors] == ["engine_unavailable"]
+    assert engine.started == []
+
+
+async def test_queue_wait_is_measured(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine), Recorder()
+    h = rec.submit(orch, "r1")
+    h.feed(TextChunk("a"))
+    h.end()
+    await asyncio.wait_for(h.task, 2)
+    get = orch.metrics.registry.get_sample_value
+    assert get("omni_request_queue_wait_seconds_count", {"kind": "response"}) == 1.0
+    assert get("omni_request_time_to_first_delta_seconds_count", {"kind": "response"}) == 1.0
+    assert get("omni_requests_inflight", {"kind": "response"}) == 0.0
+
+
+# --- pause / resume ------------------------------------------------------------------
+
+
+async def test_pause_blocks_new_admissions_and_resume_releases_them(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine, AdmissionLimits(admission_timeout_s=5)), Recorder()
+    await orch.pause()
+    assert orch.paused
+    hs = [rec.submit(orch, f"r{i}") for i in range(3)]
+    for h in hs:
+        h.end()
+    await asyncio.sleep(0.05)
+    assert engine.started == []
+    await orch.resume()
+    assert not orch.paused
+    await asyncio.wait_for(asyncio.gather(*(h.task for h in hs)), 2)
+    assert sorted(engine.started) == ["r0", "r1", "r2"]
+    assert rec.errors == []
+
+
+async def test_pause_lets_running_requests_finish(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine), Recorder()
+    h = rec.submit(orch, "hang1")
+    h.end()
+    await until(lambda: engine.started == ["hang1"])
+    await asyncio.wait_for(orch.pause(), 1)
+    engine.release("hang1")
+    await asyncio.wait_for(h.task, 2)
+    assert rec.outputs[-1] == Finished(text="done")
+
+
+async def test_pause_past_the_admission_timeout_fails_waiters_with_server_busy(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine, AdmissionLimits(admission_timeout_s=0.1)), Recorder()
+    await orch.pause()
+    h = rec.submit(orch, "r1")
+    await asyncio.wait_for(h.task, 2)
+    assert [code for code, _ in rec.errors] == ["server_busy"]
+    assert orch.pending == 0
+
+
+async def test_pause_waits_for_an_admission_in_flight(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine, AdmissionLimits(max_responses=1, admission_timeout_s=0.3)), Recorder()
+    rec.submit(orch, "hang_a").end()
+    await until(lambda: engine.started == ["hang_a"])
+    b = rec.submit(orch, "b")  # past the pause gate, waiting for a slot
+    b.end()
+    await until(lambda: orch.stats()["admitting"] == 1)
+    pause = asyncio.get_running_loop().create_task(orch.pause())
+    await asyncio.sleep(0.1)
+    assert not pause.done()  # b is half-way through admission
+    engine.release("hang_a")  # a slot frees, but generation is now paused: b must not start
+    await asyncio.wait_for(pause, 2)
+    assert orch.stats()["admitting"] == 0
+    await asyncio.wait_for(b.task, 2)
+    assert engine.started == ["hang_a"]
+    assert [code for code, _ in rec.errors] == ["server_busy"]
+    await orch.resume()
+    await orch.wait_idle()
+    assert orch.pending == 0
+
+
+# --- engine failures -------------------------------------------------------------
+
+
+async def test_an_exception_in_the_engine_becomes_engine_error(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine), Recorder()
+    h = rec.submit(orch, "boom1")
+    h.feed(TextChunk("a"))
+    await asyncio.wait_for(h.task, 2)
+    assert len(rec.errors) == 1
+    code, message = rec.errors[0]
+    assert code == "engine_error"
+    assert "RuntimeError" in message
+    await orch.wait_idle()
+    assert engine.aborted == ["boom1"]  # the failed request is released in the engine
+    assert orch.pending == 0 and orch.running == 0
+    assert orch.engine_failed is None
+
+
+async def test_engine_error_keeps_its_code_and_message(engine: ScriptedEngine) -> None:
+    orch, rec = Orchestrator(engine), Recorder()
+    h = rec.submit(orch, "bad1")
+    h.feed(TextChunk("a"))
+    await asyncio.wait_for(h.task, 2)
+    assert rec.errors == [("engine_error", "one request failed")]
+    assert orch.engine_failed is None
+
+
+async def test_fatal_engine_error_turns_readiness_red(engine: ScriptedEngine) -> None:
+    rt = Runtime(Settings(engine="passthrough", video_engine="none"), engine, vad_factory=None)
+    assert rt.ready() == (True, "ready")
+    rec = Recorder()
+    h = rec.submit(rt.orchestrator, "fatal1")
+    h.feed(TextChunk("a"))
+    await asyncio.wait_for(h.task, 2)
+    assert rec.errors == [("engine_unavailable", "GPU fell off the bus")]
+    ok, reason = rt.ready()
+    assert not ok
+    assert "GPU fell off the bus" in reason
+    h2 = rec.submit(rt.orchestrator, "r2")  # a dead engine admits nothing more
+    await asyncio.wait_for(h2.task, 2)
+    assert rec.errors[-1][0] == "engine_unavailable"
+    assert "r2" not in engine.started
+    await rt.orchestrator.wait_idle()
+
+
+async def test_unhealthy_engine_turns_readiness_red(engine: ScriptedEngine) -> None:
+    rt = Runtime(Settings(engine="passthrough", video_engine="none"), engine, vad_factory=None)
+    engine.is_healthy = False
+    assert rt.ready() == (False, "omni-cascade: unhealthy")
