@@ -33,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--engine", choices=["cascade", "passthrough"], help="engine (env OMNI_GATEWAY_ENGINE, default cascade)"
     )
-    serve.add_argument("--model", help="model name sessions report (env OMNI_GATEWAY_MODEL)")
+    serve.add_argument("--model", help="the default model: sessions that name none get it (env OMNI_GATEWAY_MODEL)")
+    serve.add_argument("--models", help="model routes: a JSON file or inline JSON (env OMNI_GATEWAY_MODELS)")
     serve.add_argument(
         "--redis-url", help="Redis URL for shared state (env OMNI_GATEWAY_REDIS_URL; default: in-process memory)"
     )
