@@ -1,0 +1,194 @@
+"""The shared core of the realtime session: its state and how it emits.
+
+``RealtimeSession`` (session.py) is assembled from this core and two parts
+that each own one topic: ``InputAudio`` (input.py: the audio buffer, server
+VAD, transcription) and ``Responses`` (responses.py). They share the state
+set up here and call across only through the methods declared here.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from gateway.audio.codecs import AudioFormat
+from gateway.audio.resample import StreamResampler
+from gateway.protocol import client_events as ce
+from gateway.protocol.errors import ProtocolError
+from gateway.protocol.session_config import (
+    ConfigLimits,
+    SessionConfig,
+)
+from gateway.session.conversation import Conversation, Item, Part
+from gateway.session.effects import Effect
+from orchestrator.engine import (
+    EngineInfo,
+    Usage,
+)
+
+VAD_RATE = 16000
+
+
+class VadStream(Protocol):
+    def process(self, pcm16_16k: bytes) -> list[float]: ...
+    def reset(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    """Per-session limits; each is enforced here with the error named beside it."""
+
+    max_append_ms: int = 10_000  # one append longer than this: audio_append_too_large, dropped
+    max_buffer_ms: int = 300_000  # uncommitted audio beyond this: input_audio_buffer_full (manual
+    #   turns; the append is refused) or an automatic commit (server VAD)
+    min_commit_ms: int = 100  # a commit of less audio: input_audio_buffer_commit_empty
+    max_items: int = 1_000  # conversation longer than this: the oldest items are deleted
+    #   (conversation.item.deleted is sent for each)
+    lifetime_s: float = 3_600.0  # then error session_expired and close 4008 (enforced by the shell)
+
+
+@dataclass(slots=True)
+class _OpenInput:
+    """The transcription request of the audio buffer not yet committed."""
+
+    item_id: str
+    request_id: str
+    announced: bool  # the client has seen item_id (speech_started)
+    held: list[str] = field(default_factory=list)  # deltas not yet sendable
+    failed: bool = False
+
+
+@dataclass(slots=True)
+class _Response:
+    id: str
+    item: Item
+    part: Part
+    in_conversation: bool
+    modalities: tuple[Literal["text", "audio"], ...]
+    output_format: AudioFormat
+    voice: str
+    max_output_tokens: int | None
+    metadata: dict[str, Any] | None
+    resampler: StreamResampler
+    awaiting: set[str]  # items whose transcript the engine still waits for
+    instructions: str | None = None  # the response's own override, kept to re-issue it
+    event_id: str | None = None  # the response.create that asked for it (echoed in its errors)
+    usage: Usage | None = None
+
+
+class SessionCore:
+    """State and output helpers; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        config: SessionConfig,
+        engine: EngineInfo,
+        beta: bool = False,
+        limits: SessionLimits | None = None,
+        vad_factory: Callable[[], VadStream] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rate_limits: Callable[[], list[dict[str, Any]]] | None = None,
+        created_at: float | None = None,
+    ) -> None:
+        self.id = session_id
+        self.config = config
+        self.engine = engine
+        self.beta = beta
+        self.limits = limits or SessionLimits()
+        self.outbox: list[dict[str, Any]] = []
+        self.effects: list[Effect] = []
+        self.seq = 0
+        self.epoch = 0  # bumped on barge-in and on takeover by another replica
+        self.dirty = True  # state changed since the last snapshot
+        self.conversation = Conversation()
+        self.conversation_id = "conv_" + secrets.token_hex(8)
+        self._clock = clock
+        self._rate_limits = rate_limits
+        self._vad_factory = vad_factory
+        self._id_base = secrets.token_hex(6)
+        self._id_counter = 0
+        self.created_at = created_at if created_at is not None else time.time()
+        self.expires_at = int(self.created_at + self.limits.lifetime_s)
+        self._config_limits = ConfigLimits(voices=engine.voices, ignored_fields=engine.ignored_fields)
+        # input audio state
+        self.audio_ms = 0.0  # all audio ever appended: the clock of audio_start/end_ms
+        self._buffer_ms = 0.0
+        self._input: _OpenInput | None = None
+        self._committed: dict[str, str] = {}  # transcription request id -> item id
+        self._prefix: deque[tuple[float, bytes]] = deque()  # (ms, engine-rate pcm) before speech
+        self._prefix_ms = 0.0
+        self._response: _Response | None = None
+        self._turn_stopped_at: float | None = None
+        self._setup_input()
+
+    # --- output helpers ---------------------------------------------------
+
+    def _emit(self, type_: str, **fields: Any) -> dict[str, Any]:
+        self.seq += 1
+        event = {"type": type_, "event_id": f"event_{self._id_base}{self.seq:x}", **fields}
+        event["server_event_seq"] = self.seq
+        self.outbox.append(event)
+        if not type_.endswith(".delta"):
+            self.dirty = True  # every non-delta event reflects a state change worth a snapshot
+        return event
+
+    def _new_id(self, prefix: str) -> str:
+        self._id_counter += 1
+        return f"{prefix}_{self._id_base}{self._id_counter:04x}"
+
+    def error(self, err: ProtocolError) -> None:
+        self._emit(
+            "error",
+            error={
+                "type": err.type,
+                "code": err.code,
+                "message": err.message,
+                "param": err.param,
+                "event_id": err.event_id,
+            },
+        )
+
+    def _fail(self, code: str, message: str, event_id: str | None, param: str | None = None) -> None:
+        self.error(ProtocolError(code, message, param=param, event_id=event_id))
+
+    def take(self) -> tuple[list[dict[str, Any]], list[Effect]]:
+        """Hand the pending events and effects to the shell."""
+        out, eff = self.outbox, self.effects
+        self.outbox, self.effects = [], []
+        return out, eff
+
+    def _insert(self, item: Item, previous_item_id: str | None) -> str | None:
+        prev = self.conversation.insert(item, previous_item_id)
+        while len(self.conversation) > self.limits.max_items:
+            oldest = self.conversation.oldest()
+            assert oldest is not None
+            if self._response is not None and oldest is self._response.item:
+                break
+            self.conversation.remove(oldest.id)
+            self._emit("conversation.item.deleted", item_id=oldest.id)
+        return prev
+
+    # --- implemented by the parts ------------------------------------------------
+
+    def _setup_input(self) -> None:
+        raise NotImplementedError
+
+    def create_response(
+        self, params: ce.ResponseParams, event_id: str | None, turn_started_at: float | None = None
+    ) -> None:
+        raise NotImplementedError
+
+    def _end_response(self, status: str, details: dict[str, Any] | None, *, cancel: bool = False) -> None:
+        raise NotImplementedError
+
+    def _report_transcription_failure(self, item_id: str, code: str, message: str) -> None:
+        raise NotImplementedError
+
+    def _item_from_spec(self, spec: ce.ItemSpec, param: str) -> Item:
+        raise NotImplementedError
