@@ -118,11 +118,34 @@ def create_app(
         if rt.auth.authenticate_http(request.headers) is None:
             return _error(401, Code.UNAUTHORIZED, "Admin endpoints need 'Authorization: Bearer <API key>'.")
         action = request.path_params["action"]
-        if action not in ("pause", "resume"):
-            return _error(404, Code.INVALID_VALUE, f"Unknown admin action {action!r}; use pause or resume.")
-        for orch in rt.orchestrators:
-            await (orch.pause() if action == "pause" else orch.resume())
-        return JSONResponse({"paused": rt.orchestrator.paused, **rt.orchestrator.stats()})
+        if action in ("pause", "resume"):
+            # Admission: new requests wait while paused (those being admitted finish first).
+            for orch in rt.orchestrators:
+                await (orch.pause() if action == "pause" else orch.resume())
+            return JSONResponse({"paused": rt.orchestrator.paused, **rt.orchestrator.stats()})
+        if action not in ("sleep", "wake_up", "engine_pause", "engine_resume"):
+            return _error(
+                404,
+                Code.INVALID_VALUE,
+                f"Unknown admin action {action!r}; use pause, resume, sleep, wake_up, engine_pause or engine_resume.",
+            )
+        # Engine-level controls (vLLM-Omni's sleep/wake_up, pause/resume_generation): only
+        # engines that have them act; ``level`` is sleep's (1 or 2).
+        method = {"engine_pause": "pause", "engine_resume": "resume"}.get(action, action)
+        acted = []
+        for spec in rt.router.named():
+            engine = rt.router.engines[spec.key]
+            fn = getattr(engine, method, None)
+            if fn is None:
+                continue
+            if action == "sleep":
+                await fn(int(request.query_params.get("level", "1")))
+            else:
+                await fn()
+            acted.append(spec.name)
+        if not acted:
+            return _error(409, Code.INVALID_VALUE, f"No engine here supports {action}.")
+        return JSONResponse({"action": action, "models": acted})
 
     async def video_interaction(request: Request) -> Response:
         """POST an interaction to a streaming video session, from any replica."""

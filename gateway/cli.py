@@ -44,6 +44,18 @@ def _parser() -> argparse.ArgumentParser:
         dest="api_keys",
         help="accepted API key; repeat for several (env OMNI_GATEWAY_API_KEYS, comma separated)",
     )
+    serve.add_argument(
+        "--upstream",
+        action="append",
+        dest="upstreams",
+        help="upstream for --engine remote; repeat (env OMNI_GATEWAY_UPSTREAMS, comma separated)",
+    )
+    serve.add_argument("--engine-model", help="checkpoint for --engine omni/vllm (env OMNI_GATEWAY_ENGINE_MODEL)")
+    serve.add_argument(
+        "--video-engine",
+        choices=["cpu", "remote", "omni", "none"],
+        help="video engine (env OMNI_GATEWAY_VIDEO_ENGINE, default cpu)",
+    )
     serve.add_argument("--log-level", help="debug, info, warning (env OMNI_GATEWAY_LOG_LEVEL)")
     return parser
 
@@ -52,8 +64,9 @@ def settings_from_args(argv: list[str] | None = None) -> Settings:
     args = _parser().parse_args(argv)
     settings = from_env()
     changes = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
-    if "api_keys" in changes:
-        changes["api_keys"] = tuple(changes["api_keys"])
+    for name in ("api_keys", "upstreams"):
+        if name in changes:
+            changes[name] = tuple(changes[name])
     return replace(settings, **changes)
 
 

@@ -50,11 +50,23 @@ class RoutingError(ValueError):
     pass
 
 
+def default_engine_options(settings: Settings) -> dict[str, Any]:
+    """Engine options of the default route, from the flat settings."""
+    if settings.engine == "remote":
+        options: dict[str, Any] = {"upstreams": list(settings.upstreams)}
+        if settings.upstream_api_key:
+            options["api_key"] = settings.upstream_api_key
+        return options
+    if settings.engine in ("omni", "vllm"):
+        return {"model": settings.engine_model or settings.model}
+    return {}
+
+
 def parse_routes(document: str | None, settings: Settings) -> list[RouteSpec]:
     """The routes of ``document`` (inline JSON or a file path), or the default pair."""
     if not document:
-        default = RouteSpec(settings.model, settings.engine, {})
-        return [default, RouteSpec(CATCH_ALL, settings.engine, {})]
+        options = default_engine_options(settings)
+        return [RouteSpec(settings.model, settings.engine, options), RouteSpec(CATCH_ALL, settings.engine, options)]
     text = document if document.lstrip()[:1] in ("{", "[") else Path(document).read_text()
     try:
         data = json.loads(text)

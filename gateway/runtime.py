@@ -50,15 +50,32 @@ def build_engine(spec: RouteSpec) -> Engine:
         from orchestrator.engines.cascade import CascadeEngine
 
         return CascadeEngine(**options)
-    raise ValueError(f"unknown engine {name!r} for model {spec.name!r}; choose cascade or passthrough")
+    if name == "remote":
+        from orchestrator.engines.remote import RemoteEngine
+
+        return RemoteEngine(**options)
+    if name == "omni":
+        from orchestrator.engines.omni import OmniEngine
+
+        return OmniEngine(**options)
+    raise ValueError(f"unknown engine {name!r} for model {spec.name!r}; choose cascade, passthrough, remote or omni")
 
 
-def load_video_engine(name: str) -> VideoEngine | None:
-    """The video engine, when the ``video`` extra (torch, PyAV) is installed."""
+def load_video_engine(settings: Settings) -> VideoEngine | None:
+    """The video engine the settings name; the CPU one needs the ``video`` extra."""
+    name = settings.video_engine
     if name == "none":
         return None
+    if name == "remote":
+        from orchestrator.engines.remote import RemoteVideoEngine
+
+        return RemoteVideoEngine(list(settings.upstreams), api_key=settings.upstream_api_key)
+    if name == "omni":
+        from orchestrator.engines.omni import OmniClient, OmniVideoEngine
+
+        return OmniVideoEngine(OmniClient(settings.video_model))
     if name != "cpu":
-        raise ValueError(f"unknown video engine {name!r}; choose cpu or none")
+        raise ValueError(f"unknown video engine {name!r}; choose cpu, remote, omni or none")
     try:
         from orchestrator.engines.video import CpuVideoEngine
 
@@ -96,7 +113,7 @@ class Runtime:
     ) -> None:
         self.settings = settings
         self.video_engine: VideoEngine | None = (
-            load_video_engine(settings.video_engine) if video_engine is True else (video_engine or None)
+            load_video_engine(settings) if video_engine is True else (video_engine or None)
         )
         self.metrics = metrics or Metrics()
         self.router = Router(

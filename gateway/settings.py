@@ -18,9 +18,16 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     # Which engine serves sessions: "cascade" (embedded CPU voice: silero VAD,
-    # pocketsphinx, echo thinker, eSpeak NG) or "passthrough" (benchmarks: no model).
+    # pocketsphinx, echo thinker, eSpeak NG), "passthrough" (benchmarks: no model),
+    # "remote" (vLLM-Omni servers over their WebSocket protocols), "omni" (vLLM-Omni
+    # in-process, GPU), "vllm" (vLLM AsyncLLM, text).
     engine: str = "cascade"
     model: str = "omni-cascade"  # the default model: sessions that name none get it
+    upstreams: tuple[str, ...] = ()  # engine/video_engine "remote": vLLM-Omni servers (or gateways),
+    #   http(s):// or ws(s)://host:port; comma separated in the environment
+    upstream_api_key: str | None = None  # sent upstream as Authorization: Bearer
+    engine_model: str | None = None  # engine "omni": the checkpoint AsyncOmni loads (default: ``model``)
+    video_model: str | None = None  # video_engine "omni": a streaming diffusion video checkpoint
     # Model routes (gateway/routing.py): inline JSON or a file path. None: ``model``
     # -> ``engine`` plus a catch-all, so any model name reaches the one engine.
     models: str | None = None
@@ -60,7 +67,8 @@ class Settings:
     journal_flush_ms: float = 20.0  # journal batching: at most one store round trip per interval;
     #   a crash loses at most the events of the last interval from the journal
     # --- video ---
-    video_engine: str = "cpu"  # "cpu": frames rendered from the prompt (needs the video extra); "none"
+    video_engine: str = "cpu"  # "cpu": frames rendered from the prompt (needs the video extra);
+    #   "remote": the upstreams' /v1/realtime/video; "omni": vLLM-Omni in-process; "none"
     max_videos: int = 32  # running video streams per process; more wait, then server_busy
     video_queue_chunks: int = 8  # chunks waiting for a slow client; when full the oldest is dropped
     #   (reported in the next chunk's metadata)
@@ -87,8 +95,10 @@ def is_loopback(host: str) -> bool:
 
 
 def _convert(name: str, raw: str, current: Any) -> Any:
-    if name == "api_keys":
+    if name in ("api_keys", "upstreams"):
         return tuple(k.strip() for k in raw.split(",") if k.strip())
+    if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id"):
+        return raw or None
     if name == "auth_required":
         return raw.strip().lower() in ("1", "true", "yes", "on")
     if name == "redis_url":

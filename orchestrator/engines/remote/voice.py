@@ -1,0 +1,541 @@
+"""``RemoteEngine``: the voice ``Engine`` served by upstream ``/v1/realtime`` sessions.
+
+respond
+    On an upstream session: ``session.update`` (``turn_detection: null``, no
+    input transcription, ``output_modalities``, voice, speed), then one
+    ``conversation.item.create`` per message with text. Streamed
+    ``TextChunk`` inputs (transcripts of the user's last turn that arrive
+    after the response started) become further user items as they come, so
+    the upstream holds the conversation while the transcript finishes; once
+    the input ends, ``response.create`` (instructions, modalities,
+    ``max_output_tokens``, temperature). The Realtime API cannot extend a
+    running response, so the answer starts at the final marker.
+    ``response.output_audio.delta`` (base64, or binary frames on
+    ``omni-binary.v1``) -> ``AudioDelta`` (PCM16 24 kHz, the Realtime API's
+    rate: ``info.output_sample_rate`` = 24000); transcript / text deltas ->
+    ``TextDelta``; ``response.done`` -> ``Finished`` with its usage
+    (``incomplete`` for ``max_output_tokens`` -> ``reason="length"``;
+    ``failed`` -> ``EngineError`` with the upstream's code).
+transcribe
+    On an upstream session with input transcription on: audio is streamed
+    with ``input_audio_buffer.append`` as it comes, committed at the final
+    marker (cleared when under 100 ms, the commit minimum);
+    ``conversation.item.input_audio_transcription.delta`` / ``.completed`` ->
+    ``TextDelta`` / ``Finished``, ``.failed`` -> ``transcription_failed``.
+    An upstream whose ``session.updated`` shows no transcription (vLLM-Omni's
+    realtime endpoint does not transcribe) -> ``EngineError("unsupported")``.
+
+Reuse: a session is kept per kind of request (respond, transcribe) and lent
+to the next request of that kind. When a request ends, the pool makes its
+session clean again in the background (see ``pool.Lease``): whatever it left
+running is stopped (``response.cancel`` / ``input_audio_buffer.clear``, and
+the upstream's confirmation awaited), the items it created are deleted, each
+deletion acknowledged; then the session is idle. A session that cannot be
+cleaned in ``cleanup_timeout_s``, or whose request failed, is closed. Events
+carry ``event_id``s tagged per request, so a late ``error`` about an earlier
+request is never taken for the current one's.
+
+Upstream loss: a socket that closes mid-request (or an upstream silent for
+``event_timeout_s`` while an answer is due) fails the request with
+``EngineError("upstream_lost")`` (``upstream_timeout``), and the session
+layer ends it as for any engine failure (``response.done`` ``failed`` with
+that code; the session goes on). When nothing was output yet, the request is
+retried once, on another up upstream when there is one, with the inputs
+received so far replayed (``max_replay_bytes`` bounds what is kept for
+that; past it a loss is not retried).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from orchestrator.engine import (
+    AudioChunk,
+    AudioDelta,
+    EngineError,
+    EngineInfo,
+    EngineInput,
+    EngineOutput,
+    Finished,
+    ResponseRequest,
+    TextChunk,
+    TextDelta,
+    TranscriptionRequest,
+    Usage,
+)
+from orchestrator.engines.remote.pool import (
+    REALTIME_PATH,
+    Connection,
+    Lease,
+    Upstream,
+    UpstreamLost,
+    UpstreamPool,
+    output_audio_frame,
+)
+from orchestrator.engines.remote.video import RemoteVideoEngine
+
+log = logging.getLogger("omni.engines.remote")
+
+RATE = 24000  # the Realtime API's PCM: 24 kHz mono PCM16, in and out
+MIN_COMMIT_BYTES = RATE * 2 // 10  # 100 ms: less cannot be committed
+MAX_APPEND_BYTES = RATE * 2  # one second per append (the upstream may cap appends)
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar")
+
+_AUDIO_DELTAS = {"response.output_audio.delta", "response.audio.delta"}
+_TEXT_DELTAS = {
+    "response.output_audio_transcript.delta",
+    "response.audio_transcript.delta",
+    "response.output_text.delta",
+    "response.text.delta",
+}
+_ITEM_ADDED = {"conversation.item.added", "conversation.item.created"}
+
+
+def upstream_error(event: dict[str, Any], default: str = "upstream_error") -> EngineError:
+    """An upstream ``error`` event as our coded error (the upstream's code kept)."""
+    nested = event.get("error")
+    err: dict[str, Any] = nested if isinstance(nested, dict) else event
+    code = err.get("code") if isinstance(err.get("code"), str) and err.get("code") else default
+    message = err.get("message") or "the upstream refused the request"
+    return EngineError(str(code), f"upstream: {message}")
+
+
+def usage_of(raw: Any) -> Usage:
+    if not isinstance(raw, dict):
+        return Usage()
+    inp = raw.get("input_token_details") or {}
+    out = raw.get("output_token_details") or {}
+    in_audio = int(inp.get("audio_tokens") or 0)
+    out_audio = int(out.get("audio_tokens") or 0)
+    return Usage(
+        input_text_tokens=int(inp.get("text_tokens", max(0, int(raw.get("input_tokens") or 0) - in_audio)) or 0),
+        input_audio_tokens=in_audio,
+        output_text_tokens=int(out.get("text_tokens", max(0, int(raw.get("output_tokens") or 0) - out_audio)) or 0),
+        output_audio_tokens=out_audio,
+    )
+
+
+class _Tap:
+    """Reads the request's inputs once, in a task of its own, and keeps them
+    so that a retry can replay them; one reader (``stream``) at a time.
+    Once ``commit()`` is called (output was produced) or more than
+    ``max_bytes`` of audio came, inputs are no longer kept and a retry is off."""
+
+    def __init__(self, inputs: AsyncIterator[Any], max_bytes: int) -> None:
+        self.items: list[Any] = []
+        self.offset = 0  # items dropped from the front
+        self.ended = False
+        self.replayable = True
+        self._bytes = 0
+        self._max = max_bytes
+        self._new = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(inputs))
+
+    async def _run(self, inputs: AsyncIterator[Any]) -> None:
+        try:
+            async for item in inputs:
+                self.items.append(item)
+                if isinstance(item, AudioChunk):
+                    self._bytes += len(item.pcm)
+                    if self._bytes > self._max:
+                        self.replayable = False
+                self._new.set()
+        finally:
+            self.ended = True
+            self._new.set()
+
+    def commit(self) -> None:
+        self.replayable = False
+
+    async def stream(self) -> AsyncIterator[Any]:
+        if self.offset:
+            raise UpstreamLost("the inputs can no longer be replayed")
+        i = 0
+        while True:
+            while i < self.offset + len(self.items):
+                item = self.items[i - self.offset]
+                i += 1
+                if not self.replayable:  # nobody will replay: free what was sent
+                    del self.items[: i - self.offset]
+                    self.offset = i
+                yield item
+            if self.ended:
+                return
+            self._new.clear()
+            await self._new.wait()
+
+    def stop(self) -> None:
+        if not self._task.done():
+            self._task.cancel()
+
+
+class _Request:
+    def __init__(self) -> None:
+        self.aborted = False
+        self.lease: Lease | None = None
+
+
+async def _failing(exc: EngineError) -> AsyncIterator[Any]:
+    raise exc
+    yield  # pragma: no cover
+
+
+Attempt = Callable[[Lease, _Tap], AsyncIterator[EngineOutput]]
+
+
+class RemoteEngine:
+    """The voice engine of upstream realtime servers (see the module docstring).
+
+    ``upstreams``: URLs (``http(s)://`` or ``ws(s)://host:port``; a trailing
+    ``/v1/realtime`` is accepted) or an ``UpstreamPool`` to share with a
+    ``RemoteVideoEngine``; ``pool_options`` go to the pool (limits there).
+    ``api_key``: sent as ``Authorization: Bearer``. ``model``: sent as
+    ``?model=``. ``voices``: voice names the upstreams accept (the OpenAI
+    names by default: every upstream maps them). ``binary``: offer
+    ``omni-binary.v1`` (audio as binary frames when the upstream accepts).
+    ``retries``: re-runs of a request lost before any output (1).
+    """
+
+    def __init__(
+        self,
+        upstreams: str | Sequence[str] | UpstreamPool,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        voices: Sequence[str] = OPENAI_VOICES,
+        default_voice: str | None = "alloy",
+        transcription_models: Sequence[str] = ("whisper-1",),
+        binary: bool = True,
+        retries: int = 1,
+        event_timeout_s: float = 60.0,
+        max_replay_bytes: int = 8 * 1024 * 1024,
+        **pool_options: Any,
+    ) -> None:
+        if isinstance(upstreams, UpstreamPool):
+            self.pool = upstreams
+        else:
+            urls = [upstreams] if isinstance(upstreams, str) else list(upstreams)
+            self.pool = UpstreamPool(urls, api_key=api_key, model=model, binary=binary, **pool_options)
+        names = ", ".join(u.name for u in self.pool.upstreams)
+        self.info = EngineInfo(
+            name="remote",
+            description=f"Remote realtime upstreams over WebSocket (least-loaded): {names}.",
+            input_sample_rate=RATE,
+            output_sample_rate=RATE,
+            voices=tuple(voices),
+            default_voice=default_voice,
+            transcription_models=tuple(transcription_models),
+            modalities=("text", "audio"),
+            ignored_fields=("tools", "tool_choice", "noise_reduction"),
+        )
+        self.retries = retries
+        self.event_timeout_s = event_timeout_s
+        self.max_replay_bytes = max_replay_bytes
+        self._requests: dict[str, _Request] = {}
+        self._started = False
+
+    def video_engine(self, **kwargs: Any) -> RemoteVideoEngine:
+        """A ``RemoteVideoEngine`` on the same upstreams (and pool)."""
+        return RemoteVideoEngine(self.pool, **kwargs)
+
+    # --- lifecycle ------------------------------------------------------------
+
+    async def start(self) -> None:
+        if not self._started:
+            self._started = True
+            await self.pool.start()
+
+    async def close(self) -> None:
+        for request_id in list(self._requests):
+            await self.abort(request_id)
+        if self._started:
+            self._started = False
+            await self.pool.close()
+
+    def healthy(self) -> bool:
+        return self._started and self.pool.healthy()
+
+    async def abort(self, request_id: str) -> None:
+        req = self._requests.get(request_id)
+        if req is None:
+            return
+        req.aborted = True
+        if req.lease is None:
+            self._requests.pop(request_id, None)  # never started: nothing else will unregister it
+        else:
+            self.pool.spawn(req.lease.conn.close(req.lease.farewell))
+
+    # --- requests ---------------------------------------------------------------
+
+    def respond(self, request: ResponseRequest, inputs: AsyncIterator[EngineInput]) -> AsyncIterator[EngineOutput]:
+        return self._run("respond", request.request_id, inputs, lambda lease, tap: self._respond(lease, request, tap))
+
+    def transcribe(
+        self, request: TranscriptionRequest, inputs: AsyncIterator[AudioChunk]
+    ) -> AsyncIterator[EngineOutput]:
+        return self._run(
+            "transcribe", request.request_id, inputs, lambda lease, tap: self._transcribe(lease, request, tap)
+        )
+
+    def _run(
+        self, kind: str, request_id: str, inputs: AsyncIterator[Any], attempt: Attempt
+    ) -> AsyncIterator[EngineOutput]:
+        # Registered now, so that an abort before the first iteration is not lost.
+        if not self._started:
+            return _failing(EngineError("engine_not_started", "the remote engine is not running"))
+        if request_id in self._requests:
+            return _failing(EngineError("request_id_conflict", f"request {request_id!r} is already running"))
+        req = _Request()
+        self._requests[request_id] = req
+        return self._with_retry(kind, request_id, inputs, attempt, req)
+
+    async def _with_retry(
+        self, kind: str, request_id: str, inputs: AsyncIterator[Any], attempt: Attempt, req: _Request
+    ) -> AsyncIterator[EngineOutput]:
+        tap = _Tap(inputs, self.max_replay_bytes)
+        tried: set[Upstream] = set()
+        tries = 0
+        try:
+            while not req.aborted:
+                lease = await self.pool.lease(kind, REALTIME_PATH, tried)
+                req.lease = lease
+                produced = finished = False
+                try:
+                    async for out in attempt(lease, tap):
+                        if isinstance(out, Finished):
+                            finished = True
+                        elif not produced:
+                            produced = True
+                            tap.commit()
+                        yield out
+                    return
+                except UpstreamLost as exc:
+                    lease.broken = True
+                    if req.aborted or finished:
+                        return
+                    self.pool.mark_down(lease.upstream, str(exc))
+                    if produced or tries >= self.retries or not tap.replayable:
+                        raise
+                    tries += 1
+                    tried.add(lease.upstream)
+                    log.warning(
+                        "request %s lost upstream %s before any output; retrying", request_id, lease.upstream.name
+                    )
+                except Exception:
+                    lease.broken = True  # an upstream refusal or a bug: the session state is unknown
+                    raise
+                finally:
+                    req.lease = None
+                    lease.release()
+        finally:
+            tap.stop()
+            self._requests.pop(request_id, None)
+
+    async def _expect(self, conn: Connection, kind: str) -> dict[str, Any]:
+        while True:
+            event = await conn.recv(self.event_timeout_s)
+            if isinstance(event, bytes):
+                continue
+            if event.get("type") == kind:
+                return event
+            if event.get("type") == "error" and not conn.stale(event):
+                raise upstream_error(event)
+
+    async def _open(self, lease: Lease, session: dict[str, Any]) -> dict[str, Any]:
+        if not lease.reused:
+            await self._expect(lease.conn, "session.created")
+        await lease.conn.send({"type": "session.update", "session": {"type": "realtime", **session}})
+        return await self._expect(lease.conn, "session.updated")
+
+    # --- respond ------------------------------------------------------------------
+
+    async def _add_item(self, lease: Lease, role: str, text: str) -> None:
+        item_id = f"item_rmt{secrets.token_hex(8)}"
+        lease.add_item(item_id)  # known before it exists: a cancelled request still deletes it
+        kind = "output_text" if role == "assistant" else "input_text"
+        await lease.conn.send({"type": "conversation.item.create", "item": {
+            "id": item_id, "type": "message", "role": role, "content": [{"type": kind, "text": text}]}})  # fmt: skip
+
+    async def _respond(self, lease: Lease, request: ResponseRequest, tap: _Tap) -> AsyncIterator[EngineOutput]:
+        conn = lease.conn
+        audio = "audio" in request.modalities
+        output: dict[str, Any] = {"format": {"type": "audio/pcm", "rate": RATE}}
+        if request.voice:
+            output["voice"] = request.voice
+        if request.speed != 1.0:
+            output["speed"] = request.speed
+        await self._open(lease, {
+            "output_modalities": ["audio"] if audio else ["text"],
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE}, "turn_detection": None,
+                                "transcription": None}, "output": output},
+        })  # fmt: skip
+        for message in request.messages:
+            if message.text:
+                await self._add_item(lease, message.role, message.text)
+        appended = 0
+        async for chunk in tap.stream():
+            if isinstance(chunk, TextChunk) and chunk.text:
+                await self._add_item(lease, "user", chunk.text)
+            elif isinstance(chunk, AudioChunk) and chunk.pcm:
+                lease.expect([{"type": "input_audio_buffer.clear"}], "input_audio_buffer.cleared", "error")
+                await self._append(conn, chunk.pcm)
+                appended += len(chunk.pcm)
+        if appended >= MIN_COMMIT_BYTES:
+            await conn.send({"type": "input_audio_buffer.commit"})
+        elif appended:
+            await conn.send({"type": "input_audio_buffer.clear"})
+        params: dict[str, Any] = {
+            "output_modalities": ["audio"] if audio else ["text"],
+            "max_output_tokens": request.max_output_tokens if request.max_output_tokens is not None else "inf",
+        }
+        if request.instructions:
+            params["instructions"] = request.instructions
+        if request.temperature is not None:
+            params["temperature"] = request.temperature
+        lease.expect([{"type": "response.cancel"}], "response.done", "error")
+        await conn.send({"type": "response.create", "response": params})
+        text: list[str] = []
+        while True:
+            event = await conn.recv(self.event_timeout_s)
+            if isinstance(event, bytes):
+                pcm = output_audio_frame(event)
+                if pcm:
+                    yield AudioDelta(pcm)
+                continue
+            kind = event.get("type")
+            if kind in _AUDIO_DELTAS:
+                pcm = base64.b64decode(event.get("delta") or "")
+                if pcm:
+                    yield AudioDelta(pcm)
+            elif kind in _TEXT_DELTAS:
+                delta = event.get("delta") or ""
+                if delta:
+                    text.append(delta)
+                    yield TextDelta(delta)
+            elif kind in _ITEM_ADDED:
+                lease.add_item((event.get("item") or {}).get("id"))
+            elif kind == "input_audio_buffer.committed":
+                lease.add_item(event.get("item_id"))
+            elif kind == "response.done":
+                response = event.get("response") or {}
+                break
+            elif kind == "error" and not conn.stale(event):
+                raise upstream_error(event)
+        lease.expect([])
+        for item in response.get("output") or []:
+            if isinstance(item, dict):
+                lease.add_item(item.get("id"))
+        status = response.get("status")
+        details = response.get("status_details") or {}
+        if status == "failed":
+            raise upstream_error({"error": details.get("error") or {}}, default="upstream_error")
+        if status == "cancelled":
+            raise EngineError("upstream_cancelled", "the upstream cancelled the response")
+        reason = details.get("reason")
+        if status == "incomplete" and reason != "max_output_tokens":
+            if reason in ("replica_lost", "upstream_lost"):
+                raise UpstreamLost(f"upstream {lease.upstream.name} lost the response ({reason})")
+            raise EngineError("upstream_incomplete", f"the upstream ended the response early ({reason})")
+        yield Finished(
+            reason="length" if status == "incomplete" else "stop",
+            text="".join(text),
+            usage=usage_of(response.get("usage")),
+        )
+
+    async def _append(self, conn: Connection, pcm: bytes) -> None:
+        for i in range(0, len(pcm), MAX_APPEND_BYTES):
+            await conn.send_audio(pcm[i : i + MAX_APPEND_BYTES])
+
+    # --- transcribe ----------------------------------------------------------------
+
+    async def _transcribe(self, lease: Lease, request: TranscriptionRequest, tap: _Tap) -> AsyncIterator[EngineOutput]:
+        conn = lease.conn
+        transcription: dict[str, Any] = {"model": request.model or self.info.transcription_models[0]}
+        if request.language:
+            transcription["language"] = request.language
+        if request.prompt:
+            transcription["prompt"] = request.prompt
+        updated = await self._open(lease, {
+            "output_modalities": ["text"],
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE}, "turn_detection": None,
+                                "transcription": transcription}},
+        })  # fmt: skip
+        if not _transcribes(updated):
+            raise EngineError("unsupported", f"upstream {lease.upstream.name} does not transcribe input audio")
+        lease.expect([{"type": "input_audio_buffer.clear"}], "input_audio_buffer.cleared", "error")
+        sender = asyncio.get_running_loop().create_task(self._send_audio(lease, tap))
+        receiver: asyncio.Task[dict[str, Any] | bytes] | None = None
+        final: str | None = None
+        usage = Usage()
+        try:
+            while final is None:
+                if receiver is None:
+                    receiver = asyncio.get_running_loop().create_task(conn.recv())
+                waiting: set[asyncio.Task[Any]] = {receiver} if sender.done() else {receiver, sender}
+                timeout = self.event_timeout_s if sender.done() else None
+                done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    raise UpstreamLost(f"upstream {lease.upstream.name} sent no transcript", code="upstream_timeout")
+                if sender in done and sender.exception() is not None:
+                    raise sender.exception()  # type: ignore[misc]
+                if receiver not in done:
+                    continue
+                event, receiver = receiver.result(), None
+                if isinstance(event, bytes):
+                    continue
+                kind = event.get("type")
+                if kind == "conversation.item.input_audio_transcription.delta":
+                    if event.get("delta"):
+                        yield TextDelta(event["delta"])
+                elif kind == "conversation.item.input_audio_transcription.completed":
+                    final, usage = event.get("transcript") or "", usage_of(event.get("usage"))
+                elif kind == "conversation.item.input_audio_transcription.failed":
+                    err = event.get("error") or {}
+                    raise EngineError("transcription_failed", f"upstream: {err.get('message') or 'failed'}")
+                elif kind == "input_audio_buffer.committed":
+                    lease.add_item(event.get("item_id"))
+                elif kind == "input_audio_buffer.cleared" and sender.done():
+                    final = ""  # under 100 ms: nothing to transcribe
+                elif kind == "error" and not conn.stale(event):
+                    if (event.get("error") or {}).get("code") == "input_audio_buffer_commit_empty":
+                        final = ""
+                    else:
+                        raise upstream_error(event, default="transcription_failed")
+        finally:
+            for task in (sender, receiver):
+                if task is not None and not task.done():
+                    task.cancel()
+        lease.expect([])
+        yield Finished(text=final, usage=usage)
+
+    async def _send_audio(self, lease: Lease, tap: _Tap) -> None:
+        sent = 0
+        async for chunk in tap.stream():
+            if isinstance(chunk, AudioChunk) and chunk.pcm:
+                await self._append(lease.conn, chunk.pcm)
+                sent += len(chunk.pcm)
+        if sent >= MIN_COMMIT_BYTES:
+            # From here a cancelled request lets the transcription finish, then deletes its item.
+            lease.expect([], "conversation.item.input_audio_transcription.completed",
+                         "conversation.item.input_audio_transcription.failed", "error")  # fmt: skip
+            await lease.conn.send({"type": "input_audio_buffer.commit"})
+        else:
+            await lease.conn.send({"type": "input_audio_buffer.clear"})
+
+
+def _transcribes(updated: dict[str, Any]) -> bool:
+    """Whether the upstream kept input transcription on (False when it dropped it)."""
+    session = updated.get("session")
+    if not isinstance(session, dict):
+        return True
+    if "input_audio_transcription" in session:  # beta shape
+        return bool(session["input_audio_transcription"])
+    audio_in = (session.get("audio") or {}).get("input")
+    if isinstance(audio_in, dict) and "transcription" in audio_in:
+        return bool(audio_in["transcription"])
+    return True
