@@ -50,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
         dest="upstreams",
         help="upstream for --engine remote; repeat (env OMNI_GATEWAY_UPSTREAMS, comma separated)",
     )
+    serve.add_argument(
+        "--thinker",
+        choices=["echo", "vllm"],
+        help="the cascade's thinker; vllm loads --model/--engine-model (env OMNI_GATEWAY_THINKER)",
+    )
     serve.add_argument("--engine-model", help="checkpoint for --engine omni/vllm (env OMNI_GATEWAY_ENGINE_MODEL)")
     serve.add_argument(
         "--video-engine",

@@ -59,6 +59,8 @@ def default_engine_options(settings: Settings) -> dict[str, Any]:
         return options
     if settings.engine in ("omni", "vllm"):
         return {"model": settings.engine_model or settings.model}
+    if settings.engine == "cascade" and settings.thinker == "vllm":
+        return {"thinker": "vllm", "thinker_model": settings.engine_model or settings.model}
     return {}
 
 

@@ -11,6 +11,7 @@ import os
 import secrets
 import socket
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -46,9 +47,20 @@ def build_engine(spec: RouteSpec) -> Engine:
         from orchestrator.engines.passthrough import PassthroughEngine
 
         return PassthroughEngine(**options)
+    if name == "vllm":
+        from orchestrator.engines.vllm_engine import VllmEngine
+
+        return VllmEngine(**options)
     if name == "cascade":
         from orchestrator.engines.cascade import CascadeEngine
 
+        if options.pop("thinker", "echo") == "vllm":
+            from orchestrator.engines.vllm_engine import VllmEngine, VllmThinker
+
+            llm_options = dict(options.pop("thinker_options", {}))
+            llm_options.setdefault("model", options.pop("thinker_model", None) or spec.name)
+            max_tokens = int(llm_options.pop("max_tokens", 256))
+            options["thinker"] = VllmThinker(VllmEngine(**llm_options), max_tokens=max_tokens)
         return CascadeEngine(**options)
     if name == "remote":
         from orchestrator.engines.remote import RemoteEngine
@@ -58,7 +70,8 @@ def build_engine(spec: RouteSpec) -> Engine:
         from orchestrator.engines.omni import OmniEngine
 
         return OmniEngine(**options)
-    raise ValueError(f"unknown engine {name!r} for model {spec.name!r}; choose cascade, passthrough, remote or omni")
+    known = "cascade, passthrough, vllm, remote or omni"
+    raise ValueError(f"unknown engine {name!r} for model {spec.name!r}; choose {known}")
 
 
 def load_video_engine(settings: Settings) -> VideoEngine | None:
@@ -191,6 +204,8 @@ class Runtime:
         if found is None:
             raise ProtocolError(Code.MODEL_NOT_FOUND, f"No model {config.model!r} here; see GET /v1/models.")
         engine, orch = found
+        if "audio" not in engine.info.modalities and "audio" in config.output_modalities:
+            config = replace(config, output_modalities=("text",))  # a text model answers in text
         session = RealtimeSession(
             session_id="sess_" + secrets.token_hex(10),
             config=config,

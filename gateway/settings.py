@@ -26,7 +26,9 @@ class Settings:
     upstreams: tuple[str, ...] = ()  # engine/video_engine "remote": vLLM-Omni servers (or gateways),
     #   http(s):// or ws(s)://host:port; comma separated in the environment
     upstream_api_key: str | None = None  # sent upstream as Authorization: Bearer
-    engine_model: str | None = None  # engine "omni": the checkpoint AsyncOmni loads (default: ``model``)
+    engine_model: str | None = None  # engine "omni"/"vllm" (or the vllm thinker): the checkpoint
+    #   to load (default: ``model``)
+    thinker: str = "echo"  # the cascade's text brain: "echo" (repeats what it heard) or "vllm"
     video_model: str | None = None  # video_engine "omni": a streaming diffusion video checkpoint
     # Model routes (gateway/routing.py): inline JSON or a file path. None: ``model``
     # -> ``engine`` plus a catch-all, so any model name reaches the one engine.

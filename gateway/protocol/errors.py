@@ -22,6 +22,7 @@ class Code:
     INVALID_BASE64 = "invalid_base64"
     INVALID_AUDIO = "invalid_audio_format"  # bytes that cannot be the session's format
     UNSUPPORTED_FORMAT = "unsupported_audio_format"
+    UNSUPPORTED_VIDEO_FORMAT = "unsupported_video_format"
     MESSAGE_TOO_LARGE = "message_too_large"
     APPEND_TOO_LARGE = "audio_append_too_large"
     BUFFER_FULL = "input_audio_buffer_full"

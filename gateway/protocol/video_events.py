@@ -126,7 +126,9 @@ def _start(d: dict[str, Any]) -> Start:
     raw_format = d.get("format", "m4s")
     if raw_format not in _FORMATS:
         raise _err(
-            Code.UNSUPPORTED_FORMAT, f"Unsupported format {raw_format!r}; use m4s (fragmented MP4) or jpeg.", "format"
+            Code.UNSUPPORTED_VIDEO_FORMAT,
+            f"Unsupported format {raw_format!r}; use m4s (fragmented MP4) or jpeg.",
+            "format",
         )
     negative = d.get("negative_prompt")
     if negative is not None and not isinstance(negative, str):

@@ -94,7 +94,7 @@ class VideoSession:
         info = self.info
         if start.format not in info.formats:
             raise ProtocolError(
-                Code.UNSUPPORTED_FORMAT, f"This engine streams {', '.join(info.formats)}.", param="format"
+                Code.UNSUPPORTED_VIDEO_FORMAT, f"This engine streams {', '.join(info.formats)}.", param="format"
             )
         request = VideoRequest(
             request_id=f"video_stream-{secrets.token_hex(12)}",
@@ -115,7 +115,10 @@ class VideoSession:
             raise ProtocolError(Code.INVALID_VALUE, exc.message) from None
         self.state = "streaming"
         self.request_id = request.request_id
-        ignored = sorted(k for k in start.sampling_params if k in info.ignored_fields or info.ignored_fields == ("*",))
+        ignored = sorted(start.sampling_params) if "sampling_params" in info.ignored_fields else []
+        ignored += sorted(k for k in start.sampling_params if k in info.ignored_fields and k not in ignored)
+        if start.negative_prompt is not None and "negative_prompt" in info.ignored_fields:
+            ignored.append("negative_prompt")
         config = {
             "prompt": request.prompt,
             "width": request.width,

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("omni.realtime")
 
 BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
+SLOW_CLOSE_GRACE_S = 5.0  # after the 4010 decision, how long the close frame may wait behind a full
+#   socket before the connection is dropped without it
 _ECHO_ORDER = (BINARY_SUBPROTOCOL, "realtime", BETA_SUBPROTOCOL)
 
 
@@ -134,6 +136,8 @@ class Connection:
         self.outbox = Outbox(send, runtime.settings.outbound_queue_bytes)
         self.host: SessionHost | None = None
         self._held: list[tuple[dict[str, Any], bytes]] | None = None  # live events held during a replay
+        self._reader_task: asyncio.Task[None] | None = None
+        self._writer_task: asyncio.Task[None] | None = None
         self._client_events = 0
 
     # --- main loop -----------------------------------------------------------
@@ -141,7 +145,7 @@ class Connection:
     async def run(self, config: SessionConfig) -> None:
         rt = self.runtime
         loop = asyncio.get_running_loop()
-        writer = loop.create_task(self.outbox.run())
+        writer = self._writer_task = loop.create_task(self.outbox.run())
         rt.connections.add(self)
         rt.metrics.sessions.inc()
         rt.metrics.sessions_total.inc()
@@ -161,7 +165,7 @@ class Connection:
             self.host.attach(self)
             self.host.session.start(resume_token=self.host.rotate_token())
             self.host.flush()
-            reader = loop.create_task(self._read_loop())
+            reader = self._reader_task = loop.create_task(self._read_loop())
             await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
             if not reader.done():
                 # We closed first: give the peer a moment to answer the close frame.
@@ -277,6 +281,14 @@ class Connection:
         log.warning("slow consumer, closing: %s", exc)
         self.runtime.metrics.closes.labels(str(int(CloseCode.SLOW_CONSUMER))).inc()
         self.outbox.abort(CloseCode.SLOW_CONSUMER, Code.SLOW_CONSUMER)
+        # The writer may be blocked on a socket the client never drains: give the
+        # close frame a moment, then drop the connection without it.
+        asyncio.get_running_loop().call_later(SLOW_CLOSE_GRACE_S, self._abandon)
+
+    def _abandon(self) -> None:
+        for task in (self._writer_task, self._reader_task):
+            if task is not None and not task.done():
+                task.cancel()
 
     def hold(self) -> None:
         """Hold live events while a replay is being read (they follow it)."""

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("omni.video")
 
 MAX_CONTROL_QUEUED = 256  # control events waiting for a client that does not read; more: close 4010
+SLOW_CLOSE_GRACE_S = 5.0  # after the 4010 decision, how long the close frame may wait behind a full
+#   socket before the connection is dropped without it
 
 
 class VideoEndpoint:
@@ -96,6 +98,8 @@ class VideoConnection:
         self._init_sent = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._fence: int | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
 
     @property
     def id(self) -> str:
@@ -109,8 +113,8 @@ class VideoConnection:
         rt.metrics.sessions.inc()
         rt.metrics.sessions_total.inc()
         loop = asyncio.get_running_loop()
-        writer = loop.create_task(self._write_loop())
-        reader = loop.create_task(self._read_loop())
+        writer = self._writer = loop.create_task(self._write_loop())
+        reader = self._reader = loop.create_task(self._read_loop())
         await self._register()
         try:
             await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
@@ -286,6 +290,14 @@ class VideoConnection:
             self.handle.cancel()
             self.handle = None
         self._wake.set()
+        # A client that reads nothing keeps the writer blocked on a full socket:
+        # give the close frame a moment, then drop the connection without it.
+        asyncio.get_running_loop().call_later(SLOW_CLOSE_GRACE_S, self._abandon)
+
+    def _abandon(self) -> None:
+        for task in (self._writer, self._reader):
+            if task is not None and not task.done():
+                task.cancel()
 
     async def _write_loop(self) -> None:
         send, queue = self._send, self._queue

@@ -75,10 +75,25 @@ class RedisServer:
             return
         with open(os.path.join(self._dir, "redis.log"), "ab") as logfile:
             self._proc = subprocess.Popen(
-                [REDIS_BINARY, "--port", str(self.port), "--bind", "127.0.0.1",
-                 "--save", "", "--appendonly", "no", "--dir", self._dir,
-                 "--daemonize", "no", "--protected-mode", "no"],
-                stdout=logfile, stderr=subprocess.STDOUT,
+                [
+                    REDIS_BINARY,
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    self._dir,
+                    "--daemonize",
+                    "no",
+                    "--protected-mode",
+                    "no",
+                ],
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while not ping(self.port):
@@ -119,6 +134,7 @@ class RedisServer:
         self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.cleanup()

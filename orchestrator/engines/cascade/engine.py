@@ -116,6 +116,9 @@ class CascadeEngine:
     async def start(self) -> None:
         if self._started:
             return
+        start = getattr(self._thinker, "start", None)
+        if start is not None:  # e.g. VllmThinker loads its model now, not on the first answer
+            await start()
         self._stt_executor = ThreadPoolExecutor(max_workers=self._stt.pool_size, thread_name_prefix="pocketsphinx")
         try:
             await asyncio.get_running_loop().run_in_executor(self._stt_executor, self._stt.warm, self._warm)
@@ -128,12 +131,16 @@ class CascadeEngine:
         self._closed = True
         for req in list(self._requests.values()):
             req.abort()
+        close = getattr(self._thinker, "close", None)
+        if close is not None:
+            await close()
         self._stt.close()
         if self._stt_executor is not None:
             self._stt_executor.shutdown(wait=False, cancel_futures=True)
 
     def healthy(self) -> bool:
-        return self._started and not self._closed and not self._failed
+        thinker_ok = getattr(self._thinker, "healthy", lambda: True)()
+        return self._started and not self._closed and not self._failed and thinker_ok
 
     async def abort(self, request_id: str) -> None:
         # Popped here too, so a request whose outputs were never iterated does

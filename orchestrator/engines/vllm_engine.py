@@ -1,0 +1,433 @@
+"""``VllmEngine``: vLLM's ``AsyncLLM`` in-process, fed through its streaming input.
+
+``respond`` is one resumable vLLM request per response, driven by
+``AsyncLLM.generate`` with an async generator of ``StreamingInput``:
+
+- the first chunk is the conversation (``instructions`` as a system turn,
+  then ``messages``), rendered with the tokenizer's chat template when it has
+  one (else a plain ``role: text`` transcript ending in ``assistant:``);
+- each later ``TextChunk`` of the input is tokenized and appended to the same
+  request, verbatim, as vLLM's streaming input does: the model sees it after
+  what it has generated so far (vLLM keeps the generated tokens in the
+  context, all but the last one sampled for the previous chunk);
+- the input iterator ending is the final marker.
+
+vLLM generates after *each* chunk, until end of sequence or ``max_tokens``,
+then waits for the next one; every token comes back as a ``TextDelta`` (vLLM's
+``RequestOutputKind.DELTA``). ``max_output_tokens`` bounds the whole response:
+each chunk is sent with what is left of it, and a response that reaches it
+is cut there, aborted in vLLM and finished with reason ``length``.
+
+Limits, and what happens when they are hit:
+
+- vLLM's streaming input refuses ``n > 1``, ``FINAL_ONLY`` output and stop
+  strings (``stop``; ``stop_token_ids`` are fine). ``validate_sampling``
+  checks the same before anything reaches the engine: a violation is an
+  ``EngineError("unsupported_sampling_param")`` (at construction for the
+  engine-wide ``sampling`` defaults).
+- ``max_model_len``: a conversation longer than it fails the response with
+  ``invalid_request`` (vLLM's validation message); a response that runs into
+  it finishes with reason ``length``.
+- text only: a response asking for audio fails with ``unsupported_modality``;
+  ``transcribe`` fails with ``unsupported`` (the cascade brings its own
+  speech-to-text and can use this model as its thinker: ``VllmThinker``).
+- an engine core that dies fails every running response with
+  ``EngineError("engine_dead", fatal=True)`` and ``healthy()`` turns False.
+
+Cancellation: the orchestrator cancels the task iterating ``respond`` and
+then calls ``abort``; either one aborts the vLLM request (``AsyncLLM.abort``),
+and so does closing the output iterator early.
+
+``start()`` builds the ``AsyncLLM`` in this process (the engine core runs in
+child processes vLLM spawns; entry points must be guarded by
+``if __name__ == "__main__":``). It blocks the event loop while the model
+loads (about 30 s for a tiny model on 2 CPU cores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from typing import Any, Literal
+
+from orchestrator.engine import (
+    AudioChunk,
+    EngineError,
+    EngineInfo,
+    EngineInput,
+    EngineOutput,
+    Finished,
+    Message,
+    ResponseRequest,
+    TextChunk,
+    TextDelta,
+    TranscriptionRequest,
+    Usage,
+)
+
+log = logging.getLogger("omni.engines.vllm")
+
+DEFAULT_MAX_MODEL_LEN = 4096
+IGNORED_FIELDS = ("voice", "speed", "tools", "tool_choice", "noise_reduction")
+_UNSUPPORTED = "unsupported_sampling_param"
+
+
+# --- vLLM's streaming-input restrictions --------------------------------------
+
+
+def validate_sampling(params: Any) -> None:
+    """Raise ``EngineError("unsupported_sampling_param")`` for what vLLM's
+    streaming input refuses (``AsyncLLM._validate_streaming_input_sampling_params``
+    in vLLM 0.32): anything but ``SamplingParams`` (pooling), ``n != 1``,
+    ``output_kind=FINAL_ONLY``, and stop strings."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    if not isinstance(params, SamplingParams):
+        raise EngineError(_UNSUPPORTED, "streaming input needs SamplingParams (pooling is not supported)")
+    if params.n != 1:
+        raise EngineError(_UNSUPPORTED, f"streaming input supports n=1 only (got n={params.n})")
+    if params.output_kind == RequestOutputKind.FINAL_ONLY:
+        raise EngineError(_UNSUPPORTED, "streaming input cannot use output_kind FINAL_ONLY")
+    if params.stop:
+        raise EngineError(_UNSUPPORTED, "streaming input does not support stop strings; use stop_token_ids")
+
+
+def make_sampling(defaults: Mapping[str, Any], *, streaming: bool = True, **overrides: Any) -> Any:
+    """``SamplingParams`` from ``defaults`` and the non-None ``overrides``, with
+    delta output; for a ``streaming`` input request, checked by
+    ``validate_sampling``. Without ``max_tokens``
+    a generation may run up to ``max_model_len``. Invalid values (vLLM's own
+    checks) raise ``EngineError("invalid_sampling_param")``."""
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    kind = defaults.get("output_kind", RequestOutputKind.DELTA)
+    if kind != RequestOutputKind.DELTA:
+        # Checked first: FINAL_ONLY is also a streaming-input restriction.
+        validate_sampling(SamplingParams(output_kind=kind))
+        raise EngineError(_UNSUPPORTED, "this engine streams deltas: output_kind must be DELTA")
+    # vLLM's own default is 16 tokens; None: up to max_model_len.
+    args = {"max_tokens": None, **defaults, **{k: v for k, v in overrides.items() if v is not None}}
+    args["output_kind"] = RequestOutputKind.DELTA
+    try:
+        params = SamplingParams(**args)
+    except (TypeError, ValueError, VLLMValidationError) as exc:
+        raise EngineError("invalid_sampling_param", f"invalid sampling parameters: {exc}") from exc
+    if streaming:
+        validate_sampling(params)
+    return params
+
+
+# --- prompts -------------------------------------------------------------------
+
+
+def render_conversation(tokenizer: Any, messages: Sequence[Message], instructions: str) -> list[int]:
+    """Token ids of the conversation, ready for the assistant's answer.
+
+    With a chat template: the template (``add_generation_prompt=True``),
+    tokenized without adding special tokens again. Without one: a
+    ``role: text`` line per turn and a final ``assistant:``, tokenized with
+    the tokenizer's own special tokens (BOS)."""
+    chat = [{"role": "system", "content": instructions}] if instructions else []
+    chat += [{"role": m.role, "content": m.text} for m in messages]
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    transcript = "".join(f"{turn['role']}: {turn['content']}\n" for turn in chat) + "assistant:"
+    return list(tokenizer.encode(transcript))
+
+
+async def _failing(exc: BaseException) -> AsyncIterator[EngineOutput]:
+    """An output stream that raises ``exc`` where it is consumed."""
+    raise exc
+    yield  # pragma: no cover - makes this an async generator
+
+
+def _dead(exc: BaseException | None = None) -> EngineError:
+    detail = f": {exc}" if exc is not None and str(exc) else ""
+    return EngineError("engine_dead", f"the vLLM engine core died{detail}", fatal=True)
+
+
+# --- the engine ----------------------------------------------------------------
+
+
+class VllmEngine:
+    """vLLM ``AsyncLLM`` in-process; text in, text out.
+
+    ``model``: a local path (or hub name, where the hub is reachable).
+    ``dtype``: ``float32`` by default (the CPU build crashed on a bf16 first
+    request under 5 tokens). ``max_model_len``: the context bound (prompt and
+    output together, all chunks of a request included). ``sampling``: defaults
+    for every response's ``SamplingParams`` (e.g. ``top_p``, ``seed``,
+    ``ignore_eos``), over the model's own (its ``generation_config.json``,
+    as ``vllm serve`` applies them); the response's ``temperature`` and
+    ``max_output_tokens`` override both. A ``max_tokens`` default bounds each
+    streamed chunk's generation (vLLM's semantics); ``max_output_tokens`` the
+    whole response.
+    ``llm``: an ``AsyncLLM`` already started, to share (this engine then
+    neither builds nor shuts it down). Other keyword arguments go to vLLM's
+    ``AsyncEngineArgs`` (``enforce_eager``, ``max_num_seqs``, ...).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        dtype: str = "float32",
+        max_model_len: int | None = DEFAULT_MAX_MODEL_LEN,
+        sampling: Mapping[str, Any] | None = None,
+        llm: Any = None,
+        **engine_args: Any,
+    ) -> None:
+        self.model = model
+        self.engine_args: dict[str, Any] = {"model": model, "dtype": dtype, "max_model_len": max_model_len}
+        self.engine_args.update(engine_args)
+        self.sampling: dict[str, Any] = dict(sampling or {})
+        make_sampling(self.sampling)  # a bad default fails now, not on the first response
+        self.info = EngineInfo(
+            name="vllm",
+            description=(
+                f"vLLM AsyncLLM in-process serving {model} (text only): each response is one "
+                "resumable streaming-input request; streamed text extends it."
+            ),
+            voices=(),
+            default_voice=None,
+            transcription_models=(),
+            modalities=("text",),
+            ignored_fields=IGNORED_FIELDS,
+        )
+        self._llm: Any = llm
+        self._owns_llm = llm is None
+        self._tokenizer: Any = None
+        self._model_sampling: dict[str, Any] = {}
+        self._start_lock = asyncio.Lock()
+        self._closed = False
+        self._dead = False
+        self.active: set[str] = set()  # request ids being served (tests check for leaks)
+
+    @property
+    def llm(self) -> Any:
+        """The ``AsyncLLM`` (None before ``start``)."""
+        return self._llm
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    # --- lifecycle ----------------------------------------------------------
+
+    async def start(self) -> None:
+        async with self._start_lock:
+            if self._tokenizer is not None:
+                return
+            if self._closed:
+                raise EngineError("engine_closed", "the vLLM engine was closed")
+            if self._llm is None:
+                from vllm.engine.arg_utils import AsyncEngineArgs
+                from vllm.v1.engine.async_llm import AsyncLLM
+
+                args = {"disable_log_stats": True, **self.engine_args}
+                log.info("starting vLLM: %s", args)
+                try:
+                    self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+                except Exception as exc:
+                    self._dead = True
+                    raise EngineError("engine_start_failed", f"vLLM failed to start: {exc}", fatal=True) from exc
+            # The model's generation_config.json sampling defaults, as `vllm serve` applies them.
+            self._model_sampling = dict(self._llm.model_config.get_diff_sampling_param())
+            self._tokenizer = self._llm.get_tokenizer()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        llm, self._llm = self._llm, None
+        if llm is not None and self._owns_llm:
+            llm.shutdown()
+
+    def healthy(self) -> bool:
+        return self._llm is not None and self._tokenizer is not None and not self._closed and not self._failed()
+
+    def _failed(self) -> bool:
+        if not self._dead and self._llm is not None and self._llm.errored:
+            self._dead = True
+        return self._dead
+
+    async def abort(self, request_id: str) -> None:
+        llm = self._llm
+        if llm is None or self._failed():
+            return
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        with contextlib.suppress(EngineDeadError):
+            await llm.abort(request_id)
+
+    # --- requests -----------------------------------------------------------
+
+    def transcribe(
+        self, request: TranscriptionRequest, inputs: AsyncIterator[AudioChunk]
+    ) -> AsyncIterator[EngineOutput]:
+        """Not served: this engine is text only (the cascade has its own STT)."""
+        return _failing(EngineError("unsupported", "the vllm engine does not transcribe speech (text only)"))
+
+    def sampling_params(self, request: ResponseRequest) -> Any:
+        """The request's ``SamplingParams`` (``EngineError`` if vLLM's streaming
+        input would refuse them)."""
+        defaults = {**self._model_sampling, **self.sampling}
+        return make_sampling(defaults, temperature=request.temperature, max_tokens=request.max_output_tokens)
+
+    def respond(self, request: ResponseRequest, inputs: AsyncIterator[EngineInput]) -> AsyncIterator[EngineOutput]:
+        # Everything checkable is checked now; errors surface where outputs are consumed.
+        try:
+            self._check_ready()
+            if "audio" in request.modalities:
+                raise EngineError(
+                    "unsupported_modality", "the vllm engine produces text only; set output_modalities to ['text']"
+                )
+            params = self.sampling_params(request)
+            if request.request_id in self.active:
+                raise EngineError("duplicate_request", f"request {request.request_id!r} is already running")
+        except EngineError as exc:
+            return _failing(exc)
+        return self._respond(request, params, inputs)
+
+    def _check_ready(self) -> None:
+        if self._failed():
+            raise _dead()
+        if self._llm is None or self._tokenizer is None or self._closed:
+            raise EngineError("engine_not_ready", "the vLLM engine is not running")
+
+    async def _respond(
+        self, request: ResponseRequest, params: Any, inputs: AsyncIterator[EngineInput]
+    ) -> AsyncIterator[EngineOutput]:
+        from vllm.engine.protocol import StreamingInput
+        from vllm.exceptions import VLLMClientError
+        from vllm.inputs import tokens_input
+        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+        rid = request.request_id
+        llm, tokenizer = self._llm, self._tokenizer
+        limit: int | None = request.max_output_tokens
+        prompt_ids = render_conversation(tokenizer, request.messages, request.instructions)
+        counts = {"input": len(prompt_ids), "output": 0}
+
+        async def chunks() -> AsyncGenerator[Any, None]:
+            yield StreamingInput(prompt=tokens_input(prompt_ids))
+            async for chunk in inputs:
+                if not isinstance(chunk, TextChunk) or not chunk.text:
+                    continue  # text only: speech reaches a response already transcribed
+                ids = list(tokenizer.encode(chunk.text, add_special_tokens=False))
+                if not ids:
+                    continue
+                counts["input"] += len(ids)
+                chunk_params = None
+                if limit is not None:
+                    chunk_params = params.clone()
+                    chunk_params.max_tokens = max(1, limit - counts["output"])
+                yield StreamingInput(prompt=tokens_input(ids, prompt=chunk.text), sampling_params=chunk_params)
+
+        text: list[str] = []
+        reason: Literal["stop", "length"] = "stop"
+        done = False
+        self.active.add(rid)
+        try:
+            async with contextlib.aclosing(llm.generate(chunks(), params, rid)) as outputs:
+                async for out in outputs:
+                    completion = out.outputs[0]
+                    ids, delta = list(completion.token_ids), completion.text
+                    if limit is not None and counts["output"] + len(ids) >= limit:
+                        keep = limit - counts["output"]
+                        if keep < len(ids):  # several tokens merged past the limit: cut there
+                            delta = tokenizer.decode(ids[:keep], skip_special_tokens=True)
+                        counts["output"] = limit
+                        if delta:
+                            text.append(delta)
+                            yield TextDelta(delta)
+                        reason = "length"
+                        break
+                    counts["output"] += len(ids)
+                    reason = "length" if completion.finish_reason == "length" else "stop"
+                    if delta:
+                        text.append(delta)
+                        yield TextDelta(delta)
+            done = True
+        except EngineDeadError as exc:
+            self._dead = True
+            log.error("vLLM engine core died during request %s", rid)
+            raise _dead(exc) from exc
+        except VLLMClientError as exc:
+            raise EngineError("invalid_request", str(exc)) from exc
+        except EngineGenerateError as exc:
+            if self._failed():
+                raise _dead(exc) from exc
+            cause = exc.__cause__
+            raise EngineError("engine_error", f"vLLM failed: {type(cause or exc).__name__}: {cause or exc}") from exc
+        finally:
+            self.active.discard(rid)
+            if not done or reason == "length":
+                # Cancelled, failed, closed early or cut at the limit: the request
+                # may still be running (or waiting for more input) in vLLM.
+                await self.abort(rid)
+        yield Finished(
+            reason=reason,
+            text="".join(text),
+            usage=Usage(input_text_tokens=counts["input"], output_text_tokens=counts["output"]),
+        )
+
+
+# --- the cascade's thinker -------------------------------------------------------
+
+
+class VllmThinker:
+    """The cascade's ``Thinker`` backed by a ``VllmEngine``'s ``AsyncLLM``.
+
+    Each ``think`` is one ordinary vLLM request (the cascade has the whole
+    conversation by then) streaming text deltas; the cascade speaks each
+    sentence as it completes, before the last token. ``max_tokens`` bounds an
+    answer; ``sampling``: more ``SamplingParams`` fields (stop strings
+    included: this is no streaming-input request). The engine is started
+    on first use if nobody started it, which blocks the event loop while the
+    model loads: an owner should call ``start`` up front (and ``close``).
+    A dead engine core fails the answer with ``EngineError("engine_dead",
+    fatal=True)``, which the cascade passes on.
+    """
+
+    def __init__(self, engine: VllmEngine, *, max_tokens: int = 256, **sampling: Any) -> None:
+        self.engine = engine
+        self.max_tokens = max_tokens
+        self.sampling = sampling
+        self.description = f"vLLM {engine.model} (AsyncLLM in-process, up to {max_tokens} tokens)"
+        self._n = 0
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+    def healthy(self) -> bool:
+        return self.engine.healthy()
+
+    async def think(self, messages: tuple[Message, ...], instructions: str) -> AsyncIterator[str]:
+        from vllm.inputs import tokens_input
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        engine = self.engine
+        await engine.start()
+        engine._check_ready()
+        defaults = {**engine._model_sampling, "max_tokens": self.max_tokens, **self.sampling}
+        params = make_sampling(defaults, streaming=False)  # one prompt: stop strings are fine here
+        prompt = render_conversation(engine.tokenizer, messages, instructions)
+        self._n += 1
+        rid = f"think-{id(self):x}-{self._n}"
+        try:
+            async with contextlib.aclosing(engine.llm.generate(tokens_input(prompt), params, rid)) as outputs:
+                async for out in outputs:
+                    delta = out.outputs[0].text
+                    if delta:
+                        yield delta
+        except EngineDeadError as exc:
+            engine._dead = True
+            raise _dead(exc) from exc

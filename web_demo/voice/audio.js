@@ -1,0 +1,158 @@
+// The page's audio: microphone capture and answer playback, each in an AudioWorklet.
+
+const here = (path) => new URL(path, import.meta.url).href;
+
+/** A microphone that cannot be opened, with a message a person can act on. */
+export class MicrophoneError extends Error {
+  /** @param {string} message @param {string} code "denied" | "not_found" | "busy" | "insecure" | "unknown" */
+  constructor(message, code) {
+    super(message);
+    this.name = "MicrophoneError";
+    this.code = code;
+  }
+}
+
+/**
+ * One AudioContext at the device's rate: the capture worklet resamples the
+ * microphone to 24 kHz PCM16, the playback worklet plays 24 kHz PCM16 answers.
+ */
+export class AudioIO {
+  /**
+   * Create inside a user gesture (a click), so that the context may start.
+   * @param {{prebufferMs?: number, maxBufferMs?: number, onStats?: (stats: object) => void}} [options]
+   */
+  static async create({ prebufferMs = 80, maxBufferMs = 15000, onStats } = {}) {
+    const ctx = new AudioContext({ latencyHint: "interactive" });
+    await ctx.audioWorklet.addModule(here("./capture-worklet.js"));
+    await ctx.audioWorklet.addModule(here("./playback-worklet.js"));
+    const player = new AudioWorkletNode(ctx, "playback-processor", {
+      numberOfInputs: 0,
+      numberOfOutputs: 1,
+      outputChannelCount: [1],
+      processorOptions: { sourceRate: 24000, prebufferMs, maxBufferMs },
+    });
+    player.connect(ctx.destination);
+    if (ctx.state !== "running") await ctx.resume();
+    return new AudioIO(ctx, player, onStats);
+  }
+
+  constructor(ctx, player, onStats) {
+    this.ctx = ctx;
+    this.player = player;
+    this.stream = null;
+    this.capture = null;
+    this.sending = true;
+    /** The playback worklet's latest counters (receivedBytes, playedSamples, underruns, ...). */
+    this.stats = { receivedBytes: 0, receivedChunks: 0, playedSamples: 0, droppedSamples: 0, underruns: 0, bufferedMs: 0, playing: false, positions: {} };
+    this._onStats = onStats;
+    this._stopWaiters = [];
+    player.port.onmessage = (e) => {
+      const msg = e.data;
+      if (msg.type === "stats") {
+        this.stats = msg;
+        this._onStats?.(msg);
+      } else if (msg.type === "stopped") {
+        for (const resolve of this._stopWaiters.splice(0)) resolve(msg);
+      }
+    };
+  }
+
+  /**
+   * Open the microphone and stream 20 ms PCM16 frames at 24 kHz to `onAudio`.
+   * @param {(pcm: ArrayBuffer, level: number) => void} onAudio
+   * @param {{echoCancellation?: boolean}} [options] frames are posted while `setSending(true)` holds (the default)
+   */
+  async startMicrophone(onAudio, { echoCancellation = true } = {}) {
+    if (!navigator.mediaDevices?.getUserMedia) {
+      throw new MicrophoneError("This page cannot use a microphone here: open it over https:// or from localhost.", "insecure");
+    }
+    let stream;
+    try {
+      stream = await navigator.mediaDevices.getUserMedia({
+        audio: { channelCount: 1, echoCancellation, noiseSuppression: echoCancellation, autoGainControl: echoCancellation },
+      });
+    } catch (err) {
+      throw micError(err);
+    }
+    this.stream = stream;
+    const source = this.ctx.createMediaStreamSource(stream);
+    const capture = new AudioWorkletNode(this.ctx, "capture-processor", {
+      numberOfInputs: 1,
+      numberOfOutputs: 1,
+      outputChannelCount: [1],
+      processorOptions: { targetRate: 24000, frameMs: 20, sending: this.sending },
+    });
+    capture.port.onmessage = (e) => {
+      if (e.data.type === "audio") onAudio(e.data.pcm, e.data.level);
+    };
+    source.connect(capture);
+    // Connected (silently) so that the graph pulls it on every render quantum.
+    const mute = new GainNode(this.ctx, { gain: 0 });
+    capture.connect(mute).connect(this.ctx.destination);
+    this.capture = capture;
+  }
+
+  /**
+   * Post captured frames (true) or keep them (false: push-to-talk released).
+   * Remembered when called before the microphone is open.
+   * @param {boolean} on
+   */
+  setSending(on) {
+    this.sending = on;
+    this.capture?.port.postMessage({ type: "send", on });
+  }
+
+  /**
+   * Queue answer audio for playback.
+   * @param {string} itemId the assistant item the audio belongs to
+   * @param {Int16Array} samples PCM16 at 24 kHz (copied: the frame it views is not transferred)
+   */
+  play(itemId, samples) {
+    const copy = samples.slice();
+    this.player.port.postMessage({ type: "audio", itemId, pcm: copy.buffer }, [copy.buffer]);
+  }
+
+  /** The item's audio is complete: play out its tail without waiting for the jitter buffer. @param {string} itemId */
+  end(itemId) {
+    this.player.port.postMessage({ type: "end", itemId });
+  }
+
+  /**
+   * Stop playback now and drop what waits.
+   * @returns {Promise<{positions: Object<string, {playedSamples: number, receivedSamples: number}>, bufferedMs: number}>}
+   */
+  stopPlayback() {
+    return new Promise((resolve) => {
+      this._stopWaiters.push(resolve);
+      this.player.port.postMessage({ type: "stop" });
+    });
+  }
+
+  /** Release the microphone and the audio device. */
+  async close() {
+    for (const track of this.stream?.getTracks() ?? []) track.stop();
+    this.stream = null;
+    this.capture?.disconnect();
+    this.player.disconnect();
+    await this.ctx.close().catch(() => {});
+  }
+}
+
+function micError(err) {
+  switch (err?.name) {
+    case "NotAllowedError":
+    case "SecurityError":
+      return new MicrophoneError(
+        "Microphone access was denied. Allow the microphone for this site (the icon in the address bar), then press Start again.",
+        "denied",
+      );
+    case "NotFoundError":
+    case "OverconstrainedError":
+      return new MicrophoneError("No microphone was found. Plug one in, then press Start again.", "not_found");
+    case "NotReadableError":
+    case "AbortError":
+      return new MicrophoneError("The microphone is busy or failed to start (another application may hold it).", "busy");
+    default:
+      return new MicrophoneError(`The microphone could not be opened: ${err?.message ?? err}`, "unknown");
+  }
+}
