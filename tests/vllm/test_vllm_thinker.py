@@ -76,13 +76,14 @@ async def test_a_text_response_through_the_cascade_is_the_models_text(view: Vllm
     try:
         request = ResponseRequest("c-text", user("Hello."), modalities=("text",))
         outputs = await collect(engine.respond(request, no_input()))
+        # The same answer straight from the thinker (seeded sampling), before the
+        # cascade closes it (the cascade owns its thinker).
+        again = "".join([d async for d in thinker.think(user("Hello."), "")])
     finally:
         await engine.close()
     done = finished(outputs)
     assert done.text.strip()
     assert not any(isinstance(o, AudioDelta) for o in outputs)
-    # The same answer straight from the thinker (seeded sampling).
-    again = "".join([d async for d in thinker.think(user("Hello."), "")])
     assert " ".join(again.split()) == " ".join(done.text.split())
 
 
