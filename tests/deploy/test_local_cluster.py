@@ -10,8 +10,8 @@ deploy/local_cluster.py); only when that fails are these tests skipped.
 from __future__ import annotations
 
 import asyncio
-import json
 import contextlib
+import json
 import re
 import signal
 import sys
