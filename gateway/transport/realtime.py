@@ -32,6 +32,7 @@ from gateway.protocol.server_events import (
 )
 from gateway.protocol.session_config import ConfigLimits, SessionConfig, TurnDetection, apply_update
 from gateway.store.base import StoreError
+from gateway.transport.handshake import accept, common_refusal, refuse
 from gateway.transport.host import SessionHost, connection_event, error_event
 from gateway.transport.outbox import Outbox, SlowConsumer
 
@@ -60,36 +61,12 @@ class RealtimeEndpoint:
         self.runtime = runtime
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        message = await receive()
-        if message["type"] != "websocket.connect":
-            return
         rt = self.runtime
-        offered: list[str] = list(scope.get("subprotocols") or [])
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        beta = "realtime=v1" in headers.get("openai-beta", "") or BETA_SUBPROTOCOL in offered
-        await send({"type": "websocket.accept", "subprotocol": choose_subprotocol(offered)})
-
-        grant = rt.auth.authenticate(headers, offered)
-        refusal: tuple[str, str, int] | None = None
-        if grant is None:
-            rt.metrics.auth_failures.inc()
-            refusal = (
-                Code.UNAUTHORIZED,
-                "Missing or invalid credentials: send 'Authorization: Bearer <API key>' or the "
-                "subprotocol 'openai-insecure-api-key.<API key or client secret>'.",
-                CloseCode.UNAUTHORIZED,
-            )
-        elif rt.draining:
-            refusal = (Code.SERVER_BUSY, "This replica is shutting down; reconnect.", CloseCode.SERVICE_RESTART)
-        elif len(rt.connections) >= rt.settings.max_sessions:
-            refusal = (
-                Code.SERVER_BUSY,
-                f"This replica is at its limit of {rt.settings.max_sessions} sessions; try again later.",
-                CloseCode.TRY_AGAIN_LATER,
-            )
-
-        query = scope.get("query_string", b"").decode("latin-1")
-        model = _query_param(query, "model") or rt.settings.model
+        hs = await accept(rt, scope, receive, send, choose_subprotocol)
+        if hs is None:
+            return
+        model = hs.param("model") or rt.settings.model
+        refusal = common_refusal(rt, hs)
         if refusal is None and rt.route(model) is None:
             refusal = (
                 Code.MODEL_NOT_FOUND,
@@ -97,31 +74,23 @@ class RealtimeEndpoint:
                 CloseCode.UNKNOWN_MODEL,
             )
         if refusal is not None:
-            code, text, close_code = refusal
-            await send({"type": "websocket.send", "text": error_event(code, text).decode()})
-            await send({"type": "websocket.close", "code": int(close_code), "reason": code})
-            rt.metrics.closes.labels(str(int(close_code))).inc()
+            await refuse(rt, send, refusal, error_event(refusal[0], refusal[1]))
             return
-        assert grant is not None
+        assert hs.grant is not None
+        beta = "realtime=v1" in hs.headers.get("openai-beta", "") or BETA_SUBPROTOCOL in hs.offered
         config = SessionConfig(model=model, turn_detection=TurnDetection() if rt.vad_factory else None)
-        if grant.session:
+        if hs.grant.session:
             try:
                 config, _ = apply_update(
-                    config, grant.session, beta=False, limits=ConfigLimits(voices=rt.engine.info.voices)
+                    config, hs.grant.session, beta=False, limits=ConfigLimits(voices=rt.engine.info.voices)
                 )
             except ProtocolError:
                 pass  # validated when minted; a stale shape falls back to the defaults
             if rt.vad_factory is None:
                 config = replace(config, turn_detection=None)  # no detector here: manual turns
-        conn = Connection(rt, receive, send, beta=beta, binary=BINARY_SUBPROTOCOL in offered, principal=grant.principal)
+        binary = BINARY_SUBPROTOCOL in hs.offered
+        conn = Connection(rt, receive, send, beta=beta, binary=binary, principal=hs.grant.principal)
         await conn.run(config)
-
-
-def _query_param(query: str, name: str) -> str | None:
-    from urllib.parse import parse_qs
-
-    values = parse_qs(query).get(name)
-    return values[0] if values else None
 
 
 class Connection:

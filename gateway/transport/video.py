@@ -31,6 +31,7 @@ from gateway.protocol import video_events as ve
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.session.video_session import Interact, StartVideo, StopVideo, VideoSession, error_event
 from gateway.store.base import StoreError
+from gateway.transport.handshake import accept, common_refusal, refuse
 from orchestrator.engine import EngineError
 from orchestrator.engines.video.types import Interaction, VideoChunk
 from orchestrator.orchestrator import RequestHandle
@@ -52,30 +53,23 @@ class VideoEndpoint:
         self.runtime = runtime
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        message = await receive()
-        if message["type"] != "websocket.connect":
-            return
         rt = self.runtime
-        offered: list[str] = list(scope.get("subprotocols") or [])
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        chosen = next((p for p in offered if not p.startswith("openai-insecure-api-key.")), None)
-        await send({"type": "websocket.accept", "subprotocol": chosen})
-        grant = rt.auth.authenticate(headers, offered)
-        refusal: tuple[str, str, int] | None = None
-        if grant is None:
-            rt.metrics.auth_failures.inc()
-            refusal = (Code.UNAUTHORIZED, "Missing or invalid credentials.", CloseCode.UNAUTHORIZED)
-        elif rt.video_engine is None:
-            refusal = (Code.NO_VIDEO_ENGINE, "This gateway runs no video engine.", CloseCode.NORMAL)
-        elif rt.draining:
-            refusal = (Code.SERVER_BUSY, "This replica is shutting down; reconnect.", CloseCode.SERVICE_RESTART)
-        if refusal is not None:
-            code, text, close_code = refusal
-            await send({"type": "websocket.send", "text": orjson.dumps(error_event(code, text)).decode()})
-            await send({"type": "websocket.close", "code": int(close_code), "reason": code})
+        hs = await accept(rt, scope, receive, send, choose_subprotocol)
+        if hs is None:
             return
-        assert grant is not None
-        await VideoConnection(rt, receive, send, principal=grant.principal).run()
+        refusal = common_refusal(rt, hs)
+        if refusal is None and rt.video_engine is None:
+            refusal = (Code.NO_VIDEO_ENGINE, "This gateway runs no video engine.", CloseCode.NORMAL)
+        if refusal is not None:
+            await refuse(rt, send, refusal, orjson.dumps(error_event(refusal[0], refusal[1])))
+            return
+        assert hs.grant is not None
+        await VideoConnection(rt, receive, send, principal=hs.grant.principal).run()
+
+
+def choose_subprotocol(offered: list[str]) -> str | None:
+    """Echo the first offered subprotocol that is not a credential."""
+    return next((p for p in offered if not p.startswith("openai-insecure-api-key.")), None)
 
 
 class VideoConnection:

@@ -1,0 +1,78 @@
+"""The WebSocket handshake both endpoints share: accept, authenticate, refuse.
+
+A refusal is sent *after* accepting, as an error event and a close code the
+client can read (a browser cannot read an HTTP status from a failed upgrade).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+from gateway.auth import Grant
+from gateway.protocol.errors import CloseCode, Code
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
+
+Refusal = tuple[str, str, int]  # code, message, close code
+
+
+@dataclass(frozen=True, slots=True)
+class Handshake:
+    headers: dict[str, str]  # lower-cased names
+    offered: list[str]  # subprotocols the client offered
+    query: dict[str, list[str]]
+    grant: Grant | None  # None: refused credentials
+
+    def param(self, name: str) -> str | None:
+        values = self.query.get(name)
+        return values[0] if values else None
+
+
+async def accept(
+    runtime: Runtime, scope: dict[str, Any], receive: Any, send: Any, choose: Callable[[list[str]], str | None]
+) -> Handshake | None:
+    """Accept the socket (echoing ``choose(offered)``) and authenticate; None if not a connect."""
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return None
+    offered: list[str] = list(scope.get("subprotocols") or [])
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    await send({"type": "websocket.accept", "subprotocol": choose(offered)})
+    grant = runtime.auth.authenticate(headers, offered)
+    if grant is None:
+        runtime.metrics.auth_failures.inc()
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    return Handshake(headers, offered, query, grant)
+
+
+def common_refusal(runtime: Runtime, hs: Handshake) -> Refusal | None:
+    """What refuses any session here: credentials, a drain, the session limit."""
+    if hs.grant is None:
+        return (
+            Code.UNAUTHORIZED,
+            "Missing or invalid credentials: send 'Authorization: Bearer <API key>' or the "
+            "subprotocol 'openai-insecure-api-key.<API key or client secret>'.",
+            CloseCode.UNAUTHORIZED,
+        )
+    if runtime.draining:
+        return Code.SERVER_BUSY, "This replica is shutting down; reconnect.", CloseCode.SERVICE_RESTART
+    limit = runtime.settings.max_sessions
+    if len(runtime.connections) + len(runtime.video_sessions) >= limit:
+        return (
+            Code.SERVER_BUSY,
+            f"This replica is at its limit of {limit} sessions; try again later.",
+            (CloseCode.TRY_AGAIN_LATER),
+        )
+    return None
+
+
+async def refuse(runtime: Runtime, send: Any, refusal: Refusal, event: bytes) -> None:
+    """Send the refusal's error event (in the endpoint's own shape) and close."""
+    code, _, close_code = refusal
+    await send({"type": "websocket.send", "text": event.decode()})
+    await send({"type": "websocket.close", "code": int(close_code), "reason": code})
+    runtime.metrics.closes.labels(str(int(close_code))).inc()
