@@ -26,7 +26,7 @@ from gateway.session import snapshot
 from gateway.session.session import RealtimeSession, SessionLimits, VadStream
 from gateway.settings import Settings
 from gateway.store import create_store
-from gateway.store.base import SessionStore, StoreError, replica_channel
+from gateway.store.base import JournalRead, SessionStore, StoreError, replica_channel
 from gateway.transport.host import SessionHost, connection_event, error_event, new_resume_token, token_hash
 from orchestrator.engine import Engine
 from orchestrator.engines.video.types import VideoEngine
@@ -240,11 +240,13 @@ class Runtime:
     async def _resume(self, conn: Connection, event: ce.SessionResume, provisional: SessionHost) -> None:
         sid, last = event.session_id, event.last_received_server_event_seq
         host = self.hosts.get(sid)
+        read: JournalRead | None = None
         if host is not None and host is not provisional:
+            # The session runs here: attach first (live events are held from now on),
+            # then commit what is pending and read the journal, so nothing falls between.
             self._check_resume(event, host.token_hash, host.principal, conn.principal)
             if last > host.session.seq:
                 raise _seq_error(last, host.session.seq)
-            await host.writer.flush()
             recover = False
         else:
             data = await self.store.load_snapshot(sid)
@@ -256,19 +258,21 @@ class Runtime:
                 )
             state = snapshot.loads(data)
             self._check_resume(event, state["token_hash"], state["principal"], conn.principal)
-            previous = await self.store.owner_of(sid)
-            fence = await self.store.acquire(sid, self.replica_id, self.lease_ttl_ms)
-            if previous is not None and previous.owner != self.replica_id:
-                # The old owner may be alive (a dropped socket): tell it to stop now.
-                # Fencing stops its writes regardless.
-                await self.store.send_to_owner(sid, orjson.dumps({"type": "replaced", "session_id": sid}))
-            journal_last = (await self.store.read_events(sid, after_seq=0, limit=0)).last_seq or 0
-            top = max(state["seq"], journal_last)
-            if last > top + RESUME_SEQ_SLACK:
-                raise _seq_error(last, top)
             found = self.route(state["config"]["model"])
             if found is None:
                 raise ProtocolError(Code.MODEL_NOT_FOUND, "This session's model is not served here any more.")
+            previous = await self.store.owner_of(sid)
+            fence = await self.store.acquire(sid, self.replica_id, self.lease_ttl_ms)
+            if previous is not None and previous.owner != self.replica_id:
+                # The old owner may be alive (a dropped socket): tell it to stop now, on
+                # its own channel (the lease already names us). Fencing stops its writes anyway.
+                stop = orjson.dumps({"type": "replaced", "session_id": sid})
+                await self.store.publish(replica_channel(previous.owner), stop)
+            # After acquire nobody else writes this journal: one read serves the replay.
+            read = await self.store.read_events(sid, after_seq=last)
+            top = max(state["seq"], read.last_seq or 0)
+            if last > top + RESUME_SEQ_SLACK:
+                raise _seq_error(last, top)
             engine, orch = found
             session = RealtimeSession.restore(state, engine=engine.info, **self._session_kwargs(orch))
             # Never reuse a seq the client may already hold (events sent but lost from the journal).
@@ -283,7 +287,9 @@ class Runtime:
         host.attach(conn)
         conn.host = host
         try:
-            read = await self.store.read_events(sid, after_seq=last)
+            if read is None:
+                await host.writer.flush()
+                read = await self.store.read_events(sid, after_seq=last)
         except StoreError:
             # Attached but cannot replay: let the client retry the resume shortly.
             conn.release(host.session.seq)
@@ -320,7 +326,7 @@ class Runtime:
         log.info("session %s resumed (last seq %d, %d replayed, gap=%s)", sid, last, len(read.events), read.gap)
         if recover:
             host.session.recover("replica_lost")
-        host.flush()
+        host.flush()  # also writes the snapshot with the rotated token
         await provisional.end(reason="replaced by a resumed session", delete=True)
 
     @staticmethod

@@ -104,6 +104,12 @@ class JournalWriter:
         self._enforce_caps()
         self._kick()
 
+    def mark_lost(self, through_seq: int) -> None:
+        """Tell the journal (with the next flush) that events up to ``through_seq``
+        may be missing, so a read from before them reports a gap."""
+        self._lost_through = max(self._lost_through, through_seq)
+        self._kick()
+
     def set_snapshot(self, snapshot: bytes) -> None:
         """Replace the pending snapshot; written with the next flush."""
         if self.fenced is not None:

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("omni.host")
 
+ACK_TRIM_INTERVAL_S = 2.0  # session.event_ack trims the journal at most this often per session
+
 
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
@@ -67,6 +69,8 @@ class SessionHost:
         self.conn: Connection | None = None
         self.handles: dict[str, RequestHandle] = {}
         self.ended = False
+        self._reacquiring = False
+        self._acked: int | None = None  # the highest ack not yet trimmed
         loop = asyncio.get_running_loop()
         lifetime_left = session.created_at + session.limits.lifetime_s - time.time()
         self._expiry = loop.call_later(max(0.0, lifetime_left), self._expire)
@@ -80,6 +84,19 @@ class SessionHost:
 
     def _new_writer(self, fence: int) -> JournalWriter:
         return self.runtime.store.writer(self.session.id, fence, on_fenced=self._on_fenced)
+
+    def ack(self, seq: int) -> None:
+        """The client holds events up to ``seq``: trim the journal, at most once per
+        ``ACK_TRIM_INTERVAL_S`` (a trim is a store round trip; acks come often)."""
+        first = self._acked is None
+        self._acked = max(seq, self._acked or 0)
+        if first:
+            asyncio.get_running_loop().call_later(ACK_TRIM_INTERVAL_S, self._trim)
+
+    def _trim(self) -> None:
+        seq, self._acked = self._acked, None
+        if seq is not None and not self.ended:
+            self._spawn(self.runtime.trim_journal(self.id, seq))
 
     def rotate_token(self) -> str:
         token = new_resume_token()
@@ -115,27 +132,44 @@ class SessionHost:
         """Journal and send what the session produced; run its effects."""
         session = self.session
         events, effects = session.take()
-        if events:
-            beta, conn, writer = session.beta, self.conn, self.writer
-            errors = self.runtime.metrics.errors
-            try:
-                for event in events:
-                    if beta and event["type"] in BETA_DROPPED:
-                        continue  # beta clients never had it (their seq skips it)
-                    data = encode_json(event, beta=beta)
-                    writer.append(event["server_event_seq"], data)
-                    if event["type"] == "error":
-                        errors.labels(event["error"]["code"]).inc()
-                    if conn is not None:
-                        conn.send_event(event, data)
-                if session.dirty:
-                    writer.set_snapshot(self.snapshot_bytes())
-                    session.dirty = False
-            except FencedError as exc:
-                self._on_fenced(exc)
-                return
+        beta, conn, writer = session.beta, self.conn, self.writer
+        try:
+            for event in events:
+                if beta and event["type"] in BETA_DROPPED:
+                    continue  # beta clients never had it (their seq skips it)
+                data = encode_json(event, beta=beta)
+                writer.append(event["server_event_seq"], data)
+                kind = event["type"]
+                if kind == "error":
+                    self.runtime.metrics.errors.labels(event["error"]["code"]).inc()
+                elif kind == "response.done" and conn is not None:
+                    # A client that saw an answer end must find it ended in the store:
+                    # hold this event (and what follows) until its batch is committed.
+                    conn.hold()
+                    self._spawn(self._release_when_committed(conn))
+                if conn is not None:
+                    conn.send_event(event, data)
+            if session.dirty:
+                writer.set_snapshot(self.snapshot_bytes())
+                session.dirty = False
+        except FencedError as exc:
+            self._on_fenced(exc)
+            return
         if effects:
             self._run_effects(effects)
+
+    async def _release_when_committed(self, conn: Connection) -> None:
+        try:
+            await self.writer.flush()
+        except StoreError as exc:  # the store is down: deliver anyway, the client must not wait
+            log.warning("session %s: journal commit failed (%s); delivering uncommitted", self.id, exc)
+        finally:
+            conn.release(0)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.runtime.background.add(task)
+        task.add_done_callback(self.runtime.background.discard)
 
     def snapshot_bytes(self) -> bytes:
         state = self.session.snapshot_state()
@@ -203,25 +237,38 @@ class SessionHost:
     # --- ownership -------------------------------------------------------------------
 
     def _on_fenced(self, exc: FencedError) -> None:
-        if self.ended:
-            return
+        if self.ended or exc.fence != self.fence or self._reacquiring:
+            return  # a stale writer's late news, or a re-acquire already under way
         if exc.current is None:
             # The store lost the session (Redis restarted empty): take it again.
             log.warning("session %s: store lost its lease; re-acquiring", self.id)
-            asyncio.get_running_loop().create_task(self._reacquire())
+            self._reacquiring = True
+            self._spawn(self._reacquire())
         else:
             self.replaced()
 
     async def _reacquire(self) -> None:
         try:
-            fence = await self.runtime.store.acquire(self.id, self.runtime.replica_id, self.runtime.lease_ttl_ms)
-        except StoreError as exc:
-            log.warning("session %s: re-acquire failed (%s); will retry on the next write", self.id, exc)
-            self.writer = self._new_writer(self.fence)
-            return
-        self.fence = fence
-        self.writer = self._new_writer(fence)
-        self.writer.set_snapshot(self.snapshot_bytes())
+            while not self.ended:
+                try:
+                    fence = await self.runtime.store.acquire(
+                        self.id, self.runtime.replica_id, self.runtime.lease_ttl_ms
+                    )
+                    break
+                except StoreError as exc:
+                    log.warning("session %s: re-acquire failed (%s); retrying", self.id, exc)
+                    await asyncio.sleep(0.5)
+            else:
+                return
+            self.fence = fence
+            self.writer = self._new_writer(fence)
+            # Everything up to now may be missing from the journal (Redis came back
+            # empty, and events made meanwhile were never written): say so, so that a
+            # resume from before here gets resync_required instead of a silent hole.
+            self.writer.mark_lost(self.session.seq)
+            self.writer.set_snapshot(self.snapshot_bytes())
+        finally:
+            self._reacquiring = False
 
     def replaced(self) -> None:
         """Another replica (or connection) took the session over: stop serving it."""
@@ -246,9 +293,9 @@ class SessionHost:
                         self.replaced()
                         return
                     # Lapsed or lost with a Redis restart: take it again.
-                    self.fence = await rt.store.acquire(self.id, rt.replica_id, rt.lease_ttl_ms)
-                    self.writer = self._new_writer(self.fence)
-                    self.writer.set_snapshot(self.snapshot_bytes())
+                    if not self._reacquiring:
+                        self._reacquiring = True
+                        await self._reacquire()
             except StoreError as exc:
                 log.warning("session %s: lease renewal failed: %s", self.id, exc)
 
@@ -272,12 +319,15 @@ class SessionHost:
         if self.ended:
             return
         log.info("session %s ends here: %s", self.id, reason)
+        # The last snapshot is taken before stopping: a running answer stays in it, so
+        # the replica that resumes the session ends it (incomplete) and re-issues it.
+        final = None if delete else self.snapshot_bytes()
         self._stop()
         self.runtime.hosts.pop(self.id, None)
         store, rt = self.runtime.store, self.runtime
         with contextlib.suppress(StoreError, RuntimeError):
-            if not delete:
-                self.writer.set_snapshot(self.snapshot_bytes())
+            if final is not None:
+                self.writer.set_snapshot(final)
             await self.writer.close(flush=not delete)
             if delete:
                 await store.delete_session(self.id)

@@ -104,7 +104,9 @@ class Connection:
         self._receive = receive
         self.outbox = Outbox(send, runtime.settings.outbound_queue_bytes)
         self.host: SessionHost | None = None
-        self._held: list[tuple[dict[str, Any], bytes]] | None = None  # live events held during a replay
+        self._held: list[tuple[dict[str, Any], bytes]] | None = None  # live events held back
+        self._holds = 0
+        self._release_after = 0
         self._reader_task: asyncio.Task[None] | None = None
         self._writer_task: asyncio.Task[None] | None = None
         self._client_events = 0
@@ -217,10 +219,7 @@ class Connection:
         await self.runtime.resume(self, event)
 
     def _ack(self, host: SessionHost, event: ce.EventAck) -> None:
-        seq = min(event.last_received_server_event_seq, host.session.seq)
-        task = asyncio.get_running_loop().create_task(self.runtime.trim_journal(host.id, seq))
-        self.runtime.background.add(task)
-        task.add_done_callback(self.runtime.background.discard)
+        host.ack(min(event.last_received_server_event_seq, host.session.seq))
 
     # --- output ------------------------------------------------------------------
 
@@ -260,15 +259,24 @@ class Connection:
                 task.cancel()
 
     def hold(self) -> None:
-        """Hold live events while a replay is being read (they follow it)."""
-        self._held = []
+        """Hold live events (a replay is being read, or an answer's end is being
+        committed); holds nest, and the events go out when the last is released."""
+        self._holds += 1
+        if self._held is None:
+            self._held = []
 
     def release(self, after_seq: int) -> None:
-        """Send the held live events the replay did not already carry."""
+        """End one hold; at the last, send the held events the replay (up to
+        ``after_seq``) did not already carry."""
+        self._holds = max(0, self._holds - 1)
+        self._release_after = max(self._release_after, after_seq)
+        if self._holds:
+            return
         held, self._held = self._held or [], None
+        after, self._release_after = self._release_after, 0
         for event, data in held:
-            if event["server_event_seq"] > after_seq:
-                self.send_event(event, data)
+            if event["server_event_seq"] > after:
+                self._deliver(event, data)
 
     def replay(self, data: bytes) -> None:
         """One journaled event, sent again as it was first sent."""
