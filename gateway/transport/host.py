@@ -133,12 +133,20 @@ class SessionHost:
         session = self.session
         events, effects = session.take()
         beta, conn, writer = session.beta, self.conn, self.writer
+        journal = True
         try:
             for event in events:
                 if beta and event["type"] in BETA_DROPPED:
                     continue  # beta clients never had it (their seq skips it)
                 data = encode_json(event, beta=beta)
-                writer.append(event["server_event_seq"], data)
+                if journal:
+                    try:
+                        writer.append(event["server_event_seq"], data)
+                    except FencedError as exc:
+                        # Not journaled (the store lost us or another replica has the
+                        # session), but the socket still gets every event, in order.
+                        journal = False
+                        self._on_fenced(exc)
                 kind = event["type"]
                 if kind == "error":
                     self.runtime.metrics.errors.labels(event["error"]["code"]).inc()
@@ -149,11 +157,12 @@ class SessionHost:
                     self._spawn(self._release_when_committed(conn))
                 if conn is not None:
                     conn.send_event(event, data)
-            if session.dirty:
+            if session.dirty and journal:
                 writer.set_snapshot(self.snapshot_bytes())
                 session.dirty = False
         except FencedError as exc:
             self._on_fenced(exc)
+        if self.ended:
             return
         if effects:
             self._run_effects(effects)

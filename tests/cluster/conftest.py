@@ -1,0 +1,134 @@
+"""Fixtures for the multi-replica proofs: one local cluster (redis + 3 gateway
+replicas + nginx, round-robin, no sticky sessions) per test module.
+
+The cluster is started once per module (``cluster``); ``harness`` wraps it for
+one test: it brings back any replica a previous test left dead, and gives the
+test a Redis client (on the test's own event loop) to read the ownership lease
+of a session, i.e. which replica serves it now.
+
+``OMNI_CLUSTER_KEEP_RUN_DIR=1`` keeps the run directory (replica, nginx and
+redis logs) after the module for debugging; its path is printed either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path[:1]:
+    sys.path.insert(0, str(REPO_ROOT))  # before tests/, so ``client`` is the SDK, not tests/client
+
+from deploy.local_cluster import Cluster, ClusterError, ensure_binaries, http_status  # noqa: E402
+
+API_KEY = "sk-cluster-resume"
+REPLICAS = 3
+DRAIN_WINDOW_S = 0.5  # short, so a drain test sees both a finished and a cut answer
+CLUSTER_ENV = {
+    "OMNI_GATEWAY_VIDEO_ENGINE": "none",  # keeps replicas light: no torch
+    "OMNI_GATEWAY_DRAIN_WINDOW_S": str(DRAIN_WINDOW_S),
+}
+KEY_PREFIX = "omni:"  # gateway/store/base.py StoreLimits.key_prefix (the replicas' default)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    try:
+        ensure_binaries()
+    except ClusterError as err:
+        pytest.skip(f"nginx/redis-server unavailable and could not be installed: {err}")
+    keep = os.environ.get("OMNI_CLUSTER_KEEP_RUN_DIR", "") not in ("", "0")
+    c = Cluster(replicas=REPLICAS, engine="passthrough", api_keys=(API_KEY,), env=CLUSTER_ENV, keep_run_dir=keep)
+    c.start()
+    print(f"\ncluster run dir: {c.run_dir} (kept: {keep})")
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@dataclass
+class Harness:
+    """The module's cluster, seen from one test."""
+
+    cluster: Cluster
+    redis: aioredis.Redis
+    api_key: str = API_KEY
+    replicas: int = REPLICAS
+
+    def lease_key(self, session_id: str) -> str:
+        return f"{KEY_PREFIX}s:{{{session_id}}}:lease"  # key schema: gateway/store/redis.py
+
+    async def journal_last(self, session_id: str) -> int:
+        """The highest seq committed to the session's journal (0: none)."""
+        raw = await self.redis.hget(f"{KEY_PREFIX}s:{{{session_id}}}:meta", "last")
+        return int(raw or 0)
+
+    async def wait_journaled(self, session_id: str, seq: int, timeout_s: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while await self.journal_last(session_id) < seq:
+            if loop.time() > deadline:
+                raise AssertionError(f"seq {seq} of {session_id} not journaled after {timeout_s}s")
+            await asyncio.sleep(0.005)
+
+    async def owner(self, session_id: str) -> int | None:
+        """Index of the replica holding ``session_id``'s lease (replica ids are ``r<i>``), or None."""
+        raw: bytes | None = None
+        for attempt in range(20):  # the pooled connection breaks when a test restarts Redis
+            try:
+                raw = await self.redis.hget(self.lease_key(session_id), "owner")
+                break
+            except RedisConnectionError:
+                if attempt == 19:
+                    raise
+                await asyncio.sleep(0.1)
+        if raw is None:
+            return None
+        name = raw.decode()
+        return int(name[1:]) if name.startswith("r") and name[1:].isdigit() else None
+
+    async def wait_owner(self, session_id: str, timeout_s: float = 10.0) -> int:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (owner := await self.owner(session_id)) is None:
+            if loop.time() > deadline:
+                raise AssertionError(f"no lease for {session_id} after {timeout_s}s")
+            await asyncio.sleep(0.05)
+        return owner
+
+    async def status(self, index: int, path: str) -> int | None:
+        """GET ``path`` on replica ``index`` directly (not through nginx); None if nothing answers."""
+        return await asyncio.to_thread(http_status, self.cluster.replicas[index].port, path, 1.0)
+
+    async def ensure_all_up(self) -> None:
+        """Restart every replica that is not running (a previous test may have killed it)."""
+        for replica in self.cluster.replicas:
+            if not replica.alive:
+                await self.cluster.astart_replica(replica.index)
+
+    def log_tail(self, index: int, chars: int = 4000) -> str:
+        path = self.cluster.replicas[index].log_path
+        try:
+            return path.read_bytes()[-chars:].decode(errors="replace")
+        except OSError:
+            return "(no log)"
+
+
+@pytest.fixture
+async def harness(cluster: Cluster) -> AsyncIterator[Harness]:
+    client = aioredis.from_url(cluster.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    h = Harness(cluster, client)
+    await h.ensure_all_up()
+    try:
+        yield h
+    finally:
+        await client.aclose()
