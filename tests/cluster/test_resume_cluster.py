@@ -20,7 +20,7 @@ What is proved (README, "Sessions that survive"):
   whose state was lost with Redis gets ``session.resync_required`` or a coded
   refusal on resume, never a crash or a hang; events lost with Redis are never
   replayed across silently.
-- the races next to those: the journal's last 20 ms dying with a replica after
+- the races next to those: the journal's last 25 ms dying with a replica after
   the client saw the answer complete (made deterministic with Redis
   ``CLIENT PAUSE WRITE``), a resume on the replica that holds the session while
   a journal commit is in flight (in one gateway process, where the store's
@@ -394,7 +394,7 @@ async def test_replica_killed_mid_answer_resumes_elsewhere_exactly_once(harness:
 
 async def test_an_answer_the_client_saw_complete_is_not_ended_again_after_a_crash(harness: Harness) -> None:
     """The journal tail dies with the replica (README: "a replica that dies loses at most the events
-    of its last 20 ms"), but never an answer's end: Redis pauses writes (CLIENT PAUSE WRITE) from word
+    of its last 25 ms"), but never an answer's end: Redis pauses writes (CLIENT PAUSE WRITE) from word
     45, so the last words reach the client and not the journal, while ``response.done`` waits for its
     commit; the replica is killed as soon as the client has ``response.done``. The answer completed for
     the client: the replica that resumes the session must not end it again nor answer it twice."""
