@@ -28,6 +28,8 @@ Guarantees every implementation gives:
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -40,6 +42,7 @@ __all__ = [
     "FencedError",
     "JournalRead",
     "Owner",
+    "QueuedSubscription",
     "SessionStore",
     "StoreError",
     "StoreLimits",
@@ -196,6 +199,39 @@ class Subscription(abc.ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class QueuedSubscription(Subscription):
+    """A subscription fed through a bounded queue: when the consumer falls behind,
+    the oldest message is dropped (counted in ``dropped``) to keep the newest."""
+
+    def __init__(self, queue_size: int) -> None:
+        self._queue: asyncio.Queue[BusMessage | None] = asyncio.Queue(queue_size)
+        self._closed = False
+        self.dropped = 0
+
+    def deliver(self, message: BusMessage) -> None:
+        if self._queue.full():
+            self._queue.get_nowait()
+            self.dropped += 1
+        self._queue.put_nowait(message)
+
+    async def get(self) -> BusMessage | None:
+        if self._closed and self._queue.empty():
+            return None
+        return await self._queue.get()
+
+    async def __aiter__(self) -> AsyncIterator[BusMessage]:
+        while True:
+            msg = await self.get()
+            if msg is None:
+                return
+            yield msg
+
+    def _wake(self) -> None:
+        """Unblock a consumer waiting in ``get`` after close."""
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(None)
 
 
 def replica_channel(owner: str) -> str:

@@ -10,11 +10,9 @@ at most once per ``SWEEP_INTERVAL_S``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.store.base import (
@@ -22,6 +20,7 @@ from gateway.store.base import (
     FencedError,
     JournalRead,
     Owner,
+    QueuedSubscription,
     SessionStore,
     StoreLimits,
     Subscription,
@@ -55,21 +54,13 @@ class _Lease:
     expires_at: float
 
 
-class MemorySubscription(Subscription):
+class MemorySubscription(QueuedSubscription):
     def __init__(self, bus: dict[str, set[MemorySubscription]], channels: tuple[str, ...], queue_size: int) -> None:
+        super().__init__(queue_size)
         self._bus = bus
         self._channels = channels
-        self._queue: asyncio.Queue[BusMessage | None] = asyncio.Queue(queue_size)
-        self._closed = False
-        self.dropped = 0  # messages dropped because the consumer fell behind
         for ch in channels:
             bus.setdefault(ch, set()).add(self)
-
-    def deliver(self, message: BusMessage) -> None:
-        if self._queue.full():  # slow consumer: keep the newest
-            self._queue.get_nowait()
-            self.dropped += 1
-        self._queue.put_nowait(message)
 
     @property
     def connected(self) -> bool:
@@ -77,18 +68,6 @@ class MemorySubscription(Subscription):
 
     async def wait_connected(self) -> None:
         return  # in-process: subscribed from the start
-
-    async def get(self) -> BusMessage | None:
-        if self._closed and self._queue.empty():
-            return None
-        return await self._queue.get()
-
-    async def __aiter__(self) -> AsyncIterator[BusMessage]:
-        while True:
-            msg = await self.get()
-            if msg is None:
-                return
-            yield msg
 
     async def close(self) -> None:
         if self._closed:
@@ -100,8 +79,7 @@ class MemorySubscription(Subscription):
                 subs.discard(self)
                 if not subs:
                     del self._bus[ch]
-        with contextlib.suppress(asyncio.QueueFull):
-            self._queue.put_nowait(None)  # wake a waiting iterator
+        self._wake()
 
 
 class MemoryStore(SessionStore):

@@ -50,7 +50,7 @@ import contextlib
 import logging
 import random
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
@@ -64,6 +64,7 @@ from gateway.store.base import (
     FencedError,
     JournalRead,
     Owner,
+    QueuedSubscription,
     SessionStore,
     StoreLimits,
     StoreUnavailable,
@@ -82,15 +83,13 @@ BUS_BACKOFF_MIN_S = 0.05  # first wait before resubscribing after a broken conne
 BUS_BACKOFF_MAX_S = 2.0  # the wait doubles up to this while Redis stays down
 
 
-class RedisSubscription(Subscription):
+class RedisSubscription(QueuedSubscription):
     def __init__(self, client: Redis, prefix: str, channels: tuple[str, ...], queue_size: int) -> None:
+        super().__init__(queue_size)
         self._client = client
         self._prefix = prefix
         self._names = {(prefix + ch).encode(): ch for ch in channels}
-        self._queue: asyncio.Queue[BusMessage | None] = asyncio.Queue(queue_size)
         self._ready = asyncio.Event()
-        self._closed = False
-        self.dropped = 0  # messages dropped because the consumer fell behind
         self.reconnects = 0
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"bus-subscription:{','.join(channels)}")
 
@@ -101,12 +100,6 @@ class RedisSubscription(Subscription):
     async def wait_connected(self) -> None:
         """Wait until subscribed (bound it with ``asyncio.timeout``)."""
         await self._ready.wait()
-
-    def _deliver(self, message: BusMessage) -> None:
-        if self._queue.full():  # slow consumer: keep the newest
-            self._queue.get_nowait()
-            self.dropped += 1
-        self._queue.put_nowait(message)
 
     async def _run(self) -> None:
         backoff = BUS_BACKOFF_MIN_S
@@ -125,7 +118,7 @@ class RedisSubscription(Subscription):
                             self._ready.set()
                             backoff = BUS_BACKOFF_MIN_S
                     elif msg["type"] == "message":
-                        self._deliver(BusMessage(self._names[msg["channel"]], msg["data"]))
+                        self.deliver(BusMessage(self._names[msg["channel"]], msg["data"]))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any failure: reconnect, never crash
@@ -139,18 +132,6 @@ class RedisSubscription(Subscription):
             await asyncio.sleep(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, BUS_BACKOFF_MAX_S)
 
-    async def get(self) -> BusMessage | None:
-        if self._closed and self._queue.empty():
-            return None
-        return await self._queue.get()
-
-    async def __aiter__(self) -> AsyncIterator[BusMessage]:
-        while True:
-            msg = await self.get()
-            if msg is None:
-                return
-            yield msg
-
     async def close(self) -> None:
         if self._closed:
             return
@@ -158,8 +139,7 @@ class RedisSubscription(Subscription):
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        with contextlib.suppress(asyncio.QueueFull):
-            self._queue.put_nowait(None)  # wake a waiting iterator
+        self._wake()
 
 
 class RedisStore(SessionStore):
