@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -195,6 +196,11 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await rt.start()
+        # Everything loaded so far (engines, torch, models) lives as long as the
+        # process: move it out of the collector's sight, so a full collection
+        # walks only per-session objects (measured: 110-170 ms pauses -> 7 ms).
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:

@@ -6,6 +6,9 @@ as the tests and benchmarks do.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -48,3 +51,30 @@ class Metrics:
         )
         self.resumes = Counter("omni_resumes_total", "Sessions resumed, by outcome.", ["outcome"], registry=r)
         self.auth_failures = Counter("omni_auth_failures_total", "Refused connections and requests.", registry=r)
+        self._event_children: dict[str, Any] = {}
+        self._kind_children: dict[str, KindMetrics] = {}
+
+    def client_event_counter(self, event_type: str) -> Any:
+        """The counter child for one event type, bound once (``labels()`` per event costs ~1 µs)."""
+        child = self._event_children.get(event_type)
+        if child is None:
+            child = self._event_children[event_type] = self.client_events.labels(event_type)
+        return child
+
+    def bound(self, kind: str) -> KindMetrics:
+        """The per-kind children the orchestrator updates per output, bound once."""
+        found = self._kind_children.get(kind)
+        if found is None:
+            found = self._kind_children[kind] = KindMetrics(
+                self.first_delta.labels(kind), self.delta_gap.labels(kind), self.queue_wait.labels(kind),
+                self.inflight.labels(kind),
+            )  # fmt: skip
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class KindMetrics:
+    first_delta: Any
+    delta_gap: Any
+    queue_wait: Any
+    inflight: Any

@@ -142,8 +142,9 @@ class RequestHandle:
             self._on_error(exc.code, exc.message)
             return
         admitted = time.monotonic()
-        m.queue_wait.labels(kind).observe(admitted - self.submitted_at)
-        m.inflight.labels(kind).inc()
+        km = m.bound(kind)
+        km.queue_wait.observe(admitted - self.submitted_at)
+        km.inflight.inc()
         orch._running[self.request_id] = self
         self._engine_started = True
         last = None
@@ -162,9 +163,9 @@ class RequestHandle:
                 now = time.monotonic()
                 if not isinstance(output, Finished):
                     if last is None:
-                        m.first_delta.labels(kind).observe(now - admitted)
+                        km.first_delta.observe(now - admitted)
                     else:
-                        m.delta_gap.labels(kind).observe(now - last)
+                        km.delta_gap.observe(now - last)
                     last = now
                     if first_audio and isinstance(output, AudioDelta) and self._turn_started_at is not None:
                         m.turn_latency.observe(now - self._turn_started_at)
@@ -184,7 +185,7 @@ class RequestHandle:
             log.exception("engine request %s failed", self.request_id)
             self._on_error("engine_error", f"The engine failed: {type(exc).__name__}.")
         finally:
-            m.inflight.labels(kind).dec()
+            km.inflight.dec()
             m.requests.labels(kind, status).inc()
             orch._running.pop(self.request_id, None)
             orch._release(kind)

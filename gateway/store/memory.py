@@ -156,13 +156,13 @@ class MemoryStore(SessionStore):
             raise FencedError(session_id, fence, current)
         assert rec is not None
         if snapshot is not None:
-            rec.snapshot = snapshot
+            rec.snapshot = _exact(snapshot)
         if events or lost_through or rec.journal is not None:
             j = rec.journal = rec.journal or _Journal()
             j.trimmed = max(j.trimmed, lost_through)
             for seq, data in events:
                 if seq > j.last and seq > j.trimmed:
-                    j.events.append((seq, data))
+                    j.events.append((seq, _exact(data)))
                     j.bytes += len(data)
                 j.last = max(j.last, seq)
             self._apply_caps(j)
@@ -276,3 +276,9 @@ class MemoryStore(SessionStore):
         for subs in list(self._bus.values()):
             for sub in list(subs):
                 await sub.close()
+
+
+def _exact(data: bytes) -> bytes:
+    """A copy sized to its content: orjson's output keeps its whole build buffer
+    (about 4 KB however short), which a store that keeps it would pay per event."""
+    return memoryview(data).tobytes()

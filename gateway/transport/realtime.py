@@ -162,7 +162,7 @@ class Connection:
 
     async def _read_loop(self) -> None:
         limit = self.runtime.settings.max_message_bytes
-        count = self.runtime.metrics.client_events
+        count = self.runtime.metrics.client_event_counter
         while True:
             message = await self._receive()
             kind = message["type"]
@@ -181,7 +181,7 @@ class Connection:
                             "Send audio in smaller appends.",
                         )
                     event = ce.decode(text)
-                    count.labels(_EVENT_NAMES.get(type(event), "other")).inc()
+                    count(_EVENT_NAMES.get(type(event), "other")).inc()
                     if isinstance(event, ce.SessionResume):
                         await self._resume(event)
                         continue
@@ -196,7 +196,7 @@ class Connection:
                         raise ProtocolError(
                             Code.MESSAGE_TOO_LARGE, f"A message may be at most {limit} bytes; got {len(data)}."
                         )
-                    count.labels("binary.append").inc()
+                    count("binary.append").inc()
                     self._client_events += 1
                     host.session.append_audio(decode_input_frame(data), None)
             except ProtocolError as err:

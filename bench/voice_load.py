@@ -1,0 +1,1080 @@
+"""Voice load: the gateway against a bare Starlette echo, on the same machine, in one run.
+
+Each of N sessions streams paced 24 kHz PCM16 audio, 50 chunks/s of 20 ms
+(960 bytes), as base64 ``input_audio_buffer.append`` JSON (default) or, with
+``--binary``, as ``omni-binary.v1`` binary frames. Both servers are started
+here as separate processes, served the same way (uvicorn, uvloop, httptools,
+``websockets-sansio``, no deflate), and get the same messages:
+
+- the gateway (``python -m gateway serve --engine passthrough``): sessions set
+  manual turns with transcription on, so every chunk streams into a
+  transcription request; the passthrough engine answers chunk n of a buffer
+  with the transcript delta ``"n "``. The client commits every ``--commit-ms``.
+  A manual-turn buffer's item id is not known to the client until its commit,
+  so the gateway holds a buffer's deltas until then; the chunk sent just
+  before each commit is the one whose delta shows the streaming path, so its
+  send -> delta time is the latency sample (one per commit per session);
+  every chunk's number is counted in the deltas to find lost replies.
+- the bare echo (``bench/bare_echo.py``) sends every message back; every
+  append's round trip is a latency sample.
+
+Added latency = gateway p50/p99 minus echo p50/p99. ``--find-max`` ramps N
+until each server saturates. Only 127.0.0.1 is used; every phase is bounded
+in time; the servers and client processes are ended on exit, error or Ctrl-C.
+See bench/README.md for what each figure means and the figures measured.
+
+    python bench/voice_load.py                      # N=200, JSON, about 1 min
+    python bench/voice_load.py --binary --sessions 400
+    python bench/voice_load.py --find-max           # ramp N, up to 12 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import asyncio
+import base64
+import contextlib
+import math
+import multiprocessing as mp
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+CHUNK_MS = 20
+PERIOD_S = CHUNK_MS / 1000
+CHUNK_BYTES = 24_000 * 2 * CHUNK_MS // 1000  # 960: 20 ms of 24 kHz mono PCM16
+BINARY_SUBPROTOCOL = "omni-binary.v1"
+MIN_COMMIT_MS = 100  # the gateway refuses smaller commits
+MIN_COMMIT_CHUNKS = MIN_COMMIT_MS // CHUNK_MS
+
+# Targets the figures are printed against.
+TARGET_SESSIONS = 400
+TARGET_ADDED_P99_MS = 20.0
+TARGET_RATIO = 0.5
+TARGET_IDLE_KB = 40.0
+
+# Manual turns with transcription: every append streams into the open buffer's transcription request.
+_INPUT = {"turn_detection": None, "transcription": {"model": "whisper-1"}}
+_SESSION_UPDATE = orjson.dumps(
+    {"type": "session.update", "session": {"type": "realtime", "audio": {"input": _INPUT}}}
+).decode()
+_COMMIT = '{"type":"input_audio_buffer.commit"}'
+_CLEAR = '{"type":"input_audio_buffer.clear"}'
+_DELTA = "conversation.item.input_audio_transcription.delta"
+_COMMITTED = "input_audio_buffer.committed"
+
+
+def _audio_messages() -> tuple[str, bytes]:
+    # Noise rather than silence, so base64 and JSON see realistic bytes; sent unchanged every time.
+    pcm = np.random.default_rng(7).integers(-3000, 3000, CHUNK_BYTES // 2, dtype="<i2").tobytes()
+    text = orjson.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}).decode()
+    return text, bytes((1, 0, 0, 0)) + pcm
+
+
+# --- client worker (one process, uvloop) ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPlan:
+    target: str  # "gateway" | "echo"
+    url: str
+    binary: bool
+    first: int  # global index of this worker's first session
+    count: int
+    total: int  # sessions over all workers: phases are spread over all of them
+    commit_every: int  # chunks per commit
+    idle: bool  # open, then send nothing
+    client: str  # "asyncio" | "sansio"
+    cpus: tuple[int, ...] | None
+    drain_s: float = 5.0
+
+
+@dataclass(slots=True)
+class _Stats:
+    w0: float  # the measured window: sends and arrivals in [w0, w1) count
+    w1: float
+    lat: array.array[float] = field(default_factory=lambda: array.array("d"))  # ms
+    lag: array.array[float] = field(default_factory=lambda: array.array("d"))  # ms the pacer sent late
+    sent: int = 0
+    received: int = 0  # messages of any kind
+    answered: int = 0  # chunks answered: echoes, or chunk numbers in transcript deltas
+    errors: int = 0
+    first_error: str = ""
+
+    def error(self, what: object) -> None:
+        self.errors += 1
+        self.first_error = self.first_error or str(what)[:200]
+
+
+class _Session:
+    """One client connection and what it is owed. ``send`` returns an awaitable or None."""
+
+    __slots__ = ("acked", "buf", "chunks", "close", "dead", "expected", "fifo", "items", "pending", "phase", "recv",
+                 "send", "shift")  # fmt: skip
+
+    def __init__(self, phase: float, shift: int) -> None:
+        # Sessions neither send nor commit in lockstep: chunks are spread over the 20 ms period
+        # (phase, seconds) and commits over the commit period (shift, chunks).
+        self.phase = phase
+        self.shift = shift
+        self.chunks = 0  # sent
+        self.send: Callable[[str | bytes], Awaitable[None] | None]
+        self.recv: Callable[[], Awaitable[str | bytes]]  # before streaming only
+        self.close: Callable[[], Awaitable[None]]
+        self.buf = 0  # chunks in the gateway's open buffer
+        self.expected = 0  # replies owed: echoes, or chunk numbers in committed buffers
+        self.acked = 0  # replies seen
+        self.pending: deque[tuple[bytes, float]] = deque()  # commits sent: (last chunk number, its send time)
+        self.items: dict[str, tuple[bytes, float]] = {}  # committed item id -> the same
+        self.fifo: deque[float] = deque()  # echo: send times in order (-1: not sampled)
+        self.dead = False
+
+
+def _on_gateway(s: _Session, st: _Stats, raw: str | bytes, t: float) -> None:
+    if st.w0 <= t < st.w1:
+        st.received += 1
+    event = orjson.loads(raw)
+    kind = event["type"]
+    if kind == _DELTA:
+        tokens = event["delta"].encode().split()
+        s.acked += len(tokens)
+        if st.w0 <= t < st.w1:
+            st.answered += len(tokens)
+        mark = s.items.get(event["item_id"])
+        if mark is not None and tokens and tokens[-1] == mark[0] and st.w0 <= mark[1] < st.w1:
+            st.lat.append((t - mark[1]) * 1000)
+    elif kind == _COMMITTED:
+        s.items[event["item_id"]] = s.pending.popleft()
+    elif kind == "conversation.item.input_audio_transcription.completed":
+        s.items.pop(event["item_id"], None)
+    elif kind == "error":
+        st.error(event["error"]["message"])
+
+
+def _on_echo(s: _Session, st: _Stats, raw: str | bytes, t: float) -> None:
+    if st.w0 <= t < st.w1:
+        st.received += 1
+    sent = s.fifo.popleft()
+    s.acked += 1
+    if sent >= 0 and st.w0 <= t < st.w1:
+        st.answered += 1
+    if st.w0 <= sent < st.w1:
+        st.lat.append((t - sent) * 1000)
+
+
+def _guarded(on: Callable[[_Session, _Stats, str | bytes, float], None], s: _Session, st: _Stats,
+             raw: str | bytes, t: float) -> None:  # fmt: skip
+    """A reply the handler cannot read is counted as an error, not raised into the transport."""
+    try:
+        on(s, st, raw, t)
+    except Exception as exc:
+        st.error(f"unexpected reply {bytes(raw[:80]) if isinstance(raw, bytes) else raw[:80]!r}: {exc!r}")
+
+
+Handler = Callable[[str | bytes, float], None]
+
+
+class _Wire(asyncio.Protocol):
+    """The ``sansio`` client: websockets' Sans-I/O ClientProtocol on a bare asyncio Protocol.
+
+    Same library and framing as the asyncio client, without its per-connection
+    reader task and per-message futures: frames are handled as they are parsed.
+    """
+
+    def __init__(self, url: str, subprotocols: list[str] | None) -> None:
+        from websockets.client import ClientProtocol
+        from websockets.uri import parse_uri
+
+        loop = asyncio.get_running_loop()
+        self.ws = ClientProtocol(parse_uri(url), subprotocols=subprotocols, max_size=None)  # type: ignore[arg-type]
+        self.opened: asyncio.Future[None] = loop.create_future()
+        self.lost: asyncio.Future[None] = loop.create_future()
+        self.inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
+        self.handler: Handler | None = None  # set once streaming: frames skip the inbox
+        self.on_lost: Callable[[], None] = lambda: None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.ws.send_request(self.ws.connect())
+        self._flush()
+
+    def _flush(self) -> None:
+        assert self.transport is not None
+        for data in self.ws.data_to_send():
+            if data:
+                self.transport.write(data)
+            elif self.transport.can_write_eof():
+                self.transport.write_eof()
+
+    def data_received(self, data: bytes) -> None:
+        from websockets.frames import Opcode
+
+        t = time.monotonic()
+        self.ws.receive_data(data)
+        for event in self.ws.events_received():
+            opcode = getattr(event, "opcode", None)
+            if opcode is None:  # the handshake response
+                if self.ws.handshake_exc is not None:
+                    self.opened.set_exception(self.ws.handshake_exc)
+                elif not self.opened.done():
+                    self.opened.set_result(None)
+            elif opcode is Opcode.TEXT or opcode is Opcode.BINARY:
+                payload = bytes(event.data)  # type: ignore[union-attr]
+                if self.handler is not None:
+                    self.handler(payload, t)
+                else:
+                    self.inbox.put_nowait(payload)
+        self._flush()  # pongs and the close handshake
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.opened.done():
+            self.opened.set_exception(exc or ConnectionError("closed during the handshake"))
+        if not self.lost.done():
+            self.lost.set_result(None)
+        self.on_lost()
+
+    def send(self, message: str | bytes) -> None:
+        if self.lost.done():
+            raise ConnectionError("connection lost")
+        if isinstance(message, str):
+            self.ws.send_text(message.encode())
+        else:
+            self.ws.send_binary(message)
+        self._flush()
+
+    async def close(self) -> None:
+        if not self.lost.done():
+            with contextlib.suppress(Exception):
+                self.ws.send_close(1000)
+                self._flush()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.lost), 2)
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def _connect(plan: WorkerPlan, index: int) -> tuple[_Session, Callable[[Handler, Callable[[], None]], None]]:
+    """Open one connection; returns the session and how to start streaming its frames to a handler."""
+    g = plan.first + index  # round robin over commit slots: neighbours in phase commit at different times
+    s = _Session(g / plan.total * PERIOD_S, g % plan.commit_every)
+    subprotocols = [BINARY_SUBPROTOCOL] if plan.binary else None
+    loop = asyncio.get_running_loop()
+    if plan.client == "sansio":
+        wire = _Wire(plan.url, subprotocols)
+        port = int(plan.url.split(":")[2].split("/")[0])
+        await asyncio.wait_for(loop.create_connection(lambda: wire, "127.0.0.1", port), 30)
+        await asyncio.wait_for(wire.opened, 30)
+        s.send, s.recv, s.close = wire.send, wire.inbox.get, wire.close
+
+        def stream_sansio(handler: Handler, on_end: Callable[[], None]) -> None:
+            while not wire.inbox.empty():  # anything that came before streaming began
+                handler(wire.inbox.get_nowait(), time.monotonic())
+            wire.handler, wire.on_lost = handler, on_end
+            if wire.lost.done():
+                on_end()
+
+        return s, stream_sansio
+    from websockets.asyncio.client import connect
+
+    ws = await connect(
+        plan.url, subprotocols=subprotocols, compression=None, max_size=None,  # type: ignore[arg-type]
+        open_timeout=30, ping_interval=None, close_timeout=2,
+    )  # fmt: skip
+    s.send, s.recv, s.close = ws.send, ws.recv, ws.close
+    tasks: list[asyncio.Task[None]] = []
+
+    async def read(handler: Handler, on_end: Callable[[], None]) -> None:
+        try:
+            async for raw in ws:
+                handler(raw, time.monotonic())
+        finally:
+            on_end()
+
+    def stream_asyncio(handler: Handler, on_end: Callable[[], None]) -> None:
+        tasks.append(loop.create_task(read(handler, on_end)))
+
+    return s, stream_asyncio
+
+
+async def _open(plan: WorkerPlan, index: int) -> tuple[_Session, Any]:
+    s, stream = await _connect(plan, index)
+    if plan.target == "gateway":
+        created = orjson.loads(await asyncio.wait_for(s.recv(), 30))
+        if created["type"] != "session.created":
+            raise RuntimeError(f"expected session.created, got {created}")
+        if not plan.idle:
+            await _maybe(s.send(_SESSION_UPDATE))
+            while True:
+                event = orjson.loads(await asyncio.wait_for(s.recv(), 30))
+                if event["type"] == "error":
+                    raise RuntimeError(event["error"]["message"])
+                if event["type"] == "session.updated":
+                    break
+    return s, stream
+
+
+async def _maybe(result: Awaitable[None] | None) -> None:
+    if result is not None:
+        await result
+
+
+async def _open_all(plan: WorkerPlan) -> tuple[list[tuple[_Session, Any]], list[str]]:
+    gate = asyncio.Semaphore(64)  # a burst of handshakes, not N at once
+
+    async def one(i: int) -> tuple[_Session, Any]:
+        async with gate:
+            return await _open(plan, i)
+
+    done = await asyncio.gather(*(one(i) for i in range(plan.count)), return_exceptions=True)
+    return [d for d in done if isinstance(d, tuple)], [repr(e) for e in done if not isinstance(e, tuple)]
+
+
+async def _pace(plan: WorkerPlan, sessions: list[_Session], start_at: float, st: _Stats) -> None:
+    """Send chunk k of session s at start_at + s.phase + k * 20 ms until the window ends."""
+    text, frame = _audio_messages()
+    chunk: str | bytes = frame if plan.binary else text
+    gateway, every, w0, w1 = plan.target == "gateway", plan.commit_every, st.w0, st.w1
+    now = time.monotonic
+    order = sorted(sessions, key=lambda s: s.phase)
+    tick = 0
+    while (base := start_at + tick * PERIOD_S) < w1:
+        tick += 1
+        for s in order:
+            due = base + s.phase
+            t = now()
+            if due - t > 0.0005:  # sessions due within 0.5 ms go out together
+                await asyncio.sleep(due - t)
+                t = now()
+            if s.dead:
+                continue
+            inside = w0 <= t < w1
+            if inside:
+                st.lag.append(max(0.0, t - due) * 1000)
+                st.sent += 1
+            try:
+                if not gateway:
+                    s.fifo.append(t)
+                    s.expected += 1
+                await _maybe(s.send(chunk))
+                s.buf += 1
+                s.chunks += 1
+                if (s.chunks + s.shift) % every == 0 and s.buf >= MIN_COMMIT_CHUNKS:
+                    if gateway:
+                        s.pending.append((str(s.buf).encode(), t))
+                        s.expected += s.buf
+                    else:
+                        s.fifo.append(-1.0)
+                        s.expected += 1
+                    s.buf = 0
+                    await _maybe(s.send(_COMMIT))
+                    st.sent += inside
+            except Exception as exc:
+                st.error(repr(exc))
+                s.dead = True
+
+
+async def _finish(plan: WorkerPlan, sessions: list[_Session]) -> int:
+    """Flush the gateway's open buffers, wait for every reply owed; return how many never came."""
+    for s in sessions:
+        if plan.target != "gateway" or s.dead or not s.buf:
+            continue
+        with contextlib.suppress(Exception):
+            if s.buf >= MIN_COMMIT_CHUNKS:
+                s.pending.append((str(s.buf).encode(), -1.0))
+                s.expected += s.buf
+                await _maybe(s.send(_COMMIT))
+            else:
+                await _maybe(s.send(_CLEAR))  # too short to commit: these chunks are owed nothing
+        s.buf = 0
+    deadline = time.monotonic() + plan.drain_s
+    while time.monotonic() < deadline and any(not s.dead and s.acked < s.expected for s in sessions):  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    return sum(max(0, s.expected - s.acked) for s in sessions)
+
+
+async def _worker(plan: WorkerPlan, conn: Connection) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    opened, failures = await _open_all(plan)
+    sessions = [s for s, _ in opened]
+    conn.send(("ready", len(sessions), failures[:1]))
+    order = await loop.run_in_executor(None, conn.recv)
+    result: dict[str, Any] = {"connected": len(sessions), "failed": len(failures)}
+    try:
+        if order[0] == "go" and not plan.idle:
+            _, start_at, w0, w1 = order
+            st = _Stats(w0, w1)
+            on = _on_gateway if plan.target == "gateway" else _on_echo
+            for s, stream in opened:
+                stream(partial(_guarded, on, s, st), partial(setattr, s, "dead", True))
+            await _pace(plan, sessions, start_at, st)
+            unanswered = await _finish(plan, sessions)
+            result.update(lat=st.lat, lag=st.lag, sent=st.sent, received=st.received, answered=st.answered,
+                          unanswered=unanswered, errors=st.errors, first_error=st.first_error,
+                          closed=sum(s.dead for s in sessions))  # fmt: skip
+    finally:
+        with contextlib.suppress(TimeoutError):  # closing is best effort: the parent ends us anyway
+            await asyncio.wait_for(asyncio.gather(*(s.close() for s in sessions), return_exceptions=True), 15)
+    return result
+
+
+def _worker_entry(plan: WorkerPlan, conn: Connection) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends us
+    if plan.cpus:
+        os.sched_setaffinity(0, plan.cpus)
+    import uvloop
+
+    try:
+        result = uvloop.run(_worker(plan, conn))
+    except BaseException as exc:
+        result = {"fatal": repr(exc)}
+    with contextlib.suppress(Exception):
+        conn.send(("result", result))
+
+
+# --- servers -----------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """One server process on 127.0.0.1; ended by ``stop`` (always called: see ``serve``)."""
+
+    def __init__(self, target: str, sessions: int, run_s: float, cpus: tuple[int, ...] | None) -> None:
+        self.target = target
+        self.port = _free_port()
+        # The server's output; kept (and named in the error) only if it fails to start.
+        self.log = tempfile.NamedTemporaryFile(prefix=f"voice_load_{target}_", suffix=".log", delete=False)
+        self.keep_log = False
+        env = dict(os.environ)
+        if target == "gateway":
+            cmd = [sys.executable, "-m", "gateway", "serve", "--engine", "passthrough", "--port", str(self.port),
+                   "--host", "127.0.0.1"]  # fmt: skip
+            env.update(
+                OMNI_GATEWAY_LOG_LEVEL="warning",
+                OMNI_GATEWAY_API_KEYS="",
+                OMNI_GATEWAY_REDIS_URL="",
+                # Headroom over N: closed sessions stay resumable (detach_grace_s) for a while.
+                OMNI_GATEWAY_MAX_SESSIONS=str(max(2_000, 2 * sessions + 100)),
+                # Each session has one open buffer and, briefly after a commit, the one finishing.
+                OMNI_GATEWAY_MAX_TRANSCRIPTIONS=str(max(1_024, 2 * sessions + 100)),
+                OMNI_GATEWAY_MAX_BUFFER_MS=str(max(300_000, int(run_s * 1000) + 60_000)),
+                OMNI_GATEWAY_DRAIN_WINDOW_S="1",  # the clients are gone when we stop it: no answers to wait for
+            )
+            self.url = f"ws://127.0.0.1:{self.port}/v1/realtime"
+        else:
+            cmd = [sys.executable, str(ROOT / "bench" / "bare_echo.py"), "--port", str(self.port)]
+            self.url = f"ws://127.0.0.1:{self.port}/echo"
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            if cpus:
+                os.sched_setaffinity(self.proc.pid, cpus)
+            self.ps = psutil.Process(self.proc.pid)
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        self.keep_log = True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.target} exited with {self.proc.returncode}; see {self.log.name}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        self.keep_log = False
+                        return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.target} not ready after {timeout:.0f} s; see {self.log.name}")
+
+    def rss(self) -> int:
+        return int(self.ps.memory_info().rss)
+
+    def cpu_s(self) -> float:
+        t = self.ps.cpu_times()
+        return float(t.user + t.system)
+
+    def stop(self) -> None:
+        if self.proc.poll() is not None:  # it died on its own: keep its words
+            self.keep_log = True
+            print(f"warning: {self.target} exited early ({self.proc.returncode}); see {self.log.name}")
+        else:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+        if not self.keep_log:
+            with contextlib.suppress(OSError):
+                os.unlink(self.log.name)
+
+
+@contextlib.contextmanager
+def serve(target: str, sessions: int, run_s: float, setup: Setup) -> Any:
+    server = Server(target, sessions, run_s, setup.server_cpus)
+    try:
+        server.wait_ready()
+        _touch(server)
+        yield server
+    finally:
+        server.stop()
+
+
+def _touch(server: Server) -> None:
+    """One session opened and closed: lazy imports and first-use caches land before the baseline RSS."""
+    from websockets.sync.client import connect
+
+    with connect(server.url, compression=None, open_timeout=10) as ws:
+        if server.target == "gateway":
+            ws.recv(timeout=10)
+        else:
+            ws.send("x")
+            ws.recv(timeout=10)
+    time.sleep(0.3)
+
+
+# --- client pool (parent side) -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """How every phase of one invocation runs."""
+
+    binary: bool
+    client: str  # "asyncio" | "sansio"
+    commit_every: int
+    warmup: float
+    clients: int  # client processes; 0: one per 300 sessions, at most the client cores
+    server_cpus: tuple[int, ...] | None
+    client_cpus: tuple[int, ...] | None
+    wait_quiet_s: float = 0.0  # before each server starts, wait up to this long for others' load to drop
+    profile: Path | None = None  # py-spy the gateway during the measured window, raw stacks here
+    retries: int = 0  # measure again while other processes used > 15% of a core in the window
+
+    def workers(self, n: int) -> int:
+        cores = len(self.client_cpus or os.sched_getaffinity(0))
+        return self.clients or max(1, min(cores, math.ceil(n / 300)))
+
+
+class Pool:
+    """Client worker processes for one phase; always ended by ``close``."""
+
+    def __init__(self, server: Server, n: int, setup: Setup, *, idle: bool) -> None:
+        ctx = mp.get_context("spawn")
+        workers = max(1, min(setup.workers(n), n))
+        self.procs: list[Any] = []
+        self.conns: list[Connection] = []
+        first = 0
+        for w in range(workers):
+            count = n // workers + (w < n % workers)
+            plan = WorkerPlan(server.target, server.url, setup.binary, first, count, n, setup.commit_every, idle,
+                              setup.client, setup.client_cpus)  # fmt: skip
+            first += count
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker_entry, args=(plan, child), daemon=True)
+            proc.start()
+            self.procs.append(proc)
+            self.conns.append(parent)
+        self.ps = [psutil.Process(p.pid) for p in self.procs]
+
+    def _recv(self, conn: Connection, timeout: float) -> Any:
+        if not conn.poll(timeout):
+            raise TimeoutError("a client worker did not answer in time")
+        return conn.recv()
+
+    def ready(self, timeout: float) -> tuple[int, list[str]]:
+        connected, errors = 0, []
+        for conn in self.conns:
+            msg = self._recv(conn, timeout)
+            if msg[0] == "result":  # died while opening
+                raise RuntimeError(f"client worker failed: {msg[1]}")
+            connected += msg[1]
+            errors += msg[2]
+        return connected, errors
+
+    def send(self, order: tuple[Any, ...]) -> None:
+        for conn in self.conns:
+            conn.send(order)
+
+    def results(self, timeout: float) -> list[dict[str, Any]]:
+        out = [self._recv(conn, timeout)[1] for conn in self.conns]
+        for r in out:
+            if "fatal" in r:
+                raise RuntimeError(f"client worker failed: {r['fatal']}")
+        return out
+
+    def cpu_s(self) -> list[float]:
+        return [_cpu_s(p) for p in self.ps]
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+        for p in self.procs:
+            p.join(3)
+            if p.is_alive():
+                p.kill()
+                p.join(1)
+
+
+def _cpu_s(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return float(t.user + t.system)
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds every process on the machine has used (``/proc/stat``): the rest of it is others' load."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, *_ = (int(x) for x in f.readline().split()[1:])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(limit_s: float, threshold_pct: float = 20.0, hold_s: int = 3) -> float:
+    """Wait (at most ``limit_s``) until other processes used under ``threshold_pct`` of a core for
+    ``hold_s`` seconds in a row; returns their load in the last second."""
+    deadline = time.monotonic() + limit_s
+    quiet = 0
+    while True:
+        before = _machine_busy_s()
+        time.sleep(1.0)
+        busy = 100 * (_machine_busy_s() - before)
+        quiet = quiet + 1 if busy < threshold_pct else 0
+        if quiet >= hold_s or time.monotonic() >= deadline:
+            return busy
+
+
+class Profiler:
+    """py-spy over the server for the measured window (raw collapsed stacks), then a summary of hot spots."""
+
+    def __init__(self, pid: int, duration: float, path: Path) -> None:
+        self.path = path
+        cmd = ["py-spy", "record", "--pid", str(pid), "--duration", str(max(1, int(duration))), "--rate", "200",
+               "--nonblocking", "--format", "raw", "-o", str(path)]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def summary(self, top: int = 25) -> str:
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return "py-spy did not finish"
+        own: dict[str, int] = {}
+        inclusive: dict[str, int] = {}
+        total = 0
+        for line in self.path.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            frames = [f.rsplit(":", 1)[0] + ")" if f.endswith(")") else f for f in stack.split(";")]
+            total += int(count)
+            own[frames[-1]] = own.get(frames[-1], 0) + int(count)
+            for f in set(frames):
+                inclusive[f] = inclusive.get(f, 0) + int(count)
+        if not total:
+            return "py-spy took no samples"
+        mine = {f: c for f, c in inclusive.items() if "gateway/" in f or "orchestrator/" in f}
+        lines = [f"py-spy: {total} samples of the gateway, raw stacks in {self.path}", "  own time:"]
+        lines += [f"    {100 * c / total:5.1f}%  {f}" for f, c in sorted(own.items(), key=lambda x: -x[1])[:top]]
+        lines.append("  inclusive, gateway and orchestrator functions:")
+        lines += [f"    {100 * c / total:5.1f}%  {f}" for f, c in sorted(mine.items(), key=lambda x: -x[1])[:top]]
+        return "\n".join(lines)
+
+
+# --- one measured phase ---------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Figures:
+    target: str
+    sessions: int
+    binary: bool
+    client: str
+    connected: int = 0
+    msgs_in_s: float = 0.0
+    msgs_out_s: float = 0.0
+    p50_ms: float = math.nan
+    p99_ms: float = math.nan
+    samples: int = 0
+    lag_p99_ms: float = math.nan  # how late the client sent, p99: the client keeping up
+    chunks_answered_s: float = 0.0  # audio chunks whose reply came in the window, per second
+    unanswered: int = 0  # replies still owed after the drain (lost, or later than --drain)
+    errors: int = 0
+    closed: int = 0
+    first_error: str = ""
+    server_cpu_pct: float = math.nan
+    server_rss_mb: float = math.nan
+    rss_base_mb: float = math.nan
+    rss_per_session_kb: float = math.nan  # (peak RSS in the window - RSS before connecting) / sessions
+    rss_growth_kb_s: float = math.nan  # RSS growth in the window, per session per second
+    rss_per_idle_kb: float = math.nan
+    client_cpu_pct: list[float] = field(default_factory=list)
+    other_cpu_pct: float = math.nan  # processes not ours, during the window (100 = one core)
+    quiet_pct: float = math.nan  # others' load just before the server started
+    profile: str = ""
+    added_p50_ms: float = math.nan
+    added_p99_ms: float = math.nan
+
+
+def _ready_timeout(n: int) -> float:
+    return 30.0 + n / 20
+
+
+def measure_idle(server: Server, n: int, setup: Setup) -> float:
+    """Server RSS delta per open idle session, KB."""
+    base = server.rss()
+    pool = Pool(server, n, setup, idle=True)
+    try:
+        connected, _ = pool.ready(_ready_timeout(n))
+        time.sleep(1.0)  # let the server finish the handshakes' work
+        idle = server.rss()
+        pool.send(("stop",))
+        pool.results(30)
+    finally:
+        pool.close()
+    return (idle - base) / 1024 / max(1, connected)
+
+
+def measure_load(server: Server, fig: Figures, setup: Setup, duration: float) -> None:
+    n = fig.sessions
+    base = server.rss()
+    fig.rss_base_mb = base / 2**20
+    me = psutil.Process()
+    pool = Pool(server, n, setup, idle=False)
+    try:
+        fig.connected, errors = pool.ready(_ready_timeout(n))
+        if errors:
+            fig.first_error = errors[0]
+        start_at = time.monotonic() + 0.5
+        w0, w1 = start_at + setup.warmup, start_at + setup.warmup + duration
+        pool.send(("go", start_at, w0, w1))
+        time.sleep(max(0.0, w0 - time.monotonic()))
+        profiler = None
+        if setup.profile is not None and server.target == "gateway":
+            profiler = Profiler(server.proc.pid, duration, setup.profile)
+        cpu0, ccpu0, me0, all0 = server.cpu_s(), pool.cpu_s(), _cpu_s(me), _machine_busy_s()
+        peak = rss0 = server.rss()
+        while (left := w1 - time.monotonic()) > 0:
+            time.sleep(min(1.0, left))
+            peak = max(peak, server.rss())
+        cpu1, ccpu1, me1, all1 = server.cpu_s(), pool.cpu_s(), _cpu_s(me), _machine_busy_s()
+        results = pool.results(60)
+        if profiler is not None:
+            fig.profile = profiler.summary()
+    finally:
+        pool.close()
+    fig.server_cpu_pct = 100 * (cpu1 - cpu0) / duration
+    fig.client_cpu_pct = [round(100 * (b - a) / duration, 1) for a, b in zip(ccpu0, ccpu1, strict=True)]
+    ours = (cpu1 - cpu0) + sum(ccpu1) - sum(ccpu0) + (me1 - me0)
+    fig.other_cpu_pct = max(0.0, 100 * ((all1 - all0) - ours) / duration)
+    fig.server_rss_mb = peak / 2**20
+    fig.rss_per_session_kb = (peak - base) / 1024 / max(1, fig.connected)
+    fig.rss_growth_kb_s = (peak - rss0) / 1024 / duration / max(1, fig.connected)
+    lat = np.concatenate([np.frombuffer(r["lat"], dtype=np.float64) for r in results])
+    lag = np.concatenate([np.frombuffer(r["lag"], dtype=np.float64) for r in results])
+    fig.samples = int(lat.size)
+    if lat.size:
+        fig.p50_ms, fig.p99_ms = (float(x) for x in np.percentile(lat, [50, 99]))
+    if lag.size:
+        fig.lag_p99_ms = float(np.percentile(lag, 99))
+    fig.msgs_in_s = sum(r["sent"] for r in results) / duration
+    fig.msgs_out_s = sum(r["received"] for r in results) / duration
+    fig.chunks_answered_s = sum(r["answered"] for r in results) / duration
+    fig.unanswered = sum(r["unanswered"] for r in results)
+    fig.errors = sum(r["errors"] for r in results)
+    fig.closed = sum(r["closed"] for r in results)
+    fig.first_error = fig.first_error or next((r["first_error"] for r in results if r["first_error"]), "")
+
+
+NOISY_PCT = 15.0  # others' CPU in a window (100 = one core) above which figures are skewed
+KEEPUP_P50_MS = 10.0  # --find-max: a server whose median round trip passes this is saturated (queueing)
+
+
+def run_target(target: str, setup: Setup, n: int, *, idle: bool, duration: float) -> Figures:
+    """Measure one server; on a busy machine (--retries), again, keeping the quietest run."""
+    best = _run_once(target, setup, n, idle=idle, duration=duration)
+    for _ in range(setup.retries):
+        if best.other_cpu_pct <= NOISY_PCT:
+            break
+        print(f"  {target}: other processes used {best.other_cpu_pct:.0f}% of a core; measuring again", flush=True)
+        fig = _run_once(target, setup, n, idle=idle, duration=duration)
+        best = fig if fig.other_cpu_pct < best.other_cpu_pct else best
+    return best
+
+
+def _run_once(target: str, setup: Setup, n: int, *, idle: bool, duration: float) -> Figures:
+    fig = Figures(target, n, setup.binary, setup.client)
+    if setup.wait_quiet_s > 0:
+        fig.quiet_pct = wait_quiet(setup.wait_quiet_s)
+    if idle:  # a server of its own: the gateway keeps closed sessions resumable for a while
+        with serve(target, n, setup.warmup + duration, setup) as server:
+            fig.rss_per_idle_kb = measure_idle(server, n, setup)
+    with serve(target, n, setup.warmup + duration, setup) as server:
+        measure_load(server, fig, setup, duration)
+    return fig
+
+
+# --- report -------------------------------------------------------------------------
+
+
+def _f(x: float, nd: int = 1) -> str:
+    return "-" if math.isnan(x) else f"{x:,.{nd}f}"
+
+
+def _ok(good: bool) -> str:
+    return "met" if good else "MISSED"
+
+
+def client_bound(fig: Figures, setup: Setup) -> bool:
+    """The client, not the server, may limit the run: its cores are busy or it sends late."""
+    cores = len(setup.client_cpus) if setup.client_cpus else max(1, len(os.sched_getaffinity(0)) - 1)
+    return sum(fig.client_cpu_pct) >= 90 * cores or fig.lag_p99_ms > 10
+
+
+def healthy(fig: Figures) -> bool:
+    """Everything connected, every reply came, no error, and the client sent on time."""
+    return (fig.connected == fig.sessions and not (fig.unanswered or fig.errors or fig.closed)
+            and fig.lag_p99_ms <= 20)  # fmt: skip
+
+
+def _warn(fig: Figures, setup: Setup) -> None:
+    if not healthy(fig):
+        print(f"warning: {fig.target}: unhealthy run ({fig.unanswered} unanswered, {fig.errors} errors, "
+              f"{fig.connected}/{fig.sessions} connected, send lag p99 {_f(fig.lag_p99_ms)} ms) "
+              f"{fig.first_error}")  # fmt: skip
+    if client_bound(fig, setup):
+        print(f"warning: {fig.target}: the client may be the bottleneck (its CPU or send lag)")
+    if fig.other_cpu_pct > NOISY_PCT:
+        print(f"warning: {fig.target}: other processes used {fig.other_cpu_pct:.0f}% of a core meanwhile: "
+              "figures are skewed (--wait-quiet helps)")  # fmt: skip
+
+
+def per_core(fig: Figures) -> float:
+    """Chunks answered per second of server CPU; NaN when the run was not healthy."""
+    ok = healthy(fig) and fig.server_cpu_pct > 0
+    return fig.chunks_answered_s / (fig.server_cpu_pct / 100) if ok else math.nan
+
+
+def report(gw: Figures, echo: Figures, setup: Setup) -> float:
+    """Print both side by side; returns the throughput ratio."""
+    gw.added_p50_ms, gw.added_p99_ms = gw.p50_ms - echo.p50_ms, gw.p99_ms - echo.p99_ms
+    rows = [
+        ("sessions (connected)", f"{gw.connected}/{gw.sessions}", f"{echo.connected}/{echo.sessions}", ""),
+        ("msgs/s in", _f(gw.msgs_in_s, 0), _f(echo.msgs_in_s, 0), ""),
+        ("msgs/s out", _f(gw.msgs_out_s, 0), _f(echo.msgs_out_s, 0), ""),
+        ("chunks answered/s", _f(gw.chunks_answered_s, 0), _f(echo.chunks_answered_s, 0), ""),
+        ("RTT p50 ms", _f(gw.p50_ms, 2), _f(echo.p50_ms, 2), ""),
+        ("RTT p99 ms", _f(gw.p99_ms, 2), _f(echo.p99_ms, 2), ""),
+        ("latency samples", f"{gw.samples:,}", f"{echo.samples:,}", ""),
+        ("added p50 ms", _f(gw.added_p50_ms, 2), "", ""),
+        ("added p99 ms", _f(gw.added_p99_ms, 2), "",
+         f"<= {TARGET_ADDED_P99_MS:.0f}: {_ok(gw.added_p99_ms <= TARGET_ADDED_P99_MS)}"),
+        ("server CPU %", _f(gw.server_cpu_pct), _f(echo.server_cpu_pct), ""),
+        ("server RSS MB (base)", f"{_f(gw.server_rss_mb)} ({_f(gw.rss_base_mb)})",
+         f"{_f(echo.server_rss_mb)} ({_f(echo.rss_base_mb)})", ""),
+        ("RSS KB/session", _f(gw.rss_per_session_kb), _f(echo.rss_per_session_kb), ""),
+        ("  growth KB/s/session", _f(gw.rss_growth_kb_s, 2), _f(echo.rss_growth_kb_s, 2), ""),
+        ("RSS KB/idle session", _f(gw.rss_per_idle_kb), _f(echo.rss_per_idle_kb),
+         f"<= {TARGET_IDLE_KB:.0f}: {_ok(gw.rss_per_idle_kb <= TARGET_IDLE_KB)}"),
+        ("unanswered/errors/closed", f"{gw.unanswered}/{gw.errors}/{gw.closed}",
+         f"{echo.unanswered}/{echo.errors}/{echo.closed}", ""),
+        ("client send lag p99 ms", _f(gw.lag_p99_ms, 2), _f(echo.lag_p99_ms, 2), ""),
+        ("client CPU % per proc", " ".join(map(str, gw.client_cpu_pct)), " ".join(map(str, echo.client_cpu_pct)), ""),
+        ("others' CPU %", _f(gw.other_cpu_pct, 0), _f(echo.other_cpu_pct, 0), ""),
+    ]  # fmt: skip
+    print(f"\n{'':24}{'gateway':>16}{'echo':>16}   target")
+    for name, a, b, t in rows:
+        print(f"{name:24}{a:>16}{b:>16}   {t}")
+    # Chunks answered per server CPU second: what each would carry on one full core. Only a run
+    # the server kept up with says so (an overloaded one answers late, outside the window).
+    ratio = per_core(gw) / per_core(echo)
+    print(f"\nchunks answered per server CPU second: gateway {_f(per_core(gw), 0)}, echo {_f(per_core(echo), 0)}: "
+          f"throughput ratio gateway/echo {_f(ratio, 2)} (target >= {TARGET_RATIO}: {_ok(ratio >= TARGET_RATIO)}; "
+          f"--find-max measures it at saturation)")  # fmt: skip
+    if gw.sessions < TARGET_SESSIONS:
+        print(f"note: N={gw.sessions} is below the {TARGET_SESSIONS}-session target; run --sessions "
+              f"{TARGET_SESSIONS} or --find-max")  # fmt: skip
+    for fig in (gw, echo):
+        _warn(fig, setup)
+    return ratio
+
+
+def keeps_up(fig: Figures) -> bool:
+    """Not saturated: healthy, and the median round trip has not grown into a queue."""
+    return healthy(fig) and fig.p50_ms <= KEEPUP_P50_MS
+
+
+def find_max(setup: Setup, steps: list[int], step_s: float, max_minutes: float) -> dict[str, Any]:
+    """Ramp N over ``steps`` for both servers, each until it saturates (stops keeping up).
+
+    Reported: the largest N at which the gateway's p99 added latency (its p99 minus the echo's
+    at the same N, or at the largest N the echo kept up with) is within target, and each
+    server's saturation throughput (chunks answered/s at the largest N it kept up with),
+    whose quotient is the throughput ratio.
+    """
+    out: dict[str, Any] = {"gateway": [], "echo": []}
+    sat = {"gateway": (0, 0.0), "echo": (0, 0.0)}  # (N, chunks answered/s) of the last step kept up with
+    saturated = {"gateway": False, "echo": False}
+    target_n = 0  # the gateway's largest N within the latency target
+    missed = False  # it missed the latency target at some N (larger N are not counted)
+    echo_p99 = 0.0
+    deadline = time.monotonic() + max_minutes * 60
+    print(f"{'target':8}{'N':>6}{'in/s':>8}{'out/s':>8}{'p50':>8}{'p99':>9}{'added99':>9}{'cpu%':>6}"
+          f"{'lag99':>7}{'unans':>6}{'client%':>9}{'other%':>7}  verdict")  # fmt: skip
+    for n in steps:
+        for target in ("echo", "gateway"):
+            if saturated[target] or time.monotonic() > deadline:
+                continue
+            fig = run_target(target, setup, n, idle=False, duration=step_s)
+            up = keeps_up(fig)
+            verdict = "keeps up" if up else "SATURATED"
+            if target == "echo":
+                echo_p99 = fig.p99_ms if up else echo_p99
+            else:
+                fig.added_p99_ms = fig.p99_ms - echo_p99
+                within = up and fig.added_p99_ms <= TARGET_ADDED_P99_MS
+                missed = missed or not within
+                target_n = n if within and not missed else target_n
+                verdict += ", p99 added within target" if within else ", p99 added over target"
+            if up:
+                sat[target] = (n, fig.chunks_answered_s)
+            saturated[target] = not up
+            note = (" client-bound?" if client_bound(fig, setup) else "") + (" " + fig.first_error[:50]).rstrip()
+            print(f"{target:8}{n:>6}{fig.msgs_in_s:>8.0f}{fig.msgs_out_s:>8.0f}{fig.p50_ms:>8.2f}{fig.p99_ms:>9.2f}"
+                  f"{_f(fig.added_p99_ms, 2):>9}{fig.server_cpu_pct:>6.0f}{fig.lag_p99_ms:>7.1f}{fig.unanswered:>6}"
+                  f"{sum(fig.client_cpu_pct):>9.0f}{fig.other_cpu_pct:>7.0f}  {verdict}{note}", flush=True)  # fmt: skip
+            out[target].append(asdict(fig))
+    (gw_n, gw_rate), (echo_n, echo_rate) = sat["gateway"], sat["echo"]
+    ratio = gw_rate / echo_rate if echo_rate else math.nan
+    lower = {t: "" if saturated[t] else " (kept up with every step run: a lower bound)" for t in saturated}
+    print(f"\ngateway: max N within p99 added <= {TARGET_ADDED_P99_MS:.0f} ms: {target_n} "
+          f"(target >= {TARGET_SESSIONS}: {_ok(target_n >= TARGET_SESSIONS)})")
+    print(f"gateway: saturation at N = {gw_n}, {gw_rate:,.0f} chunks/s{lower['gateway']}")
+    print(f"echo: saturation at N = {echo_n}, {echo_rate:,.0f} chunks/s{lower['echo']}")
+    print(f"throughput ratio gateway/echo: {_f(ratio, 2)} (target >= {TARGET_RATIO}: {_ok(ratio >= TARGET_RATIO)})")
+    out.update(gateway_max_sessions_in_target=target_n, gateway_saturation_sessions=gw_n, gateway_chunks_s=gw_rate,
+               echo_saturation_sessions=echo_n, echo_chunks_s=echo_rate, ratio=ratio)  # fmt: skip
+    return out
+
+
+# --- main -----------------------------------------------------------------------------
+
+
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sessions", type=int, default=200,
+                   help=f"N concurrent sessions (default 200; the target is {TARGET_SESSIONS})")
+    p.add_argument("--duration", type=float, default=20.0, help="measured seconds per server (default 20)")
+    p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds first (default 3)")
+    p.add_argument("--binary", action="store_true", help="appends as omni-binary.v1 frames, not base64 JSON")
+    p.add_argument("--commit-ms", type=int, default=1000,
+                   help="commit the gateway's buffer every this much audio: one latency sample each "
+                        "(multiple of 20, >= 100; default 1000)")
+    p.add_argument("--client", choices=["asyncio", "sansio"], default="sansio",
+                   help="websockets' asyncio client, or its Sans-I/O protocol on a bare asyncio "
+                        "Protocol (default: sansio, about half the client CPU)")
+    p.add_argument("--clients", type=int, default=0,
+                   help="client processes (default: one per 300 sessions, at most the client cores)")
+    p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                   help="server on the first CPU, clients on the others (default: on with >= 2 CPUs)")
+    p.add_argument("--no-idle", action="store_true", help="skip the idle-session memory phase")
+    p.add_argument("--only", choices=["gateway", "echo"], help="measure one server only")
+    p.add_argument("--find-max", action="store_true", help="ramp N (--steps) until a step fails")
+    p.add_argument("--steps", default="100,150,200,250,300,400,500,600,800,1000",
+                   help="N for --find-max, comma separated")
+    p.add_argument("--step-duration", type=float, default=10.0, help="measured seconds per step (default 10)")
+    p.add_argument("--max-minutes", type=float, default=12.0, help="no step starts after this (default 12)")
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
+                   help="before each server starts, wait up to S seconds for other processes to use < 20%% "
+                        "of a core (shared machines; default 0: don't wait)")
+    p.add_argument("--profile", type=Path, metavar="PATH",
+                   help="py-spy the gateway during the measured window (raw stacks to PATH) and print its "
+                        "hot spots; figures of a profiled run are not to be quoted")
+    p.add_argument("--retries", type=int, default=0,
+                   help="measure a server again (up to this many times) while other processes used > 15%% of "
+                        "a core during its window; the quietest run is kept (default 0)")
+    p.add_argument("--json", type=Path, help="also write the figures here, as JSON")
+    args = p.parse_args(argv)  # fmt: skip
+    if args.commit_ms < MIN_COMMIT_MS or args.commit_ms % CHUNK_MS:
+        p.error(f"--commit-ms must be a multiple of {CHUNK_MS} and >= {MIN_COMMIT_MS}")
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = args.pin and len(cpus) >= 2
+    setup = Setup(
+        binary=args.binary, client=args.client, commit_every=args.commit_ms // CHUNK_MS, warmup=args.warmup,
+        clients=args.clients, server_cpus=(cpus[0],) if pin else None, client_cpus=tuple(cpus[1:]) if pin else None,
+        wait_quiet_s=args.wait_quiet, profile=args.profile, retries=args.retries,
+    )  # fmt: skip
+    return args, setup
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, setup = _parse(argv)
+    # Ctrl-C (even where a shell started us with SIGINT ignored) and SIGTERM unwind through the
+    # finally blocks, which stop the servers and the client processes.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with contextlib.suppress(ValueError, OSError):  # one socket per session on each side
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    mode = "binary frames" if args.binary else "base64 JSON appends"
+    print(f"voice_load: {mode}, 50 x {CHUNK_BYTES} B chunks/s per session, commit every {args.commit_ms} ms, "
+          f"{args.client} client; {os.cpu_count()} CPUs, server on {setup.server_cpus or 'any'}, clients on "
+          f"{setup.client_cpus or 'any'}", flush=True)  # fmt: skip
+    out: dict[str, Any]
+    if args.find_max:
+        out = find_max(setup, [int(x) for x in args.steps.split(",")], args.step_duration, args.max_minutes)
+    else:
+        n = args.sessions
+        print(f"N={n}, {setup.workers(n)} client process(es), {args.warmup:.0f} s warm-up + "
+              f"{args.duration:.0f} s measured per server", flush=True)  # fmt: skip
+        figs: dict[str, Figures] = {}
+        for target in ("gateway", "echo"):
+            if args.only in (None, target):
+                print(f"measuring {target} ...", flush=True)
+                figs[target] = run_target(target, setup, n, idle=not args.no_idle, duration=args.duration)
+        out = {k: asdict(v) for k, v in figs.items()}
+        if len(figs) == 2:
+            out["ratio"] = report(figs["gateway"], figs["echo"], setup)
+        else:
+            for fig in figs.values():
+                print(orjson.dumps({k: v for k, v in asdict(fig).items() if k != "profile"},
+                                   option=orjson.OPT_INDENT_2).decode())  # fmt: skip
+                _warn(fig, setup)
+        for fig in figs.values():
+            if fig.profile:
+                print(fig.profile)
+    if args.json:
+        args.json.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted: servers and clients stopped", file=sys.stderr)
+        sys.exit(130)
