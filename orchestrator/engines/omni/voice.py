@@ -450,20 +450,10 @@ class OmniEngine:
                 sampling_params_list=params or None,
                 output_modalities=["text", "audio"] if audio else ["text"],
             )
-            try:
-                async for out in stream:
-                    if entry.aborted:
-                        return
-                    for delta in mapper.feed(out):
-                        yield delta
-            except (EngineError, asyncio.CancelledError):
-                raise
-            except Exception as exc:
-                if entry.aborted:
-                    return
-                raise self.shared.failure(exc) from exc
-            finally:
-                await aclose_quietly(stream)
+            async for delta in self._deltas(stream, entry, mapper):
+                yield delta
+            if entry.aborted:
+                return
             for delta in mapper.flush():
                 yield delta
             yield mapper.finished()
@@ -486,6 +476,23 @@ class OmniEngine:
                 first = False
             # AudioChunk: respond takes transcripts; the session never streams audio here.
         yield make(prompt={"prompt": tail}, sampling_params=params)
+
+    async def _deltas(self, stream: Any, entry: RequestState, mapper: _OutputMapper) -> AsyncIterator[EngineOutput]:
+        """Map one ``generate`` stream to deltas; ends quietly once the request is aborted."""
+        try:
+            async for out in stream:
+                if entry.aborted:
+                    return
+                for delta in mapper.feed(out):
+                    yield delta
+        except (EngineError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            if entry.aborted:
+                return
+            raise self.shared.failure(exc) from exc
+        finally:
+            await aclose_quietly(stream)
 
     def transcribe(
         self, request: TranscriptionRequest, inputs: AsyncIterator[AudioChunk]
@@ -531,20 +538,10 @@ class OmniEngine:
             stream = client.generate(
                 prompt, request_id=request.request_id, sampling_params_list=params or None, output_modalities=["text"]
             )
-            try:
-                async for out in stream:
-                    if entry.aborted:
-                        return
-                    for delta in mapper.feed(out):
-                        yield delta
-            except (EngineError, asyncio.CancelledError):
-                raise
-            except Exception as exc:
-                if entry.aborted:
-                    return
-                raise self.shared.failure(exc) from exc
-            finally:
-                await aclose_quietly(stream)
+            async for delta in self._deltas(stream, entry, mapper):
+                yield delta
+            if entry.aborted:
+                return
             text = mapper.text.strip()
             yield Finished(
                 text=text,
