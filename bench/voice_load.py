@@ -674,7 +674,7 @@ class Profiler:
     def __init__(self, pid: int, duration: float, path: Path) -> None:
         self.path = path
         cmd = ["py-spy", "record", "--pid", str(pid), "--duration", str(max(1, int(duration))), "--rate", "200",
-               "--nonblocking", "--format", "raw", "-o", str(path)]  # fmt: skip
+               *os.environ.get("PYSPY_EXTRA", "--nonblocking").split(), "--format", "raw", "-o", str(path)]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def summary(self, top: int = 25) -> str:
@@ -1000,6 +1000,7 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
     p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                    help="server on the first CPU, clients on the others (default: on with >= 2 CPUs)")
     p.add_argument("--no-idle", action="store_true", help="skip the idle-session memory phase")
+    p.add_argument("--idle-only", action="store_true", help="only the idle-session memory phase")
     p.add_argument("--only", choices=["gateway", "echo"], help="measure one server only")
     p.add_argument("--find-max", action="store_true", help="ramp N (--steps) until a step fails")
     p.add_argument("--steps", default="100,150,200,250,300,400,500,600,800,1000",
@@ -1045,7 +1046,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.client} client; {os.cpu_count()} CPUs, server on {setup.server_cpus or 'any'}, clients on "
           f"{setup.client_cpus or 'any'}", flush=True)  # fmt: skip
     out: dict[str, Any]
-    if args.find_max:
+    if args.idle_only:
+        out = {}
+        for target in ("gateway", "echo"):
+            if args.only in (None, target):
+                with serve(target, args.sessions, 60.0, setup) as server:
+                    out[target] = kb = measure_idle(server, args.sessions, setup)
+                print(f"{target}: {kb:.1f} KB RSS per idle session (N={args.sessions})", flush=True)
+    elif args.find_max:
         out = find_max(setup, [int(x) for x in args.steps.split(",")], args.step_duration, args.max_minutes)
     else:
         n = args.sessions

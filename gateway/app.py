@@ -31,6 +31,7 @@ from gateway.transport.video import VideoEndpoint
 from orchestrator.engine import Engine
 
 WEB_DEMO = Path(__file__).resolve().parent.parent / "web_demo"
+GC_THRESHOLDS = (50_000, 20, 100)  # the collector's generation thresholds once started (see lifespan)
 
 
 def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
@@ -201,6 +202,12 @@ def create_app(
         # walks only per-session objects (measured: 110-170 ms pauses -> 7 ms).
         gc.collect()
         gc.freeze()
+        # Streaming allocates short-lived containers per audio chunk (messages, events,
+        # futures), nearly all freed by reference counting. At the default gen-0
+        # threshold (700) a young collection ran every ~100 chunks and a full one
+        # every few seconds under load (bench/voice_load.py, N=400: 3 % of the CPU and
+        # 20-80 ms pauses); this makes both rare. Cycles wait longer to be freed.
+        gc.set_threshold(*GC_THRESHOLDS)
         try:
             yield
         finally:

@@ -3,7 +3,9 @@
 Settings come from defaults, then ``OMNI_GATEWAY_*`` environment variables,
 then these flags. uvicorn runs with uvloop, httptools and the Sans-I/O
 ``websockets-sansio`` WebSocket implementation (the fastest measured here),
-without permessage-deflate (it costs CPU on audio and gains nothing).
+extended with a fast path for whole data frames
+(``gateway.transport.ws_server``), without permessage-deflate (it costs CPU on
+audio and gains nothing).
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     from gateway.app import create_app
+    from gateway.transport.ws_server import StreamingWebSocketProtocol
 
     app = create_app(settings)
     config = uvicorn.Config(
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         port=settings.port,
         loop="uvloop",
         http="httptools",
-        ws="websockets-sansio",
+        ws=StreamingWebSocketProtocol,
         ws_max_size=settings.max_frame_bytes,
         ws_per_message_deflate=False,
         log_level=settings.log_level,

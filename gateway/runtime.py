@@ -162,6 +162,7 @@ class Runtime:
         self.background: set[asyncio.Task[Any]] = set()
         self.draining = False
         self._bus_task: asyncio.Task[None] | None = None
+        self._lease_task: asyncio.Task[None] | None = None
 
     # --- sessions ---------------------------------------------------------------
 
@@ -406,7 +407,33 @@ class Runtime:
             await engine.start()
         if self.video_engine is not None:
             await self.video_engine.start()
-        self._bus_task = asyncio.get_running_loop().create_task(self._listen_bus(), name="bus")
+        loop = asyncio.get_running_loop()
+        self._bus_task = loop.create_task(self._listen_bus(), name="bus")
+        self._lease_task = loop.create_task(self._renew_leases(), name="leases")
+
+    async def _renew_leases(self) -> None:
+        """Every session lease of this replica, renewed together a third of the TTL
+        apart: one loop (and, on Redis, one pipelined round trip) per replica, not a
+        task per session. A lease the store refuses is its host's to sort out."""
+        period = self.lease_ttl_ms / 3000
+        while True:
+            await asyncio.sleep(period)
+            hosts = [h for h in self.hosts.values() if not h.ended]
+            if not hosts:
+                continue
+            fences = [h.fence for h in hosts]
+            try:
+                renewed = await self.store.renew_many(
+                    self.replica_id, self.lease_ttl_ms, [(h.id, f) for h, f in zip(hosts, fences, strict=True)]
+                )
+            except StoreError as exc:
+                log.warning("lease renewal of %d sessions failed: %s", len(hosts), exc)
+                continue
+            for host, fence, ok in zip(hosts, fences, renewed, strict=True):
+                if not ok:
+                    task = asyncio.get_running_loop().create_task(host.renewal_refused(fence))
+                    self.background.add(task)
+                    task.add_done_callback(self.background.discard)
 
     async def drain(self) -> None:
         """SIGTERM: stop taking sessions, let running answers finish (up to
@@ -428,10 +455,11 @@ class Runtime:
 
     async def close(self) -> None:
         await self.drain()
-        if self._bus_task is not None:
-            self._bus_task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._bus_task
+        for task in (self._bus_task, self._lease_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         for video in list(self.video_sessions.values()):
             video.close(CloseCode.SERVICE_RESTART, "service restart")
         for orch in self.orchestrators:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -121,7 +120,8 @@ class SessionCore:
         self._buffer_ms = 0.0
         self._input: _OpenInput | None = None
         self._committed: dict[str, str] = {}  # transcription request id -> item id
-        self._prefix: deque[tuple[float, bytes]] = deque()  # (ms, engine-rate pcm) before speech
+        # (ms, engine-rate pcm) before speech: a few entries, a list is smaller than a deque
+        self._prefix: list[tuple[float, bytes]] = []
         self._prefix_ms = 0.0
         self._response: _Response | None = None
         self._turn_stopped_at: float | None = None

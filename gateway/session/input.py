@@ -32,20 +32,26 @@ class InputAudio(SessionCore):
     # --- input audio --------------------------------------------------------
 
     def _setup_input(self) -> None:
+        # What streaming input needs (resamplers, the VAD stream, the turn detector)
+        # is built by the first append, so an idle session holds none of it.
+        self._engine_resampler: StreamResampler | None = None
+        self._vad_resampler: StreamResampler | None = None
+        self._vad: VadStream | None = None
+        self._turns: TurnDetector | None = None
+        self._manual = self.config.turn_detection is None or self._vad_factory is None
+
+    def _prepare_input(self) -> StreamResampler:
         fmt = self.config.input_format
-        self._engine_resampler = StreamResampler(fmt.rate, self.engine.input_sample_rate)
+        resampler = self._engine_resampler = StreamResampler(fmt.rate, self.engine.input_sample_rate)
         td = self.config.turn_detection
-        if td is not None and self._vad_factory is not None:
-            self._vad_resampler = (
-                None if self.engine.input_sample_rate == VAD_RATE else StreamResampler(fmt.rate, VAD_RATE)
-            )
-            self._vad: VadStream | None = self._vad_factory()
-            self._turns: TurnDetector | None = TurnDetector(
+        if self._vad is None and not self._manual and td is not None and self._vad_factory is not None:
+            if self.engine.input_sample_rate != VAD_RATE:
+                self._vad_resampler = StreamResampler(fmt.rate, VAD_RATE)
+            self._vad = self._vad_factory()
+            self._turns = TurnDetector(
                 td.threshold, td.prefix_padding_ms, td.silence_duration_ms, origin_ms=self.audio_ms
             )
-        else:
-            self._vad = None
-            self._turns = None
+        return resampler
 
     def append_audio(self, audio: bytes, event_id: str | None) -> None:
         fmt = self.config.input_format
@@ -63,7 +69,7 @@ class InputAudio(SessionCore):
                 f"this one has {duration:.0f} ms. Send smaller chunks.",
                 param="audio",
             )
-        manual = self._turns is None
+        manual = self._manual
         if manual and self._buffer_ms + duration > self.limits.max_buffer_ms:
             raise ProtocolError(
                 Code.BUFFER_FULL,
@@ -74,7 +80,7 @@ class InputAudio(SessionCore):
         if not audio:
             return
         pcm = decode_to_pcm16(fmt, audio)
-        engine_pcm = self._engine_resampler.process(pcm)
+        engine_pcm = (self._engine_resampler or self._prepare_input()).process(pcm)
         start_ms = self.audio_ms
         self.audio_ms += duration
         if manual:
@@ -96,7 +102,7 @@ class InputAudio(SessionCore):
             self._prefix_ms += duration
             keep = td.prefix_padding_ms + 2 * 32 + duration  # the padding plus detection lag
             while self._prefix and self._prefix_ms - self._prefix[0][0] >= keep:
-                self._prefix_ms -= self._prefix.popleft()[0]
+                self._prefix_ms -= self._prefix.pop(0)[0]
         else:
             self._buffer_ms += duration
             self._feed_input(engine_pcm)
@@ -164,7 +170,7 @@ class InputAudio(SessionCore):
             if inp is not None:
                 self._drop_input()
             return False
-        tail = self._engine_resampler.flush()
+        tail = self._engine_resampler.flush() if self._engine_resampler else b""
         if tail:
             self.effects.append(Feed(inp.request_id, AudioChunk(tail)))
         self.effects.append(EndInput(inp.request_id))
@@ -181,7 +187,7 @@ class InputAudio(SessionCore):
             self._committed[inp.request_id] = item.id
             if inp.held and self.config.transcription is not None:
                 self._transcription_delta(item.id, "".join(inp.held))
-        self._engine_resampler = StreamResampler(self.config.input_format.rate, self.engine.input_sample_rate)
+        self._engine_resampler = None  # the next append starts a fresh stream
         return True
 
     def _drop_input(self) -> None:

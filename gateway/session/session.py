@@ -239,7 +239,7 @@ class RealtimeSession(InputAudio, Responses):
         return {
             "id": self.id,
             "beta": self.beta,
-            "config": snapshot.config_to_dict(self.config),
+            "config": self.config,  # written by snapshot.dumps, read back by config_from_dict
             "created_at": self.created_at,
             "seq": self.seq,
             "epoch": self.epoch,

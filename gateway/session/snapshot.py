@@ -8,7 +8,6 @@ that owns the session; a takeover ends them explicitly (see ``restore``).
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 import orjson
@@ -18,10 +17,6 @@ from gateway.protocol.session_config import SessionConfig, Transcription, TurnDe
 from gateway.session.conversation import Item, Part
 
 VERSION = 1
-
-
-def config_to_dict(cfg: SessionConfig) -> dict[str, Any]:
-    return asdict(cfg)
 
 
 def config_from_dict(d: dict[str, Any]) -> SessionConfig:
@@ -41,10 +36,7 @@ def item_to_dict(item: Item) -> dict[str, Any]:
         "role": item.role,
         "status": item.status,
         "pending": item.pending_transcription,
-        "content": [
-            {"type": p.type, "text": p.text, "transcript": p.transcript, "audio_ms": p.audio_ms, "marks": p.marks}
-            for p in item.content
-        ],
+        "content": item.content,  # orjson writes each Part as {type, text, transcript, audio_ms, marks}
     }
 
 
@@ -63,6 +55,8 @@ def item_from_dict(d: dict[str, Any]) -> Item:
 
 
 def dumps(state: dict[str, Any]) -> bytes:
+    """``state["config"]`` may be the ``SessionConfig`` itself: orjson writes a
+    dataclass as ``dataclasses.asdict`` would, in a tenth of the time."""
     return orjson.dumps({"v": VERSION, **state})
 
 

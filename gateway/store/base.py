@@ -322,6 +322,12 @@ class SessionStore(abc.ABC):
         someone took the session over. A lapsed lease whose fence is still
         current is re-established (nobody took over)."""
 
+    async def renew_many(self, owner: str, ttl_ms: int, leases: list[tuple[str, int]]) -> list[bool]:
+        """``renew`` for many ``(session_id, fence)`` at once (a replica renews all
+        its leases together); one result per lease, in order. Stores that can
+        batch (Redis: one pipelined round trip) override this."""
+        return [await self.renew(sid, owner, fence, ttl_ms) for sid, fence in leases]
+
     @abc.abstractmethod
     async def release(self, session_id: str, owner: str, fence: int) -> bool:
         """Drop the lease if ``fence`` is current; the fence counter stays."""

@@ -278,6 +278,19 @@ class RedisStore(SessionStore):
         args: list[str | int] = [owner, fence, int(ttl_ms), self.limits.idle_ttl_ms]
         return bool(await self._call(lambda: self._renew(keys=keys, args=args)))
 
+    async def renew_many(self, owner: str, ttl_ms: int, leases: list[tuple[str, int]]) -> list[bool]:
+        if not leases:
+            return []
+
+        async def run() -> list[Any]:
+            pipe = self._redis.pipeline(transaction=False)  # one round trip, each renewal atomic on its own
+            for sid, fence in leases:
+                args: list[str | int] = [owner, fence, int(ttl_ms), self.limits.idle_ttl_ms]
+                await self._renew(keys=self._lease_keys(sid), args=args, client=pipe)  # queued, not sent
+            return await pipe.execute()
+
+        return [bool(ok) for ok in await self._call(run)]
+
     async def release(self, session_id: str, owner: str, fence: int) -> bool:
         keys = self._lease_keys(session_id)[:2]
         return bool(await self._call(lambda: self._release(keys=keys, args=[fence])))

@@ -75,8 +75,7 @@ class SessionHost:
         lifetime_left = session.created_at + session.limits.lifetime_s - time.time()
         self._expiry = loop.call_later(max(0.0, lifetime_left), self._expire)
         self._detach_timer: asyncio.TimerHandle | None = None
-        self._lease_task = loop.create_task(self._renew_lease(), name=f"lease {session.id}")
-        runtime.hosts[session.id] = self
+        runtime.hosts[session.id] = self  # from now on the runtime's lease loop renews its lease
 
     @property
     def id(self) -> str:
@@ -131,6 +130,8 @@ class SessionHost:
     def flush(self) -> None:
         """Journal and send what the session produced; run its effects."""
         session = self.session
+        if not (session.outbox or session.effects or session.dirty):
+            return  # most engine outputs and appends produce nothing to send
         events, effects = session.take()
         beta, conn, writer = session.beta, self.conn, self.writer
         journal = True
@@ -290,23 +291,23 @@ class SessionHost:
         self._stop()
         self.runtime.hosts.pop(self.id, None)
 
-    async def _renew_lease(self) -> None:
+    async def renewal_refused(self, fence: int) -> None:
+        """The store would not renew the lease taken with ``fence`` (the runtime's
+        lease loop says so): another replica took the session, or the lease lapsed
+        or was lost with a Redis restart and is ours to take again."""
         rt = self.runtime
-        period = rt.lease_ttl_ms / 3000
-        while not self.ended:
-            await asyncio.sleep(period)
-            try:
-                if not await rt.store.renew(self.id, rt.replica_id, self.fence, rt.lease_ttl_ms):
-                    owner = await rt.store.owner_of(self.id)
-                    if owner is not None and owner.owner != rt.replica_id:
-                        self.replaced()
-                        return
-                    # Lapsed or lost with a Redis restart: take it again.
-                    if not self._reacquiring:
-                        self._reacquiring = True
-                        await self._reacquire()
-            except StoreError as exc:
-                log.warning("session %s: lease renewal failed: %s", self.id, exc)
+        if self.ended or fence != self.fence or self._reacquiring:
+            return  # a re-acquire since that renewal was sent, or one under way
+        try:
+            owner = await rt.store.owner_of(self.id)
+        except StoreError as exc:
+            log.warning("session %s: lease check failed: %s", self.id, exc)
+            return  # the next renewal round tries again
+        if owner is not None and owner.owner != rt.replica_id:
+            self.replaced()
+        elif not (self.ended or self._reacquiring):
+            self._reacquiring = True
+            await self._reacquire()
 
     # --- the end -------------------------------------------------------------------------
 
@@ -315,7 +316,6 @@ class SessionHost:
         self._expiry.cancel()
         if self._detach_timer is not None:
             self._detach_timer.cancel()
-        self._lease_task.cancel()
         self.session.shutdown()
         self.session.take()
         for handle in self.handles.values():

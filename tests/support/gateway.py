@@ -17,6 +17,7 @@ import websockets
 from gateway.app import create_app
 from gateway.runtime import Runtime
 from gateway.settings import Settings
+from gateway.transport.ws_server import StreamingWebSocketProtocol
 
 
 def free_port() -> int:
@@ -46,7 +47,7 @@ async def run_gateway(settings: Settings | None = None, **kwargs: Any) -> AsyncI
     settings = replace(settings or Settings(), host="127.0.0.1", port=port)
     app = create_app(settings, **kwargs)
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, ws="websockets-sansio", http="httptools", loop="none",
+        app, host="127.0.0.1", port=port, ws=StreamingWebSocketProtocol, http="httptools", loop="none",
         log_level="warning", ws_per_message_deflate=False, lifespan="on", ws_max_size=settings.max_frame_bytes,
     )  # fmt: skip
     server = uvicorn.Server(config)

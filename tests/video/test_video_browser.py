@@ -54,6 +54,7 @@ async def test_chromium_media_source_buffers_and_plays_every_fragment(engine: Cp
     assert BROWSER is not None
     process = await asyncio.create_subprocess_exec(
         BROWSER,
+        "--headless",  # Debian's chromium has no display here: without it --dump-dom prints nothing
         "--no-sandbox",
         "--disable-gpu",
         "--autoplay-policy=no-user-gesture-required",

@@ -1,0 +1,146 @@
+"""The WebSocket server protocol: uvicorn's Sans-I/O one, with a fast path for streaming.
+
+uvicorn's ``websockets-sansio`` protocol runs every incoming frame through
+websockets' generator-based parser, and pauses the socket after every message
+until the app has read it (two event-loop calls per message). A realtime
+session is mostly small, whole data frames (50 audio appends a second), so
+this subclass changes two things and leaves the rest to uvicorn and websockets:
+
+- **Whole data frames are decoded here**: a masked, unfragmented text or
+  binary frame with no reserved bits, while the connection is open, no
+  fragmented message is in progress and no extension is negotiated: the
+  header is read, the payload unmasked (websockets' C ``apply_mask``) and, for
+  text, decoded as UTF-8, then queued for the app as uvicorn would. Every
+  other frame (control frames, fragments, anything malformed, oversized or
+  invalid UTF-8) is handed whole to websockets' parser, which is then at a
+  frame boundary again, so its checks, close codes and errors are unchanged.
+- **Reading pauses only when ``MAX_QUEUED_MESSAGES`` messages wait** for the
+  app (resuming below ``RESUME_BELOW``), instead of after every message. A
+  session that stops reading still cannot buffer more than that many
+  messages here, plus the kernel's socket buffer.
+
+Measured with ``bench/voice_load.py`` (see bench/README.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.frames import apply_mask
+from websockets.protocol import State
+
+MAX_QUEUED_MESSAGES = 64  # messages read from the socket but not yet by the app: pause reading at this many
+RESUME_BELOW = 16  # ... and resume once fewer than this are left
+FAST_FRAME_MAX = 1 << 16  # a larger frame is streamed to websockets' parser rather than assembled here
+
+_TEXT, _BINARY = 0x1, 0x2
+
+
+class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
+    """Pass as uvicorn's ``ws`` (``gateway.transport.ws_server:StreamingWebSocketProtocol``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fast: bool | None = None  # None until the handshake is done; False: parser only
+        self._partial = b""  # the start of a frame not yet complete
+        self._to_parser = 0  # bytes of the current frame still owed to the parser
+
+    def data_received(self, data: bytes) -> None:
+        if self._fast is None:
+            if not self.handshake_complete:
+                if self.handshake_initiated:
+                    self._fast = False  # data before our 101: not at a known frame boundary
+                super().data_received(data)
+                return
+            # The parser sits at a frame boundary after the handshake, unless bytes wait in it.
+            self._fast = not self.conn.reader.buffer and not self.conn.extensions
+        if not self._fast or self.conn.state is not State.OPEN:
+            self._fast = False
+            self._parse(data)
+            return
+        if self._to_parser:
+            n = min(self._to_parser, len(data))
+            self._to_parser -= n
+            self._parse(data[:n])
+            data = data[n:]
+        if self._partial:
+            data = self._partial + data
+            self._partial = b""
+        self._frames(data)
+
+    def _frames(self, data: bytes) -> None:
+        pos, end = 0, len(data)
+        max_size = self.conn.max_size
+        while end - pos >= 2 and self._fast:
+            b0, b1 = data[pos], data[pos + 1]
+            length, head = b1 & 0x7F, 2
+            if length == 126:
+                if end - pos < 4:
+                    break
+                length, head = int.from_bytes(data[pos + 2 : pos + 4], "big"), 4
+            elif length == 127:
+                if end - pos < 10:
+                    break
+                length, head = int.from_bytes(data[pos + 2 : pos + 10], "big"), 10
+            masked = b1 & 0x80
+            head += 4 if masked else 0
+            size = head + length
+            opcode = b0 & 0x0F
+            fast = (
+                b0 & 0xF0 == 0x80  # FIN, no reserved bits
+                and masked
+                and (opcode == _TEXT or opcode == _BINARY)
+                and length <= FAST_FRAME_MAX
+                and (max_size is None or length <= max_size)
+                and self.conn.cur_size is None
+                and self.conn.state is State.OPEN
+            )
+            if not fast:
+                if not masked or (max_size is not None and length > max_size):
+                    self._fast = False  # the parser refuses it and closes: it takes everything from here
+                    self._parse(data[pos:])
+                    return
+                take = min(size, end - pos)
+                self._to_parser = size - take
+                self._parse(data[pos : pos + take])
+                pos += take
+                continue
+            if end - pos < size:
+                break
+            payload = apply_mask(data[pos + head : pos + size], data[pos + head - 4 : pos + head])
+            if opcode == _TEXT:
+                try:
+                    message: dict[str, Any] = {"type": "websocket.receive", "text": payload.decode()}
+                except UnicodeDecodeError:
+                    self._parse(data[pos : pos + size])  # uvicorn closes with 1007
+                    pos += size
+                    continue
+            else:
+                message = {"type": "websocket.receive", "bytes": payload}
+            pos += size
+            self._deliver(message)
+        if pos < end:
+            if self._fast:
+                self._partial = data[pos:]
+            else:
+                self._parse(data[pos:])
+
+    def _parse(self, data: bytes) -> None:
+        if data:
+            super().data_received(data)
+
+    def _deliver(self, message: dict[str, Any]) -> None:
+        if self.close_sent:
+            return  # past the app's websocket.close: dropped, as uvicorn does
+        self.queue.put_nowait(message)  # type: ignore[arg-type]  # a websocket.receive event
+        if not self.read_paused and self.queue.qsize() >= MAX_QUEUED_MESSAGES:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    async def receive(self) -> Any:
+        message = await self.queue.get()
+        if self.read_paused and self.queue.qsize() < RESUME_BELOW:
+            self.read_paused = False
+            self.transport.resume_reading()
+        return message

@@ -1,0 +1,244 @@
+"""The streaming WebSocket protocol (gateway/transport/ws_server.py) over a real socket.
+
+A raw TCP client writes hand-made frames, so frame boundaries fall where the
+test says: several frames in one write, one frame over many writes, control
+frames between data frames, fragments, and frames the parser must refuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import struct
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+from support.gateway import RunningGateway, run_gateway
+from websockets.frames import apply_mask
+
+from gateway.settings import Settings
+from gateway.transport import ws_server
+
+pytestmark = pytest.mark.asyncio
+
+TEXT, BINARY, CONT, CLOSE, PING, PONG = 0x1, 0x2, 0x0, 0x8, 0x9, 0xA
+
+
+def frame(opcode: int, payload: bytes, *, fin: bool = True, mask: bool = True, rsv: int = 0) -> bytes:
+    head = bytes([(0x80 if fin else 0) | rsv | opcode])
+    n = len(payload)
+    flag = 0x80 if mask else 0
+    if n < 126:
+        head += bytes([flag | n])
+    elif n < 1 << 16:
+        head += bytes([flag | 126]) + struct.pack("!H", n)
+    else:
+        head += bytes([flag | 127]) + struct.pack("!Q", n)
+    if not mask:
+        return head + payload
+    key = os.urandom(4)
+    return head + key + apply_mask(payload, key)
+
+
+def retrieve(item_id: str) -> bytes:
+    """A client event whose answer (item_not_found, echoing the id) shows it was read."""
+    return orjson.dumps({"type": "conversation.item.retrieve", "item_id": item_id, "event_id": item_id})
+
+
+class RawClient:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def read_frame(self) -> tuple[int, bytes]:
+        b0, b1 = await self.reader.readexactly(2)
+        n = b1 & 0x7F
+        if n == 126:
+            (n,) = struct.unpack("!H", await self.reader.readexactly(2))
+        elif n == 127:
+            (n,) = struct.unpack("!Q", await self.reader.readexactly(8))
+        return b0 & 0x0F, await self.reader.readexactly(n)
+
+    async def event(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The next server event (text frame), skipping other frames."""
+        while True:
+            opcode, payload = await asyncio.wait_for(self.read_frame(), timeout)
+            if opcode == TEXT:
+                return dict(orjson.loads(payload))
+
+    async def errors(self, n: int) -> list[str]:
+        """The ``event_id`` of the next ``n`` error events."""
+        out: list[str] = []
+        while len(out) < n:
+            ev = await self.event()
+            if ev["type"] == "error":
+                out.append(ev["error"]["event_id"])
+        return out
+
+    async def close_code(self, timeout: float = 5.0) -> int:
+        while True:
+            opcode, payload = await asyncio.wait_for(self.read_frame(), timeout)
+            if opcode == CLOSE:
+                return int(struct.unpack("!H", payload[:2])[0])
+
+
+async def connect(gw: RunningGateway) -> RawClient:
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        f"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    status = await reader.readuntil(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 101"), status
+    client = RawClient(reader, writer)
+    assert (await client.event())["type"] == "session.created"
+    return client
+
+
+@pytest.fixture
+async def gw() -> AsyncIterator[RunningGateway]:
+    async with run_gateway(Settings(engine="passthrough", max_frame_bytes=256 << 10)) as g:
+        yield g
+
+
+@pytest.fixture
+def fast(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The messages the fast path delivered (the rest came through websockets' parser)."""
+    delivered: list[dict[str, Any]] = []
+    original = ws_server.StreamingWebSocketProtocol._deliver
+
+    def deliver(self: ws_server.StreamingWebSocketProtocol, message: dict[str, Any]) -> None:
+        delivered.append(message)
+        original(self, message)
+
+    monkeypatch.setattr(ws_server.StreamingWebSocketProtocol, "_deliver", deliver)
+    return delivered
+
+
+async def test_several_frames_in_one_write_are_each_read(gw: RunningGateway, fast: list[dict[str, Any]]) -> None:
+    c = await connect(gw)
+    ids = [f"item_{i}" for i in range(20)]
+    await c.send(b"".join(frame(TEXT, retrieve(i)) for i in ids))
+    assert await c.errors(20) == ids
+    assert [orjson.loads(m["text"])["item_id"] for m in fast] == ids
+
+
+async def test_a_frame_split_over_many_writes_is_read_once_whole(
+    gw: RunningGateway, fast: list[dict[str, Any]]
+) -> None:
+    c = await connect(gw)
+    data = frame(TEXT, retrieve("item_a")) + frame(TEXT, retrieve("item_b"))
+    for i in range(0, len(data), 3):  # 3 bytes a write: headers and payloads cut everywhere
+        await c.send(data[i : i + 3])
+        await asyncio.sleep(0.001)
+    assert await c.errors(2) == ["item_a", "item_b"]
+    assert len(fast) == 2
+
+
+async def test_ping_between_data_frames_gets_its_pong(gw: RunningGateway) -> None:
+    c = await connect(gw)
+    await c.send(frame(TEXT, retrieve("item_1")) + frame(PING, b"hi") + frame(TEXT, retrieve("item_2")))
+    seen: list[tuple[int, bytes]] = []
+    errors: list[str] = []
+    while len(errors) < 2:
+        opcode, payload = await asyncio.wait_for(c.read_frame(), 5)
+        seen.append((opcode, payload))
+        if opcode == TEXT and orjson.loads(payload)["type"] == "error":
+            errors.append(orjson.loads(payload)["error"]["event_id"])
+    assert errors == ["item_1", "item_2"]
+    assert (PONG, b"hi") in seen
+
+
+async def test_fragmented_message_goes_through_the_parser(gw: RunningGateway, fast: list[dict[str, Any]]) -> None:
+    c = await connect(gw)
+    data = retrieve("item_frag")
+    await c.send(
+        frame(TEXT, data[:10], fin=False)
+        + frame(CONT, data[10:20], fin=False)
+        + frame(PING, b"p")  # a control frame may sit between fragments
+        + frame(CONT, data[20:])
+        + frame(TEXT, retrieve("item_after"))  # and the fast path takes over again
+    )
+    assert await c.errors(2) == ["item_frag", "item_after"]
+    assert [orjson.loads(m["text"])["item_id"] for m in fast] == ["item_after"]
+
+
+async def test_large_frame_streams_to_the_parser_and_is_read(gw: RunningGateway) -> None:
+    c = await connect(gw)
+    big = retrieve("item_" + "x" * (ws_server.FAST_FRAME_MAX + 1000))
+    data = frame(TEXT, big) + frame(TEXT, retrieve("item_small"))
+    for i in range(0, len(data), 7000):
+        await c.send(data[i : i + 7000])
+    errors = await c.errors(2)
+    assert errors[0].startswith("item_xxx") and len(errors[0]) == len("item_") + ws_server.FAST_FRAME_MAX + 1000
+    assert errors[1] == "item_small"
+
+
+async def test_binary_audio_frames_take_the_fast_path(gw: RunningGateway, fast: list[dict[str, Any]]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        f"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: omni-binary.v1\r\n\r\n"
+        .encode()
+    )  # fmt: skip
+    await reader.readuntil(b"\r\n\r\n")
+    c = RawClient(reader, writer)
+    await c.event()
+    update = {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}}
+    pcm = b"\x00\x01" * 2400  # 100 ms at 24 kHz
+    await c.send(
+        frame(TEXT, orjson.dumps(update))
+        + b"".join(frame(BINARY, b"\x01\x00\x00\x00" + pcm[i : i + 960]) for i in range(0, len(pcm), 960))
+        + frame(TEXT, orjson.dumps({"type": "input_audio_buffer.commit"}))
+    )
+    while (ev := await c.event())["type"] != "input_audio_buffer.committed":
+        assert ev["type"] != "error", ev
+    assert sum("bytes" in m for m in fast) == len(pcm) // 960
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (frame(TEXT, b"\xff\xfe not utf-8"), 1007),
+        (frame(TEXT, retrieve("x"), mask=False), 1002),
+        (frame(TEXT, retrieve("x"), rsv=0x40), 1002),
+        (frame(CONT, b"nothing to continue"), 1002),
+        (frame(BINARY, b"\x00" * ((256 << 10) + 1))[:1000], 1009),  # refused on its header
+    ],
+    ids=["invalid-utf8", "unmasked", "reserved-bit", "stray-continuation", "too-big"],
+)
+async def test_frames_the_parser_refuses_close_the_socket(gw: RunningGateway, data: bytes, code: int) -> None:
+    c = await connect(gw)
+    await c.send(frame(TEXT, retrieve("item_before")))
+    assert await c.errors(1) == ["item_before"]
+    await c.send(data)
+    assert await c.close_code() == code
+
+
+async def test_reading_pauses_while_the_app_is_behind(gw: RunningGateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The app does not read: the socket is paused once MAX_QUEUED_MESSAGES wait, not after each message."""
+    pauses: list[int] = []
+    original = ws_server.StreamingWebSocketProtocol._deliver
+
+    def deliver(self: ws_server.StreamingWebSocketProtocol, message: dict[str, Any]) -> None:
+        before = self.read_paused
+        original(self, message)
+        if self.read_paused and not before:
+            pauses.append(self.queue.qsize())
+
+    monkeypatch.setattr(ws_server.StreamingWebSocketProtocol, "_deliver", deliver)
+    c = await connect(gw)
+    n = ws_server.MAX_QUEUED_MESSAGES * 3
+    # All in one write, handled in one data_received: the app cannot read in between.
+    await c.send(b"".join(frame(TEXT, retrieve(f"item_{i}")) for i in range(n)))
+    assert await c.errors(n) == [f"item_{i}" for i in range(n)]
+    assert pauses and pauses[0] == ws_server.MAX_QUEUED_MESSAGES
