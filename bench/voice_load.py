@@ -674,7 +674,7 @@ class Profiler:
     def __init__(self, pid: int, duration: float, path: Path) -> None:
         self.path = path
         cmd = ["py-spy", "record", "--pid", str(pid), "--duration", str(max(1, int(duration))), "--rate", "200",
-               *os.environ.get("PYSPY_EXTRA", "--nonblocking").split(), "--format", "raw", "-o", str(path)]  # fmt: skip
+               "--nonblocking", "--format", "raw", "-o", str(path)]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def summary(self, top: int = 25) -> str:

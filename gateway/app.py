@@ -31,7 +31,7 @@ from gateway.transport.video import VideoEndpoint
 from orchestrator.engine import Engine
 
 WEB_DEMO = Path(__file__).resolve().parent.parent / "web_demo"
-GC_THRESHOLDS = (50_000, 20, 100)  # the collector's generation thresholds once started (see lifespan)
+GC_THRESHOLDS = (700, 10, 100)  # the collector's generation thresholds once started (see lifespan)
 
 
 def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
@@ -202,11 +202,12 @@ def create_app(
         # walks only per-session objects (measured: 110-170 ms pauses -> 7 ms).
         gc.collect()
         gc.freeze()
-        # Streaming allocates short-lived containers per audio chunk (messages, events,
-        # futures), nearly all freed by reference counting. At the default gen-0
-        # threshold (700) a young collection ran every ~100 chunks and a full one
-        # every few seconds under load (bench/voice_load.py, N=400: 3 % of the CPU and
-        # 20-80 ms pauses); this makes both rare. Cycles wait longer to be freed.
+        # Sessions keep growing the heap (conversation items, journal entries), and with
+        # the default thresholds each 25 % of growth costs a full collection, a pause
+        # that stops every session (bench/voice_load.py, N=400: 40-80 ms every few
+        # seconds). Young collections stay as they are (a larger gen-0 threshold only
+        # made each pause longer: 7-22 ms at 50 000); full ones wait for 100 gen-1
+        # collections, so cycles that reached the oldest generation live longer.
         gc.set_threshold(*GC_THRESHOLDS)
         try:
             yield

@@ -4,6 +4,7 @@ and over a private Redis. The multi-replica proofs live in tests/cluster."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -186,3 +187,34 @@ async def test_event_ack_trims_the_journal(gateway: RunningGateway) -> None:
             await asyncio.sleep(0.05)
     assert read.gap  # acked events are gone: replay from before them is impossible
     assert all(seq > done["server_event_seq"] for seq, _ in read.events)
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_lease_loop_lets_go_of_a_session_another_replica_took(backend: str) -> None:
+    """The runtime renews every lease of the replica together; a renewal the store
+    refuses because another replica holds the lease ends the session here (4009)
+    and leaves the other sessions alone."""
+    settings = Settings(engine="passthrough", lease_ttl_s=0.3)  # renewed every 0.1 s
+    with contextlib.ExitStack() as stack:
+        if backend == "redis":
+            if not REDIS_BINARY:
+                pytest.skip("redis-server is not installed")
+            settings = replace(settings, redis_url=stack.enter_context(RedisServer()).url)
+        async with run_gateway(settings, vad_factory=None) as gw, connect(gw.url) as a, connect(gw.url) as b:
+            sid_a = (await a.wait_for("session.created"))["session"]["id"]
+            sid_b = (await b.wait_for("session.created"))["session"]["id"]
+            store = gw.runtime.store
+            await asyncio.sleep(0.5)  # several renewal rounds: both leases held all along
+            assert (await store.owner_of(sid_a)).owner == gw.runtime.replica_id  # type: ignore[union-attr]
+            await store.acquire(sid_a, "another-replica", 10_000)
+            replaced = await a.wait_for("session.replaced", timeout=3)
+            assert replaced["session_id"] == sid_a
+            with pytest.raises(Exception):  # noqa: B017 (the close is what we wait for)
+                await a.recv(timeout=5)
+            assert a.ws.close_code == 4009
+            assert sid_a not in gw.runtime.hosts
+            await asyncio.sleep(0.3)
+            owner_b = await store.owner_of(sid_b)
+            assert owner_b is not None and owner_b.owner == gw.runtime.replica_id
+            await b.send({"type": "response.create"})
+            assert (await b.wait_for("response.done"))["response"]["status"] == "completed"

@@ -35,9 +35,7 @@ async def test_appends_within_one_interval_cost_one_round_trip(backend: Backend)
 
 
 @pytest.mark.parametrize(("rate", "burst"), [(50, 1), (50, 5)])
-async def test_round_trips_stay_within_one_per_interval(
-    backend: Backend, rate: int, burst: int
-) -> None:
+async def test_round_trips_stay_within_one_per_interval(backend: Backend, rate: int, burst: int) -> None:
     """``rate`` events/s, arriving ``burst`` at a time, for 0.6 s."""
     store = backend.store(flush_interval_ms=20)
     fence = await store.acquire("s1", "A", LEASE_MS)
@@ -55,9 +53,11 @@ async def test_round_trips_stay_within_one_per_interval(
     elapsed = loop.time() - start
     trips = store.round_trips - before
     latency_ms = 1000 * writer.flush_seconds / max(1, writer.flushes)
-    print(f"\n[{backend.kind}] {rate} events/s in bursts of {burst}: "
-          f"{trips / elapsed:.1f} round trips/s, {seq / max(1, trips):.1f} events per "
-          f"round trip, mean flush latency {latency_ms:.2f} ms")
+    print(
+        f"\n[{backend.kind}] {rate} events/s in bursts of {burst}: "
+        f"{trips / elapsed:.1f} round trips/s, {seq / max(1, trips):.1f} events per "
+        f"round trip, mean flush latency {latency_ms:.2f} ms"
+    )
     assert trips / elapsed <= 1000 / 20 + 5
     assert [s for s, _ in (await store.read_events("s1", 0)).events] == list(range(1, seq + 1))
     await writer.close()

@@ -191,6 +191,25 @@ async def test_lease_renew_lapse_and_release(backend: Backend) -> None:
     assert await a.acquire("s1", "A", LEASE_MS) > fb  # the counter survives release
 
 
+async def test_renew_many_renews_each_lease_and_reports_the_ones_taken_over(backend: Backend) -> None:
+    a = backend.store()
+    b = backend.peer(a)
+    fences = {sid: await a.acquire(sid, "A", 200) for sid in ("s1", "s2", "s3")}
+    assert await a.renew_many("A", 200, []) == []
+    await b.acquire("s2", "B", LEASE_MS)  # another replica takes s2
+    await asyncio.sleep(0.12)
+    leases = [(sid, fence) for sid, fence in fences.items()]
+    assert await a.renew_many("A", 200, leases) == [True, False, True]
+    await asyncio.sleep(0.12)  # past the first TTL: only a renewal keeps s1 and s3 ours
+    assert await a.owner_of("s1") == ("A", fences["s1"])
+    assert await a.owner_of("s3") == ("A", fences["s3"])
+    assert (await a.owner_of("s2") or ("", 0))[0] == "B"
+    if backend.kind == "redis":  # every renewal in one pipelined round trip
+        rounds = a.round_trips  # type: ignore[attr-defined]
+        assert await a.renew_many("A", LEASE_MS, leases) == [True, False, True]
+        assert a.round_trips == rounds + 1  # type: ignore[attr-defined]
+
+
 # --- bus ------------------------------------------------------------------------
 
 
