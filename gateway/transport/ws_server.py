@@ -17,13 +17,20 @@ this subclass changes two things and leaves the rest to uvicorn and websockets:
 - **Reading pauses only when ``MAX_QUEUED_MESSAGES`` messages wait** for the
   app (resuming below ``RESUME_BELOW``), instead of after every message. A
   session that stops reading still cannot buffer more than that many
-  messages here, plus the kernel's socket buffer.
+  messages here, plus the kernel's socket buffer. The messages wait in a
+  deque with one waiter (the app's one reader), not an ``asyncio.Queue``.
+- **Whole data frames are written here** (a server frame is a 2-10 byte header
+  and the payload, unmasked) while the connection is open with no extension;
+  the rest of ``send`` (accept, close, a closing connection) is uvicorn's.
 
 Measured with ``bench/voice_load.py`` (see bench/README.md).
 """
 
 from __future__ import annotations
 
+import asyncio
+import struct
+from collections import deque
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -37,11 +44,52 @@ FAST_FRAME_MAX = 1 << 16  # a larger frame is streamed to websockets' parser rat
 _TEXT, _BINARY = 0x1, 0x2
 
 
+class Inbox:
+    """What uvicorn's protocol needs of its receive queue (``put_nowait``,
+    ``get``, ``qsize``, ``empty``) for one reader: a deque, and a future only
+    while the reader waits."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[Any] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def get(self) -> Any:
+        while not self._items:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            await waiter
+        return self._items.popleft()
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def empty(self) -> bool:
+        return not self._items
+
+
+def _header(opcode_byte: int, n: int) -> bytes:
+    if n < 126:
+        return bytes((opcode_byte, n))
+    if n < 1 << 16:
+        return struct.pack("!BBH", opcode_byte, 126, n)
+    return struct.pack("!BBQ", opcode_byte, 127, n)
+
+
 class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
     """Pass as uvicorn's ``ws`` (``gateway.transport.ws_server:StreamingWebSocketProtocol``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.queue = Inbox()  # type: ignore[assignment]
         self._fast: bool | None = None  # None until the handshake is done; False: parser only
         self._partial = b""  # the start of a frame not yet complete
         self._to_parser = 0  # bytes of the current frame still owed to the parser
@@ -137,6 +185,23 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
         if not self.read_paused and self.queue.qsize() >= MAX_QUEUED_MESSAGES:
             self.read_paused = True
             self.transport.pause_reading()
+
+    async def send(self, message: Any) -> None:
+        if not self.writable.is_set():
+            await self.writable.wait()  # the transport's buffer is over its high-water mark
+        if (
+            message["type"] == "websocket.send"
+            and self.handshake_complete
+            and not self.close_sent
+            and not self.conn.extensions
+            and self.conn.state is State.OPEN
+        ):
+            text = message.get("text")
+            data = text.encode() if text is not None else message.get("bytes")
+            if data is not None:
+                self.transport.writelines((_header(0x81 if text is not None else 0x82, len(data)), data))
+                return
+        await super().send(message)
 
     async def receive(self) -> Any:
         message = await self.queue.get()

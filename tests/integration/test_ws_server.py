@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import pytest
 from support.gateway import RunningGateway, run_gateway
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.frames import apply_mask
 
 from gateway.settings import Settings
@@ -242,3 +243,27 @@ async def test_reading_pauses_while_the_app_is_behind(gw: RunningGateway, monkey
     await c.send(b"".join(frame(TEXT, retrieve(f"item_{i}")) for i in range(n)))
     assert await c.errors(n) == [f"item_{i}" for i in range(n)]
     assert pauses and pauses[0] == ws_server.MAX_QUEUED_MESSAGES
+
+
+async def test_server_frames_of_every_length_encoding_arrive_whole(
+    gw: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Short (< 126), 16-bit and 64-bit payload lengths, as written by the send fast path."""
+    parent_sends: list[str] = []
+    parent = WebSocketsSansIOProtocol.send
+
+    async def counted(self: WebSocketsSansIOProtocol, message: Any) -> None:
+        parent_sends.append(message["type"])
+        await parent(self, message)
+
+    monkeypatch.setattr(WebSocketsSansIOProtocol, "send", counted)
+    c = await connect(gw)
+    for size in (10, 2_000, 70_000):
+        text = "y" * size
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+        await c.send(frame(TEXT, orjson.dumps({"type": "conversation.item.create", "item": item})))
+        while (ev := await c.event())["type"] != "conversation.item.added":
+            pass
+        assert ev["item"]["content"][0]["text"] == text
+    assert "websocket.accept" in parent_sends
+    assert "websocket.send" not in parent_sends  # only the accept went through uvicorn's own send
