@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ from gateway.store.base import StoreError
 from gateway.transport.handshake import accept, common_refusal, refuse
 from gateway.transport.host import SessionHost, connection_event, error_event
 from gateway.transport.outbox import Outbox, SlowConsumer
+from gateway.transport.ws_server import DIRECT_EXTENSION
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -90,6 +92,7 @@ class RealtimeEndpoint:
                 config = replace(config, turn_detection=None)  # no detector here: manual turns
         binary = BINARY_SUBPROTOCOL in hs.offered
         conn = Connection(rt, receive, send, beta=beta, binary=binary, principal=hs.grant.principal)
+        conn.direct = scope.get("extensions", {}).get(DIRECT_EXTENSION)
         await conn.run(config)
 
 
@@ -110,6 +113,9 @@ class Connection:
         self._reader_task: asyncio.Task[None] | None = None
         self._writer_task: asyncio.Task[None] | None = None
         self._client_events = 0
+        self._busy = False  # the read loop is handling a message (the direct path must wait)
+        self.direct: Callable[[Callable[[dict[str, Any]], bool]], None] | None = None  # the server's hook
+        self._binary_counter = runtime.metrics.client_event_counter("binary.append")
 
     # --- main loop -----------------------------------------------------------
 
@@ -136,6 +142,8 @@ class Connection:
             self.host.attach(self)
             self.host.session.start(resume_token=self.host.rotate_token())
             self.host.flush()
+            if self.direct is not None:
+                self.direct(self.on_message)  # messages now come as they are read (see on_message)
             reader = self._reader_task = loop.create_task(self._read_loop())
             await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
             if not reader.done():
@@ -161,8 +169,6 @@ class Connection:
             rt.metrics.sessions.dec()
 
     async def _read_loop(self) -> None:
-        limit = self.runtime.settings.max_message_bytes
-        count = self.runtime.metrics.client_event_counter
         while True:
             message = await self._receive()
             kind = message["type"]
@@ -171,42 +177,79 @@ class Connection:
             host = self.host
             if kind != "websocket.receive" or host is None:
                 continue
-            text = message.get("text")
+            self._busy = True
             try:
-                if text is not None:
-                    if len(text) > limit:
-                        raise ProtocolError(
-                            Code.MESSAGE_TOO_LARGE,
-                            f"A message may be at most {limit} bytes; this one has {len(text)}. "
-                            "Send audio in smaller appends.",
+                resume = self._handle(host, message, direct=False)
+                if isinstance(resume, ce.SessionResume):
+                    try:
+                        await self._resume(resume)
+                    except ProtocolError as err:
+                        host.session.error(err)
+                        host.flush()
+                    except Exception:  # a bug must cost one event, not the session
+                        log.exception("session %s: unexpected failure resuming", host.id)
+                        host.session.error(
+                            ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error")
                         )
-                    event = ce.decode(text)
-                    count(_EVENT_NAMES.get(type(event), "other")).inc()
-                    if isinstance(event, ce.SessionResume):
-                        await self._resume(event)
-                        continue
-                    if isinstance(event, ce.EventAck):
-                        self._ack(host, event)
-                        continue
-                    self._client_events += 1
-                    host.session.handle(event)
-                else:
-                    data = message.get("bytes") or b""
-                    if len(data) > limit:
-                        raise ProtocolError(
-                            Code.MESSAGE_TOO_LARGE, f"A message may be at most {limit} bytes; got {len(data)}."
-                        )
-                    count("binary.append").inc()
-                    self._client_events += 1
-                    host.session.append_audio(decode_input_frame(data), None)
-            except ProtocolError as err:
-                host.session.error(err)
-            except Exception:  # a bug must cost one event, not the session
-                log.exception("session %s: unexpected failure handling a client message", host.id)
-                host.session.error(
-                    ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error")
-                )
-            host.flush()
+                        host.flush()
+            finally:
+                self._busy = False
+
+    def on_message(self, message: dict[str, Any]) -> bool:
+        """The direct path (``omni.websocket.direct``): the server protocol hands a
+        received message here as it is read, with no task switch. False: not taken
+        (the read loop is busy with one, or this one needs it), so the protocol
+        queues it, and what follows, for the read loop: the order holds."""
+        host = self.host
+        if self._busy or host is None:
+            return False
+        return self._handle(host, message, direct=True) is None
+
+    def _handle(self, host: SessionHost, message: dict[str, Any], *, direct: bool) -> ce.SessionResume | bool | None:
+        """One client message, handled and flushed. Returns a ``session.resume`` for
+        the read loop to carry out (it awaits the store), or, on the direct path,
+        False to hand that message to the read loop instead."""
+        limit = self.runtime.settings.max_message_bytes
+        text = message.get("text")
+        try:
+            if text is not None:
+                if len(text) > limit:
+                    raise ProtocolError(
+                        Code.MESSAGE_TOO_LARGE,
+                        f"A message may be at most {limit} bytes; this one has {len(text)}. "
+                        "Send audio in smaller appends.",
+                    )
+                event = ce.decode(text)
+                if isinstance(event, ce.SessionResume):
+                    if direct:
+                        return False
+                    self._counter(ce.SessionResume).inc()
+                    return event
+                self._counter(type(event)).inc()
+                if isinstance(event, ce.EventAck):
+                    self._ack(host, event)
+                    return None
+                self._client_events += 1
+                host.session.handle(event)
+            else:
+                data = message.get("bytes") or b""
+                if len(data) > limit:
+                    raise ProtocolError(
+                        Code.MESSAGE_TOO_LARGE, f"A message may be at most {limit} bytes; got {len(data)}."
+                    )
+                self._binary_counter.inc()
+                self._client_events += 1
+                host.session.append_audio(decode_input_frame(data), None)
+        except ProtocolError as err:
+            host.session.error(err)
+        except Exception:  # a bug must cost one event, not the session
+            log.exception("session %s: unexpected failure handling a client message", host.id)
+            host.session.error(ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error"))
+        host.flush()
+        return None
+
+    def _counter(self, event_type: type) -> Any:
+        return self.runtime.metrics.client_event_counter(_EVENT_NAMES.get(event_type, "other"))
 
     async def _resume(self, event: ce.SessionResume) -> None:
         if self._client_events:

@@ -19,6 +19,13 @@ this subclass changes two things and leaves the rest to uvicorn and websockets:
   session that stops reading still cannot buffer more than that many
   messages here, plus the kernel's socket buffer. The messages wait in a
   deque with one waiter (the app's one reader), not an ``asyncio.Queue``.
+- **Messages can skip the queue**: the protocol offers the ASGI extension
+  ``omni.websocket.direct`` (a function taking a callback). An app that
+  registers a callback gets each received message synchronously as it is
+  read, with no task switch, whenever nothing is queued ahead of it; the
+  callback returns False to decline one (it is queued, with what follows,
+  for the app's ``receive``), so the order holds. Apps that ignore the
+  extension see plain ASGI.
 - **Whole data frames are written here** (a server frame is a 2-10 byte header
   and the payload, unmasked) while the connection is open with no extension;
   the rest of ``send`` (accept, close, a closing connection) is uvicorn's.
@@ -31,12 +38,14 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.frames import apply_mask
 from websockets.protocol import State
 
+DIRECT_EXTENSION = "omni.websocket.direct"
 MAX_QUEUED_MESSAGES = 64  # messages read from the socket but not yet by the app: pause reading at this many
 RESUME_BELOW = 16  # ... and resume once fewer than this are left
 FAST_FRAME_MAX = 1 << 16  # a larger frame is streamed to websockets' parser rather than assembled here
@@ -90,9 +99,19 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.queue = Inbox()  # type: ignore[assignment]
+        self._direct: Callable[[dict[str, Any]], bool] | None = None  # the app's on-message callback
         self._fast: bool | None = None  # None until the handshake is done; False: parser only
         self._partial = b""  # the start of a frame not yet complete
         self._to_parser = 0  # bytes of the current frame still owed to the parser
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)
+        if scope is not None:
+            scope["extensions"][DIRECT_EXTENSION] = self._set_direct
+
+    def _set_direct(self, callback: Callable[[dict[str, Any]], bool]) -> None:
+        self._direct = callback
 
     def data_received(self, data: bytes) -> None:
         if self._fast is None:
@@ -181,6 +200,9 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
     def _deliver(self, message: dict[str, Any]) -> None:
         if self.close_sent:
             return  # past the app's websocket.close: dropped, as uvicorn does
+        direct = self._direct
+        if direct is not None and not self.queue.qsize() and direct(message):
+            return
         self.queue.put_nowait(message)  # type: ignore[arg-type]  # a websocket.receive event
         if not self.read_paused and self.queue.qsize() >= MAX_QUEUED_MESSAGES:
             self.read_paused = True

@@ -22,6 +22,7 @@ from websockets.frames import apply_mask
 
 from gateway.settings import Settings
 from gateway.transport import ws_server
+from gateway.transport.realtime import Connection
 
 pytestmark = pytest.mark.asyncio
 
@@ -225,8 +226,12 @@ async def test_frames_the_parser_refuses_close_the_socket(gw: RunningGateway, da
     assert await c.close_code() == code
 
 
-async def test_reading_pauses_while_the_app_is_behind(gw: RunningGateway, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The app does not read: the socket is paused once MAX_QUEUED_MESSAGES wait, not after each message."""
+async def test_messages_queue_behind_one_the_read_loop_takes_and_reading_pauses_at_the_bound(
+    gw: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``session.resume`` goes to the read loop (it awaits the store), so the
+    messages after it queue behind it, in order; once MAX_QUEUED_MESSAGES wait,
+    the socket is paused (not after each message, as uvicorn's protocol does)."""
     pauses: list[int] = []
     original = ws_server.StreamingWebSocketProtocol._deliver
 
@@ -237,12 +242,37 @@ async def test_reading_pauses_while_the_app_is_behind(gw: RunningGateway, monkey
             pauses.append(self.queue.qsize())
 
     monkeypatch.setattr(ws_server.StreamingWebSocketProtocol, "_deliver", deliver)
+    taken: list[bool] = []
+    on_message = Connection.on_message
+
+    def spy(self: Connection, message: dict[str, Any]) -> bool:
+        taken.append(on_message(self, message))
+        return taken[-1]
+
+    monkeypatch.setattr(Connection, "on_message", spy)  # before the connection registers it
     c = await connect(gw)
     n = ws_server.MAX_QUEUED_MESSAGES * 3
-    # All in one write, handled in one data_received: the app cannot read in between.
-    await c.send(b"".join(frame(TEXT, retrieve(f"item_{i}")) for i in range(n)))
-    assert await c.errors(n) == [f"item_{i}" for i in range(n)]
+    resume = {"type": "session.resume", "session_id": "sess_nope", "resume_token": "rt_x",
+              "last_received_server_event_seq": 0, "event_id": "resume"}  # fmt: skip
+    # One write, read in one data_received: the read loop cannot run in between.
+    await c.send(frame(TEXT, orjson.dumps(resume)) + b"".join(frame(TEXT, retrieve(f"item_{i}")) for i in range(n)))
+    assert await c.errors(n + 1) == ["resume"] + [f"item_{i}" for i in range(n)]
     assert pauses and pauses[0] == ws_server.MAX_QUEUED_MESSAGES
+    await c.send(frame(TEXT, retrieve("item_direct")))  # the queue drained: taken directly again
+    assert await c.errors(1) == ["item_direct"]
+    # Offered directly: the resume (declined: the read loop takes it), none of those queued
+    # behind it (the queue was not empty), then the last one (taken).
+    assert taken == [False, True]
+
+
+async def test_the_gateway_works_on_uvicorns_own_protocol_too() -> None:
+    """No ``omni.websocket.direct`` extension: every message comes through ``receive``."""
+    async with run_gateway(Settings(engine="passthrough"), ws="websockets-sansio") as gw:
+        c = await connect(gw)
+        resume = {"type": "session.resume", "session_id": "sess_nope", "resume_token": "rt_x",
+                  "last_received_server_event_seq": 0, "event_id": "resume"}  # fmt: skip
+        await c.send(frame(TEXT, orjson.dumps(resume)) + frame(TEXT, retrieve("item_1")) + frame(PING, b"p"))
+        assert await c.errors(2) == ["resume", "item_1"]
 
 
 async def test_server_frames_of_every_length_encoding_arrive_whole(

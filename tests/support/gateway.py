@@ -42,12 +42,15 @@ class RunningGateway:
 
 
 @contextlib.asynccontextmanager
-async def run_gateway(settings: Settings | None = None, **kwargs: Any) -> AsyncIterator[RunningGateway]:
+async def run_gateway(
+    settings: Settings | None = None, *, ws: Any = StreamingWebSocketProtocol, **kwargs: Any
+) -> AsyncIterator[RunningGateway]:
+    """The gateway under uvicorn, on a free port; ``ws`` is uvicorn's WebSocket protocol."""
     port = free_port()
     settings = replace(settings or Settings(), host="127.0.0.1", port=port)
     app = create_app(settings, **kwargs)
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, ws=StreamingWebSocketProtocol, http="httptools", loop="none",
+        app, host="127.0.0.1", port=port, ws=ws, http="httptools", loop="none",
         log_level="warning", ws_per_message_deflate=False, lifespan="on", ws_max_size=settings.max_frame_bytes,
     )  # fmt: skip
     server = uvicorn.Server(config)
