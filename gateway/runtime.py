@@ -429,6 +429,9 @@ class Runtime:
             except StoreError as exc:
                 log.warning("lease renewal of %d sessions failed: %s", len(hosts), exc)
                 continue
+            except Exception:  # a bug must not stop every lease of the replica for good
+                log.exception("lease renewal of %d sessions crashed", len(hosts))
+                continue
             for host, fence, ok in zip(hosts, fences, renewed, strict=True):
                 if not ok:
                     task = asyncio.get_running_loop().create_task(host.renewal_refused(fence))

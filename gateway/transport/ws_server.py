@@ -4,13 +4,14 @@ uvicorn's ``websockets-sansio`` protocol runs every incoming frame through
 websockets' generator-based parser, and pauses the socket after every message
 until the app has read it (two event-loop calls per message). A realtime
 session is mostly small, whole data frames (50 audio appends a second), so
-this subclass changes two things and leaves the rest to uvicorn and websockets:
+this subclass changes the following and leaves the rest to uvicorn and
+websockets:
 
 - **Whole data frames are decoded here**: a masked, unfragmented text or
   binary frame with no reserved bits, while the connection is open, no
   fragmented message is in progress and no extension is negotiated: the
   header is read, the payload unmasked (websockets' C ``apply_mask``) and, for
-  text, decoded as UTF-8, then queued for the app as uvicorn would. Every
+  text, decoded as UTF-8, then handed to the app as uvicorn would. Every
   other frame (control frames, fragments, anything malformed, oversized or
   invalid UTF-8) is handed whole to websockets' parser, which is then at a
   frame boundary again, so its checks, close codes and errors are unchanged.
