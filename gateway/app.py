@@ -204,8 +204,8 @@ def create_app(
         gc.freeze()
         # Sessions keep growing the heap (conversation items, journal entries), and with
         # the default thresholds each 25 % of growth costs a full collection, a pause
-        # that stops every session (bench/voice_load.py, N=400: 40-80 ms every few
-        # seconds). Young collections stay as they are (a larger gen-0 threshold only
+        # that stops every session (400 streaming sessions: up to 82 ms, several in 5 s;
+        # see bench/README.md). Young collections stay as they are (a larger gen-0 threshold only
         # made each pause longer: 7-22 ms at 50 000); full ones wait for 100 gen-1
         # collections, so cycles that reached the oldest generation live longer.
         gc.set_threshold(*GC_THRESHOLDS)
