@@ -969,8 +969,10 @@ def find_max(setup: Setup, steps: list[int], step_s: float, max_minutes: float) 
     (gw_n, gw_rate), (echo_n, echo_rate) = sat["gateway"], sat["echo"]
     ratio = gw_rate / echo_rate if echo_rate else math.nan
     lower = {t: "" if saturated[t] else " (kept up with every step run: a lower bound)" for t in saturated}
-    print(f"\ngateway: max N within p99 added <= {TARGET_ADDED_P99_MS:.0f} ms: {target_n} "
-          f"(target >= {TARGET_SESSIONS}: {_ok(target_n >= TARGET_SESSIONS)})")
+    print(
+        f"\ngateway: max N within p99 added <= {TARGET_ADDED_P99_MS:.0f} ms: {target_n} "
+        f"(target >= {TARGET_SESSIONS}: {_ok(target_n >= TARGET_SESSIONS)})"
+    )
     print(f"gateway: saturation at N = {gw_n}, {gw_rate:,.0f} chunks/s{lower['gateway']}")
     print(f"echo: saturation at N = {echo_n}, {echo_rate:,.0f} chunks/s{lower['echo']}")
     print(f"throughput ratio gateway/echo: {_f(ratio, 2)} (target >= {TARGET_RATIO}: {_ok(ratio >= TARGET_RATIO)})")
@@ -984,38 +986,72 @@ def find_max(setup: Setup, steps: list[int], step_s: float, max_minutes: float) 
 
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sessions", type=int, default=200,
-                   help=f"N concurrent sessions (default 200; the target is {TARGET_SESSIONS})")
+    p.add_argument(
+        "--sessions",
+        type=int,
+        default=200,
+        help=f"N concurrent sessions (default 200; the target is {TARGET_SESSIONS})",
+    )
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per server (default 20)")
     p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds first (default 3)")
     p.add_argument("--binary", action="store_true", help="appends as omni-binary.v1 frames, not base64 JSON")
-    p.add_argument("--commit-ms", type=int, default=1000,
-                   help="commit the gateway's buffer every this much audio: one latency sample each "
-                        "(multiple of 20, >= 100; default 1000)")
-    p.add_argument("--client", choices=["asyncio", "sansio"], default="sansio",
-                   help="websockets' asyncio client, or its Sans-I/O protocol on a bare asyncio "
-                        "Protocol (default: sansio, about half the client CPU)")
-    p.add_argument("--clients", type=int, default=0,
-                   help="client processes (default: one per 300 sessions, at most the client cores)")
-    p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
-                   help="server on the first CPU, clients on the others (default: on with >= 2 CPUs)")
+    p.add_argument(
+        "--commit-ms",
+        type=int,
+        default=1000,
+        help="commit the gateway's buffer every this much audio: one latency sample each "
+        "(multiple of 20, >= 100; default 1000)",
+    )
+    p.add_argument(
+        "--client",
+        choices=["asyncio", "sansio"],
+        default="sansio",
+        help="websockets' asyncio client, or its Sans-I/O protocol on a bare asyncio "
+        "Protocol (default: sansio, about half the client CPU)",
+    )
+    p.add_argument(
+        "--clients",
+        type=int,
+        default=0,
+        help="client processes (default: one per 300 sessions, at most the client cores)",
+    )
+    p.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="server on the first CPU, clients on the others (default: on with >= 2 CPUs)",
+    )
     p.add_argument("--no-idle", action="store_true", help="skip the idle-session memory phase")
     p.add_argument("--idle-only", action="store_true", help="only the idle-session memory phase")
     p.add_argument("--only", choices=["gateway", "echo"], help="measure one server only")
     p.add_argument("--find-max", action="store_true", help="ramp N (--steps) until a step fails")
-    p.add_argument("--steps", default="100,150,200,250,300,400,500,600,800,1000",
-                   help="N for --find-max, comma separated")
+    p.add_argument(
+        "--steps", default="100,150,200,250,300,400,500,600,800,1000", help="N for --find-max, comma separated"
+    )
     p.add_argument("--step-duration", type=float, default=10.0, help="measured seconds per step (default 10)")
     p.add_argument("--max-minutes", type=float, default=12.0, help="no step starts after this (default 12)")
-    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
-                   help="before each server starts, wait up to S seconds for other processes to use < 20%% "
-                        "of a core (shared machines; default 0: don't wait)")
-    p.add_argument("--profile", type=Path, metavar="PATH",
-                   help="py-spy the gateway during the measured window (raw stacks to PATH) and print its "
-                        "hot spots; figures of a profiled run are not to be quoted")
-    p.add_argument("--retries", type=int, default=0,
-                   help="measure a server again (up to this many times) while other processes used > 15%% of "
-                        "a core during its window; the quietest run is kept (default 0)")
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="before each server starts, wait up to S seconds for other processes to use < 20%% "
+        "of a core (shared machines; default 0: don't wait)",
+    )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        metavar="PATH",
+        help="py-spy the gateway during the measured window (raw stacks to PATH) and print its "
+        "hot spots; figures of a profiled run are not to be quoted",
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=0,
+        help="measure a server again (up to this many times) while other processes used > 15%% of "
+        "a core during its window; the quietest run is kept (default 0)",
+    )
     p.add_argument("--json", type=Path, help="also write the figures here, as JSON")
     args = p.parse_args(argv)  # fmt: skip
     if args.commit_ms < MIN_COMMIT_MS or args.commit_ms % CHUNK_MS:

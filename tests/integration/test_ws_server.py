@@ -2,7 +2,9 @@
 
 A raw TCP client writes hand-made frames, so frame boundaries fall where the
 test says: several frames in one write, one frame over many writes, control
-frames between data frames, fragments, and frames the parser must refuse.
+frames between data frames, fragments, and frames the parser must refuse; then
+the direct receive path (and its fallback to the read loop, in order), the
+read-ahead bound, the send fast path, and the gateway on uvicorn's own protocol.
 """
 
 from __future__ import annotations
