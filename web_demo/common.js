@@ -53,6 +53,30 @@ export function explain(err, url) {
   }
 }
 
+/**
+ * The page's status line and error box.
+ * @param {HTMLElement} status  its `data-state` drives the style
+ * @param {HTMLElement} error
+ */
+export function statusView(status, error) {
+  return {
+    /** @param {string} state @param {string} text */
+    setStatus(state, text) {
+      status.dataset.state = state;
+      status.textContent = text;
+    },
+    /** @param {string} text */
+    showError(text) {
+      error.hidden = false;
+      error.textContent = text;
+    },
+    hideError() {
+      error.hidden = true;
+      error.textContent = "";
+    },
+  };
+}
+
 /** @param {number} ms */
 export const fmtMs = (ms) => (ms >= 10000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.round(ms)} ms`);
 

@@ -3,7 +3,7 @@
 //
 // `window.__video` exposes the client, the players and a pixel sampler for tests.
 
-import { $, askForCredential, credentialFrom, explain, fmtBytes } from "../common.js";
+import { $, askForCredential, credentialFrom, explain, fmtBytes, statusView } from "../common.js";
 import { VideoClient } from "../sdk/video.js";
 import { JpegPlayer, MsePlayer } from "./player.js";
 
@@ -16,6 +16,7 @@ const ui = {
   chunks: $("h-chunks"), rate: $("h-rate"), bytes: $("h-bytes"), dropped: $("h-dropped"), gen: $("h-gen"), picture: $("h-picture"),
   ahead: $("h-ahead"), mime: $("h-mime"),
 };
+const { setStatus, showError, hideError } = statusView(ui.status, ui.error);
 const cameraButtons = [...document.querySelectorAll("[data-cam]")];
 
 const PAN = 0.5; // scene units per press (1 unit = half the shorter side)
@@ -256,19 +257,4 @@ function sample() {
   const cells = sums.map(([r, g, b, k]) => [r / k, g / k, b / k]);
   const mean = [0, 1, 2].map((ch) => cells.reduce((acc, cell) => acc + cell[ch], 0) / cells.length);
   return { cells, histogram, caption, mean, width, height, time: fromVideo ? ui.video.currentTime : jpeg?.drawn ?? 0 };
-}
-
-function setStatus(state, text) {
-  ui.status.dataset.state = state;
-  ui.status.textContent = text;
-}
-
-function showError(text) {
-  ui.error.hidden = false;
-  ui.error.textContent = text;
-}
-
-function hideError() {
-  ui.error.hidden = true;
-  ui.error.textContent = "";
 }

@@ -4,7 +4,7 @@
 // For tests and curious people, `window.__voice` holds the client, the audio and
 // what the page saw (transcripts, latencies, truncations, playback counters).
 
-import { $, askForCredential, credentialFrom, explain, fmtMs } from "../common.js";
+import { $, askForCredential, credentialFrom, explain, fmtMs, statusView } from "../common.js";
 import { RealtimeClient } from "../sdk/realtime.js";
 import { AudioIO, MicrophoneError } from "./audio.js";
 
@@ -21,6 +21,7 @@ const ui = {
   error: $("error"), log: $("log"), textForm: $("text-form"), text: $("text"), sendText: $("send-text"),
   latency: $("latency"),
 };
+const { setStatus, showError, hideError } = statusView(ui.status, ui.error);
 
 /** What the page saw; read by tests. */
 const seen = {
@@ -367,19 +368,4 @@ function showCounters() {
   ui.resumes.textContent = String(s.resumes);
   ui.replayed.textContent = `${s.replayedEvents} / ${s.duplicatesDropped}`;
   ui.seq.textContent = String(client.lastSeq || "–");
-}
-
-function setStatus(state, text) {
-  ui.status.dataset.state = state;
-  ui.status.textContent = text;
-}
-
-function showError(text) {
-  ui.error.hidden = false;
-  ui.error.textContent = text;
-}
-
-function hideError() {
-  ui.error.hidden = true;
-  ui.error.textContent = "";
 }

@@ -85,6 +85,16 @@ class OmniClient:
             return EngineError("invalid_request", text or type(exc).__name__)
         return EngineError("engine_error", f"the omni engine failed: {type(exc).__name__}: {text}")
 
+    async def abort(self, request_id: str) -> None:
+        """``abort`` on the engine, if it runs; a failure is logged, not raised (the
+        request is being given up either way)."""
+        if self.client is None:
+            return
+        try:
+            await self.client.abort(request_id)
+        except Exception:
+            log.debug("abort of %s failed", request_id, exc_info=True)
+
     # --- admin controls (the gateway exposes them on authenticated endpoints) ---
 
     async def pause(self, *, mode: str = "abort", clear_cache: bool = True) -> None:

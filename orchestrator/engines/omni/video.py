@@ -295,12 +295,7 @@ class OmniVideoEngine:
         entry = self._active.get(request_id)
         if entry is not None:
             entry.aborted = True
-        client = self.shared.client
-        if client is not None:
-            try:
-                await client.abort(request_id)
-            except Exception:
-                log.debug("abort of %s failed", request_id, exc_info=True)
+        await self.shared.abort(request_id)
 
 
 def _interaction_error(exc: Exception, shared: OmniClient) -> EngineError:

@@ -541,3 +541,34 @@ class UpstreamPool:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+class PooledEngine:
+    """The lifecycle the remote voice and video engines share: the pool is
+    started with the engine (counted per user), every running request is aborted
+    on close, and the engine is healthy while it runs and an upstream is up."""
+
+    pool: UpstreamPool
+    _started: bool = False
+
+    def _running(self) -> list[str]:
+        """Request ids to abort on close."""
+        raise NotImplementedError
+
+    async def abort(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        if not self._started:
+            self._started = True
+            await self.pool.start()
+
+    async def close(self) -> None:
+        for request_id in self._running():
+            await self.abort(request_id)
+        if self._started:
+            self._started = False
+            await self.pool.close()
+
+    def healthy(self) -> bool:
+        return self._started and self.pool.healthy()

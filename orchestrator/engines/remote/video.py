@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from orchestrator.engine import EngineError
-from orchestrator.engines.remote.pool import VIDEO_PATH, Lease, Upstream, UpstreamLost, UpstreamPool
+from orchestrator.engines.remote.pool import VIDEO_PATH, Lease, PooledEngine, Upstream, UpstreamLost, UpstreamPool
 from orchestrator.engines.video.types import (
     ERROR_CODES,
     Interaction,
@@ -108,7 +108,7 @@ class _Video:
         self.acks.clear()
 
 
-class RemoteVideoEngine:
+class RemoteVideoEngine(PooledEngine):
     """Streaming video from upstream ``/v1/realtime/video`` servers (see the module docstring).
 
     ``upstreams``: URLs or the ``UpstreamPool`` of a ``RemoteEngine``.
@@ -149,20 +149,8 @@ class RemoteVideoEngine:
         self._videos: dict[str, _Video] = {}
         self._started = False
 
-    async def start(self) -> None:
-        if not self._started:
-            self._started = True
-            await self.pool.start()
-
-    async def close(self) -> None:
-        for request_id in list(self._videos):
-            await self.abort(request_id)
-        if self._started:
-            self._started = False
-            await self.pool.close()
-
-    def healthy(self) -> bool:
-        return self._started and self.pool.healthy()
+    def _running(self) -> list[str]:
+        return list(self._videos)
 
     async def abort(self, request_id: str) -> None:
         video = self._videos.get(request_id)

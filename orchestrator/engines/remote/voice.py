@@ -72,6 +72,7 @@ from orchestrator.engines.remote.pool import (
     REALTIME_PATH,
     Connection,
     Lease,
+    PooledEngine,
     Upstream,
     UpstreamLost,
     UpstreamPool,
@@ -188,7 +189,7 @@ async def _failing(exc: EngineError) -> AsyncIterator[Any]:
 Attempt = Callable[[Lease, _Tap], AsyncIterator[EngineOutput]]
 
 
-class RemoteEngine:
+class RemoteEngine(PooledEngine):
     """The voice engine of upstream realtime servers (see the module docstring).
 
     ``upstreams``: URLs (``http(s)://`` or ``ws(s)://host:port``; a trailing
@@ -245,20 +246,8 @@ class RemoteEngine:
 
     # --- lifecycle ------------------------------------------------------------
 
-    async def start(self) -> None:
-        if not self._started:
-            self._started = True
-            await self.pool.start()
-
-    async def close(self) -> None:
-        for request_id in list(self._requests):
-            await self.abort(request_id)
-        if self._started:
-            self._started = False
-            await self.pool.close()
-
-    def healthy(self) -> bool:
-        return self._started and self.pool.healthy()
+    def _running(self) -> list[str]:
+        return list(self._requests)
 
     async def abort(self, request_id: str) -> None:
         req = self._requests.get(request_id)
