@@ -13,14 +13,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING
 
 import uvicorn
 
-from gateway.settings import Settings, from_env, is_loopback
+from gateway.settings import ENGINES, ENV_PREFIX, Settings, from_env, is_loopback, with_checkpoint_model
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -33,9 +35,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="bind address (env OMNI_GATEWAY_HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (env OMNI_GATEWAY_PORT, default 8000)")
     serve.add_argument(
-        "--engine", choices=["cascade", "passthrough"], help="engine (env OMNI_GATEWAY_ENGINE, default cascade)"
+        "--engine",
+        choices=ENGINES,
+        help="engine of the default model (env OMNI_GATEWAY_ENGINE, default cascade): cascade (embedded CPU voice), "
+        "passthrough (no model), vllm (vLLM AsyncLLM, --engine-model), omni (vLLM-Omni, GPU), remote (--upstream)",
     )
-    serve.add_argument("--model", help="the default model: sessions that name none get it (env OMNI_GATEWAY_MODEL)")
+    serve.add_argument(
+        "--model",
+        help="the default model: sessions that name none get it (env OMNI_GATEWAY_MODEL; default omni-cascade, "
+        "or the checkpoint given to --engine-model for --engine vllm/omni, as vllm serve names it)",
+    )
     serve.add_argument("--models", help="model routes: a JSON file or inline JSON (env OMNI_GATEWAY_MODELS)")
     serve.add_argument(
         "--redis-url", help="Redis URL for shared state (env OMNI_GATEWAY_REDIS_URL; default: in-process memory)"
@@ -67,14 +76,36 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def settings_from_args(argv: list[str] | None = None) -> Settings:
+def settings_from_args(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
     args = _parser().parse_args(argv)
-    settings = from_env()
+    environ = os.environ if environ is None else environ
+    settings = from_env(environ)
     changes = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
     for name in ("api_keys", "upstreams"):
         if name in changes:
             changes[name] = tuple(changes[name])
-    return replace(settings, **changes)
+    settings = replace(settings, **changes)
+    if "model" not in changes and ENV_PREFIX + "MODEL" not in environ:
+        settings = with_checkpoint_model(settings)
+    return settings
+
+
+def problems(settings: Settings) -> list[str]:
+    """What makes these settings unable to serve, said before anything starts."""
+    out = []
+    if not is_loopback(settings.host) and not settings.api_keys:
+        out.append(
+            f"refusing to bind {settings.host} without API keys: set OMNI_GATEWAY_API_KEYS "
+            "or --api-key (auth is required beyond loopback)"
+        )
+    if not settings.models:  # with routes, each route carries its own options
+        if settings.engine == "remote" and not settings.upstreams:
+            out.append("--engine remote needs at least one --upstream ws://host:port (env OMNI_GATEWAY_UPSTREAMS)")
+    if settings.video_engine == "remote" and not settings.upstreams:
+        out.append("--video-engine remote needs at least one --upstream (env OMNI_GATEWAY_UPSTREAMS)")
+    if settings.video_engine == "omni" and not settings.video_model:
+        out.append("--video-engine omni needs a video checkpoint (env OMNI_GATEWAY_VIDEO_MODEL)")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,15 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    if not is_loopback(settings.host) and not settings.api_keys:
-        print(
-            f"refusing to bind {settings.host} without API keys: set OMNI_GATEWAY_API_KEYS "
-            "or --api-key (auth is required beyond loopback)",
-            file=sys.stderr,
-        )
+    refused = problems(settings)
+    if refused:
+        for line in refused:
+            print(f"omni-gateway: {line}", file=sys.stderr)
         return 2
     from gateway.app import create_app
-    from gateway.transport.ws_server import StreamingWebSocketProtocol
+    from gateway.transport.ws_compat import server_protocol
 
     app = create_app(settings)
     config = uvicorn.Config(
@@ -100,13 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         port=settings.port,
         loop="uvloop",
         http="httptools",
-        ws=StreamingWebSocketProtocol,
+        ws=server_protocol(),  # the fast protocol, or uvicorn's stock one if the start-up check fails
         ws_max_size=settings.max_frame_bytes,
         ws_per_message_deflate=False,
         log_level=settings.log_level,
         lifespan="on",
     )
-    DrainingServer(config, app.state.runtime).run()
+    server = DrainingServer(config, app.state.runtime)
+    server.run()
+    if not server.started:  # the app failed to start (the log says why: an engine, the store)
+        return 3
     return 0
 
 

@@ -8,13 +8,16 @@ this subclass changes the following and leaves the rest to uvicorn and
 websockets:
 
 - **Whole data frames are decoded here**: a masked, unfragmented text or
-  binary frame with no reserved bits, while the connection is open, no
-  fragmented message is in progress and no extension is negotiated: the
-  header is read, the payload unmasked (websockets' C ``apply_mask``) and, for
-  text, decoded as UTF-8, then handed to the app as uvicorn would. Every
-  other frame (control frames, fragments, anything malformed, oversized or
-  invalid UTF-8) is handed whole to websockets' parser, which is then at a
-  frame boundary again, so its checks, close codes and errors are unchanged.
+  binary frame with no reserved bits, no larger than uvicorn's
+  ``ws_max_size``, while the connection is open, no fragmented message is in
+  progress and permessage-deflate is off: the header is read, the payload
+  unmasked and, for text, decoded as UTF-8, then handed to the app as uvicorn
+  would. Every other frame (control frames, fragments, anything malformed,
+  oversized or invalid UTF-8) is handed whole to websockets' parser, which is
+  then at a frame boundary again, so its checks, close codes and errors are
+  unchanged. The state this needs (a fragmented message under way, a close
+  frame seen, bytes pipelined behind the upgrade request) is tracked here from
+  the frame headers, not read from websockets' internals.
 - **Reading pauses only when ``MAX_QUEUED_MESSAGES`` messages wait** for the
   app (resuming below ``RESUME_BELOW``), instead of after every message. A
   session that stops reading still cannot buffer more than that many
@@ -31,6 +34,10 @@ websockets:
   and the payload, unmasked) while the connection is open with no extension;
   the rest of ``send`` (accept, close, a closing connection) is uvicorn's.
 
+What this takes from uvicorn's class (its attributes are not documented) is
+listed and checked at start-up in ``ws_compat``: use ``ws_compat.server_protocol()``
+as uvicorn's ``ws``, which falls back to the stock protocol if the check fails.
+
 Measured with ``bench/voice_load.py`` (see bench/README.md).
 """
 
@@ -43,15 +50,15 @@ from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-from websockets.frames import apply_mask
-from websockets.protocol import State
+
+from gateway.transport.ws_compat import apply_mask
 
 DIRECT_EXTENSION = "omni.websocket.direct"
 MAX_QUEUED_MESSAGES = 64  # messages read from the socket but not yet by the app: pause reading at this many
 RESUME_BELOW = 16  # ... and resume once fewer than this are left
 FAST_FRAME_MAX = 1 << 16  # a larger frame is streamed to websockets' parser rather than assembled here
 
-_TEXT, _BINARY = 0x1, 0x2
+_CONT, _TEXT, _BINARY, _CLOSE = 0x0, 0x1, 0x2, 0x8
 
 
 class Inbox:
@@ -104,6 +111,14 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
         self._fast: bool | None = None  # None until the handshake is done; False: parser only
         self._partial = b""  # the start of a frame not yet complete
         self._to_parser = 0  # bytes of the current frame still owed to the parser
+        self._fragmented = False  # a fragmented message is under way (its frames go to the parser)
+        self._peer_closed = False  # the client's close frame went to the parser
+        self._lost = False  # the TCP connection is gone
+        self._head: bytes | None = b""  # the upgrade request until its end is seen
+        self._pipelined = False  # bytes arrived behind the upgrade request, before our 101
+        config = self.config
+        self._max_size: int | None = config.ws_max_size
+        self._deflate = bool(config.ws_per_message_deflate)
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
@@ -114,16 +129,19 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
     def _set_direct(self, callback: Callable[[dict[str, Any]], bool]) -> None:
         self._direct = callback
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        super().connection_lost(exc)
+
     def data_received(self, data: bytes) -> None:
         if self._fast is None:
             if not self.handshake_complete:
-                if self.handshake_initiated:
-                    self._fast = False  # data before our 101: not at a known frame boundary
+                self._watch_request(data)
                 super().data_received(data)
                 return
             # The parser sits at a frame boundary after the handshake, unless bytes wait in it.
-            self._fast = not self.conn.reader.buffer and not self.conn.extensions
-        if not self._fast or self.conn.state is not State.OPEN:
+            self._fast = not self._pipelined and not self._deflate
+        if not self._fast or self.close_sent:
             self._fast = False
             self._parse(data)
             return
@@ -137,9 +155,22 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
             self._partial = b""
         self._frames(data)
 
+    def _watch_request(self, data: bytes) -> None:
+        """Before our 101: note whether anything follows the upgrade request (a
+        client must wait for the 101, RFC 6455 4.1; one that does not leaves
+        bytes in the parser, and the fast path never starts)."""
+        if self._head is None or self.handshake_initiated:
+            self._pipelined = True
+            return
+        self._head += data
+        end = self._head.find(b"\r\n\r\n")
+        if end >= 0:
+            self._pipelined = end + 4 < len(self._head)
+            self._head = None
+
     def _frames(self, data: bytes) -> None:
         pos, end = 0, len(data)
-        max_size = self.conn.max_size
+        max_size = self._max_size
         while end - pos >= 2 and self._fast:
             b0, b1 = data[pos], data[pos + 1]
             length, head = b1 & 0x7F, 2
@@ -161,14 +192,20 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
                 and (opcode == _TEXT or opcode == _BINARY)
                 and length <= FAST_FRAME_MAX
                 and (max_size is None or length <= max_size)
-                and self.conn.cur_size is None
-                and self.conn.state is State.OPEN
+                and not self._fragmented
+                and not self.close_sent
             )
             if not fast:
-                if not masked or (max_size is not None and length > max_size):
-                    self._fast = False  # the parser refuses it and closes: it takes everything from here
+                if not masked or (max_size is not None and length > max_size) or opcode == _CLOSE or self.close_sent:
+                    # The parser refuses it or the connection is closing: it takes everything from here.
+                    self._fast = False
+                    self._peer_closed = self._peer_closed or opcode == _CLOSE
                     self._parse(data[pos:])
                     return
+                if opcode == _TEXT or opcode == _BINARY:
+                    self._fragmented = not b0 & 0x80  # a first fragment: the rest follow as continuations
+                elif opcode == _CONT and b0 & 0x80:
+                    self._fragmented = False  # the last fragment
                 take = min(size, end - pos)
                 self._to_parser = size - take
                 self._parse(data[pos : pos + take])
@@ -216,8 +253,10 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
             message["type"] == "websocket.send"
             and self.handshake_complete
             and not self.close_sent
-            and not self.conn.extensions
-            and self.conn.state is State.OPEN
+            and not self._peer_closed
+            and not self._lost
+            and not self._deflate
+            and not self.transport.is_closing()
         ):
             text = message.get("text")
             data = text.encode() if text is not None else message.get("bytes")

@@ -20,13 +20,10 @@ import orjson
 import pytest
 from support.gateway import RunningGateway, run_gateway
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-from websockets.frames import apply_mask
 
 from gateway.settings import Settings
-from gateway.transport import ws_server
+from gateway.transport import ws_compat, ws_server
 from gateway.transport.realtime import Connection
-
-pytestmark = pytest.mark.asyncio
 
 TEXT, BINARY, CONT, CLOSE, PING, PONG = 0x1, 0x2, 0x0, 0x8, 0x9, 0xA
 
@@ -44,7 +41,7 @@ def frame(opcode: int, payload: bytes, *, fin: bool = True, mask: bool = True, r
     if not mask:
         return head + payload
     key = os.urandom(4)
-    return head + key + apply_mask(payload, key)
+    return head + key + ws_compat.apply_mask(payload, key)
 
 
 def retrieve(item_id: str) -> bytes:
@@ -299,3 +296,60 @@ async def test_server_frames_of_every_length_encoding_arrive_whole(
         assert ev["item"]["content"][0]["text"] == text
     assert "websocket.accept" in parent_sends
     assert "websocket.send" not in parent_sends  # only the accept went through uvicorn's own send
+
+
+# --- the start-up check (gateway/transport/ws_compat.py) ------------------------------
+
+
+def test_the_installed_uvicorn_and_websockets_pass_the_start_up_check() -> None:
+    assert ws_compat.probe(ws_server.StreamingWebSocketProtocol) is None
+    assert ws_compat.server_protocol() is ws_server.StreamingWebSocketProtocol
+
+
+class _RenamedAttribute(ws_server.StreamingWebSocketProtocol):
+    """A uvicorn release that renamed an attribute the fast path uses."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        del self.close_sent
+
+
+class _DropsFragments(ws_server.StreamingWebSocketProtocol):
+    """A release whose parser hands fragments over differently (the app never gets them)."""
+
+    def _parse(self, data: bytes) -> None:
+        if data[:1] != bytes([0x80 | CONT]):
+            super()._parse(data)
+
+
+@pytest.mark.parametrize(
+    ("broken", "reason"),
+    [(_RenamedAttribute, "lacks close_sent"), (_DropsFragments, "the app received")],
+    ids=["renamed-attribute", "changed-behaviour"],
+)
+async def test_a_protocol_that_fails_the_check_is_replaced_by_uvicorns_stock_one(
+    broken: type, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="omni.transport"):
+        chosen = ws_compat.choose(broken)
+    assert chosen == ws_compat.STOCK_PROTOCOL
+    lines = [r.getMessage() for r in caplog.records if r.name == "omni.transport"]
+    assert len(lines) == 1 and "fast path off" in lines[0] and reason in lines[0]
+    async with run_gateway(Settings(engine="passthrough"), ws=chosen) as gw:  # and sessions work on it
+        c = await connect(gw)
+        await c.send(frame(TEXT, retrieve("item_1")) + frame(BINARY, b"\x01\x00\x00\x00" + b"\x00\x00" * 480))
+        assert await c.errors(1) == ["item_1"]
+
+
+def test_the_pure_python_mask_matches_websockets_own() -> None:
+    from websockets.frames import Frame, Opcode
+
+    for n in (0, 1, 3, 4, 5, 960, 1281):
+        payload = os.urandom(n)
+        key = os.urandom(4)
+        masked = ws_compat._xor_mask(payload, key)
+        assert ws_compat._xor_mask(masked, key) == payload
+        # websockets' own serializer (a client frame is masked) agrees byte for byte
+        wire = Frame(Opcode.BINARY, payload).serialize(mask=True, extensions=[])
+        head = len(wire) - n - 4
+        assert ws_compat._xor_mask(wire[head + 4 :], wire[head : head + 4]) == payload

@@ -17,7 +17,7 @@ import websockets
 from gateway.app import create_app
 from gateway.runtime import Runtime
 from gateway.settings import Settings
-from gateway.transport.ws_server import StreamingWebSocketProtocol
+from gateway.transport.ws_compat import server_protocol
 
 
 def free_port() -> int:
@@ -43,10 +43,12 @@ class RunningGateway:
 
 @contextlib.asynccontextmanager
 async def run_gateway(
-    settings: Settings | None = None, *, ws: Any = StreamingWebSocketProtocol, **kwargs: Any
+    settings: Settings | None = None, *, ws: Any = None, **kwargs: Any
 ) -> AsyncIterator[RunningGateway]:
-    """The gateway under uvicorn, on a free port; ``ws`` is uvicorn's WebSocket protocol."""
+    """The gateway under uvicorn, on a free port; ``ws`` is uvicorn's WebSocket protocol
+    (default: what ``omni-gateway serve`` uses)."""
     port = free_port()
+    ws = ws or server_protocol()
     settings = replace(settings or Settings(), host="127.0.0.1", port=port)
     app = create_app(settings, **kwargs)
     config = uvicorn.Config(
