@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 ENV_PREFIX = "OMNI_GATEWAY_"
+ENGINES = ("cascade", "passthrough", "vllm", "omni", "remote")  # what ``engine`` may name
+DEFAULT_MODEL = "omni-cascade"
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +24,8 @@ class Settings:
     # "remote" (vLLM-Omni servers over their WebSocket protocols), "omni" (vLLM-Omni
     # in-process, GPU), "vllm" (vLLM AsyncLLM, text).
     engine: str = "cascade"
-    model: str = "omni-cascade"  # the default model: sessions that name none get it
+    model: str = DEFAULT_MODEL  # the default model: sessions that name none get it (for engine
+    #   vllm/omni with engine_model and no model set: the checkpoint, as ``vllm serve`` names it)
     upstreams: tuple[str, ...] = ()  # engine/video_engine "remote": vLLM-Omni servers (or gateways),
     #   http(s):// or ws(s)://host:port; comma separated in the environment
     upstream_api_key: str | None = None  # sent upstream as Authorization: Bearer
@@ -125,8 +128,27 @@ def from_env(environ: Mapping[str, str] | None = None, base: Settings | None = N
     return replace(settings, **changes)
 
 
+def with_checkpoint_model(settings: Settings) -> Settings:
+    """With engine vllm/omni and a checkpoint but no model name given, the default
+    model is named after the checkpoint (the path as given), as ``vllm serve PATH``
+    names it; a client that names another model still reaches it (the catch-all)."""
+    if settings.engine in ("vllm", "omni") and settings.engine_model and settings.model == DEFAULT_MODEL:
+        return replace(settings, model=settings.engine_model)
+    return settings
+
+
 def setting_names() -> list[str]:
     return [f.name for f in fields(Settings)]
 
 
-__all__ = ["ENV_PREFIX", "Settings", "field", "from_env", "is_loopback", "setting_names"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "ENGINES",
+    "ENV_PREFIX",
+    "Settings",
+    "field",
+    "from_env",
+    "is_loopback",
+    "setting_names",
+    "with_checkpoint_model",
+]

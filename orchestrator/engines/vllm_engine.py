@@ -69,7 +69,6 @@ from orchestrator.engine import (
 
 log = logging.getLogger("omni.engines.vllm")
 
-DEFAULT_MAX_MODEL_LEN = 4096
 IGNORED_FIELDS = ("voice", "speed", "tools", "tool_choice", "noise_reduction")
 _UNSUPPORTED = "unsupported_sampling_param"
 
@@ -150,6 +149,17 @@ def _dead(exc: BaseException | None = None) -> EngineError:
     return EngineError("engine_dead", f"the vLLM engine core died{detail}", fatal=True)
 
 
+def _start_failure(exc: Exception, args: Mapping[str, Any]) -> str:
+    """vLLM's reason, led by the setting to change when it names one of ours."""
+    reason = " ".join(str(exc).split())
+    if args.get("max_model_len") is not None and "max_model_len" in reason:
+        return (
+            f"max_model_len={args['max_model_len']} does not fit model {args.get('model')!r}: set the route's "
+            f"max_model_len to what the model takes, or leave it unset for the model's own (vLLM: {reason})"
+        )
+    return f"vLLM failed to start with model {args.get('model')!r}: {reason}"
+
+
 # --- the engine ----------------------------------------------------------------
 
 
@@ -159,7 +169,9 @@ class VllmEngine:
     ``model``: a local path (or hub name, where the hub is reachable).
     ``dtype``: ``float32`` by default (the CPU build crashed on a bf16 first
     request under 5 tokens). ``max_model_len``: the context bound (prompt and
-    output together, all chunks of a request included). ``sampling``: defaults
+    output together, all chunks of a request included); None (the default)
+    takes the model's own, as ``vllm serve`` does. A value the model cannot
+    take fails ``start`` with ``engine_start_failed`` naming the setting. ``sampling``: defaults
     for every response's ``SamplingParams`` (e.g. ``top_p``, ``seed``,
     ``ignore_eos``), over the model's own (its ``generation_config.json``,
     as ``vllm serve`` applies them); the response's ``temperature`` and
@@ -176,7 +188,7 @@ class VllmEngine:
         model: str,
         *,
         dtype: str = "float32",
-        max_model_len: int | None = DEFAULT_MAX_MODEL_LEN,
+        max_model_len: int | None = None,
         sampling: Mapping[str, Any] | None = None,
         llm: Any = None,
         **engine_args: Any,
@@ -234,7 +246,7 @@ class VllmEngine:
                     self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
                 except Exception as exc:
                     self._dead = True
-                    raise EngineError("engine_start_failed", f"vLLM failed to start: {exc}", fatal=True) from exc
+                    raise EngineError("engine_start_failed", _start_failure(exc, args), fatal=True) from exc
             # The model's generation_config.json sampling defaults, as `vllm serve` applies them.
             self._model_sampling = dict(self._llm.model_config.get_diff_sampling_param())
             self._tokenizer = self._llm.get_tokenizer()

@@ -1,0 +1,56 @@
+"""``omni-gateway serve``'s flags: every engine the README names, the default model
+named after a checkpoint, and settings that cannot serve refused before start."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.cli import main, problems, settings_from_args
+from gateway.settings import DEFAULT_MODEL, ENGINES
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_documented_engine_is_accepted(engine: str) -> None:
+    assert settings_from_args(["serve", "--engine", engine], environ={}).engine == engine
+
+
+@pytest.mark.parametrize("engine", ["vllm", "omni"])
+def test_a_checkpoint_names_the_default_model_as_vllm_serve_does(engine: str) -> None:
+    s = settings_from_args(["serve", "--engine", engine, "--engine-model", "/models/tiny"], environ={})
+    assert s.model == "/models/tiny"
+
+
+def test_a_model_given_by_flag_or_environment_keeps_its_name() -> None:
+    argv = ["serve", "--engine", "vllm", "--engine-model", "/models/tiny"]
+    assert settings_from_args([*argv, "--model", "tiny"], environ={}).model == "tiny"
+    assert settings_from_args(argv, environ={"OMNI_GATEWAY_MODEL": "tiny"}).model == "tiny"
+    env = {"OMNI_GATEWAY_ENGINE": "vllm", "OMNI_GATEWAY_ENGINE_MODEL": "/m"}
+    assert settings_from_args(["serve"], environ=env).model == "/m"
+
+
+def test_the_cascade_keeps_its_model_name() -> None:
+    assert settings_from_args(["serve", "--engine-model", "/m"], environ={}).model == DEFAULT_MODEL
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--engine", "remote"], "--engine remote needs at least one --upstream"),
+        (["--video-engine", "remote"], "--video-engine remote needs at least one --upstream"),
+        (["--host", "0.0.0.0"], "refusing to bind 0.0.0.0 without API keys"),
+    ],
+)
+def test_settings_that_cannot_serve_are_refused_before_anything_starts(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = settings_from_args(["serve", *argv], environ={})
+    assert any(says in line for line in problems(settings))
+    assert main(["serve", *argv]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_an_unknown_engine_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        settings_from_args(["serve", "--engine", "gpt"], environ={})
+    assert exc.value.code == 2
+    assert "invalid choice: 'gpt'" in capsys.readouterr().err
