@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from gateway.protocol.errors import Code, ProtocolError
-from orchestrator.engines.video.types import CameraMove, Interaction
+from orchestrator.video_engine import CameraMove, Interaction
 
 MAX_CONTROL_BYTES = 128 * 1024  # a video control message larger than this is refused (message_too_large)
 _FORMATS = {"m4s": "mp4", "mp4": "mp4", "fmp4": "mp4", "jpeg": "jpeg", "jpg": "jpeg"}
@@ -75,6 +75,20 @@ class Stop:
 
 
 VideoClientEvent = Start | InteractionEvent | Ping | Stop
+
+
+def error_event(
+    code: str, message: str, *, event_id: str | None = None, param: str | None = None, request_id: str | None = None
+) -> dict[str, Any]:
+    """An error in vLLM-Omni's flat shape, with our stable code."""
+    return {
+        "type": "error",
+        "code": code,
+        "message": message,
+        "param": param,
+        "event_id": event_id,
+        "request_id": request_id,
+    }
 
 
 def _err(code: str, message: str, param: str | None = None, event_id: str | None = None) -> ProtocolError:

@@ -17,7 +17,7 @@ from typing import Any
 from gateway.protocol import video_events as ve
 from gateway.protocol.errors import Code, ProtocolError
 from orchestrator.engine import EngineError
-from orchestrator.engines.video.types import Interaction, VideoChunk, VideoEngineInfo, VideoRequest, validate_request
+from orchestrator.video_engine import Interaction, VideoChunk, VideoEngineInfo, VideoRequest, validate_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,20 +39,6 @@ class StopVideo:
 VideoEffect = StartVideo | Interact | StopVideo
 
 
-def error_event(
-    code: str, message: str, *, event_id: str | None = None, param: str | None = None, request_id: str | None = None
-) -> dict[str, Any]:
-    """vLLM-Omni's flat error shape, with our stable code."""
-    return {
-        "type": "error",
-        "code": code,
-        "message": message,
-        "param": param,
-        "event_id": event_id,
-        "request_id": request_id,
-    }
-
-
 class VideoSession:
     def __init__(self, *, session_id: str, info: VideoEngineInfo) -> None:
         self.id = session_id
@@ -71,7 +57,7 @@ class VideoSession:
 
     def error(self, err: ProtocolError) -> None:
         self.outbox.append(
-            error_event(err.code, err.message, event_id=err.event_id, param=err.param, request_id=self.request_id)
+            ve.error_event(err.code, err.message, event_id=err.event_id, param=err.param, request_id=self.request_id)
         )
 
     def handle(self, event: ve.VideoClientEvent) -> None:
@@ -165,7 +151,7 @@ class VideoSession:
 
     def on_interaction_failed(self, event_id: str, code: str, message: str) -> None:
         self._event_ids.discard(event_id)  # refused: the id may be used again
-        self.outbox.append(error_event(code, message, event_id=event_id, request_id=self.request_id))
+        self.outbox.append(ve.error_event(code, message, event_id=event_id, request_id=self.request_id))
 
     def stop(self) -> None:
         if self.state == "streaming" and self.request_id is not None:
@@ -203,7 +189,7 @@ class VideoSession:
 
     def on_failed(self, code: str, message: str) -> None:
         if self.state == "streaming":
-            self.outbox.append(error_event(code, message, request_id=self.request_id))
+            self.outbox.append(ve.error_event(code, message, request_id=self.request_id))
             self.state = "done"
             self.outbox.append(
                 {"type": "session.done", "request_id": self.request_id, "chunks": self.chunks, "stopped": True}

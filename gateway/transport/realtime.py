@@ -19,11 +19,15 @@ import base64
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
+from gateway.hosting.claim import claim
+from gateway.hosting.host import HostContext, SessionHost
+from gateway.hosting.takeover import Replay, Resync, plan
 from gateway.protocol import client_events as ce
+from gateway.protocol.connection_events import error_event, replaced_event, resumed_event, resync_event
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.server_events import (
     AUDIO_DELTA,
@@ -32,14 +36,14 @@ from gateway.protocol.server_events import (
     encode_audio_frame,
 )
 from gateway.protocol.session_config import ConfigLimits, SessionConfig, TurnDetection, apply_update
+from gateway.session.session import RealtimeSession, VadStream
 from gateway.store.base import StoreError
 from gateway.transport.handshake import accept, common_refusal, refuse
-from gateway.transport.host import SessionHost, connection_event, error_event
 from gateway.transport.outbox import Outbox, SlowConsumer
+from gateway.transport.services import Services
 from gateway.transport.ws_server import DIRECT_EXTENSION
-
-if TYPE_CHECKING:
-    from gateway.runtime import Runtime
+from orchestrator.engine import Engine
+from orchestrator.orchestrator import Orchestrator
 
 log = logging.getLogger("omni.realtime")
 
@@ -56,10 +60,36 @@ def choose_subprotocol(offered: list[str]) -> str | None:
     return None
 
 
+class RealtimeServices(Services, Protocol):
+    """What the realtime endpoint needs of the process (the runtime provides it)."""
+
+    @property
+    def hosting(self) -> HostContext: ...
+
+    @property
+    def connections(self) -> set[Connection]: ...
+
+    @property
+    def engine(self) -> Engine:
+        """The default route's engine (voices for a client secret's session settings)."""
+
+    @property
+    def vad_factory(self) -> Callable[[], VadStream] | None: ...
+
+    def route(self, model: str) -> tuple[Engine, Orchestrator] | None: ...
+
+    async def open_session(self, config: SessionConfig, *, principal: str, beta: bool) -> SessionHost:
+        """A new session, hosted here; raises ProtocolError (no route) or StoreError."""
+
+    def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
+        """A session rebuilt from its snapshot on this replica (a takeover); raises
+        ProtocolError (model_not_found) when its model is not served here."""
+
+
 class RealtimeEndpoint:
     """ASGI app for the realtime WebSocket."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: RealtimeServices) -> None:
         self.runtime = runtime
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -99,7 +129,9 @@ class RealtimeEndpoint:
 class Connection:
     """One client socket. The session it serves lives in a ``SessionHost``."""
 
-    def __init__(self, runtime: Runtime, receive: Any, send: Any, *, beta: bool, binary: bool, principal: str) -> None:
+    def __init__(
+        self, runtime: RealtimeServices, receive: Any, send: Any, *, beta: bool, binary: bool, principal: str
+    ) -> None:
         self.runtime = runtime
         self.principal = principal
         self.binary = binary
@@ -259,14 +291,81 @@ class Connection:
                 param="type",
                 event_id=event.event_id,
             )
-        await self.runtime.resume(self, event)
+        provisional = self.host
+        assert provisional is not None
+        try:
+            await self._take_over(event, provisional)
+        except ProtocolError as err:
+            err.event_id = event.event_id
+            provisional.session.error(err)
+            provisional.flush()
+        except StoreError as exc:
+            log.warning("resume of %s failed: %s", event.session_id, exc)
+            provisional.session.error(
+                ProtocolError(
+                    Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.", event_id=event.event_id
+                )
+            )
+            provisional.flush()
+
+    async def _take_over(self, event: ce.SessionResume, provisional: SessionHost) -> None:
+        """Move ``event.session_id`` onto this connection and carry out the plan:
+        replay what the client missed (or send the state to resync from), then live."""
+        rt = self.runtime
+        taken = await claim(rt.hosting, event, self.principal, provisional=provisional, restore=rt.restore_session)
+        host, sid, last = taken.host, event.session_id, event.last_received_server_event_seq
+        token = host.rotate_token()
+        self.hold()  # live events from here on wait until the replay is out
+        host.attach(self)
+        self.host = host
+        try:
+            read = await taken.read()
+        except StoreError:
+            # Attached but cannot replay: let the client retry the resume shortly.
+            self.release(host.session.seq)
+            self.send_raw(error_event(Code.STORE_UNAVAILABLE, "Session state is unavailable; resume again shortly."))
+            self.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
+            host.detach(self)
+            await provisional.end(reason="resume failed", delete=True)
+            return
+        outcome = plan(taken.held, read, event, self.principal)
+        if isinstance(outcome, Resync):
+            s = host.session
+            self.send_raw(
+                resync_event(
+                    session_id=sid,
+                    resume_token=token,
+                    reason=outcome.reason,
+                    session=s.render_config(),
+                    conversation=[it.render(s.beta) for it in s.conversation],
+                    last_server_event_seq=s.seq,
+                )
+            )
+            self.release(s.seq)
+        elif isinstance(outcome, Replay):
+            self.send_raw(
+                resumed_event(
+                    session_id=sid, resume_token=token, replay_from=outcome.replay_from, replay_to=outcome.replay_to
+                )
+            )
+            for _, data in outcome.events:
+                self.replay(data)
+            self.release(outcome.replay_to or 0)
+        else:  # admitted before the claim, so a refusal cannot come now
+            raise AssertionError(f"a refusal after the claim: {outcome}")
+        rt.metrics.resumes.labels("resync" if isinstance(outcome, Resync) else "replayed").inc()
+        log.info("session %s resumed (last seq %d, %d replayed, gap=%s)", sid, last, len(read.events), read.gap)
+        if taken.recovered:
+            host.session.recover("replica_lost")
+        host.flush()  # also writes the snapshot with the rotated token
+        await provisional.end(reason="replaced by a resumed session", delete=True)
 
     def _ack(self, host: SessionHost, event: ce.EventAck) -> None:
         host.ack(min(event.last_received_server_event_seq, host.session.seq))
 
     # --- output ------------------------------------------------------------------
 
-    def send_event(self, event: dict[str, Any], data: bytes) -> None:
+    def send(self, event: dict[str, Any], data: bytes) -> None:
         """One session event (already JSON-encoded in the client's dialect)."""
         if self._held is not None:
             self._held.append((event, data))
@@ -333,7 +432,7 @@ class Connection:
     def replaced(self, session_id: str) -> None:
         """Another connection resumed our session: say so and close (4009)."""
         self.host = None
-        self.send_raw(connection_event("session.replaced", session_id=session_id))
+        self.send_raw(replaced_event(session_id))
         self.runtime.metrics.closes.labels(str(int(CloseCode.SESSION_REPLACED))).inc()
         self.outbox.close(CloseCode.SESSION_REPLACED, "session replaced")
 

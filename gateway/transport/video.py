@@ -23,21 +23,20 @@ import asyncio
 import logging
 import secrets
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
 from gateway.protocol import video_events as ve
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
-from gateway.session.video_session import Interact, StartVideo, StopVideo, VideoSession, error_event
-from gateway.store.base import StoreError
+from gateway.protocol.video_events import error_event
+from gateway.session.video_session import Interact, StartVideo, StopVideo, VideoSession
+from gateway.store.base import SessionStore, StoreError
 from gateway.transport.handshake import accept, common_refusal, refuse
+from gateway.transport.services import Services
 from orchestrator.engine import EngineError
-from orchestrator.engines.video.types import Interaction, VideoChunk
-from orchestrator.orchestrator import RequestHandle
-
-if TYPE_CHECKING:
-    from gateway.runtime import Runtime
+from orchestrator.orchestrator import Orchestrator, RequestHandle
+from orchestrator.video_engine import Interaction, VideoChunk, VideoEngine
 
 log = logging.getLogger("omni.video")
 
@@ -46,10 +45,34 @@ SLOW_CLOSE_GRACE_S = 5.0  # after the 4010 decision, how long the close frame ma
 #   socket before the connection is dropped without it
 
 
+class VideoServices(Services, Protocol):
+    """What the video endpoint needs of the process (the runtime provides it)."""
+
+    @property
+    def video_engine(self) -> VideoEngine | None: ...
+
+    @property
+    def orchestrator(self) -> Orchestrator:
+        """The one that runs video requests."""
+
+    @property
+    def video_sessions(self) -> dict[str, VideoConnection]: ...
+
+    @property
+    def store(self) -> SessionStore:
+        """Where a video session is registered, so interactions from other replicas reach it."""
+
+    @property
+    def replica_id(self) -> str: ...
+
+    @property
+    def lease_ttl_ms(self) -> int: ...
+
+
 class VideoEndpoint:
     """ASGI app for the streaming video WebSocket."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: VideoServices) -> None:
         self.runtime = runtime
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -73,7 +96,7 @@ def choose_subprotocol(offered: list[str]) -> str | None:
 
 
 class VideoConnection:
-    def __init__(self, runtime: Runtime, receive: Any, send: Any, *, principal: str) -> None:
+    def __init__(self, runtime: VideoServices, receive: Any, send: Any, *, principal: str) -> None:
         assert runtime.video_engine is not None
         self.runtime = runtime
         self.principal = principal

@@ -47,7 +47,7 @@ from orchestrator.engine import (
 from orchestrator.engines.passthrough import PassthroughEngine
 from orchestrator.engines.remote import RemoteEngine
 from orchestrator.engines.remote.pool import probe_ready
-from orchestrator.engines.video.types import Interaction, VideoRequest
+from orchestrator.video_engine import Interaction, VideoRequest
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -35,7 +35,7 @@ from gateway.settings import Settings
 from orchestrator.engines.passthrough import PassthroughEngine
 from orchestrator.engines.video.engine import CpuVideoEngine
 from orchestrator.engines.video.render import RenderState, render_chunk
-from orchestrator.engines.video.types import CameraMove, Interaction
+from orchestrator.video_engine import CameraMove, Interaction
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -303,7 +303,7 @@ async def test_server_frames_of_every_length_encoding_arrive_whole(
 
 def test_the_installed_uvicorn_and_websockets_pass_the_start_up_check() -> None:
     assert ws_compat.probe(ws_server.StreamingWebSocketProtocol) is None
-    assert ws_compat.server_protocol() is ws_server.StreamingWebSocketProtocol
+    assert ws_server.server_protocol() is ws_server.StreamingWebSocketProtocol
 
 
 class _RenamedAttribute(ws_server.StreamingWebSocketProtocol):

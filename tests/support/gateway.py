@@ -17,7 +17,7 @@ import websockets
 from gateway.app import create_app
 from gateway.runtime import Runtime
 from gateway.settings import Settings
-from gateway.transport.ws_compat import server_protocol
+from gateway.transport.ws_server import server_protocol
 
 
 def free_port() -> int:
