@@ -33,8 +33,12 @@ from gateway.store.base import JournalRead
 
 RESUME_SEQ_SLACK = 1_000  # a client may hold this many events the journal lost in a crash
 
-# Why a resume cannot replay (``Resync.reason``).
-JOURNAL_GAP = "the events after your last seq are no longer kept"
+# Why a resume cannot replay (``Resync.reason``; vLLM-Omni's duplex reasons, in every dialect):
+# the journal holds nothing after the client's seq (it was lost or expired), or it goes on but
+# the events right after the client's seq were trimmed (its caps, an ack beyond that seq, or a
+# loss the owner marked after a Redis restart).
+JOURNAL_GAP = "journal_gap"
+JOURNAL_OVERFLOW = "journal_overflow"
 
 
 def token_hash(token: str) -> str:
@@ -78,7 +82,8 @@ class Replay:
 
 @dataclass(frozen=True, slots=True)
 class Resync:
-    reason: str
+    reason: str  # JOURNAL_GAP | JOURNAL_OVERFLOW
+    message: str  # the same, for a person
 
 
 Plan = Refusal | Replay | Resync
@@ -115,7 +120,12 @@ def plan(held: Held | None, read: JournalRead, event: ce.SessionResume, principa
     assert held is not None
     last = event.last_received_server_event_seq
     if read.gap:
-        return Resync(JOURNAL_GAP)
+        if read.first_seq is not None and read.first_seq > last + 1:
+            return Resync(
+                JOURNAL_OVERFLOW,
+                f"Events {last + 1}..{read.first_seq - 1} are no longer kept; rebuild from the state sent here.",
+            )
+        return Resync(JOURNAL_GAP, "The events after your last seq are no longer kept; rebuild from the state here.")
     top = top_seq(held, read)
     if not held.live and last > top + RESUME_SEQ_SLACK:
         return seq_refusal(last, top)
