@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
+from urllib.parse import parse_qs
 
 import orjson
 
@@ -62,6 +63,11 @@ def choose_subprotocol(offered: list[str]) -> str | None:
     return None
 
 
+def choose_duplex_subprotocol(offered: list[str]) -> str | None:
+    """A duplex socket speaks JSON only: no binary fast path to echo."""
+    return "realtime" if "realtime" in offered else None
+
+
 class RealtimeServices(Services, Protocol):
     """What the realtime endpoint needs of the process (the runtime provides it)."""
 
@@ -101,7 +107,9 @@ class RealtimeEndpoint:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         rt = self.runtime
-        hs = await accept(rt, scope, receive, send, choose_subprotocol)
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        duplex = self.duplex is not None and duplex_events.enabled((query.get("duplex") or [None])[0])
+        hs = await accept(rt, scope, receive, send, choose_duplex_subprotocol if duplex else choose_subprotocol)
         if hs is None:
             return
         model = hs.param("model") or rt.settings.model
@@ -112,7 +120,6 @@ class RealtimeEndpoint:
                 f"No model {model!r} is served here; GET /v1/models lists them.",
                 CloseCode.UNKNOWN_MODEL,
             )
-        duplex = self.duplex is not None and duplex_events.enabled(hs.param("duplex"))
         if refusal is not None:
             event = (
                 duplex_events.error_event(ProtocolError(refusal[0], refusal[1]))

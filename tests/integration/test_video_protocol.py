@@ -65,7 +65,8 @@ class VideoClient:
     def __init__(self, ws: Any) -> None:
         self.ws = ws
         self.events: list[dict[str, Any]] = []
-        self.chunks: list[Chunk] = []
+        self.chunks: list[Chunk] = []  # media chunks
+        self.trailers: list[Chunk] = []  # the trailer chunk of a completed fMP4 stream
 
     async def send(self, event: dict[str, Any] | str | bytes) -> None:
         await self.ws.send(event if isinstance(event, str | bytes) else orjson.dumps(event).decode())
@@ -89,7 +90,7 @@ class VideoClient:
             payload = await asyncio.wait_for(self.ws.recv(), timeout)
             assert isinstance(payload, bytes), f"metadata followed by a text frame: {payload[:200]!r}"
             assert len(payload) == event["byte_length"]
-            self.chunks.append(Chunk(event, payload))
+            (self.trailers if event["kind"] == "trailer" else self.chunks).append(Chunk(event, payload))
         return event
 
     async def wait_for(self, match: str | Callable[[dict[str, Any]], bool], timeout: float = 30.0) -> dict[str, Any]:
@@ -264,7 +265,11 @@ async def test_start_streams_fmp4_that_decodes_to_the_requested_size_and_frame_c
     assert code == 1000
 
     chunks = c.chunks
-    assert c.types() == ["video.start"] + ["video.chunk_metadata"] * 6 + ["session.done"]
+    # six media chunks, then the trailer (the stream's mfra index), then session.done
+    assert c.types() == ["video.start"] + ["video.chunk_metadata"] * 7 + ["session.done"]
+    (trailer,) = c.trailers
+    assert trailer.meta["transport_chunk_index"] == 6 and trailer.meta["generation_chunk_index"] is None
+    assert trailer.meta["num_frames"] == 0 and trailer.payload[4:8] == b"mfra"
     assert [ch.meta["transport_chunk_index"] for ch in chunks] == list(range(6))
     assert [ch.index for ch in chunks] == list(range(6))
     assert [ch.meta["num_frames"] for ch in chunks] == [4, 4, 4, 4, 4, 2]
@@ -288,16 +293,34 @@ async def test_format_is_echoed_as_the_client_spelled_it(gw: RunningGateway) -> 
     assert decode_mp4([ch.payload for ch in c.chunks]).shape == (F, H, W, 3)
 
 
-async def test_a_refused_start_leaves_the_connection_ready_for_a_valid_one(gw: RunningGateway) -> None:
+@pytest.mark.parametrize(
+    ("first", "code"),
+    [
+        ({"type": "session.start", "format": "webm"}, Code.UNSUPPORTED_VIDEO_FORMAT),
+        ({"type": "session.start", "width": 127}, Code.INVALID_VALUE),  # H.264 needs even sizes
+        ({"type": "session.start", "fps": "fast"}, Code.INVALID_TYPE),
+        ({"type": "session.start", "prompt": " "}, Code.INVALID_VALUE),
+        ({"type": "session.start", "size": "wide"}, Code.INVALID_VALUE),
+        ({"type": "session.start", "seconds": "0"}, Code.INVALID_VALUE),
+        ({"type": "session.ping"}, Code.START_EXPECTED),
+        ({"type": "session.interaction", "interaction": {"event_id": "early", "event": {"prompt": "x"}}},
+         Code.NO_ACTIVE_REQUEST),
+        ("{not json", Code.INVALID_JSON),
+    ],
+)  # fmt: skip
+async def test_a_refused_first_message_is_reported_then_the_socket_closes(
+    gw: RunningGateway, first: dict[str, Any] | str, code: str
+) -> None:
+    """As upstream's handler does: a bad session.start (or anything else first) gets its error,
+    then the socket closes; a new socket can start a stream."""
     async with video(gw) as c:
-        await c.send({"type": "session.start", **start_fields(format="webm")})
-        await c.error(Code.UNSUPPORTED_VIDEO_FORMAT)
-        await c.send({"type": "session.start", **start_fields(width=127)})  # H.264 needs even sizes
-        await c.error(Code.INVALID_VALUE)
-        await c.send({"type": "session.start", **start_fields(fps="fast")})
-        await c.error(Code.INVALID_TYPE)
-        await c.send({"type": "session.start", "prompt": " "})
-        await c.error(Code.INVALID_VALUE)
+        if isinstance(first, dict) and first["type"] == "session.start":
+            first = {**start_fields(), **first}  # a valid start but for the one field under test
+        await c.send(first)
+        error = await c.error(code)
+        assert await c.until_closed() == 1000
+        assert c.types() == ["error"] and error["code"] == code
+    async with video(gw) as c:
         await c.start(**start_fields(num_frames=F))
         done = await c.wait_for("session.done")
     assert done["chunks"] == 1 and done["stopped"] is False
@@ -457,10 +480,6 @@ def interaction(event_id: str, event: dict[str, Any], **extra: Any) -> dict[str,
 
 async def test_every_refusal_has_its_code_and_the_stream_goes_on(gw: RunningGateway) -> None:
     async with video(gw) as c:
-        await c.interact("early", {"prompt": NEW}, 1)  # before session.start
-        early = await c.error(Code.NO_ACTIVE_REQUEST)
-        assert early["event_id"] == "early"
-
         start = await c.start(**start_fields())
         rid = start["request_id"]
         await c.next_chunk()
@@ -553,10 +572,8 @@ async def test_a_client_that_drops_the_tcp_connection_leaves_no_engine_request(g
 # --- 5. ping -----------------------------------------------------------------------------------
 
 
-async def test_ping_gets_pong_before_and_during_a_stream(gw: RunningGateway) -> None:
+async def test_ping_gets_pong_during_a_stream(gw: RunningGateway) -> None:
     async with video(gw) as c:
-        await c.send({"type": "session.ping"})
-        assert (await c.recv())["type"] == "session.pong"
         await c.start(**start_fields())
         await c.next_chunk()
         await c.send({"type": "session.ping"})
