@@ -44,17 +44,19 @@ def resync_event(
     session_id: str,
     resume_token: str,
     reason: str,
+    message: str,
     session: dict[str, Any],
     conversation: list[dict[str, Any]],
     last_server_event_seq: int,
 ) -> bytes:
     """``session.resync_required``: the events after the client's seq cannot be replayed;
-    here is the state to rebuild from."""
+    here is the state to rebuild from (``reason`` is a code, ``message`` is for a person)."""
     return connection_event(
         "session.resync_required",
         session_id=session_id,
         resume_token=resume_token,
         reason=reason,
+        message=message,
         session=session,
         conversation=conversation,
         last_server_event_seq=last_server_event_seq,

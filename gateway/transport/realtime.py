@@ -336,6 +336,7 @@ class Connection:
                     session_id=sid,
                     resume_token=token,
                     reason=outcome.reason,
+                    message=outcome.message,
                     session=s.render_config(),
                     conversation=[it.render(s.beta) for it in s.conversation],
                     last_server_event_seq=s.seq,
