@@ -33,7 +33,11 @@ def create_app(
 ) -> Starlette:
     settings = settings or Settings()
     logs.install()
+    for secret in (*settings.api_keys, settings.upstream_api_key):
+        logs.register_secret(secret)
     rt = Runtime(settings, engine, vad_factory=vad_factory)
+    for spec in rt.router.specs:  # a route's own upstream key
+        logs.register_secret(spec.options.get("api_key"))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

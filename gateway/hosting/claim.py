@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from gateway.hosting.host import HostContext, SessionHost
-from gateway.hosting.takeover import Held, Refusal, admit, plan, top_seq
+from gateway.hosting.takeover import Held, Refusal, admit, top_seq
 from gateway.protocol import client_events as ce
 from gateway.session import snapshot
 from gateway.session.session import RealtimeSession
@@ -77,9 +77,6 @@ async def claim(
         await ctx.store.publish(replica_channel(previous.owner), stop)
     # After acquire nobody else writes this journal: one read serves the replay.
     read = await ctx.store.read_events(sid, after_seq=last)
-    outcome = plan(found, read, event, principal)
-    if isinstance(outcome, Refusal):
-        _raise(outcome, event)
     # Never reuse a seq the client may already hold (events sent but lost from the journal).
     session.seq = max(top_seq(found, read), last)
     host = SessionHost(

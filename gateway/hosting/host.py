@@ -28,6 +28,7 @@ from gateway.hosting import takeover
 from gateway.hosting.peer import Peer
 from gateway.protocol.server_events import dialect_encoder
 from gateway.session import snapshot
+from gateway.session.core import STATE_EVENTS
 from gateway.session.effects import Cancel, Close, EndInput, Feed, StartResponse, StartTranscription
 from gateway.session.session import RealtimeSession
 from gateway.store.base import FencedError, SessionStore, StoreError
@@ -155,13 +156,21 @@ class SessionHost:
     # --- events and effects --------------------------------------------------------
 
     def flush(self) -> None:
-        """Journal and send what the session produced; run its effects."""
+        """Journal and send what the session produced; run its effects.
+
+        Write-ahead: from the first event that changes session state
+        (``STATE_EVENTS``), the peer holds what it is sent until the store has
+        committed the batch that holds the event and the snapshot with its state,
+        one commit for the whole flush. A replica that takes the session over then
+        knows everything the client saw begin. Deltas alone wait for nothing: they
+        are journaled in the writer's batches."""
         session = self.session
         if not (session.outbox or session.effects or session.dirty):
             return  # most engine outputs and appends produce nothing to send
         events, effects = session.take()
         encode, conn, writer = dialect_encoder(session.dialect), self.conn, self.writer
         journal = True
+        held = False
         try:
             for event in events:
                 data = encode(event)
@@ -178,11 +187,9 @@ class SessionHost:
                 kind = event["type"]
                 if kind == "error":
                     self.ctx.metrics.errors.labels(event["error"]["code"]).inc()
-                elif kind == "response.done" and conn is not None:
-                    # A client that saw an answer end must find it ended in the store:
-                    # hold this event (and what follows) until its batch is committed.
-                    conn.hold()
-                    self.ctx.spawn(self._release_when_committed(conn))
+                elif kind in STATE_EVENTS and conn is not None and not held:
+                    conn.hold()  # this event and what follows wait for the commit
+                    held = True
                 if conn is not None:
                     conn.send(event, data)
             if session.dirty and journal:
@@ -190,6 +197,8 @@ class SessionHost:
                 session.dirty = False
         except FencedError as exc:
             self._on_fenced(exc)
+        if held and conn is not None:
+            self.ctx.spawn(self._release_when_committed(conn))
         if self.ended:
             return
         if effects:
@@ -198,7 +207,10 @@ class SessionHost:
     async def _release_when_committed(self, conn: Peer) -> None:
         try:
             await self.writer.flush()
-        except StoreError as exc:  # the store is down: deliver anyway, the client must not wait
+        except StoreError as exc:
+            # The store is down (or another replica took the session): deliver anyway,
+            # the client must not wait. A resume elsewhere then finds the client ahead
+            # of the store and resyncs it (takeover.py), never a silent hole.
             log.warning("session %s: journal commit failed (%s); delivering uncommitted", self.id, exc)
         finally:
             conn.release(0)

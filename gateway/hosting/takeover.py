@@ -11,8 +11,14 @@ the transport does (``plan``):
   session sent); none reveals another user's data;
 - ``Replay``: ``session.resumed``, then events ``replay_from..replay_to`` as
   first sent, then live events;
-- ``Resync``: ``session.resync_required`` with the session's state: the events
-  after the client's seq cannot be replayed.
+- ``Resync``: ``session.resync_required`` with the session's state, when the
+  events after the client's seq cannot be replayed (``reason``:
+  ``journal_trimmed``), or when the client holds events the store never got
+  (``client_ahead``: they were sent by a replica that died before its journal
+  batch was committed). Write-ahead makes the second case one of deltas only:
+  every state change the client saw is in the store, so the state sent is the
+  one it saw, and the answer those deltas belonged to is ended ``incomplete``
+  and re-issued right after.
 
 ``admit`` is the part of the decision that needs no journal; the shell
 (``claim.py``) calls it before it fences the session's owner, so that a refused
@@ -31,14 +37,14 @@ from gateway.protocol import client_events as ce
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.store.base import JournalRead
 
-RESUME_SEQ_SLACK = 1_000  # a client may hold this many events the journal lost in a crash
-
-# Why a resume cannot replay (``Resync.reason``; vLLM-Omni's duplex reasons, in every dialect):
-# the journal holds nothing after the client's seq (it was lost or expired), or it goes on but
-# the events right after the client's seq were trimmed (its caps, an ack beyond that seq, or a
-# loss the owner marked after a Redis restart).
-JOURNAL_GAP = "journal_gap"
-JOURNAL_OVERFLOW = "journal_overflow"
+# Why a resume cannot replay (``Resync.reason``, machine-readable), and what to tell a person.
+JOURNAL_TRIMMED = "journal_trimmed"
+CLIENT_AHEAD = "client_ahead"
+RESYNC_MESSAGES = {
+    JOURNAL_TRIMMED: "The events after your last seq are no longer kept (trimmed, acknowledged or expired).",
+    CLIENT_AHEAD: "You hold events this session's store never received (their replica died before "
+    "committing them); rebuild from this state.",
+}
 
 
 def token_hash(token: str) -> str:
@@ -82,8 +88,11 @@ class Replay:
 
 @dataclass(frozen=True, slots=True)
 class Resync:
-    reason: str  # JOURNAL_GAP | JOURNAL_OVERFLOW
-    message: str  # the same, for a person
+    reason: str  # JOURNAL_TRIMMED | CLIENT_AHEAD
+
+    @property
+    def message(self) -> str:
+        return RESYNC_MESSAGES[self.reason]
 
 
 Plan = Refusal | Replay | Resync
@@ -113,22 +122,17 @@ def admit(held: Held | None, event: ce.SessionResume, principal: str) -> Refusal
 
 
 def plan(held: Held | None, read: JournalRead, event: ce.SessionResume, principal: str) -> Plan:
-    """What to do with the resume: ``read`` is the journal after the client's seq."""
+    """What to do with the resume: ``read`` is the journal after the client's seq.
+    Refuses only what ``admit`` refuses."""
     refusal = admit(held, event, principal)
     if refusal is not None:
         return refusal
     assert held is not None
     last = event.last_received_server_event_seq
     if read.gap:
-        if read.first_seq is not None and read.first_seq > last + 1:
-            return Resync(
-                JOURNAL_OVERFLOW,
-                f"Events {last + 1}..{read.first_seq - 1} are no longer kept; rebuild from the state sent here.",
-            )
-        return Resync(JOURNAL_GAP, "The events after your last seq are no longer kept; rebuild from the state here.")
-    top = top_seq(held, read)
-    if not held.live and last > top + RESUME_SEQ_SLACK:
-        return seq_refusal(last, top)
+        return Resync(JOURNAL_TRIMMED)
+    if last > top_seq(held, read):  # a live host refused that in admit: it sent everything
+        return Resync(CLIENT_AHEAD)
     replay_to = read.last_seq if read.events and read.last_seq is not None else last
     return Replay(last + 1, replay_to, read.events)
 

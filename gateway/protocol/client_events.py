@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import orjson
 
+from gateway.protocol.bounds import shape_violation
 from gateway.protocol.errors import Code, ProtocolError
 
 Role = Literal["user", "assistant", "system"]
@@ -211,6 +212,10 @@ def decode_object(data: dict[str, Any]) -> ClientEvent:
     parser = _PARSERS.get(kind)
     if parser is None:
         raise ctx.err(f"Unknown client event type {kind!r}.", "type", Code.UNKNOWN_EVENT)
+    if kind != "input_audio_buffer.append":  # the hot path: its fields are checked one by one
+        violation = shape_violation(data)
+        if violation is not None:
+            raise ctx.err(f"The event is {violation[0]}.", violation[1] or None)
     return parser(ctx, data)
 
 

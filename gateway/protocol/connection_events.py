@@ -49,9 +49,8 @@ def resync_event(
     conversation: list[dict[str, Any]],
     last_server_event_seq: int,
 ) -> bytes:
-    """``session.resync_required``: the events after the client's seq cannot be replayed
-    (``reason`` ``journal_gap`` | ``journal_overflow``, ``message`` for a person); here is
-    the state to rebuild from."""
+    """``session.resync_required``: the events after the client's seq cannot be replayed;
+    here is the state to rebuild from (``reason`` is a code, ``message`` is for a person)."""
     return connection_event(
         "session.resync_required",
         session_id=session_id,

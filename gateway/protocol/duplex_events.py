@@ -370,6 +370,11 @@ def resumed_event(
     )
 
 
+# Our resync reasons (``hosting.takeover``) -> upstream's: events trimmed from a journal that goes
+# on are its ``journal_overflow``; events the client holds that the journal never got, a gap.
+RESYNC_REASONS = {"journal_trimmed": "journal_overflow", "client_ahead": "journal_gap"}
+
+
 def resync_event(
     *,
     session_id: str,
@@ -384,7 +389,8 @@ def resync_event(
     return connection_event(
         "session.resync_required",
         session_id=session_id,
-        reason=reason,
+        reason=RESYNC_REASONS.get(reason, reason),  # upstream's spelling; ours in gateway_reason
+        gateway_reason=reason,
         message=message,
         incarnation=0,
         attachment_generation=attachment_generation,

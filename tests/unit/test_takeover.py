@@ -6,7 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.hosting.takeover import Held, Refusal, Replay, Resync, admit, plan, token_hash
+from gateway.hosting.takeover import (
+    CLIENT_AHEAD,
+    JOURNAL_TRIMMED,
+    Held,
+    Refusal,
+    Replay,
+    Resync,
+    admit,
+    plan,
+    token_hash,
+)
 from gateway.protocol import client_events as ce
 from gateway.protocol.errors import Code
 from gateway.store.base import JournalRead
@@ -75,9 +85,26 @@ def test_a_live_session_replays_what_its_journal_holds() -> None:
 
 def test_a_gap_in_the_journal_is_a_resync() -> None:
     outcome = plan(held(9), journal(6, 7, gap=True), resume(3), ME)
-    assert isinstance(outcome, Resync)
+    assert outcome == Resync(JOURNAL_TRIMMED)
+    assert outcome.message
 
 
-def test_a_client_far_beyond_the_store_is_refused() -> None:
-    outcome = plan(held(9), journal(last=9), resume(2000), ME)
-    assert isinstance(outcome, Refusal) and outcome.code == Code.RESUME_SEQ_INVALID
+@pytest.mark.parametrize("ahead", [1, 13, 5000])
+def test_a_client_ahead_of_the_store_is_a_divergence_never_a_resume(ahead: int) -> None:
+    """The client holds events the store never got (their replica died before committing
+    them): whatever the margin, it is resynced, not told the session resumed."""
+    outcome = plan(held(9), journal(last=9), resume(9 + ahead), ME)
+    assert outcome == Resync(CLIENT_AHEAD)
+    assert "never received" in outcome.message
+
+
+def test_the_journal_counts_as_what_the_store_holds() -> None:
+    # The snapshot may be older than the journal's last event (deltas are not snapshotted).
+    assert plan(held(5), journal(last=8), resume(8), ME) == Replay(9, 8, [])  # read after seq 8
+    assert plan(held(5), journal(last=8), resume(9), ME) == Resync(CLIENT_AHEAD)
+
+
+def test_a_live_session_is_never_ahead_of_itself() -> None:
+    # Its host sent everything there is: a client beyond it is refused, not resynced.
+    refusal = plan(held(7, live=True), journal(7), resume(8), ME)
+    assert isinstance(refusal, Refusal) and refusal.code == Code.RESUME_SEQ_INVALID
