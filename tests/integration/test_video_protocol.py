@@ -655,3 +655,86 @@ async def test_the_video_socket_refuses_a_wrong_key(keyed_gw: RunningGateway) ->
     async with video(keyed_gw, "sk-wrong") as c:
         await c.error(Code.UNAUTHORIZED)
         assert await c.until_closed() == 4001
+
+
+# --- 7. what vLLM-Omni's documents name (support.upstream_docs) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "size", "frames"),
+    [
+        ({"size": "64x48", "seconds": "1"}, (64, 48), FPS),  # seconds x fps frames
+        ({"size": "64x48", "width": 200, "height": 200, "num_frames": 5}, (64, 48), 5),  # size wins
+        ({"video_params": {"width": 64, "height": 48, "num_frames": 6}, "width": 96, "height": None}, (96, 48), 6),
+        ({"video_params": {"fps": 12}, "fps": None, "seconds": 1, "width": 64, "height": 48}, (64, 48), 12),
+    ],
+)
+async def test_size_seconds_and_video_params_resolve_as_upstream_resolves_them(
+    gw: RunningGateway, fields: dict[str, Any], size: tuple[int, int], frames: int
+) -> None:
+    start_msg = {k: v for k, v in {**start_fields(), **fields}.items() if v is not None}
+    async with video(gw) as c:
+        start = await c.start(**start_msg)
+        await c.wait_for("session.done")
+    config = start["config"]
+    assert (config["width"], config["height"], config["num_frames"]) == (*size, frames)
+    for key in ("size", "seconds", "video_params"):  # echoed as the client sent them
+        if key in fields:
+            assert config[key] == fields[key]
+    assert decode_mp4([ch.payload for ch in c.chunks]).shape == (frames, size[1], size[0], 3)
+
+
+async def test_the_trailer_indexes_every_fragment_delivered_and_only_a_completed_stream_has_one(
+    gw: RunningGateway,
+) -> None:
+    async with video(gw) as c:
+        await c.start(**start_fields(num_frames=5 * F))
+        await c.wait_for("session.done")
+    (trailer,) = c.trailers
+    stream = b"".join(ch.payload for ch in c.chunks)
+    mfra = trailer.payload
+    assert mfra[4:8] == b"mfra" and int.from_bytes(mfra[-4:], "big") == len(mfra)  # mfro: the mfra's size
+    count = int.from_bytes(mfra[8 + 8 + 12 : 8 + 8 + 16], "big")
+    entries = [mfra[32 + 19 * i : 32 + 19 * (i + 1)] for i in range(count)]
+    offsets = [int.from_bytes(e[8:16], "big") for e in entries]
+    times = [int.from_bytes(e[:8], "big") for e in entries]
+    assert count == 5 and times == sorted(times) and len(set(times)) == 5
+    assert all(stream[o + 4 : o + 8] == b"moof" for o in offsets)  # each points at a fragment it got
+    assert decode_mp4([stream, mfra]).shape[0] == 5 * F  # the whole file still decodes
+    async with video(gw) as c:  # stopped: no trailer
+        await c.start(**start_fields())
+        await c.next_chunk()
+        await c.send({"type": "session.stop"})
+        await c.wait_for("session.done")
+    assert c.trailers == []
+    async with video(gw) as c:  # JPEG has none
+        await c.start(**start_fields(format="jpeg", num_frames=F))
+        await c.wait_for("session.done")
+    assert c.trailers == []
+
+
+async def test_an_interaction_the_engine_refuses_is_interaction_failed_and_the_stream_goes_on(
+    gw: RunningGateway,
+) -> None:
+    async with video(gw) as c:
+        start = await c.start(**start_fields())
+        await c.next_chunk()
+        far = {"multi_modal_data": {"camera": {"mode": "target", "data": {"translation": [1e9, 0, 0]}}}}
+        await c.interact("too-far", far, 1)
+        error = await c.error(Code.INTERACTION_FAILED)
+        assert (error["event_id"], error["request_id"], error["reason"]) == ("too-far", start["request_id"],
+                                                                           "invalid_interaction")  # fmt: skip
+        await c.send({"type": "session.playback", "position_seconds": 0.5})  # accepted, no reply
+        await c.interact("too-far", {"prompt": NEW}, 1)  # the refused id may be used again
+        await c.wait_for(is_queued("too-far"))
+        await c.next_chunk()
+        await c.send({"type": "session.stop"})
+        await c.wait_for("session.done")
+    assert "error" not in c.types()[c.types().index("session.interaction.queued") :]
+
+
+async def test_a_socket_that_sends_no_start_in_time_is_told_and_closed() -> None:
+    async with gateway(video_start_timeout_s=0.3) as gw, video(gw) as c:
+        error = await c.error(Code.START_TIMEOUT, timeout=5)
+        assert "session.start" in error["message"]
+        assert await c.until_closed() == 1000
