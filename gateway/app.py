@@ -33,7 +33,7 @@ def create_app(
 ) -> Starlette:
     settings = settings or Settings()
     logs.install()
-    for secret in (*settings.api_keys, settings.upstream_api_key):
+    for secret in (*settings.api_keys, settings.upstream_api_key, settings.jwt_secret):
         logs.register_secret(secret)
     rt = Runtime(settings, engine, vad_factory=vad_factory)
     for spec in rt.router.specs:  # a route's own upstream key

@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
         help="accepted API key; repeat for several (env OMNI_GATEWAY_API_KEYS, comma separated)",
     )
     serve.add_argument(
+        "--keys-file", help="tenants: a JSON keys file of key hashes, limits and models (env OMNI_GATEWAY_KEYS_FILE)"
+    )
+    serve.add_argument(
         "--upstream",
         action="append",
         dest="upstreams",
@@ -93,10 +96,11 @@ def settings_from_args(argv: list[str] | None = None, environ: Mapping[str, str]
 def problems(settings: Settings) -> list[str]:
     """What makes these settings unable to serve, said before anything starts."""
     out = []
-    if not is_loopback(settings.host) and not settings.api_keys:
+    if not is_loopback(settings.host) and not settings.has_credentials:
         out.append(
-            f"refusing to bind {settings.host} without API keys: set OMNI_GATEWAY_API_KEYS "
-            "or --api-key (auth is required beyond loopback)"
+            f"refusing to bind {settings.host} without credentials: set OMNI_GATEWAY_API_KEYS "
+            "or --api-key, --keys-file, or a token issuer (OMNI_GATEWAY_JWT_SECRET / _JWT_JWKS); "
+            "auth is required beyond loopback"
         )
     if not settings.models:  # with routes, each route carries its own options
         if settings.engine == "remote" and not settings.upstreams:

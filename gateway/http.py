@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.auth import DEFAULT_SECRET_TTL_S, MAX_SECRET_TTL_S, Grant
+from gateway.auth import DEFAULT_SECRET_TTL_S, MAX_SECRET_TTL_S
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import ConfigLimits, SessionConfig, apply_update, render
 from gateway.protocol.video_events import decode_interaction
@@ -55,7 +55,7 @@ class HttpApi:
         return Response(generate_latest(self.rt.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def models(self, request: Request) -> Response:
-        if self.rt.auth.authenticate_http(request.headers) is None:
+        if await self.rt.auth.authenticate_http(request.headers) is None:
             return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.")
         health = self.rt.engine_health()
         data = []
@@ -74,7 +74,7 @@ class HttpApi:
         return JSONResponse({"object": "list", "data": data})
 
     async def client_secrets(self, request: Request) -> Response:
-        grant = self.rt.auth.authenticate_http(request.headers)
+        grant = await self.rt.auth.authenticate_http(request.headers)
         if grant is None:
             self.rt.metrics.auth_failures.inc()
             return _error(401, Code.UNAUTHORIZED, "Minting a client secret needs 'Authorization: Bearer <API key>'.")
@@ -109,13 +109,22 @@ class HttpApi:
             return _error(400, err.code, err.message, err.param)
         if self.rt.vad_factory is None:
             config = replace(config, turn_detection=None)  # what the session will really get here
-        token, expires_at = self.rt.auth.secrets.mint(Grant(grant.principal, session or None), ttl)
+        if not grant.tenant.allows_model(config.model):
+            return _error(403, Code.MODEL_NOT_ALLOWED, f"This credential may not use the model {config.model!r}.")
+        try:
+            token, expires_at = await self.rt.auth.secrets.mint(replace(grant, session=session or None), ttl)
+        except StoreError:
+            return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
         rendered = render(config, session_id="sess_pending", expires_at=expires_at, beta=False)
         return JSONResponse({"value": token, "expires_at": expires_at, "session": rendered})
 
     async def admin(self, request: Request) -> Response:
-        if self.rt.auth.authenticate_http(request.headers) is None:
+        grant = await self.rt.auth.authenticate_http(request.headers)
+        if grant is None:
+            self.rt.metrics.auth_failures.inc()
             return _error(401, Code.UNAUTHORIZED, "Admin endpoints need 'Authorization: Bearer <API key>'.")
+        if not grant.tenant.admin:
+            return _error(403, Code.FORBIDDEN, "This credential may not use admin endpoints (an operator key may).")
         action = request.path_params["action"]
         if action in ("pause", "resume"):
             # Admission: new requests wait while paused (those being admitted finish first).
@@ -148,7 +157,7 @@ class HttpApi:
 
     async def video_interaction(self, request: Request) -> Response:
         """POST an interaction to a streaming video session, from any replica."""
-        grant = self.rt.auth.authenticate_http(request.headers)
+        grant = await self.rt.auth.authenticate_http(request.headers)
         if grant is None:
             self.rt.metrics.auth_failures.inc()
             return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.")
@@ -163,10 +172,11 @@ class HttpApi:
         except ProtocolError as err:
             return _error(400, err.code, err.message, err.param)
         interaction = event.interaction
+        unknown = _error(404, Code.SESSION_NOT_FOUND, f"No streaming video session {sid!r}.")
         local = self.rt.video_sessions.get(sid)
         if local is not None:
             if local.principal != grant.principal:
-                return _error(403, Code.RESUME_FORBIDDEN, "This session belongs to another principal.")
+                return unknown  # another's session answers exactly as one that does not exist
             failure = await local.interact_now(interaction)
             if failure is not None:
                 return _error(409, failure[0], failure[1], "interaction")
@@ -174,10 +184,8 @@ class HttpApi:
         try:
             data = await self.rt.store.load_snapshot(sid)
             state = orjson.loads(data) if data else None
-            if not isinstance(state, dict) or state.get("kind") != "video":
-                return _error(404, Code.SESSION_NOT_FOUND, f"No streaming video session {sid!r}.")
-            if state.get("principal") != grant.principal:
-                return _error(403, Code.RESUME_FORBIDDEN, "This session belongs to another principal.")
+            if not isinstance(state, dict) or state.get("kind") != "video" or state.get("principal") != grant.principal:
+                return unknown
             message = {"type": "interaction", "session_id": sid, "interaction": payload}
             if not isinstance(payload, dict) or "event_id" not in payload:
                 message["interaction"] = {**(payload or {}), "event_id": interaction.event_id}
@@ -185,7 +193,7 @@ class HttpApi:
         except StoreError:
             return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
         if not delivered:
-            return _error(404, Code.SESSION_NOT_FOUND, f"Session {sid!r} has no live owner.")
+            return unknown
         # Forwarded: the owning replica reports the outcome on the session's socket.
         return JSONResponse(
             {"queued": True, "forwarded": True, "session_id": sid, "event_id": interaction.event_id}, status_code=202

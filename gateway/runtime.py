@@ -23,6 +23,8 @@ from gateway.auth import Authenticator
 from gateway.hosting.bus import listen_bus
 from gateway.hosting.host import HostContext, SessionHost
 from gateway.hosting.leases import renew_leases
+from gateway.jwt_auth import JwtVerifier
+from gateway.origins import OriginPolicy
 from gateway.protocol.duplex_config import DuplexConfig
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.session_config import SessionConfig
@@ -33,6 +35,7 @@ from gateway.session.session import RealtimeSession, SessionLimits, VadStream
 from gateway.settings import Settings
 from gateway.store import create_store
 from gateway.store.base import SessionStore
+from gateway.tenants import KeysFile, TenantLimits
 from gateway.transport.realtime import Connection
 from gateway.transport.video import VideoConnection
 from orchestrator.engine import Engine
@@ -139,7 +142,6 @@ class Runtime:
             raise RoutingError(f"the default model {settings.model!r} has no route")
         self.engine = default[1]
         self.orchestrator = self.orchestrator_for(self.engine)  # the default route's; also runs video
-        self.auth = Authenticator(settings.api_keys, required=settings.requires_auth)
         self.session_limits = SessionLimits(
             max_append_ms=settings.max_append_ms,
             max_buffer_ms=settings.max_buffer_ms,
@@ -154,6 +156,16 @@ class Runtime:
             max_bytes=settings.journal_max_bytes,
             flush_interval_ms=settings.journal_flush_ms,
         )
+        self.tenant_defaults = tenant_defaults(settings)
+        self.auth = Authenticator(
+            settings.api_keys,
+            required=settings.requires_auth,
+            store=self.store,
+            keys_file=KeysFile.parse(settings.keys_file, self.tenant_defaults),
+            jwt=jwt_verifier(settings, self.tenant_defaults),
+            defaults=self.tenant_defaults,
+        )
+        self.origins = OriginPolicy(settings.allowed_origins, auth_required=settings.requires_auth)
         self.replica_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.lease_ttl_ms = int(settings.lease_ttl_s * 1000)
         self.hosting = HostContext(
@@ -281,6 +293,8 @@ class Runtime:
     # --- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.auth.jwt is not None:
+            await self.auth.jwt.start()
         for engine in self.router.engines.values():
             await engine.start()
         if self.video_engine is not None:
@@ -322,7 +336,34 @@ class Runtime:
             await engine.close()
         if self.video_engine is not None:
             await self.video_engine.close()
+        if self.auth.jwt is not None:
+            await self.auth.jwt.close()
         await self.store.close()
+
+
+def tenant_defaults(settings: Settings) -> TenantLimits:
+    """Every principal's limits unless its keys-file entry or token says otherwise."""
+    return TenantLimits(
+        max_sessions=settings.tenant_max_sessions,
+        session_starts_per_min=settings.tenant_session_starts_per_min,
+        audio_in_s_per_min=settings.tenant_audio_in_s_per_min,
+        audio_out_s_per_min=settings.tenant_audio_out_s_per_min,
+        events_per_s=settings.tenant_events_per_s,
+    )
+
+
+def jwt_verifier(settings: Settings, defaults: TenantLimits) -> JwtVerifier | None:
+    if not (settings.jwt_secret or settings.jwt_jwks):
+        return None
+    return JwtVerifier(
+        secret=settings.jwt_secret,
+        jwks=settings.jwt_jwks,
+        issuer=settings.jwt_issuer,
+        audience=settings.jwt_audience,
+        leeway_s=settings.jwt_leeway_s,
+        refresh_s=settings.jwks_refresh_s,
+        defaults=defaults,
+    )
 
 
 def rate_limits(orch: Orchestrator) -> list[dict[str, Any]]:

@@ -43,6 +43,27 @@ class Settings:
     auth_required: bool | None = None
     log_level: str = "info"
 
+    # --- browser-safe auth and tenants (README: "Auth", "Tenants and limits") ---
+    # Web pages that may open sockets (comma separated: "https://app.example.com",
+    # "https://*.example.com", "*"). Unset: pages on this machine, and the gateway's own
+    # pages when auth is required. Clients that send no Origin (non-browsers) always may.
+    # A refused page gets HTTP 403 origin_not_allowed at the upgrade.
+    allowed_origins: tuple[str, ...] = ()
+    keys_file: str | None = None  # tenants (gateway/tenants.py): a JSON file or the JSON itself
+    jwt_secret: str | None = None  # HS256 bearer tokens signed with this shared secret
+    jwt_jwks: str | None = None  # RS256/ES256 bearer tokens: a JWKS file or http(s) URL
+    jwt_issuer: str | None = None  # when set, a token's ``iss`` must be this
+    jwt_audience: str | None = None  # when set, a token's ``aud`` must name this (unset: none allowed)
+    jwt_leeway_s: float = 30.0  # clock skew allowed on ``exp``/``nbf``/``iat``
+    jwks_refresh_s: float = 300.0  # a JWKS URL is fetched again this often (and for an unknown kid)
+    # Default limits of every principal (a keys-file entry or a token's ``limits`` claim may
+    # set its own); summed over all replicas; 0: no limit. What a client sees when hit: README.
+    tenant_max_sessions: int = 0  # sockets open at once; more: rate_limit_exceeded, close 4029
+    tenant_session_starts_per_min: int = 0  # sockets opened in any 60 s; more: as above
+    tenant_audio_in_s_per_min: float = 0.0  # input audio per clock minute; more: the append is dropped
+    tenant_audio_out_s_per_min: float = 0.0  # output audio per clock minute; more: responses fail
+    tenant_events_per_s: int = 0  # client messages per clock second; more: the message is dropped
+
     # --- limits ---
     max_sessions: int = 2_000  # concurrent sessions per process; more: close 1013
     max_message_bytes: int = 1 << 20  # one client message; larger: error message_too_large,
@@ -91,7 +112,12 @@ class Settings:
     def requires_auth(self) -> bool:
         if self.auth_required is not None:
             return self.auth_required
-        return bool(self.api_keys) or not is_loopback(self.host)
+        return self.has_credentials or not is_loopback(self.host)
+
+    @property
+    def has_credentials(self) -> bool:
+        """Some way to authenticate is configured: keys, a keys file or a token issuer."""
+        return bool(self.api_keys or self.keys_file or self.jwt_secret or self.jwt_jwks)
 
 
 def is_loopback(host: str) -> bool:
@@ -104,9 +130,10 @@ def is_loopback(host: str) -> bool:
 
 
 def _convert(name: str, raw: str, current: Any) -> Any:
-    if name in ("api_keys", "upstreams"):
+    if name in ("api_keys", "upstreams", "allowed_origins"):
         return tuple(k.strip() for k in raw.split(",") if k.strip())
-    if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id"):
+    if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id", "keys_file",
+                "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience"):  # fmt: skip
         return raw or None
     if name == "auth_required":
         return raw.strip().lower() in ("1", "true", "yes", "on")

@@ -53,6 +53,10 @@ class Metrics:
         )
         self.resumes = Counter("omni_resumes_total", "Sessions resumed, by outcome.", ["outcome"], registry=r)
         self.auth_failures = Counter("omni_auth_failures_total", "Refused connections and requests.", registry=r)
+        self.upgrade_refusals = Counter(
+            "omni_upgrade_refusals_total", "WebSocket upgrades refused with an HTTP status, by code.", ["code"],
+            registry=r,
+        )  # fmt: skip
         self._event_children: dict[str, Any] = {}
         self._kind_children: dict[str, KindMetrics] = {}
 

@@ -38,7 +38,14 @@ export function askForCredential(details, input) {
 export function explain(err, url) {
   switch (err?.code) {
     case "unauthorized":
-      return "The gateway requires a credential: paste an API key or a client secret (ek_…) under Credentials, then press Start.";
+      return "The gateway requires a credential: paste an API key, a client secret (ek_…) or a token under Credentials, then press Start.";
+    case "refused":
+      // A refused upgrade: the browser is not told whether it was the credential or this page's origin.
+      return "The gateway refused the connection: it requires a credential (paste an API key, a client secret (ek_…) or a token under Credentials, then press Start), or it does not allow pages from this origin (its allowed_origins setting).";
+    case "rate_limit_exceeded":
+      return `A limit of your credential was reached: ${err.message}`;
+    case "model_not_allowed":
+      return `Your credential may not use this model: ${err.message}`;
     case "connect_failed":
     case "reconnect_failed":
       return `Cannot reach the gateway at ${url}. Is it running? (${err.message})`;

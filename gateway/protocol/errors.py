@@ -38,7 +38,10 @@ class Code:
     TRANSCRIPTION_FAILED = "transcription_failed"
     SESSION_EXPIRED = "session_expired"
     UNAUTHORIZED = "unauthorized"
-    RATE_LIMITED = "rate_limited"
+    FORBIDDEN = "forbidden"  # an HTTP endpoint this credential may not use (admin)
+    ORIGIN_NOT_ALLOWED = "origin_not_allowed"  # a browser page whose Origin may not open sockets here
+    MODEL_NOT_ALLOWED = "model_not_allowed"  # the credential may not use this model (then close 4003)
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"  # a tenant limit (sessions, starts, audio, events)
     SLOW_CONSUMER = "slow_consumer"
     INTERNAL = "internal_error"
     # resume
@@ -70,11 +73,14 @@ class CloseCode(IntEnum):
     INTERNAL_ERROR = 1011
     SERVICE_RESTART = 1012  # drain: reconnect and resume on another replica
     TRY_AGAIN_LATER = 1013  # the replica is at its session limit
-    UNAUTHORIZED = 4001  # missing, wrong, expired or already used credentials
+    UNAUTHORIZED = 4001  # missing, wrong, expired or already used credentials (a server without the
+    #   websocket.http.response extension; uvicorn refuses these at the upgrade with HTTP 401)
+    FORBIDDEN = 4003  # the credential may not use this model; an origin not allowed (as for 4001)
     UNKNOWN_MODEL = 4004  # no route for the requested model
     SESSION_EXPIRED = 4008  # the session reached its maximum lifetime
     SESSION_REPLACED = 4009  # another connection resumed this session
     SLOW_CONSUMER = 4010  # the client read too slowly; the outbound queue overflowed
+    RATE_LIMITED = 4029  # a tenant limit refused the session (concurrent sessions, starts per minute)
 
 
 class ProtocolError(Exception):

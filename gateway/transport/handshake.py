@@ -1,7 +1,21 @@
-"""The WebSocket handshake both endpoints share: accept, authenticate, refuse.
+"""The WebSocket handshake both endpoints share: origin, credentials, accept, refuse.
 
-A refusal is sent *after* accepting, as an error event and a close code the
-client can read (a browser cannot read an HTTP status from a failed upgrade).
+Two kinds of refusal, told apart by what the client can do about them:
+
+- **At the upgrade** (before any 101), with an HTTP status and a JSON body in
+  OpenAI's error shape (``{"error": {"type", "code", "message", "param"}}``):
+  an ``Origin`` not allowed (403 ``origin_not_allowed``, checked first, so a
+  refused page never consumes a client secret) and refused credentials (401
+  ``unauthorized``). This needs the ASGI ``websocket.http.response``
+  extension (uvicorn has it); on a server without it the socket is accepted,
+  gets the same ``error`` event and closes 4003 / 4001. A browser never sees
+  an upgrade's status: its ``WebSocket`` only reports a failed connection
+  (close 1006), so the browser SDK says ``connect_failed`` and names these as
+  the likely causes.
+- **After accepting** (``common_refusal`` and the endpoints' own): an ``error``
+  event and a close code any client can read, for what is worth retrying or
+  fixing in the request (drain 1012, replica full 1013, unknown model 4004,
+  a model the credential may not use 4003, tenant limits 4029).
 """
 
 from __future__ import annotations
@@ -11,11 +25,34 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+import orjson
+
 from gateway.auth import Grant
 from gateway.protocol.errors import CloseCode, Code
 from gateway.transport.services import Services
 
 Refusal = tuple[str, str, int]  # code, message, close code
+HTTP_RESPONSE_EXTENSION = "websocket.http.response"  # ASGI: answer the upgrade with a plain HTTP response
+
+UNAUTHORIZED_MESSAGE = (
+    "Missing or invalid credentials: send 'Authorization: Bearer <API key or token>' or the "
+    "subprotocol 'openai-insecure-api-key.<API key, client secret or token>'."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class UpgradeRefusal:
+    """A refusal answered at the HTTP upgrade (or, without the extension, after accepting)."""
+
+    status: int
+    code: str
+    message: str
+    close_code: int
+
+    def body(self) -> bytes:
+        return orjson.dumps(
+            {"error": {"type": "invalid_request_error", "code": self.code, "message": self.message, "param": None}}
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,17 +60,26 @@ class Handshake:
     headers: dict[str, str]  # lower-cased names
     offered: list[str]  # subprotocols the client offered
     query: dict[str, list[str]]
-    grant: Grant | None  # None: refused credentials
+    grant: Grant  # who connected
 
     def param(self, name: str) -> str | None:
         values = self.query.get(name)
         return values[0] if values else None
 
 
+ErrorEncoder = Callable[[str, str], bytes]  # (code, message) -> the endpoint's error event
+
+
 async def accept(
-    runtime: Services, scope: dict[str, Any], receive: Any, send: Any, choose: Callable[[list[str]], str | None]
+    runtime: Services,
+    scope: dict[str, Any],
+    receive: Any,
+    send: Any,
+    choose: Callable[[list[str]], str | None],
+    error_event: ErrorEncoder,
 ) -> Handshake | None:
-    """Accept the socket (echoing ``choose(offered)``) and authenticate; None if not a connect."""
+    """Check the origin and the credentials, then accept the socket (echoing
+    ``choose(offered)``). None: not a connect, or refused (already answered)."""
     message = await receive()
     if message["type"] != "websocket.connect":
         return None
@@ -41,23 +87,49 @@ async def accept(
     # 0.51 hands the header over unsplit.
     offered = [name.strip() for entry in scope.get("subprotocols") or [] for name in entry.split(",") if name.strip()]
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    refusal: UpgradeRefusal | None = None
+    grant: Grant | None = None
+    origin = headers.get("origin")
+    if not runtime.origins.allows(origin, headers.get("host")):
+        refusal = UpgradeRefusal(
+            403,
+            Code.ORIGIN_NOT_ALLOWED,
+            f"Pages from {origin!r} may not open sockets here (see the allowed_origins setting).",
+            CloseCode.FORBIDDEN,
+        )
+    else:
+        grant = await runtime.auth.authenticate(headers, offered)
+        if grant is None:
+            runtime.metrics.auth_failures.inc()
+            refusal = UpgradeRefusal(401, Code.UNAUTHORIZED, UNAUTHORIZED_MESSAGE, CloseCode.UNAUTHORIZED)
+    if refusal is not None:
+        await _refuse_upgrade(runtime, scope, send, refusal, error_event)
+        return None
+    assert grant is not None
     await send({"type": "websocket.accept", "subprotocol": choose(offered)})
-    grant = runtime.auth.authenticate(headers, offered)
-    if grant is None:
-        runtime.metrics.auth_failures.inc()
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     return Handshake(headers, offered, query, grant)
 
 
+async def _refuse_upgrade(
+    runtime: Services, scope: dict[str, Any], send: Any, refusal: UpgradeRefusal, error_event: ErrorEncoder
+) -> None:
+    if HTTP_RESPONSE_EXTENSION in scope.get("extensions", {}):
+        headers = [(b"content-type", b"application/json")]
+        if refusal.status == 401:
+            headers.append((b"www-authenticate", b'Bearer realm="omni-gateway"'))
+        await send({"type": "websocket.http.response.start", "status": refusal.status, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": refusal.body()})
+        runtime.metrics.upgrade_refusals.labels(refusal.code).inc()
+        return
+    # A server without the extension: the same refusal, as an event and a close code.
+    await send({"type": "websocket.accept", "subprotocol": None})
+    event = error_event(refusal.code, refusal.message)
+    await refuse(runtime, send, (refusal.code, refusal.message, refusal.close_code), event)
+
+
 def common_refusal(runtime: Services, hs: Handshake) -> Refusal | None:
-    """What refuses any session here: credentials, a drain, the session limit."""
-    if hs.grant is None:
-        return (
-            Code.UNAUTHORIZED,
-            "Missing or invalid credentials: send 'Authorization: Bearer <API key>' or the "
-            "subprotocol 'openai-insecure-api-key.<API key or client secret>'.",
-            CloseCode.UNAUTHORIZED,
-        )
+    """What refuses any session here after the upgrade: a drain, the session limit."""
     if runtime.draining:
         return Code.SERVER_BUSY, "This replica is shutting down; reconnect.", CloseCode.SERVICE_RESTART
     limit = runtime.settings.max_sessions

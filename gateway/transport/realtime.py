@@ -109,7 +109,12 @@ class RealtimeEndpoint:
         rt = self.runtime
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         duplex = self.duplex is not None and duplex_events.enabled((query.get("duplex") or [None])[0])
-        hs = await accept(rt, scope, receive, send, choose_duplex_subprotocol if duplex else choose_subprotocol)
+
+        def encode_error(code: str, message: str) -> bytes:
+            return duplex_events.error_event(ProtocolError(code, message)) if duplex else error_event(code, message)
+
+        choose = choose_duplex_subprotocol if duplex else choose_subprotocol
+        hs = await accept(rt, scope, receive, send, choose, encode_error)
         if hs is None:
             return
         model = hs.param("model") or rt.settings.model
@@ -120,15 +125,11 @@ class RealtimeEndpoint:
                 f"No model {model!r} is served here; GET /v1/models lists them.",
                 CloseCode.UNKNOWN_MODEL,
             )
+        if refusal is None and not hs.grant.tenant.allows_model(model):
+            refusal = (Code.MODEL_NOT_ALLOWED, f"This credential may not use the model {model!r}.", CloseCode.FORBIDDEN)
         if refusal is not None:
-            event = (
-                duplex_events.error_event(ProtocolError(refusal[0], refusal[1]))
-                if duplex
-                else error_event(refusal[0], refusal[1])
-            )
-            await refuse(rt, send, refusal, event)
+            await refuse(rt, send, refusal, encode_error(refusal[0], refusal[1]))
             return
-        assert hs.grant is not None
         if duplex:
             autostart = (hs.param("autostart") or "").strip().lower()
             resume_only = duplex_events.enabled(hs.param("resume")) or autostart in duplex_events.FALSY

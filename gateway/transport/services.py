@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from gateway.auth import Authenticator
+from gateway.origins import OriginPolicy
 from gateway.settings import Settings
 from orchestrator.metrics import Metrics
 
@@ -22,6 +23,10 @@ class Services(Protocol):
 
     @property
     def auth(self) -> Authenticator: ...
+
+    @property
+    def origins(self) -> OriginPolicy:
+        """Which web pages may open sockets (checked at the upgrade)."""
 
     @property
     def metrics(self) -> Metrics: ...

@@ -80,16 +80,19 @@ class VideoEndpoint:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         rt = self.runtime
-        hs = await accept(rt, scope, receive, send, choose_subprotocol)
+
+        def encode_error(code: str, message: str) -> bytes:
+            return orjson.dumps(error_event(code, message))
+
+        hs = await accept(rt, scope, receive, send, choose_subprotocol, encode_error)
         if hs is None:
             return
         refusal = common_refusal(rt, hs)
         if refusal is None and rt.video_engine is None:
             refusal = (Code.NO_VIDEO_ENGINE, "This gateway runs no video engine.", CloseCode.NORMAL)
         if refusal is not None:
-            await refuse(rt, send, refusal, orjson.dumps(error_event(refusal[0], refusal[1])))
+            await refuse(rt, send, refusal, encode_error(refusal[0], refusal[1]))
             return
-        assert hs.grant is not None
         await VideoConnection(rt, receive, send, principal=hs.grant.principal).run()
 
 

@@ -265,6 +265,10 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
                 self.transport.writelines((_header(0x81 if text is not None else 0x82, len(data)), data))
                 return
         await super().send(message)
+        if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
+            # An upgrade answered with a plain HTTP response (a refusal) is a finished handshake;
+            # uvicorn's class leaves the flag unset and then logs an ERROR for every refusal.
+            self.handshake_complete = True
 
     async def receive(self) -> Any:
         message = await self.queue.get()

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import websockets
 from prometheus_client.parser import text_string_to_metric_families
@@ -62,18 +63,22 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-async def assert_refused(gw: RunningGateway, **connect_kwargs: Any) -> None:
-    """An error ``unauthorized`` first, then the close 4001; never a session."""
-    async with connect(gw.url, **connect_kwargs) as c:
-        first = await c.recv()
-        assert first["type"] == "error"
-        assert first["error"]["code"] == Code.UNAUTHORIZED
-        assert first["error"]["message"]
-        with pytest.raises(websockets.ConnectionClosed) as info:
-            await asyncio.wait_for(c.ws.recv(), 5)
-        assert info.value.rcvd is not None
-        assert info.value.rcvd.code == 4001
-    assert "session.created" not in c.types()
+async def assert_refused(gw: RunningGateway, *, status: int = 401, code: str = Code.UNAUTHORIZED,
+                         url: str | None = None, **connect_kwargs: Any) -> dict[str, Any]:  # fmt: skip
+    """Refused at the HTTP upgrade (no 101, never a session): ``status`` and OpenAI's error
+    shape as the body."""
+    with pytest.raises(websockets.InvalidStatus) as info:
+        async with connect(url or gw.url, **connect_kwargs):
+            raise AssertionError("the upgrade was accepted")
+    response = info.value.response
+    assert response.status_code == status
+    assert response.headers["content-type"] == "application/json"
+    body = orjson.loads(response.body)
+    assert set(body) == {"error"}
+    err = body["error"]
+    assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", code, None)
+    assert err["message"]
+    return dict(response.headers)
 
 
 async def assert_session(c: Client) -> dict[str, Any]:
@@ -91,15 +96,102 @@ async def assert_session(c: Client) -> dict[str, Any]:
 # --- API keys on the socket -----------------------------------------------------------
 
 
-async def test_no_credentials_get_unauthorized_then_close_4001(gw: RunningGateway) -> None:
-    await assert_refused(gw)
+async def test_no_credentials_are_refused_at_the_upgrade_with_401(gw: RunningGateway) -> None:
+    headers = await assert_refused(gw)
+    assert headers["www-authenticate"].startswith("Bearer")
     assert gw.runtime.metrics.registry.get_sample_value("omni_auth_failures_total") == 1.0
     assert not gw.runtime.connections
 
 
-async def test_wrong_key_gets_close_4001(gw: RunningGateway) -> None:
+async def test_wrong_key_is_refused_at_the_upgrade_with_401(gw: RunningGateway) -> None:
     await assert_refused(gw, headers=bearer("sk-test-wrong"))
     await assert_refused(gw, subprotocols=[KEY_PROTO + "sk-test-wrong"])
+
+
+def without_http_response_extension(app: Any) -> Any:
+    """The app as a server without ASGI's ``websocket.http.response`` extension sees it."""
+
+    async def stripped(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            scope = {**scope, "extensions": {k: v for k, v in scope.get("extensions", {}).items()
+                                             if k != "websocket.http.response"}}  # fmt: skip
+        await app(scope, receive, send)
+
+    return stripped
+
+
+async def test_without_the_http_response_extension_a_refusal_is_an_error_then_close_4001() -> None:
+    async with run_gateway(settings(api_keys=(K1,)), engine=passthrough(), vad_factory=None,
+                           wrap=without_http_response_extension) as gw:  # fmt: skip
+        for path, code in (("/v1/realtime", "unauthorized"), ("/v1/realtime/video", "unauthorized")):
+            async with connect(gw.http.replace("http", "ws") + path, headers=bearer("sk-test-wrong")) as c:
+                first = await c.recv()
+                assert first["type"] == "error"
+                assert (first["error"]["code"] if "error" in first else first["code"]) == code
+                with pytest.raises(websockets.ConnectionClosed) as info:
+                    await asyncio.wait_for(c.ws.recv(), 5)
+                assert info.value.rcvd is not None and info.value.rcvd.code == 4001
+        async with connect(gw.url, headers={"Origin": "https://evil.example"} | bearer(K1)) as c:
+            assert (await c.recv())["error"]["code"] == Code.ORIGIN_NOT_ALLOWED
+            with pytest.raises(websockets.ConnectionClosed) as info:
+                await asyncio.wait_for(c.ws.recv(), 5)
+            assert info.value.rcvd is not None and info.value.rcvd.code == 4003
+
+
+async def test_the_video_socket_is_refused_at_the_upgrade_too(gw: RunningGateway) -> None:
+    await assert_refused(gw, url=gw.http.replace("http", "ws") + "/v1/realtime/video", headers=bearer("sk-x"))
+
+
+# --- browser origins ---------------------------------------------------------------------
+
+
+async def test_a_page_from_another_origin_is_refused_403_and_its_secret_is_not_spent(
+    gw: RunningGateway, http: httpx.AsyncClient
+) -> None:
+    secret = (await mint(http)).json()["value"]
+    evil = {"Origin": "https://evil.example"}
+    await assert_refused(gw, status=403, code=Code.ORIGIN_NOT_ALLOWED, headers=evil,
+                         subprotocols=["realtime", KEY_PROTO + secret])  # fmt: skip
+    async with connect(gw.url, subprotocols=["realtime", KEY_PROTO + secret]) as c:  # still good
+        await assert_session(c)
+
+
+async def test_by_default_pages_on_this_machine_and_the_gateways_own_pages_may_connect(gw: RunningGateway) -> None:
+    for origin in (f"http://127.0.0.1:{gw.port}", "http://localhost:3000", "http://[::1]:5173",
+                   "http://app.localhost"):  # fmt: skip
+        async with connect(gw.url, headers={"Origin": origin} | bearer(K1)) as c:
+            await assert_session(c)
+    async with connect(gw.url, headers=bearer(K1)) as c:  # no Origin: not a browser
+        await assert_session(c)
+
+
+async def test_allowed_origins_admit_exactly_those_pages() -> None:
+    allowed = ("https://app.example.com", "https://*.tenant.example")
+    async with run_gateway(settings(api_keys=(K1,), allowed_origins=allowed), engine=passthrough(),
+                           vad_factory=None) as gw:  # fmt: skip
+        for origin in ("https://app.example.com", "https://APP.example.com:443", "https://a.tenant.example"):
+            async with connect(gw.url, headers={"Origin": origin} | bearer(K1)) as c:
+                await assert_session(c)
+        for origin in ("http://app.example.com", "https://app.example.com.evil", "https://tenant.example",
+                       "http://localhost:3000", "null"):  # fmt: skip
+            await assert_refused(gw, status=403, code=Code.ORIGIN_NOT_ALLOWED, headers={"Origin": origin} | bearer(K1))
+
+
+async def test_without_auth_only_loopback_pages_may_connect_not_a_rebound_dns_name(open_gw: RunningGateway) -> None:
+    async with connect(open_gw.url, headers={"Origin": f"http://127.0.0.1:{open_gw.port}"}) as c:
+        await assert_session(c)
+    # DNS rebinding: a page at evil.example:<port>, its name resolved to 127.0.0.1, is same-origin
+    # with what its browser sends as Host; without auth only loopback names pass.
+    rebound = {"Origin": f"http://evil.example:{open_gw.port}"}
+    await assert_refused(open_gw, status=403, code=Code.ORIGIN_NOT_ALLOWED, headers=rebound)
+    await assert_refused(open_gw, status=403, code=Code.ORIGIN_NOT_ALLOWED, headers={"Origin": "https://evil.example"})
+
+
+async def test_allowed_origins_star_admits_every_page() -> None:
+    async with run_gateway(settings(api_keys=(K1,), allowed_origins=("*",)), engine=passthrough(),
+                           vad_factory=None) as gw:  # fmt: skip
+        async with connect(gw.url, headers={"Origin": "https://anyone.example"} | bearer(K1)) as c:
+            await assert_session(c)
 
 
 async def test_second_configured_key_works_as_bearer(gw: RunningGateway) -> None:
@@ -201,7 +293,7 @@ async def test_client_secret_works_as_bearer_too(gw: RunningGateway, http: httpx
 
 async def test_expired_client_secret_is_refused(gw: RunningGateway) -> None:
     # Minted a minute ago with a 10 s lifetime (the HTTP endpoint's shortest).
-    secret, _ = gw.runtime.auth.secrets.mint(Grant(principal_of_key(K1)), 10, now=time.time() - 60)
+    secret, _ = await gw.runtime.auth.secrets.mint(Grant(principal_of_key(K1)), 10, now=time.time() - 60)
     await assert_refused(gw, subprotocols=[KEY_PROTO + secret])
 
 
@@ -433,7 +525,7 @@ async def test_metrics_count_refused_connections(gw: RunningGateway, http: httpx
     await assert_refused(gw)
     text = (await http.get("/metrics")).text
     assert "omni_auth_failures_total 1.0" in text
-    assert 'omni_session_closes_total{code="4001"} 1.0' in text
+    assert 'omni_upgrade_refusals_total{code="unauthorized"} 1.0' in text
 
 
 async def test_admin_needs_a_key_when_keys_are_set(gw: RunningGateway, http: httpx.AsyncClient) -> None:

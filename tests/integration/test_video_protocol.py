@@ -651,10 +651,12 @@ async def test_http_interaction_reaches_the_socket_and_its_transition_shows(keye
         await refused(404, Code.SESSION_NOT_FOUND, good, k1)
 
 
-async def test_the_video_socket_refuses_a_wrong_key(keyed_gw: RunningGateway) -> None:
-    async with video(keyed_gw, "sk-wrong") as c:
-        await c.error(Code.UNAUTHORIZED)
-        assert await c.until_closed() == 4001
+async def test_the_video_socket_refuses_a_wrong_key_at_the_upgrade(keyed_gw: RunningGateway) -> None:
+    with pytest.raises(websockets.InvalidStatus) as info:
+        async with video(keyed_gw, "sk-wrong"):
+            raise AssertionError("the upgrade was accepted")
+    assert info.value.response.status_code == 401
+    assert orjson.loads(info.value.response.body)["error"]["code"] == Code.UNAUTHORIZED
 
 
 # --- 7. what vLLM-Omni's documents name (support.upstream_docs) ---------------------------------

@@ -1,6 +1,8 @@
-"""API keys, client secrets and the settings that decide whether auth is on."""
+"""API keys, keys-file tenants, client secrets and the settings that decide whether auth is on."""
 
 from __future__ import annotations
+
+import hashlib
 
 import pytest
 
@@ -13,17 +15,28 @@ from gateway.auth import (
     principal_of_key,
 )
 from gateway.settings import Settings, from_env, is_loopback
+from gateway.store import MemoryStore
+from gateway.tenants import OTHER, KeysFile, Tenant, TenantConfigError, TenantLimits
 
 KEYS = ("sk-first-key-0001", "sk-second-key-0002")
+TENANT_KEY = "sk-tenant-acme-0003"
+
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 @pytest.fixture
 def auth() -> Authenticator:
-    return Authenticator(KEYS, required=True)
+    return Authenticator(KEYS, required=True, store=MemoryStore())
 
 
 def bearer(value: str) -> dict[str, str]:
     return {"authorization": f"Bearer {value}"}
+
+
+def operator(key: str) -> Grant:
+    return Grant(principal_of_key(key), tenant=Tenant(admin=True))
 
 
 # --- principals -------------------------------------------------------------------
@@ -38,131 +51,207 @@ def test_principal_names_a_key_without_revealing_it() -> None:
     assert principal != principal_of_key(KEYS[1])
 
 
-# --- API keys ------------------------------------------------------------------------
+async def test_no_credentials_are_refused_when_auth_is_required(auth: Authenticator) -> None:
+    assert await auth.authenticate({}, []) is None
 
 
-def test_no_credentials_are_refused_when_auth_is_required(auth: Authenticator) -> None:
-    assert auth.authenticate({}, []) is None
-
-
-def test_wrong_key_is_refused(auth: Authenticator) -> None:
-    assert auth.authenticate(bearer("sk-wrong"), []) is None
-    assert auth.authenticate(bearer(KEYS[0] + "x"), []) is None
-    assert auth.authenticate(bearer(KEYS[0][:-1]), []) is None
+async def test_wrong_key_is_refused(auth: Authenticator) -> None:
+    assert await auth.authenticate(bearer("sk-wrong"), []) is None
+    assert await auth.authenticate(bearer(KEYS[0] + "x"), []) is None
+    assert await auth.authenticate(bearer(KEYS[0][:-1]), []) is None
 
 
 @pytest.mark.parametrize("key", KEYS)
-def test_every_configured_key_is_accepted_as_bearer(auth: Authenticator, key: str) -> None:
-    assert auth.authenticate(bearer(key), []) == Grant(principal_of_key(key))
+async def test_every_configured_key_is_accepted_as_bearer_with_admin_rights(auth: Authenticator, key: str) -> None:
+    grant = await auth.authenticate(bearer(key), [])
+    assert grant == operator(key)
+    assert grant.tenant.admin and grant.tenant.label == OTHER
 
 
-def test_bearer_scheme_is_case_insensitive(auth: Authenticator) -> None:
-    assert auth.authenticate({"authorization": f"bearer {KEYS[0]}"}, []) is not None
-    assert auth.authenticate({"authorization": f"BEARER {KEYS[0]}"}, []) is not None
+async def test_bearer_scheme_is_case_insensitive(auth: Authenticator) -> None:
+    assert await auth.authenticate({"authorization": f"bearer {KEYS[0]}"}, []) is not None
+    assert await auth.authenticate({"authorization": f"BEARER {KEYS[0]}"}, []) is not None
 
 
-def test_other_authorization_schemes_are_refused(auth: Authenticator) -> None:
-    assert auth.authenticate({"authorization": f"Basic {KEYS[0]}"}, []) is None
-    assert auth.authenticate({"authorization": KEYS[0]}, []) is None
+async def test_other_authorization_schemes_are_refused(auth: Authenticator) -> None:
+    assert await auth.authenticate({"authorization": f"Basic {KEYS[0]}"}, []) is None
+    assert await auth.authenticate({"authorization": KEYS[0]}, []) is None
 
 
-def test_key_in_the_browser_subprotocol_is_accepted(auth: Authenticator) -> None:
-    grant = auth.authenticate({}, ["realtime", KEY_SUBPROTOCOL_PREFIX + KEYS[1]])
-    assert grant == Grant(principal_of_key(KEYS[1]))
+async def test_key_in_the_browser_subprotocol_is_accepted(auth: Authenticator) -> None:
+    grant = await auth.authenticate({}, ["realtime", KEY_SUBPROTOCOL_PREFIX + KEYS[1]])
+    assert grant == operator(KEYS[1])
 
 
-def test_wrong_key_in_the_subprotocol_is_refused(auth: Authenticator) -> None:
-    assert auth.authenticate({}, [KEY_SUBPROTOCOL_PREFIX + "nope"]) is None
-    assert auth.authenticate({}, [KEY_SUBPROTOCOL_PREFIX]) is None
+async def test_wrong_key_in_the_subprotocol_is_refused(auth: Authenticator) -> None:
+    assert await auth.authenticate({}, [KEY_SUBPROTOCOL_PREFIX + "nope"]) is None
+    assert await auth.authenticate({}, [KEY_SUBPROTOCOL_PREFIX]) is None
 
 
-def test_empty_keys_are_never_configured() -> None:
-    auth = Authenticator(["", KEYS[0]], required=True)
-    assert auth.check_key("") is None
-    assert auth.authenticate({"authorization": "Bearer "}, []) is None
+async def test_empty_configured_key_never_matches() -> None:
+    auth = Authenticator(["", KEYS[0]], required=True, store=MemoryStore())
+    assert await auth.authenticate(bearer(""), []) is None
+    assert await auth.authenticate({"authorization": "Bearer "}, []) is None
 
 
-def test_without_required_auth_anyone_is_anonymous() -> None:
-    auth = Authenticator((), required=False)
-    assert auth.authenticate({}, []) == Grant("anonymous")
-    assert auth.authenticate(bearer("sk-whatever-an-sdk-sends"), []) == Grant("anonymous")
+async def test_a_credential_longer_than_8192_characters_is_refused_unread(auth: Authenticator) -> None:
+    assert await auth.authenticate(bearer("k" * 8193), []) is None
 
 
-def test_without_required_auth_a_known_key_still_names_its_principal() -> None:
-    auth = Authenticator(KEYS, required=False)
-    assert auth.authenticate(bearer(KEYS[0]), []) == Grant(principal_of_key(KEYS[0]))
+async def test_without_required_auth_anything_is_accepted_as_anonymous() -> None:
+    auth = Authenticator((), required=False, store=MemoryStore())
+    assert (await auth.authenticate({}, [])).principal == "anonymous"  # type: ignore[union-attr]
+    assert (await auth.authenticate(bearer("sk-whatever-an-sdk-sends"), [])).principal == "anonymous"  # type: ignore[union-attr]
 
 
-def test_http_auth_takes_keys(auth: Authenticator) -> None:
-    assert auth.authenticate_http(bearer(KEYS[0])) == Grant(principal_of_key(KEYS[0]))
-    assert auth.authenticate_http({}) is None
-    assert auth.authenticate_http(bearer("bad")) is None
+async def test_without_required_auth_a_real_key_still_names_its_principal() -> None:
+    auth = Authenticator(KEYS, required=False, store=MemoryStore())
+    assert await auth.authenticate(bearer(KEYS[0]), []) == operator(KEYS[0])
 
 
-def test_http_auth_refuses_a_client_secret(auth: Authenticator) -> None:
-    token, _ = auth.secrets.mint(Grant("key:abc"), 60)
-    assert auth.authenticate_http(bearer(token)) is None
-    assert auth.authenticate(bearer(token), []) is not None  # it was not spent by the refusal
+async def test_http_auth_takes_keys(auth: Authenticator) -> None:
+    assert await auth.authenticate_http(bearer(KEYS[0])) == operator(KEYS[0])
+    assert await auth.authenticate_http({}) is None
+    assert await auth.authenticate_http(bearer("bad")) is None
+
+
+async def test_http_auth_refuses_a_client_secret(auth: Authenticator) -> None:
+    token, _ = await auth.secrets.mint(Grant("key:abc"), 60)
+    assert await auth.authenticate_http(bearer(token)) is None
+    assert await auth.authenticate(bearer(token), []) is not None  # it was not spent by the refusal
+
+
+# --- keys-file tenants ------------------------------------------------------------------
+
+
+def keys_file(**entry: object) -> str:
+    import orjson
+
+    base = {"name": "acme", "key_sha256": sha(TENANT_KEY)}
+    return orjson.dumps({"tenants": [{**base, **entry}]}).decode()
+
+
+async def test_a_keys_file_key_is_its_tenant_with_its_limits_models_and_no_admin() -> None:
+    defaults = TenantLimits(max_sessions=9, events_per_s=50)
+    keys = KeysFile.parse(keys_file(limits={"max_sessions": 2}, models=["tone"]), defaults)
+    auth = Authenticator(KEYS, required=True, store=MemoryStore(), keys_file=keys, defaults=defaults)
+    grant = await auth.authenticate(bearer(TENANT_KEY), [])
+    assert grant is not None
+    assert grant.principal == "tenant:acme"
+    assert grant.tenant.label == "acme"
+    assert grant.tenant.limits == TenantLimits(max_sessions=2, events_per_s=50)  # the rest from the defaults
+    assert grant.tenant.allows_model("tone") and not grant.tenant.allows_model("omni-cascade")
+    assert not grant.tenant.admin
+    assert await auth.authenticate(bearer(TENANT_KEY + "x"), []) is None
+    assert (await auth.authenticate_http(bearer(TENANT_KEY))) == grant
+
+
+def test_a_keys_file_can_be_a_path_and_list_several_keys_of_one_tenant(tmp_path: object) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "keys.json"
+    path.write_text(keys_file(key_sha256=[sha("a"), sha("b")], admin=True))
+    keys = KeysFile.parse(str(path), TenantLimits())
+    a, b = keys.lookup("a"), keys.lookup("b")
+    assert a is not None and b is not None and a == b and a.tenant.admin
+    assert keys.lookup("c") is None
+    assert keys.labels == {"acme"}
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ({"name": "bad name"}, "name must be"),
+        ({"name": OTHER}, "name must be"),
+        ({"key_sha256": "abc"}, "not 64 hex digits"),
+        ({"key_sha256": []}, "key_sha256 must be"),
+        ({"limits": {"max_sesions": 1}}, "unknown limit"),
+        ({"limits": {"max_sessions": -1}}, "must be an integer >= 0"),
+        ({"limits": {"max_sessions": 1.5}}, "must be an integer >= 0"),
+        ({"limits": {"audio_in_s_per_min": "60"}}, "must be a number >= 0"),
+        ({"models": "tone"}, "models must be a list"),
+        ({"colour": "red"}, "unknown fields"),
+    ],
+)
+def test_a_bad_keys_file_is_refused_with_what_to_fix(entry: dict[str, object], says: str) -> None:
+    with pytest.raises(TenantConfigError, match=says):
+        KeysFile.parse(keys_file(**entry), TenantLimits())
+
+
+def test_a_tenant_named_twice_or_a_hash_listed_twice_is_refused() -> None:
+    one = {"name": "acme", "key_sha256": sha("a")}
+    import orjson
+
+    with pytest.raises(TenantConfigError, match="appears twice"):
+        KeysFile.parse(orjson.dumps([one, one]).decode(), TenantLimits())
+    with pytest.raises(TenantConfigError, match="listed twice"):
+        KeysFile.parse(orjson.dumps([one, {"name": "b", "key_sha256": sha("a")}]).decode(), TenantLimits())
+
+
+def test_a_keys_file_that_is_not_json_or_not_there_is_refused() -> None:
+    with pytest.raises(TenantConfigError, match="not valid JSON"):
+        KeysFile.parse("{nope", TenantLimits())
+    with pytest.raises(TenantConfigError, match="cannot read keys_file"):
+        KeysFile.parse("/nonexistent/keys.json", TenantLimits())
 
 
 # --- client secrets ------------------------------------------------------------------
 
 
-def test_minted_secret_is_an_ek_token_with_its_expiry() -> None:
-    box = SecretBox()
-    token, expires_at = box.mint(Grant("key:abc"), 600, now=1_000.0)
+async def test_minted_secret_is_an_ek_token_with_its_expiry() -> None:
+    box = SecretBox(MemoryStore())
+    token, expires_at = await box.mint(Grant("key:abc"), 600, now=1_000.0)
     assert token.startswith(SECRET_PREFIX)
     assert len(token) > 40
     assert expires_at == 1_600
-    assert box.mint(Grant("key:abc"), 600, now=1_000.0)[0] != token
+    assert (await box.mint(Grant("key:abc"), 600, now=1_000.0))[0] != token
 
 
-def test_secret_is_good_for_one_use() -> None:
-    box = SecretBox()
-    grant = Grant("key:abc", {"instructions": "be brief"})
-    token, _ = box.mint(grant, 600, now=1_000.0)
-    assert box.take(token, now=1_001.0) == grant
-    assert box.take(token, now=1_002.0) is None
+async def test_secret_is_good_for_one_use_and_carries_the_minting_grant() -> None:
+    box = SecretBox(MemoryStore())
+    grant = Grant("tenant:acme", {"instructions": "be brief"}, Tenant("acme", TenantLimits(max_sessions=2)))
+    token, _ = await box.mint(grant, 600, now=1_000.0)
+    assert await box.take(token, now=1_001.0) == grant
+    assert await box.take(token, now=1_002.0) is None
 
 
-def test_expired_secret_is_refused() -> None:
-    box = SecretBox()
-    token, _ = box.mint(Grant("key:abc"), 10, now=1_000.0)
-    assert box.take(token, now=1_011.0) is None
+async def test_a_secret_minted_on_one_replica_is_taken_on_another() -> None:
+    store = MemoryStore()  # the shared store (Redis in a cluster): two boxes, one per replica
+    token, _ = await SecretBox(store).mint(Grant("key:abc"), 600)
+    assert await SecretBox(store).take(token) == Grant("key:abc")
 
 
-def test_secret_is_valid_until_its_expiry_second() -> None:
-    box = SecretBox()
-    token, expires_at = box.mint(Grant("key:abc"), 10, now=1_000.0)
-    assert box.take(token, now=float(expires_at)) is not None
+async def test_expired_secret_is_refused() -> None:
+    box = SecretBox(MemoryStore())
+    token, _ = await box.mint(Grant("key:abc"), 10, now=1_000.0)
+    assert await box.take(token, now=1_011.0) is None
 
 
-def test_unknown_secret_is_refused() -> None:
-    assert SecretBox().take(SECRET_PREFIX + "forged") is None
+async def test_secret_is_valid_until_its_expiry_second() -> None:
+    box = SecretBox(MemoryStore())
+    token, expires_at = await box.mint(Grant("key:abc"), 10, now=1_000.0)
+    assert await box.take(token, now=float(expires_at)) is not None
 
 
-def test_secrets_are_stored_as_hashes_only() -> None:
-    box = SecretBox()
-    token, _ = box.mint(Grant("key:abc"), 600)
-    assert token not in repr(vars(box))
-    assert token[len(SECRET_PREFIX) :] not in repr(vars(box))
+async def test_unknown_secret_is_refused() -> None:
+    assert await SecretBox(MemoryStore()).take(SECRET_PREFIX + "forged") is None
 
 
-def test_minting_sweeps_expired_secrets() -> None:
-    box = SecretBox()
-    old, _ = box.mint(Grant("key:abc"), 10, now=1_000.0)
-    box.mint(Grant("key:abc"), 10, now=2_000.0)  # sweeps the first
-    assert box.take(old, now=1_005.0) is None  # gone, though it would still be valid at 1005
+async def test_secrets_are_stored_as_hashes_only() -> None:
+    store = MemoryStore()
+    token, _ = await SecretBox(store).mint(Grant("key:abc"), 600)
+    assert token not in repr(vars(store))
+    assert token[len(SECRET_PREFIX) :] not in repr(vars(store))
 
 
-def test_authenticate_with_a_secret_returns_its_grant_once(auth: Authenticator) -> None:
+async def test_authenticate_with_a_secret_returns_its_grant_once(auth: Authenticator) -> None:
     grant = Grant(principal_of_key(KEYS[0]), {"instructions": "pirate"})
-    token, _ = auth.secrets.mint(grant, 60)
-    assert auth.authenticate({}, [KEY_SUBPROTOCOL_PREFIX + token]) == grant
-    assert auth.authenticate({}, [KEY_SUBPROTOCOL_PREFIX + token]) is None
-    token2, _ = auth.secrets.mint(grant, 60)
-    assert auth.authenticate(bearer(token2), []) == grant
-    assert auth.authenticate(bearer(token2), []) is None
+    token, _ = await auth.secrets.mint(grant, 60)
+    assert await auth.authenticate({}, [KEY_SUBPROTOCOL_PREFIX + token]) == grant
+    assert await auth.authenticate({}, [KEY_SUBPROTOCOL_PREFIX + token]) is None
+    token2, _ = await auth.secrets.mint(grant, 60)
+    assert await auth.authenticate(bearer(token2), []) == grant
+    assert await auth.authenticate(bearer(token2), []) is None
 
 
 # --- when auth is on ------------------------------------------------------------------

@@ -166,7 +166,8 @@ export class RealtimeClient extends Emitter {
   /**
    * Open the socket and wait for `session.created` (also emitted as an event).
    * The first connection is not retried: a refusal rejects with a RealtimeError
-   * (code "unauthorized", "server_busy", "connect_failed", ...).
+   * (code "refused": the gateway is up but refused the upgrade, a credential or the page's
+   * origin; "unauthorized", "server_busy", "rate_limit_exceeded", "connect_failed", ...).
    * @returns {Promise<object>} the session.created event
    */
   connect() {
@@ -182,8 +183,12 @@ export class RealtimeClient extends Emitter {
         return;
       }
       let refusal = null;
+      let opened = false;
+      let settled = false;
       const timer = setTimeout(() => fail(new RealtimeError("no session.created in time", { code: "timeout" }), true), this._openTimeoutMs);
       const fail = (err, closeIt) => {
+        if (settled) return;
+        settled = true;
         clearTimeout(timer);
         this._abortConnect = null;
         detach(ws);
@@ -204,7 +209,12 @@ export class RealtimeClient extends Emitter {
         this._ingest(msg.data, event);
         resolve(event);
       };
-      ws.onclose = (close) => fail(refusalError(refusal, close), false);
+      ws.onopen = () => { opened = true; };
+      ws.onclose = (close) => {
+        if (opened || refusal || close.code !== 1006) return fail(refusalError(refusal, close), false);
+        clearTimeout(timer);
+        upgradeFailure(this.url, close).then((err) => fail(err, false));
+      };
       ws.onerror = () => {}; // the close event follows with the reason
     });
   }
@@ -729,6 +739,32 @@ function withModel(url, model) {
   const u = new URL(url);
   u.searchParams.set("model", model);
   return u.toString();
+}
+
+/**
+ * Why a socket closed before it opened (1006), which a browser does not tell a page. The
+ * gateway answers a refused credential or page origin at the upgrade (HTTP 401/403): to a
+ * page that looks like a gateway that is down. A no-cors fetch of /healthz (it needs no
+ * credential and no CORS) tells the two apart: reachable means refused (code "refused").
+ * @param {string} wsUrl
+ * @param {CloseEvent} close
+ * @returns {Promise<RealtimeError>}
+ */
+export async function upgradeFailure(wsUrl, close) {
+  const probe = new URL(wsUrl);
+  probe.protocol = probe.protocol === "wss:" ? "https:" : "http:";
+  probe.pathname = "/healthz";
+  probe.search = "";
+  try {
+    await fetch(probe, { mode: "no-cors", cache: "no-store" });
+  } catch {
+    return new RealtimeError(`cannot reach the gateway at ${wsUrl} (closed ${close.code})`, { code: "connect_failed", closeCode: close.code });
+  }
+  return new RealtimeError(
+    "the gateway refused the connection before it opened: a missing or refused credential (API key, client " +
+      "secret or token), or a page origin it does not allow (a browser is not told which)",
+    { code: "refused", closeCode: close.code },
+  );
 }
 
 function refusalError(refusal, close) {

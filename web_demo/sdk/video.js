@@ -17,7 +17,7 @@
 //   video.interact({ prompt: "A sea turtle", transitionChunks: 3 });
 
 import { Emitter } from "./emitter.js";
-import { KEY_SUBPROTOCOL_PREFIX, RealtimeError, defaultUrl } from "./realtime.js";
+import { KEY_SUBPROTOCOL_PREFIX, RealtimeError, defaultUrl, upgradeFailure } from "./realtime.js";
 
 export const VIDEO_SUBPROTOCOL = "realtime";
 
@@ -122,8 +122,14 @@ export class VideoClient extends Emitter {
         if (event?.type === "error") lastError = event;
       };
       ws.onerror = () => {};
-      ws.onclose = (close) => {
+      ws.onclose = async (close) => {
         this.ws = null;
+        if (!opened && close.code === 1006) {
+          const error = await upgradeFailure(this.url, close); // refused at the upgrade, or unreachable
+          reject(error);
+          this._setState("closed", { closeCode: close.code, reason: close.reason, error });
+          return;
+        }
         const error = lastError && close.code !== 1000
           ? new RealtimeError(lastError.message, { code: lastError.code, closeCode: close.code })
           : close.code === 1000 ? null : new RealtimeError(`the video socket closed (${close.code} ${close.reason || ""})`.trim(), {

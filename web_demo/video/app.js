@@ -74,7 +74,7 @@ async function start() {
     ui.start.disabled = false;
     setStatus("ended", "Not streaming.");
     showError(explain(err, client.url));
-    if (err.code === "unauthorized") askForCredential(ui.auth, ui.credential);
+    if (err.code === "unauthorized" || err.code === "refused") askForCredential(ui.auth, ui.credential);
     client.close();
     return;
   }

@@ -92,7 +92,7 @@ async function start() {
     await teardown();
     setStatus("ended", "Not connected.");
     showError(explain(err, client?.url ?? "the gateway"));
-    if (err.code === "unauthorized") askForCredential(ui.auth, ui.credential);
+    if (err.code === "unauthorized" || err.code === "refused") askForCredential(ui.auth, ui.credential);
     return;
   }
   applyTurnMode(); // transcription on, server VAD or push to talk, before any speech
@@ -281,7 +281,7 @@ function onState(change) {
       setStatus("ended", change.error ? "Disconnected." : "The session ended.");
       if (change.error) {
         showError(explain(change.error, client?.url ?? "the gateway"));
-        if (change.error.code === "unauthorized" || change.error.code === "no_credentials") askForCredential(ui.auth, ui.credential);
+        if (["unauthorized", "refused", "no_credentials"].includes(change.error.code)) askForCredential(ui.auth, ui.credential);
       }
       teardown();
       break;
