@@ -303,11 +303,11 @@ class Connection:
         text = message.get("text")
         try:
             if text is not None:
-                if len(text) > limit:
+                # Bytes, not characters (é is 2): a text of n characters is at most 4n bytes.
+                if len(text) * 4 > limit and (size := len(text.encode())) > limit:
                     raise ProtocolError(
                         Code.MESSAGE_TOO_LARGE,
-                        f"A message may be at most {limit} bytes; this one has {len(text)}. "
-                        "Send audio in smaller appends.",
+                        f"A message may be at most {limit} bytes; this one has {size}. Send audio in smaller appends.",
                     )
                 event = self._decode(text)
                 if isinstance(event, ce.SessionResume):

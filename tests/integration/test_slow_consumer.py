@@ -30,8 +30,8 @@ GRACE_S = 1.0
 @pytest.fixture
 async def gw(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[RunningGateway]:
     monkeypatch.setattr(realtime, "SLOW_CLOSE_GRACE_S", GRACE_S)
-    settings = Settings(engine="passthrough", video_engine="none", outbound_stall_s=STALL_S, max_sessions=6, socket_send_buffer_bytes=32 << 10,
-                        detach_grace_s=0.2)  # fmt: skip
+    settings = Settings(engine="passthrough", video_engine="none", outbound_stall_s=STALL_S, max_sessions=6,
+                        socket_send_buffer_bytes=32 << 10, detach_grace_s=0.2)  # fmt: skip
     engine = PassthroughEngine(audio_chunks=3000, paced=True)  # a minute of audio, 50 deltas a second
     async with run_gateway(settings, engine=engine, vad_factory=None) as g:
         yield g
