@@ -43,10 +43,14 @@ class Claim:
     _after: int
 
     async def read(self) -> JournalRead:
-        """The journal after the client's seq. For a session live here, call it once
-        the peer is attached: what is pending is committed first, then read."""
+        """Commit the host's snapshot (with the resume token just rotated: the client
+        must be able to use it anywhere before it learns it) and, for a session live
+        here, what is pending; then the journal after the client's seq. Call it once
+        the peer is attached."""
+        writer = self.host.writer
+        writer.set_snapshot(self.host.snapshot_bytes())
+        await writer.flush()
         if self._read is None:
-            await self.host.writer.flush()
             self._read = await self.host.ctx.store.read_events(self.host.id, after_seq=self._after)
         return self._read
 
