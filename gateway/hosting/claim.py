@@ -66,8 +66,7 @@ async def claim(
         held = Held(host.token_hash, host.principal, host.session.seq, live=True)
         _raise(admit(held, event, principal), event)
         return Claim(host, held, recovered=False, _read=None, _after=last)
-    data = await ctx.store.load_snapshot(sid)
-    state = snapshot.loads(data) if data is not None else None
+    state = realtime_state(await ctx.store.load_snapshot(sid))
     found = Held.from_snapshot(state) if state is not None else None
     _raise(admit(found, event, principal), event)
     assert state is not None and found is not None
@@ -87,6 +86,17 @@ async def claim(
         ctx, session, orchestrator=orchestrator, principal=found.principal, token_hash=found.token_hash, fence=fence
     )
     return Claim(host, found, recovered=True, _read=read, _after=last)
+
+
+def realtime_state(data: bytes | None) -> dict[str, Any] | None:
+    """The snapshot of a realtime session, or None: nothing stored, or the snapshot of
+    something else under that id (a video session's registration)."""
+    if data is None:
+        return None
+    try:
+        return snapshot.loads(data)
+    except ValueError:  # not JSON, or not a realtime snapshot (no "v", another version)
+        return None
 
 
 def _raise(refusal: Refusal | None, event: ce.SessionResume) -> None:
