@@ -16,6 +16,7 @@ from gateway.http import HttpApi
 from gateway.runtime import Runtime
 from gateway.session.session import VadStream
 from gateway.settings import Settings
+from gateway.transport.duplex import DuplexConnection
 from gateway.transport.realtime import RealtimeEndpoint
 from gateway.transport.video import VideoEndpoint
 from orchestrator.engine import Engine
@@ -32,7 +33,11 @@ def create_app(
 ) -> Starlette:
     settings = settings or Settings()
     logs.install()
+    for secret in (*settings.api_keys, settings.upstream_api_key):
+        logs.register_secret(secret)
     rt = Runtime(settings, engine, vad_factory=vad_factory)
+    for spec in rt.router.specs:  # a route's own upstream key
+        logs.register_secret(spec.options.get("api_key"))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -57,7 +62,7 @@ def create_app(
     app = Starlette(
         routes=[
             *HttpApi(rt).routes(),
-            WebSocketRoute("/v1/realtime", RealtimeEndpoint(rt)),
+            WebSocketRoute("/v1/realtime", RealtimeEndpoint(rt, duplex=DuplexConnection)),
             WebSocketRoute("/v1/realtime/video", VideoEndpoint(rt)),
             # The browser demo and SDK, last so that it never shadows the API.
             Mount("/", StaticFiles(directory=WEB_DEMO, html=True, check_dir=False), name="web_demo"),

@@ -26,7 +26,7 @@ from typing import Any
 
 from gateway.hosting import takeover
 from gateway.hosting.peer import Peer
-from gateway.protocol.server_events import BETA_DROPPED, encode_json
+from gateway.protocol.server_events import dialect_encoder
 from gateway.session import snapshot
 from gateway.session.core import STATE_EVENTS
 from gateway.session.effects import Cancel, Close, EndInput, Feed, StartResponse, StartTranscription
@@ -168,16 +168,16 @@ class SessionHost:
         if not (session.outbox or session.effects or session.dirty):
             return  # most engine outputs and appends produce nothing to send
         events, effects = session.take()
-        beta, conn, writer = session.beta, self.conn, self.writer
+        encode, conn, writer = dialect_encoder(session.dialect), self.conn, self.writer
         journal = True
         held = conn is not None and any(event["type"] in STATE_EVENTS for event in events)
         if held and conn is not None:
             conn.hold()  # until the commit (below)
         try:
             for event in events:
-                if beta and event["type"] in BETA_DROPPED:
-                    continue  # beta clients never had it (their seq skips it)
-                data = encode_json(event, beta=beta)
+                data = encode(event)
+                if data is None:
+                    continue  # the dialect never had it (beta: conversation.item.done); its seq is skipped
                 if journal:
                     try:
                         writer.append(event["server_event_seq"], data)

@@ -39,7 +39,9 @@ async def accept(
     message = await receive()
     if message["type"] != "websocket.connect":
         return None
-    offered: list[str] = list(scope.get("subprotocols") or [])
+    # One Sec-WebSocket-Protocol header may list several, comma separated: uvicorn before
+    # 0.51 hands the header over unsplit.
+    offered = [name.strip() for entry in scope.get("subprotocols") or [] for name in entry.split(",") if name.strip()]
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
     await send({"type": "websocket.accept", "subprotocol": choose(offered)})
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))

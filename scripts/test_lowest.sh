@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The transport and protocol tests on the LOWEST websockets, uvicorn and starlette that
+# pyproject.toml admits (the main CI run has the newest: what `pip install` resolves).
+# Builds a fresh virtual environment (.venv-lowest) every run; .ci/run calls it.
+#
+# Environment: PYTHON (default: python3), LOWEST_VENV (default: .venv-lowest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+VENV="${LOWEST_VENV:-.venv-lowest}"
+say() { echo "test_lowest: $*" >&2; }
+
+# The lower bounds, read from pyproject.toml so they cannot drift from what we declare.
+pins=$("$PY" - <<'PYEOF'
+import re, tomllib
+deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
+for name in ("websockets", "uvicorn", "starlette"):
+    spec = next(d for d in deps if re.match(rf"{name}\b", d))
+    low = re.search(r">=\s*([\w.]+)", spec)
+    if not low:
+        raise SystemExit(f"{name} has no lower bound in pyproject.toml")
+    print(f"{name}=={low.group(1)}")
+PYEOF
+)
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+echo "$pins" >"$constraints"
+say "pins: $(tr '\n' ' ' <"$constraints")"
+
+rm -rf "$VENV"
+"$PY" -m venv "$VENV"
+# (this machine's pip config names index folders that may not exist: their warnings are noise)
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$constraints" 'torch==2.13.0' -e '.[cpu,video,dev]' \
+    2> >(grep -v '^WARNING: Location' >&2)
+"$VENV/bin/python" - "$constraints" <<'PYEOF'
+import importlib.metadata as md, sys
+from packaging.version import Version
+for line in open(sys.argv[1]):
+    name, want = line.strip().split("==")
+    have = md.version(name)
+    if Version(have) != Version(want):
+        sys.exit(f"test_lowest: {name} {have} installed, {want} wanted")
+PYEOF
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/integration/test_ws_server.py \
+    tests/integration/test_realtime_protocol.py \
+    tests/integration/test_errors.py \
+    tests/integration/test_auth_and_http.py \
+    tests/integration/test_video_protocol.py \
+    tests/integration/test_openai_sdk.py \
+    tests/unit/test_protocol.py \
+    tests/client
