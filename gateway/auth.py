@@ -31,6 +31,7 @@ import orjson
 
 from gateway.jwt_auth import JwtVerifier, looks_like_jwt
 from gateway.store.base import SessionStore
+from gateway.store.memory import MemoryStore
 from gateway.tenants import KeysFile, Tenant, TenantLimits
 
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
@@ -68,20 +69,20 @@ class SecretBox:
     """Single-use client secrets, held in the store (hashes only) so that a secret
     minted on one replica opens a socket on any; the store's TTL forgets them."""
 
-    def __init__(self, store: SessionStore) -> None:
-        self._store = store
+    def __init__(self, store: SessionStore | None = None) -> None:
+        self.store = store or MemoryStore()  # default: this process only
 
     async def mint(self, grant: Grant, ttl_s: int, now: float | None = None) -> tuple[str, int]:
         now = time.time() if now is None else now
         token = SECRET_PREFIX + secrets.token_urlsafe(32)
         expires_at = int(now + ttl_s)
         payload = orjson.dumps({"expires_at": expires_at, "grant": grant.to_dict()})
-        await self._store.put_token("secret:" + _digest(token), payload, max(1.0, expires_at - time.time() + 1))
+        await self.store.put_token(_digest(token), payload, ttl_s)
         return token, expires_at
 
     async def take(self, token: str, now: float | None = None) -> Grant | None:
         now = time.time() if now is None else now
-        data = await self._store.take_token("secret:" + _digest(token))
+        data = await self.store.take_token(_digest(token))
         if data is None:
             return None
         entry = orjson.loads(data)
@@ -96,7 +97,7 @@ class Authenticator:
         api_keys: Iterable[str],
         *,
         required: bool,
-        store: SessionStore,
+        store: SessionStore | None = None,
         keys_file: KeysFile | None = None,
         jwt: JwtVerifier | None = None,
         defaults: TenantLimits | None = None,

@@ -158,11 +158,11 @@ class SessionHost:
     def flush(self) -> None:
         """Journal and send what the session produced; run its effects.
 
-        Write-ahead: from the first event that changes session state
-        (``STATE_EVENTS``), the peer holds what it is sent until the store has
-        committed the batch that holds the event and the snapshot with its state,
-        one commit for the whole flush. A replica that takes the session over then
-        knows everything the client saw begin. Deltas alone wait for nothing: they
+        Write-ahead: when the events of a flush change session state (one of them
+        is in ``STATE_EVENTS``), the peer holds them all until the store has
+        committed the batch that holds them and the snapshot with their state: one
+        commit for the flush. A replica that takes the session over then knows
+        everything the client saw begin. A flush of deltas waits for nothing: they
         are journaled in the writer's batches."""
         session = self.session
         if not (session.outbox or session.effects or session.dirty):
@@ -170,7 +170,9 @@ class SessionHost:
         events, effects = session.take()
         encode, conn, writer = dialect_encoder(session.dialect), self.conn, self.writer
         journal = True
-        held = False
+        held = conn is not None and any(event["type"] in STATE_EVENTS for event in events)
+        if held and conn is not None:
+            conn.hold()  # until the commit (below)
         try:
             for event in events:
                 data = encode(event)
@@ -187,9 +189,6 @@ class SessionHost:
                 kind = event["type"]
                 if kind == "error":
                     self.ctx.metrics.errors.labels(event["error"]["code"]).inc()
-                elif kind in STATE_EVENTS and conn is not None and not held:
-                    conn.hold()  # this event and what follows wait for the commit
-                    held = True
                 if conn is not None:
                     conn.send(event, data)
             if session.dirty and journal:

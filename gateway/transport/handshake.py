@@ -6,7 +6,8 @@ Two kinds of refusal, told apart by what the client can do about them:
   OpenAI's error shape (``{"error": {"type", "code", "message", "param"}}``):
   an ``Origin`` not allowed (403 ``origin_not_allowed``, checked first, so a
   refused page never consumes a client secret) and refused credentials (401
-  ``unauthorized``). This needs the ASGI ``websocket.http.response``
+  ``unauthorized``; a client secret the store cannot check now is accepted and
+  closed 1013 ``store_unavailable``, to be retried). This needs the ASGI ``websocket.http.response``
   extension (uvicorn has it); on a server without it the socket is accepted,
   gets the same ``error`` event and closes 4003 / 4001. A browser never sees
   an upgrade's status: its ``WebSocket`` only reports a failed connection
@@ -29,6 +30,7 @@ import orjson
 
 from gateway.auth import Grant
 from gateway.protocol.errors import CloseCode, Code
+from gateway.store.base import StoreError
 from gateway.transport.services import Services
 
 Refusal = tuple[str, str, int]  # code, message, close code
@@ -98,7 +100,15 @@ async def accept(
             CloseCode.FORBIDDEN,
         )
     else:
-        grant = await runtime.auth.authenticate(headers, offered)
+        try:
+            grant = await runtime.auth.authenticate(headers, offered)
+        except StoreError:
+            # A client secret that cannot be checked now: worth retrying, so a readable close.
+            await send({"type": "websocket.accept", "subprotocol": None})
+            message = "Client secrets cannot be checked now (session state is unavailable); try again shortly."
+            refusal_ = (Code.STORE_UNAVAILABLE, message, CloseCode.TRY_AGAIN_LATER)
+            await refuse(runtime, send, refusal_, error_event(Code.STORE_UNAVAILABLE, message))
+            return None
         if grant is None:
             runtime.metrics.auth_failures.inc()
             refusal = UpgradeRefusal(401, Code.UNAUTHORIZED, UNAUTHORIZED_MESSAGE, CloseCode.UNAUTHORIZED)

@@ -42,9 +42,10 @@ from gateway.protocol.session_config import ConfigLimits, SessionConfig, TurnDet
 from gateway.session.session import RealtimeSession, VadStream
 from gateway.store.base import StoreError
 from gateway.transport.handshake import accept, common_refusal, refuse
+from gateway.transport.lifecycle import bound_send_buffer, drop, settle
 from gateway.transport.outbox import Outbox, SlowConsumer
 from gateway.transport.services import Services
-from gateway.transport.ws_server import DIRECT_EXTENSION
+from gateway.transport.ws_server import ABORT_EXTENSION, DIRECT_EXTENSION
 from orchestrator.engine import Engine
 from orchestrator.orchestrator import Orchestrator
 
@@ -136,6 +137,8 @@ class RealtimeEndpoint:
             dconn = self.duplex(rt, receive, send, principal=hs.grant.principal, model=model,
                                      resume_only=resume_only)  # fmt: skip
             dconn.direct = scope.get("extensions", {}).get(DIRECT_EXTENSION)
+            dconn.abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
+            bound_send_buffer(scope, rt.settings.socket_send_buffer_bytes)
             opens_now = hs.param("model") is not None and not resume_only
             await dconn.run(default_session_config(model) if opens_now else None)
             return
@@ -153,6 +156,8 @@ class RealtimeEndpoint:
         binary = BINARY_SUBPROTOCOL in hs.offered
         conn = Connection(rt, receive, send, beta=beta, binary=binary, principal=hs.grant.principal)
         conn.direct = scope.get("extensions", {}).get(DIRECT_EXTENSION)
+        conn.abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
+        bound_send_buffer(scope, rt.settings.socket_send_buffer_bytes)
         await conn.run(config)
 
 
@@ -167,7 +172,7 @@ class Connection:
         self.binary = binary
         self.beta = beta
         self._receive = receive
-        self.outbox = Outbox(send, runtime.settings.outbound_queue_bytes)
+        self.outbox = Outbox(send, runtime.settings.outbound_queue_bytes, runtime.settings.outbound_stall_s)
         self.host: SessionHost | None = None
         self._held: list[tuple[dict[str, Any], bytes]] | None = None  # live events held back
         self._holds = 0
@@ -177,6 +182,7 @@ class Connection:
         self._client_events = 0
         self._busy = False  # the read loop is handling a message (the direct path must wait)
         self.direct: Callable[[Callable[[dict[str, Any]], bool]], None] | None = None  # the server's hook
+        self.abort: Callable[[], None] | None = None  # the server's way to drop the TCP connection
         self._binary_counter = runtime.metrics.client_event_counter("binary.append")
         self._opened = False  # a session was opened or resumed on this socket
 
@@ -198,27 +204,19 @@ class Connection:
                 return
             reader = self._reader_task = loop.create_task(self._read_loop())
             await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
-            if not reader.done():
-                # We closed first: give the peer a moment to answer the close frame.
-                try:
-                    await asyncio.wait_for(reader, timeout=2.0)
-                except (TimeoutError, Exception):
-                    reader.cancel()
+            await settle(reader, 2.0)  # we closed first: give the peer a moment to answer the close frame
         finally:
+            # Whatever ended the socket (the client, a close, a slow consumer dropped, a
+            # bug), the connection is released and its session detached.
+            rt.connections.discard(self)
+            rt.metrics.sessions.dec()
             if reader is not None and not reader.done():
                 reader.cancel()
-            if reader is not None and reader.done() and not reader.cancelled() and reader.exception():
-                log.debug("reader ended with %r", reader.exception())
             if self.host is not None:
                 self.host.detach(self)
                 self.host = None
             self.outbox.close(CloseCode.NORMAL, "")
-            try:
-                await asyncio.wait_for(writer, timeout=1.0)
-            except (TimeoutError, Exception):
-                writer.cancel()
-            rt.connections.discard(self)
-            rt.metrics.sessions.dec()
+            await settle(writer, 1.0)
 
     async def _open(self, config: SessionConfig, **start: Any) -> bool:
         """A new session for this socket; False (the socket is closing) if the store is down."""
@@ -306,11 +304,11 @@ class Connection:
         text = message.get("text")
         try:
             if text is not None:
-                if len(text) > limit:
+                # Bytes, not characters (é is 2): a text of n characters is at most 4n bytes.
+                if len(text) * 4 > limit and (size := len(text.encode())) > limit:
                     raise ProtocolError(
                         Code.MESSAGE_TOO_LARGE,
-                        f"A message may be at most {limit} bytes; this one has {len(text)}. "
-                        "Send audio in smaller appends.",
+                        f"A message may be at most {limit} bytes; this one has {size}. Send audio in smaller appends.",
                     )
                 event = self._decode(text)
                 if isinstance(event, ce.SessionResume):
@@ -493,9 +491,7 @@ class Connection:
         asyncio.get_running_loop().call_later(SLOW_CLOSE_GRACE_S, self._abandon)
 
     def _abandon(self) -> None:
-        for task in (self._writer_task, self._reader_task):
-            if task is not None and not task.done():
-                task.cancel()
+        drop(self.abort, (self._writer_task, self._reader_task))
 
     def hold(self) -> None:
         """Hold live events (a replay is being read, or an answer's end is being

@@ -632,7 +632,8 @@ async def test_http_interaction_reaches_the_socket_and_its_transition_shows(keye
         k1 = bearer(K1)
         await refused(401, Code.UNAUTHORIZED, good, {})
         await refused(401, Code.UNAUTHORIZED, good, bearer("sk-wrong"))
-        await refused(403, Code.RESUME_FORBIDDEN, good, bearer(K2))  # a valid key of another principal
+        # A valid key of another principal: answered exactly as a session that does not exist.
+        await refused(404, Code.SESSION_NOT_FOUND, good, bearer(K2))
         await refused(404, Code.SESSION_NOT_FOUND, good, k1, "/v1/realtime/video/vsess_0000000000/interactions")
         await refused(400, Code.INVALID_VALUE, body(event={"prompt": ""}), k1)
         await refused(400, Code.INVALID_VALUE, body(event={"prompt": NEW}, transition_chunks=-2), k1)

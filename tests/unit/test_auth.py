@@ -218,7 +218,17 @@ async def test_secret_is_good_for_one_use_and_carries_the_minting_grant() -> Non
 async def test_a_secret_minted_on_one_replica_is_taken_on_another() -> None:
     store = MemoryStore()  # the shared store (Redis in a cluster): two boxes, one per replica
     token, _ = await SecretBox(store).mint(Grant("key:abc"), 600)
+    assert await SecretBox(MemoryStore()).take(token) is None  # another store knows nothing of it
     assert await SecretBox(store).take(token) == Grant("key:abc")
+    assert await SecretBox(store).take(token) is None
+
+
+async def test_the_store_forgets_a_secret_after_its_lifetime() -> None:
+    now = [1_000.0]
+    store = MemoryStore(clock=lambda: now[0])
+    token, _ = await SecretBox(store).mint(Grant("key:abc"), 10)
+    now[0] += 11
+    assert await store.take_token(hashlib.sha256(token.encode()).hexdigest()) is None
 
 
 async def test_expired_secret_is_refused() -> None:
