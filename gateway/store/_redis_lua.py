@@ -140,3 +140,78 @@ end
 redis.call('DEL', KEYS[2])
 return 1
 """
+
+# --- tenant limits ---------------------------------------------------------------------
+# Times are the server's clock in ms (TIME), so every replica counts on one clock.
+
+# KEYS: 1 open (zset conn_id -> expiry ms), 2 starts (zset conn_id -> start ms)
+# ARGV: 1 conn_id, 2 max_open, 3 starts_per_min, 4 ttl_ms
+# Returns {ok (1|0), refused limit name or '', open, starts, reset_ms}.
+ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local max_open, spm, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - 60000)
+local open = redis.call('ZCARD', KEYS[1])
+local starts = redis.call('ZCARD', KEYS[2])
+local function reset()
+  local oldest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if #oldest == 0 then return 0 end
+  return tonumber(oldest[2]) + 60000 - now
+end
+if max_open > 0 and open >= max_open then
+  return {0, 'max_sessions', open, starts, reset()}
+end
+if spm > 0 and starts >= spm then
+  return {0, 'session_starts_per_min', open, starts, reset()}
+end
+if max_open > 0 then
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  open = open + 1
+end
+if spm > 0 then
+  redis.call('ZADD', KEYS[2], now, ARGV[1])
+  redis.call('PEXPIRE', KEYS[2], 60000)
+  starts = starts + 1
+end
+return {1, '', open, starts, reset()}
+"""
+
+# KEYS: 1 open; ARGV: 1 conn_id, 2 ttl_ms. Returns the open count after dropping expired entries.
+REFRESH = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[2]), ARGV[1]) == 1 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return redis.call('ZCARD', KEYS[1])
+"""
+
+# KEYS: 1 budget (hash: w = window number, used = units given out in it)
+# ARGV: 1 want, 2 limit, 3 window_ms. Returns {granted, used, window, reset_ms}.
+TAKE_BUDGET = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local wms = tonumber(ARGV[3])
+local window = math.floor(now / wms)
+local m = redis.call('HMGET', KEYS[1], 'w', 'used')
+local used = 0
+if tonumber(m[1]) == window then used = tonumber(m[2]) or 0 end
+local granted = math.max(0, math.min(tonumber(ARGV[1]), tonumber(ARGV[2]) - used))
+used = used + granted
+redis.call('HSET', KEYS[1], 'w', string.format('%d', window), 'used', string.format('%d', used))
+redis.call('PEXPIRE', KEYS[1], 2 * wms)
+return {granted, used, window, (window + 1) * wms - now}
+"""
+
+# KEYS: 1 budget; ARGV: 1 amount, 2 window. Gives back unused units of a window still current.
+RETURN_BUDGET = """
+local m = redis.call('HMGET', KEYS[1], 'w', 'used')
+if m[1] ~= ARGV[2] then return 0 end
+local back = math.min(tonumber(ARGV[1]), tonumber(m[2]) or 0)
+redis.call('HINCRBY', KEYS[1], 'used', -back)
+return back
+"""

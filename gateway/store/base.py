@@ -35,6 +35,8 @@ from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 __all__ = [
+    "Admission",
+    "Budget",
     "BusMessage",
     "FencedError",
     "JournalRead",
@@ -160,6 +162,28 @@ class JournalRead:
     gap: bool
     first_seq: int | None
     last_seq: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The answer to ``admit_connection``: admitted, or which limit refused it."""
+
+    ok: bool
+    refused: str | None  # "max_sessions" | "session_starts_per_min" (None when admitted)
+    open: int  # the principal's open connections, this one included when admitted (counted only
+    #   while ``max_open`` is set)
+    starts: int  # its connections started in the last 60 s, likewise (only while ``starts_per_min`` is set)
+    reset_ms: int  # until the oldest of those starts leaves the 60 s window (0: none)
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """The answer to ``take_budget``: what was granted of the current window's budget."""
+
+    granted: int  # units given to the caller (at most what it asked for)
+    used: int  # units of the window given out so far (to every replica), these included
+    window: int  # the window's number (pass it back to ``return_budget``)
+    reset_ms: int  # until the window ends (and ``used`` starts again from 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +388,43 @@ class SessionStore(abc.ABC):
     @abc.abstractmethod
     async def take_token(self, token_hash: str) -> bytes | None:
         """Atomically read and delete: only the first taker gets the payload."""
+
+    # -- tenant limits (gateway/quotas.py), shared by every replica --
+    #
+    # A principal's open connections and recent starts, and its budgets per fixed
+    # window (audio seconds, events), are counted here so that a limit holds
+    # across replicas. Each call is one atomic step (Redis: one Lua script) on the
+    # store's own clock.
+
+    @abc.abstractmethod
+    async def admit_connection(
+        self, principal: str, conn_id: str, *, max_open: int, starts_per_min: int, ttl_ms: int
+    ) -> Admission:
+        """Atomically: forget the principal's connections whose entry expired and its
+        starts older than 60 s; refuse when ``max_open`` are open or ``starts_per_min``
+        started (0: no limit); else record ``conn_id`` as open (for ``ttl_ms``, renewed
+        by ``refresh_connections``) and as started now."""
+
+    @abc.abstractmethod
+    async def release_connection(self, principal: str, conn_id: str) -> None:
+        """``conn_id`` closed: it no longer counts as open (its start still counts)."""
+
+    @abc.abstractmethod
+    async def refresh_connections(self, entries: Sequence[tuple[str, str]], ttl_ms: int) -> list[int]:
+        """Keep ``(principal, conn_id)`` entries open for another ``ttl_ms`` (a replica
+        renews all of its own at once; entries of a replica that died lapse). Returns,
+        per entry, its principal's open connections. One round trip."""
+
+    @abc.abstractmethod
+    async def take_budget(self, principal: str, kind: str, want: int, *, limit: int, window_ms: int) -> Budget:
+        """Atomically grant up to ``want`` of the ``limit`` units ``principal`` has of
+        ``kind`` per window of ``window_ms`` (windows are aligned to the store's
+        clock; the count starts from 0 in each). Never grants past the limit."""
+
+    @abc.abstractmethod
+    async def return_budget(self, principal: str, kind: str, amount: int, *, window: int) -> None:
+        """Give back ``amount`` units granted in ``window`` and not used (a no-op once
+        that window is over)."""
 
     # -- lifecycle --
 

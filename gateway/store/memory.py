@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.store.base import (
+    Admission,
+    Budget,
     BusMessage,
     FencedError,
     JournalRead,
@@ -98,6 +100,11 @@ class MemoryStore(SessionStore):
         self._leases: dict[str, _Lease] = {}
         self._tokens: dict[str, tuple[bytes, float]] = {}
         self._bus: dict[str, set[MemorySubscription]] = {}
+        # tenant limits: principal -> {conn_id: expires_at}; principal -> [(started_at, conn_id)]
+        # in start order; (principal, kind) -> [window, used, window_ms]
+        self._open: dict[str, dict[str, float]] = {}
+        self._starts: dict[str, deque[tuple[float, str]]] = {}
+        self._budgets: dict[tuple[str, str], list[int]] = {}
         self._next_sweep = clock() + SWEEP_INTERVAL_S
 
     # -- helpers --
@@ -113,6 +120,13 @@ class MemoryStore(SessionStore):
                 del self._leases[sid]
             for tok in [t for t, (_, exp) in self._tokens.items() if exp <= now]:
                 del self._tokens[tok]
+            for principal in list(self._open):
+                self._open_of(principal, now)
+            for principal in list(self._starts):
+                self._starts_of(principal, now)
+            now_ms = int(now * 1000)
+            for key in [k for k, (w, _, ms) in self._budgets.items() if now_ms // ms > w]:
+                del self._budgets[key]
         return now
 
     def _session(self, session_id: str, now: float) -> _Session | None:
@@ -266,6 +280,75 @@ class MemoryStore(SessionStore):
         if entry is None or entry[1] <= now:
             return None
         return entry[0]
+
+    # -- tenant limits --
+
+    def _open_of(self, principal: str, now: float) -> dict[str, float]:
+        entries = self._open.get(principal, {})
+        for conn in [c for c, exp in entries.items() if exp <= now]:
+            del entries[conn]
+        if not entries:
+            self._open.pop(principal, None)
+        return entries
+
+    def _starts_of(self, principal: str, now: float) -> deque[tuple[float, str]]:
+        starts = self._starts.get(principal, deque())
+        while starts and starts[0][0] <= now - 60.0:
+            starts.popleft()
+        if not starts:
+            self._starts.pop(principal, None)
+        return starts
+
+    async def admit_connection(
+        self, principal: str, conn_id: str, *, max_open: int, starts_per_min: int, ttl_ms: int
+    ) -> Admission:
+        now = self._tick()
+        entries, starts = self._open_of(principal, now), self._starts_of(principal, now)
+        reset_ms = int((starts[0][0] + 60.0 - now) * 1000) if starts else 0
+        if max_open and len(entries) >= max_open:
+            return Admission(False, "max_sessions", len(entries), len(starts), reset_ms)
+        if starts_per_min and len(starts) >= starts_per_min:
+            return Admission(False, "session_starts_per_min", len(entries), len(starts), reset_ms)
+        if max_open:
+            self._open.setdefault(principal, entries)[conn_id] = now + ttl_ms / 1000
+        if starts_per_min:
+            self._starts.setdefault(principal, starts).append((now, conn_id))
+            reset_ms = int((starts[0][0] + 60.0 - now) * 1000)
+        return Admission(True, None, len(entries), len(starts), reset_ms)
+
+    async def release_connection(self, principal: str, conn_id: str) -> None:
+        self._tick()
+        entries = self._open.get(principal)
+        if entries is not None:
+            entries.pop(conn_id, None)
+            if not entries:
+                del self._open[principal]
+
+    async def refresh_connections(self, entries: Sequence[tuple[str, str]], ttl_ms: int) -> list[int]:
+        now = self._tick()
+        out = []
+        for principal, conn_id in entries:
+            held = self._open_of(principal, now)
+            if conn_id in held:
+                held[conn_id] = now + ttl_ms / 1000
+            out.append(len(held))
+        return out
+
+    async def take_budget(self, principal: str, kind: str, want: int, *, limit: int, window_ms: int) -> Budget:
+        now_ms = int(self._tick() * 1000)
+        window = now_ms // window_ms
+        entry = self._budgets.get((principal, kind))
+        if entry is None or entry[0] != window:
+            entry = self._budgets[(principal, kind)] = [window, 0, window_ms]
+        granted = max(0, min(want, limit - entry[1]))
+        entry[1] += granted
+        return Budget(granted, entry[1], window, (window + 1) * window_ms - now_ms)
+
+    async def return_budget(self, principal: str, kind: str, amount: int, *, window: int) -> None:
+        self._tick()
+        entry = self._budgets.get((principal, kind))
+        if entry is not None and entry[0] == window:
+            entry[1] -= min(amount, entry[1])
 
     # -- lifecycle --
 

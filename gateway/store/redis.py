@@ -16,7 +16,16 @@ key                        type     content and expiry
 ``P s:{sid}:fence``        string   current fencing token (INCR); idle TTL
 ``P s:{sid}:lease``        hash     ``owner``, ``fence`` of the live owner; lease TTL
 ``P tok:<token_hash>``     string   single-use token payload; its own TTL
+``P t:{ph}:open``          zset     a principal's open connections: conn id ->
+                                    expiry (ms); refreshed every lease_ttl/3
+``P t:{ph}:starts``        zset     its connections started in the last 60 s:
+                                    conn id -> start (ms); 60 s TTL
+``P t:{ph}:b:<kind>``      hash     a budget window: ``w`` (its number), ``used``
+                                    (units given out); TTL two windows
 =========================  =======  =============================================
+
+(``ph``: the first 16 hex of sha256(principal), so any principal makes a
+short key with one hash tag.)
 
 (no space between ``P`` and the rest; ``omni:s:{abc}:snap``). Bus channels are
 ``P bus:<channel>``, e.g. ``omni:bus:replica:<owner>``, ``omni:bus:session:<sid>``.
@@ -47,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import random
 import weakref
@@ -60,6 +70,8 @@ from redis.exceptions import DataError, RedisError
 
 from gateway.store import _redis_lua as lua
 from gateway.store.base import (
+    Admission,
+    Budget,
     BusMessage,
     FencedError,
     JournalRead,
@@ -175,6 +187,10 @@ class RedisStore(SessionStore):
         self._acquire = self._redis.register_script(lua.ACQUIRE)
         self._renew = self._redis.register_script(lua.RENEW)
         self._release = self._redis.register_script(lua.RELEASE)
+        self._admit = self._redis.register_script(lua.ADMIT)
+        self._refresh = self._redis.register_script(lua.REFRESH)
+        self._take_budget = self._redis.register_script(lua.TAKE_BUDGET)
+        self._return_budget = self._redis.register_script(lua.RETURN_BUDGET)
         self._subs: weakref.WeakSet[RedisSubscription] = weakref.WeakSet()
 
     # -- helpers --
@@ -331,6 +347,48 @@ class RedisStore(SessionStore):
         key = self._p + "tok:" + token_hash
         value: Any = await self._call(lambda: self._redis.getdel(key))
         return value if value is None else bytes(value)
+
+    # -- tenant limits --
+
+    def _tenant_key(self, principal: str, what: str) -> str:
+        digest = hashlib.sha256(principal.encode()).hexdigest()[:16]
+        return f"{self._p}t:{{{digest}}}:{what}"
+
+    async def admit_connection(
+        self, principal: str, conn_id: str, *, max_open: int, starts_per_min: int, ttl_ms: int
+    ) -> Admission:
+        keys = [self._tenant_key(principal, "open"), self._tenant_key(principal, "starts")]
+        args: list[Arg] = [conn_id, max_open, starts_per_min, int(ttl_ms)]
+        ok, refused, open_, starts, reset = await self._call(lambda: self._admit(keys=keys, args=args))
+        name = refused.decode() if isinstance(refused, bytes) else str(refused)
+        return Admission(bool(ok), name or None, int(open_), int(starts), int(reset))
+
+    async def release_connection(self, principal: str, conn_id: str) -> None:
+        key = self._tenant_key(principal, "open")
+        await self._call(lambda: self._redis.zrem(key, conn_id))
+
+    async def refresh_connections(self, entries: Sequence[tuple[str, str]], ttl_ms: int) -> list[int]:
+        if not entries:
+            return []
+
+        async def run() -> list[Any]:
+            pipe = self._redis.pipeline(transaction=False)  # one round trip for the replica's connections
+            for principal, conn_id in entries:
+                keys = [self._tenant_key(principal, "open")]
+                await self._refresh(keys=keys, args=[conn_id, int(ttl_ms)], client=pipe)
+            return await pipe.execute()
+
+        return [int(n) for n in await self._call(run)]
+
+    async def take_budget(self, principal: str, kind: str, want: int, *, limit: int, window_ms: int) -> Budget:
+        keys = [self._tenant_key(principal, "b:" + kind)]
+        args: list[Arg] = [int(want), int(limit), int(window_ms)]
+        granted, used, window, reset = await self._call(lambda: self._take_budget(keys=keys, args=args))
+        return Budget(int(granted), int(used), int(window), int(reset))
+
+    async def return_budget(self, principal: str, kind: str, amount: int, *, window: int) -> None:
+        keys = [self._tenant_key(principal, "b:" + kind)]
+        await self._call(lambda: self._return_budget(keys=keys, args=[int(amount), int(window)]))
 
     # -- lifecycle --
 
