@@ -107,7 +107,17 @@ class SessionHost:
         return self.session.id
 
     def _new_writer(self, fence: int) -> JournalWriter:
-        return JournalWriter(self.ctx.store, self.session.id, fence, on_fenced=self._on_fenced)
+        return JournalWriter(
+            self.ctx.store, self.session.id, fence, on_fenced=self._on_fenced, on_flushed=self._on_flushed
+        )
+
+    def _on_flushed(self, seq: int, committed: bool) -> None:
+        """The store took (or failed to take) the journal up to ``seq``: a peer that
+        sends events only once committed may send them now. After a failure they go
+        out anyway: the client must not wait on the store (a resume elsewhere then
+        finds it ahead of the store and resyncs it)."""
+        if self.conn is not None:
+            self.conn.committed(seq)
 
     def ack(self, seq: int) -> None:
         """The client holds events up to ``seq``: trim the journal, at most once per
@@ -140,6 +150,7 @@ class SessionHost:
             self._detach_timer = None
         old = self.conn
         self.conn = conn
+        conn.committed(self.writer.committed_seq)
         if old is not None and old is not conn:
             old.replaced(self.session.id)
 

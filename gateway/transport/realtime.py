@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
@@ -54,6 +55,7 @@ log = logging.getLogger("omni.realtime")
 BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
 SLOW_CLOSE_GRACE_S = 5.0  # after the 4010 decision, how long the close frame may wait behind a full
 #   socket before the connection is dropped without it
+GATE_CLOSE_WAIT_S = 1.0  # a commit-gated socket's close waits this long at most for its last events' commit
 _ECHO_ORDER = (BINARY_SUBPROTOCOL, "realtime", BETA_SUBPROTOCOL)
 
 
@@ -185,6 +187,12 @@ class Connection:
         self.abort: Callable[[], None] | None = None  # the server's way to drop the TCP connection
         self._binary_counter = runtime.metrics.client_event_counter("binary.append")
         self._opened = False  # a session was opened or resumed on this socket
+        # Commit-gated (the duplex dialect): session events go out only once the store
+        # holds them, so a replica's crash never leaves this client ahead of the store.
+        self.gated = False
+        self._gate: deque[tuple[dict[str, Any], bytes]] = deque()
+        self._committed = 0  # the store holds this session's events up to this seq
+        self._close_after_gate: tuple[int, str] | None = None
 
     # --- main loop -----------------------------------------------------------
 
@@ -467,7 +475,23 @@ class Connection:
             return
         self._deliver(event, data)
 
+    def committed(self, seq: int) -> None:
+        if seq <= self._committed:
+            return
+        self._committed = seq
+        gate = self._gate
+        while gate and gate[0][0]["server_event_seq"] <= seq:
+            self._write(*gate.popleft())
+        if not gate and self._close_after_gate is not None:
+            self.outbox.close(*self._close_after_gate)
+
     def _deliver(self, event: dict[str, Any], data: bytes) -> None:
+        if self.gated and (self._gate or event["server_event_seq"] > self._committed):
+            self._gate.append((event, data))  # order holds: nothing passes what waits
+            return
+        self._write(event, data)
+
+    def _write(self, event: dict[str, Any], data: bytes) -> None:
         try:
             if self.binary and event["type"] == AUDIO_DELTA:
                 self.outbox.put_bytes(encode_audio_frame(event))
@@ -518,7 +542,7 @@ class Connection:
         if self.binary and b'"response.output_audio.delta"' in data[:64]:
             event = orjson.loads(data)
             event["delta"] = base64.b64decode(event["delta"])
-            self._deliver(event, data)  # replayed now, not held like live events
+            self._write(event, data)  # replayed now (it is journaled): not held nor gated like live events
         else:
             self.send_raw(data)
 
@@ -530,7 +554,14 @@ class Connection:
         self.outbox.close(CloseCode.SESSION_REPLACED, "session replaced")
 
     def close(self, code: int, reason: str) -> None:
-        """Close from outside (drain, shutdown): queued events go out first."""
+        """Close from outside (drain, shutdown, expiry): queued events go out first, and
+        on a commit-gated socket the events waiting for their commit too."""
+        if self._gate:
+            self._close_after_gate = (code, reason)
+            # No commit in time (the session ended without one): what waits goes out anyway.
+            last = self._gate[-1][0]["server_event_seq"]
+            asyncio.get_running_loop().call_later(GATE_CLOSE_WAIT_S, self.committed, last)
+            return
         self.outbox.close(code, reason)
 
 
