@@ -22,7 +22,8 @@ class RealtimeError(Exception):
 
 
 class Unauthorized(RealtimeError):
-    """The gateway refused the credentials (close 4001, HTTP 401/403). Not retried."""
+    """The gateway refused the credentials (HTTP 401 or 403 at the upgrade; close 4001 from
+    servers that refuse after accepting). Not retried."""
 
     code = "unauthorized"
 
@@ -51,8 +52,9 @@ class ConnectionLost(RealtimeError):
 
     ``code`` is ``reconnect_failed`` when the reconnect budget ran out,
     ``reconnect_disabled`` when reconnecting is off, ``no_credentials`` when
-    only a single-use client secret was given, and ``protocol_error`` for
-    close codes that a reconnect would not fix (1002, 1003, 1007-1010).
+    only a single-use client secret was given, ``protocol_error`` for
+    close codes that a reconnect would not fix (1002, 1003, 1007-1010), and
+    ``model_not_allowed`` / ``model_not_found`` (close 4003 / 4004).
     """
 
     code = "connection_lost"

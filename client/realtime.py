@@ -49,6 +49,8 @@ BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 RESUME_REFUSALS = frozenset({"session_not_found", "resume_token_invalid", "resume_forbidden", "resume_seq_invalid"})
 _PROTOCOL_FAULTS = frozenset({1002, 1003, 1007, 1008, 1009, 1010})  # a reconnect would fail the same way
+# Refusals a reconnect would meet again (a 4029 tenant limit, by contrast, is retried with backoff).
+_REFUSALS = {4003: "model_not_allowed", 4004: "model_not_found"}
 
 State = Literal["new", "open", "resuming", "ended", "closed"]
 Fallback = Literal["raise", "new_session"]
@@ -478,6 +480,9 @@ class RealtimeClient:
             return Unauthorized(f"the server closed the session: unauthorized ({reason})", close_code=code)
         if code == 4008:
             return SessionExpired("the session reached its maximum lifetime", close_code=code)
+        if code in _REFUSALS:
+            return ConnectionLost(f"the server refused the session: {_REFUSALS[code]} ({reason})",
+                                  code=_REFUSALS[code], close_code=code)  # fmt: skip
         if code in _PROTOCOL_FAULTS:
             return ConnectionLost(f"the server closed the connection with {code} {reason}".strip(),
                                   code="protocol_error", close_code=code)  # fmt: skip

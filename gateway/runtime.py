@@ -29,6 +29,7 @@ from gateway.protocol.duplex_config import DuplexConfig
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.session_config import SessionConfig
 from gateway.protocol.video_events import decode_interaction
+from gateway.quotas import Quotas, Seat
 from gateway.routing import CATCH_ALL, Router, RouteSpec, RoutingError, parse_routes
 from gateway.session.duplex import DuplexSession
 from gateway.session.session import RealtimeSession, SessionLimits, VadStream
@@ -166,6 +167,7 @@ class Runtime:
             defaults=self.tenant_defaults,
         )
         self.origins = OriginPolicy(settings.allowed_origins, auth_required=settings.requires_auth)
+        self.quotas = Quotas(self.store, self.metrics.registry, ttl_ms=int(settings.lease_ttl_s * 1000))
         self.replica_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.lease_ttl_ms = int(settings.lease_ttl_s * 1000)
         self.hosting = HostContext(
@@ -180,6 +182,7 @@ class Runtime:
         self.draining = False
         self._bus_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
+        self._quota_task: asyncio.Task[None] | None = None
 
     @property
     def hosts(self) -> dict[str, SessionHost]:
@@ -218,12 +221,20 @@ class Runtime:
             return None
         return found[1], self.orchestrator_for(found[1])
 
-    def _session_kwargs(self, orch: Orchestrator) -> dict[str, Any]:
+    def _session_kwargs(self, session_id: str) -> dict[str, Any]:
         return {
             "limits": self.session_limits,
             "vad_factory": self.vad_factory,
-            "rate_limits": lambda: rate_limits(orch),
+            "rate_limits": lambda: self._rate_limits(session_id),
         }
+
+    def _rate_limits(self, session_id: str) -> dict[str, Any]:
+        """``rate_limits.updated``: the limits of the principal the session belongs to."""
+        host = self.hosts.get(session_id)
+        meter = host.meter if host is not None else None
+        if isinstance(meter, Seat):
+            return meter.rate_limits()
+        return {"rate_limits": [], "tenant_limits": []}
 
     async def open_session(
         self, config: SessionConfig, *, principal: str, beta: bool, duplex: DuplexConfig | None = None
@@ -235,8 +246,8 @@ class Runtime:
         engine, orch = found
         if "audio" not in engine.info.modalities and "audio" in config.output_modalities:
             config = replace(config, output_modalities=("text",))  # a text model answers in text
-        kwargs = {"session_id": "sess_" + secrets.token_hex(10), "config": config, "engine": engine.info,
-                  **self._session_kwargs(orch)}  # fmt: skip
+        sid = "sess_" + secrets.token_hex(10)
+        kwargs = {"session_id": sid, "config": config, "engine": engine.info, **self._session_kwargs(sid)}
         session = RealtimeSession(beta=beta, **kwargs) if duplex is None else DuplexSession(duplex=duplex, **kwargs)
         return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal)
 
@@ -247,7 +258,7 @@ class Runtime:
             raise ProtocolError(Code.MODEL_NOT_FOUND, "This session's model is not served here any more.")
         engine, orch = found
         cls = DuplexSession if state.get("dialect") == "duplex" else RealtimeSession
-        return cls.restore(state, engine=engine.info, **self._session_kwargs(orch)), orch
+        return cls.restore(state, engine=engine.info, **self._session_kwargs(state["id"])), orch
 
     def _on_bus_message(self, body: dict[str, Any]) -> None:
         """A bus message for something other than a session host: a video interaction
@@ -302,6 +313,7 @@ class Runtime:
         loop = asyncio.get_running_loop()
         self._bus_task = loop.create_task(listen_bus(self.hosting, self._on_bus_message), name="bus")
         self._lease_task = loop.create_task(renew_leases(self.hosting), name="leases")
+        self._quota_task = loop.create_task(self.quotas.run(), name="tenant-entries")
 
     async def drain(self) -> None:
         """SIGTERM: stop taking sessions, let running answers finish (up to
@@ -323,7 +335,7 @@ class Runtime:
 
     async def close(self) -> None:
         await self.drain()
-        for task in (self._bus_task, self._lease_task):
+        for task in (self._bus_task, self._lease_task, self._quota_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -364,11 +376,3 @@ def jwt_verifier(settings: Settings, defaults: TenantLimits) -> JwtVerifier | No
         refresh_s=settings.jwks_refresh_s,
         defaults=defaults,
     )
-
-
-def rate_limits(orch: Orchestrator) -> list[dict[str, Any]]:
-    """``rate_limits.updated``: the response slots of the session's engine."""
-    stats = orch.stats()
-    limit = stats["max_responses"]
-    remaining = max(0, limit - stats["running_responses"])
-    return [{"name": "requests", "limit": limit, "remaining": remaining, "reset_seconds": 0}]

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.hosting import takeover
 from gateway.hosting.peer import Peer
@@ -40,6 +40,20 @@ from orchestrator.orchestrator import Orchestrator, RequestHandle
 log = logging.getLogger("omni.host")
 
 ACK_TRIM_INTERVAL_S = 2.0  # session.event_ack trims the journal at most this often per session
+OUTPUT_LIMIT_CODE = "rate_limit_exceeded"  # a response stopped by its tenant's output audio limit
+
+
+class OutputMeter(Protocol):
+    """The output audio limit of the session's principal (``quotas.Seat``)."""
+
+    def output_allowed(self) -> bool:
+        """Whether a response may start making audio now."""
+
+    def audio_out(self, ms: float) -> bool:
+        """``ms`` of output audio were made; False: the limit is reached (stop)."""
+
+    def output_refusal(self) -> str:
+        """What to tell the client when the limit stops or refuses a response."""
 
 
 @dataclass(slots=True)
@@ -88,6 +102,8 @@ class SessionHost:
         self.ended = False
         self._reacquiring = False
         self._acked: int | None = None  # the highest ack not yet trimmed
+        self.meter: OutputMeter | None = None  # set by the connection that carries the session
+        self._metered_ms = session.audio_out_ms  # output audio already charged to the meter
         loop = asyncio.get_running_loop()
         lifetime_left = session.created_at + session.limits.lifetime_s - time.time()
         self._expiry = loop.call_later(max(0.0, lifetime_left), self._expire)
@@ -211,8 +227,23 @@ class SessionHost:
             self.ctx.spawn(self._release_when_committed(conn))
         if self.ended:
             return
+        made = session.audio_out_ms - self._metered_ms
+        if made > 0 and self.meter is not None:
+            self._metered_ms = session.audio_out_ms
+            if not self.meter.audio_out(made) and session.active_response_id is not None:
+                asyncio.get_running_loop().call_soon(self._stop_output, session.active_response_id)
         if effects:
             self._run_effects(effects)
+
+    def _stop_output(self, response_id: str) -> None:
+        """The tenant's output audio limit is reached: the response fails (and, if it runs, stops)."""
+        if self.ended or self.session.active_response_id != response_id or self.meter is None:
+            return
+        handle = self.handles.pop(response_id, None)
+        if handle is not None:
+            handle.cancel()
+        self.session.on_response_failed(response_id, OUTPUT_LIMIT_CODE, self.meter.output_refusal())
+        self.flush()
 
     async def _release_when_committed(self, conn: Peer) -> None:
         try:
@@ -258,6 +289,10 @@ class SessionHost:
     def _start(self, effect: StartTranscription | StartResponse) -> None:
         rid = effect.request.request_id
         transcription = isinstance(effect, StartTranscription)
+        if isinstance(effect, StartResponse) and "audio" in effect.request.modalities:
+            if self.meter is not None and not self.meter.output_allowed():
+                asyncio.get_running_loop().call_soon(self._stop_output, rid)  # never sent to the engine
+                return
 
         def on_output(output: EngineOutput) -> None:
             if isinstance(output, Finished):

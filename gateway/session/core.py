@@ -110,7 +110,7 @@ class SessionCore:
         limits: SessionLimits | None = None,
         vad_factory: Callable[[], VadStream] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        rate_limits: Callable[[], list[dict[str, Any]]] | None = None,
+        rate_limits: Callable[[], dict[str, Any]] | None = None,  # the fields of rate_limits.updated
         created_at: float | None = None,
     ) -> None:
         self.id = session_id
@@ -143,6 +143,7 @@ class SessionCore:
         self._prefix_ms = 0.0
         self._response: _Response | None = None
         self._turn_stopped_at: float | None = None
+        self.audio_out_ms = 0.0  # output audio made on this replica (the host meters it per tenant)
         self._setup_input()
 
     # --- output helpers ---------------------------------------------------

@@ -193,7 +193,9 @@ class Responses(SessionCore):
         if not pcm:
             return
         data = encode_from_pcm16(resp.output_format, pcm)
-        resp.part.audio_ms += resp.output_format.duration_ms(len(data))
+        ms = resp.output_format.duration_ms(len(data))
+        resp.part.audio_ms += ms
+        self.audio_out_ms += ms
         self._emit("response.output_audio.delta", **where, delta=data)
 
     def on_response_failed(self, request_id: str, code: str, message: str) -> None:
@@ -236,7 +238,7 @@ class Responses(SessionCore):
         self._response = None
         self._emit("response.done", response=self._render_response(resp, status, details))
         if self._rate_limits is not None:
-            self._emit("rate_limits.updated", rate_limits=self._rate_limits())
+            self._emit("rate_limits.updated", **self._rate_limits())
 
     @property
     def active_response_id(self) -> str | None:

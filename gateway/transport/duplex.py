@@ -39,6 +39,7 @@ from gateway.protocol import duplex_events as de
 from gateway.protocol.duplex_config import DuplexConfig, default_session_config
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.session_config import SessionConfig
+from gateway.quotas import NeedBudget
 from gateway.session.duplex import DuplexSession
 from gateway.transport.realtime import Connection, RealtimeServices, log
 
@@ -115,7 +116,10 @@ class DuplexConnection(Connection):
         if not await self._open(default_session_config(self.model)):
             return False
         assert self.host is not None
-        self._handle(self.host, message, direct=False)
+        outcome = self._handle(self.host, message, direct=False)
+        while isinstance(outcome, NeedBudget):
+            await outcome.wait()
+            outcome = self._handle(self.host, message, direct=False)
         return True
 
     async def _open_with(self, event: ce.SessionUpdate) -> bool:

@@ -16,7 +16,7 @@ Two kinds of refusal, told apart by what the client can do about them:
 - **After accepting** (``common_refusal`` and the endpoints' own): an ``error``
   event and a close code any client can read, for what is worth retrying or
   fixing in the request (drain 1012, replica full 1013, unknown model 4004,
-  a model the credential may not use 4003, tenant limits 4029).
+  a model the credential may not use 4003, tenant limits 4029: ``admit_seat``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import orjson
 
 from gateway.auth import Grant
 from gateway.protocol.errors import CloseCode, Code
+from gateway.quotas import ConnectRefusal, Seat
 from gateway.store.base import StoreError
 from gateway.transport.services import Services
 
@@ -158,3 +159,21 @@ async def refuse(runtime: Services, send: Any, refusal: Refusal, event: bytes) -
     await send({"type": "websocket.send", "text": event.decode()})
     await send({"type": "websocket.close", "code": int(close_code), "reason": code})
     runtime.metrics.closes.labels(str(int(close_code))).inc()
+
+
+async def admit_seat(runtime: Services, hs: Handshake, send: Any, error_event: ErrorEncoder) -> Seat | None:
+    """The socket's seat under its principal's limits (one store round trip when the
+    principal has connect limits); None: refused and closed (4029, or 1013 when the
+    store cannot say)."""
+    try:
+        admitted = await runtime.quotas.admit(hs.grant)
+    except StoreError:
+        message = "Session state is unavailable; try again shortly."
+        await refuse(runtime, send, (Code.STORE_UNAVAILABLE, message, CloseCode.TRY_AGAIN_LATER),
+                     error_event(Code.STORE_UNAVAILABLE, message))  # fmt: skip
+        return None
+    if isinstance(admitted, ConnectRefusal):
+        refusal = (admitted.code, admitted.message, CloseCode.RATE_LIMITED)
+        await refuse(runtime, send, refusal, error_event(admitted.code, admitted.message))
+        return None
+    return admitted

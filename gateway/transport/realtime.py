@@ -40,9 +40,10 @@ from gateway.protocol.server_events import (
     encode_audio_frame,
 )
 from gateway.protocol.session_config import ConfigLimits, SessionConfig, TurnDetection, apply_update
+from gateway.quotas import NeedBudget, Seat
 from gateway.session.session import RealtimeSession, VadStream
 from gateway.store.base import StoreError
-from gateway.transport.handshake import accept, common_refusal, refuse
+from gateway.transport.handshake import accept, admit_seat, common_refusal, refuse
 from gateway.transport.lifecycle import bound_send_buffer, drop, settle
 from gateway.transport.outbox import Outbox, SlowConsumer
 from gateway.transport.services import Services
@@ -133,11 +134,15 @@ class RealtimeEndpoint:
         if refusal is not None:
             await refuse(rt, send, refusal, encode_error(refusal[0], refusal[1]))
             return
+        seat = await admit_seat(rt, hs, send, encode_error)
+        if seat is None:
+            return
         if duplex:
             autostart = (hs.param("autostart") or "").strip().lower()
             resume_only = duplex_events.enabled(hs.param("resume")) or autostart in duplex_events.FALSY
             dconn = self.duplex(rt, receive, send, principal=hs.grant.principal, model=model,
                                      resume_only=resume_only)  # fmt: skip
+            dconn.seat = seat
             dconn.direct = scope.get("extensions", {}).get(DIRECT_EXTENSION)
             dconn.abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
             bound_send_buffer(scope, rt.settings.socket_send_buffer_bytes)
@@ -157,6 +162,7 @@ class RealtimeEndpoint:
                 config = replace(config, turn_detection=None)  # no detector here: manual turns
         binary = BINARY_SUBPROTOCOL in hs.offered
         conn = Connection(rt, receive, send, beta=beta, binary=binary, principal=hs.grant.principal)
+        conn.seat = seat
         conn.direct = scope.get("extensions", {}).get(DIRECT_EXTENSION)
         conn.abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
         bound_send_buffer(scope, rt.settings.socket_send_buffer_bytes)
@@ -187,6 +193,8 @@ class Connection:
         self.abort: Callable[[], None] | None = None  # the server's way to drop the TCP connection
         self._binary_counter = runtime.metrics.client_event_counter("binary.append")
         self._opened = False  # a session was opened or resumed on this socket
+        self.seat: Seat | None = None  # this socket's share of its principal's limits
+        self._paid = False  # the message being handled was counted against the events limit
         # Commit-gated (the duplex dialect): session events go out only once the store
         # holds them, so a replica's crash never leaves this client ahead of the store.
         self.gated = False
@@ -225,6 +233,8 @@ class Connection:
                 self.host = None
             self.outbox.close(CloseCode.NORMAL, "")
             await settle(writer, 1.0)
+            if self.seat is not None:
+                await self.seat.close()
 
     async def _open(self, config: SessionConfig, **start: Any) -> bool:
         """A new session for this socket; False (the socket is closing) if the store is down."""
@@ -251,6 +261,7 @@ class Connection:
         self.host = host
         self._opened = True
         host.attach(self)
+        host.meter = self.seat
         host.session.start(resume_token=host.rotate_token(), **start)
         host.flush()
         if self.direct is not None:
@@ -280,6 +291,9 @@ class Connection:
                         return
                     continue  # (a replaced socket reads on until it closes, and ignores what comes)
                 resume = self._handle(host, message, direct=False)
+                while isinstance(resume, NeedBudget):  # this replica's share of a limit is spent
+                    await resume.wait()  # lease more from the store, then the message is taken or refused
+                    resume = self._handle(host, message, direct=False)
                 if isinstance(resume, ce.SessionResume):
                     await self._resume_safely(resume, host)
             finally:
@@ -304,13 +318,28 @@ class Connection:
             return False
         return self._handle(host, message, direct=True) is None
 
-    def _handle(self, host: SessionHost, message: dict[str, Any], *, direct: bool) -> ce.SessionResume | bool | None:
-        """One client message, handled and flushed. Returns a ``session.resume`` for
-        the read loop to carry out (it awaits the store), or, on the direct path,
-        False to hand that message to the read loop instead."""
+    def _handle(
+        self, host: SessionHost, message: dict[str, Any], *, direct: bool
+    ) -> ce.SessionResume | NeedBudget | bool | None:
+        """One client message, handled and flushed. Returns a ``session.resume`` or a
+        ``NeedBudget`` for the read loop to carry out (they await the store; the
+        message is handled again after a NeedBudget), or, on the direct path, False to
+        hand that message to the read loop instead."""
+        outcome = self._handle_message(host, message, direct=direct)
+        if outcome is not False and not isinstance(outcome, NeedBudget):
+            self._paid = False  # done with (else the same message comes again: it was paid for)
+        return outcome
+
+    def _handle_message(
+        self, host: SessionHost, message: dict[str, Any], *, direct: bool
+    ) -> ce.SessionResume | NeedBudget | bool | None:
         limit = self.runtime.settings.max_message_bytes
         text = message.get("text")
+        seat = self.seat
         try:
+            if seat is not None and not self._paid:
+                seat.message()  # the events limit, before any work on the message
+                self._paid = True
             if text is not None:
                 # Bytes, not characters (é is 2): a text of n characters is at most 4n bytes.
                 if len(text) * 4 > limit and (size := len(text.encode())) > limit:
@@ -319,6 +348,8 @@ class Connection:
                         f"A message may be at most {limit} bytes; this one has {size}. Send audio in smaller appends.",
                     )
                 event = self._decode(text)
+                if seat is not None and isinstance(event, ce.AudioAppend):
+                    seat.audio_in(host.session.config.input_format.duration_ms(len(event.audio)), event.event_id)
                 if isinstance(event, ce.SessionResume):
                     if direct:
                         return False
@@ -337,9 +368,14 @@ class Connection:
                     raise ProtocolError(
                         Code.MESSAGE_TOO_LARGE, f"A message may be at most {limit} bytes; got {len(data)}."
                     )
+                audio = decode_input_frame(data)
+                if seat is not None:
+                    seat.audio_in(host.session.config.input_format.duration_ms(len(audio)), None)
                 self._binary_counter.inc()
                 self._client_events += 1
-                host.session.append_audio(decode_input_frame(data), None)
+                host.session.append_audio(audio, None)
+        except NeedBudget as need:
+            return False if direct else need
         except ce.AckError as err:
             self.send_raw(self._error(err))  # never an event with a seq: it would be acked again
             return None
@@ -399,6 +435,7 @@ class Connection:
         token = host.rotate_token()
         self.hold()  # live events from here on wait until the replay is out
         host.attach(self)
+        host.meter = self.seat
         self.host = host
         self._opened = True
         self._attached(host)

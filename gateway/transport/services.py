@@ -11,6 +11,7 @@ from typing import Protocol
 
 from gateway.auth import Authenticator
 from gateway.origins import OriginPolicy
+from gateway.quotas import Quotas
 from gateway.settings import Settings
 from orchestrator.metrics import Metrics
 
@@ -30,6 +31,10 @@ class Services(Protocol):
 
     @property
     def metrics(self) -> Metrics: ...
+
+    @property
+    def quotas(self) -> Quotas:
+        """Tenant limits on this replica (admission at connect, budgets as sessions go)."""
 
     @property
     def draining(self) -> bool:

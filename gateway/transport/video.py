@@ -32,9 +32,10 @@ from gateway.protocol import fmp4
 from gateway.protocol import video_events as ve
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.video_events import error_event
+from gateway.quotas import Seat
 from gateway.session.video_session import CloseVideo, Interact, StartVideo, StopVideo, VideoSession
 from gateway.store.base import SessionStore, StoreError
-from gateway.transport.handshake import accept, common_refusal, refuse
+from gateway.transport.handshake import accept, admit_seat, common_refusal, refuse
 from gateway.transport.lifecycle import drop, settle
 from gateway.transport.services import Services
 from gateway.transport.ws_server import ABORT_EXTENSION
@@ -96,7 +97,11 @@ class VideoEndpoint:
         if refusal is not None:
             await refuse(rt, send, refusal, encode_error(refusal[0], refusal[1]))
             return
+        seat = await admit_seat(rt, hs, send, encode_error)
+        if seat is None:
+            return
         conn = VideoConnection(rt, receive, send, principal=hs.grant.principal)
+        conn.seat = seat
         conn.abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
         await conn.run()
 
@@ -114,6 +119,7 @@ class VideoConnection:
         self._receive = receive
         self._send = send
         self.abort: Callable[[], None] | None = None  # the server's way to drop the TCP connection
+        self.seat: Seat | None = None  # this socket's share of its principal's limits (connect limits only)
         self.session = VideoSession(session_id="vsess_" + secrets.token_hex(10), info=runtime.video_engine.info)
         self.handle: RequestHandle | None = None
         # ("json", event) | ("chunk", metadata, media, init_segment)
@@ -163,6 +169,8 @@ class VideoConnection:
             rt.video_sessions.pop(self.id, None)
             rt.metrics.sessions.dec()
             await self._unregister()
+            if self.seat is not None:
+                await self.seat.close()
 
     async def _register(self) -> None:
         """Own the session in the store, so interactions from other replicas reach us."""

@@ -1,13 +1,24 @@
 """What the pages tell a person when something is missing: a credential the
-gateway requires (and then connecting with an API key or a client secret), a
-denied microphone, a gateway that is gone."""
+gateway requires (and then connecting with an API key, a client secret or a
+token), a denied microphone, a gateway that is gone; a page of another site
+that the gateway's allowed_origins does not name."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import httpx
 import pytest
-from browser_support import PageLog, browser
+from browser_support import REPO, PageLog, browser
 from support.gateway import run_gateway
+from support.jwt_issuer import HS_SECRET, TestIssuer
 
 from gateway.settings import Settings
 
@@ -86,3 +97,86 @@ async def test_a_denied_microphone_and_a_gateway_that_is_gone_are_explained() ->
         await gone.get_by_role("alert").filter(has_text="Cannot reach the gateway").wait_for(timeout=15_000)
         assert await gone.locator("#status").get_attribute("data-state") == "ended"
         assert await gone.get_by_role("button", name="Start").is_enabled()
+
+
+# --- a page from another origin, and a token from the page's own backend ------------------
+
+FOREIGN_PAGE = """<!doctype html><meta charset="utf-8"><title>another site</title>
+<script type="module">
+import { RealtimeClient } from "./sdk/realtime.js";
+window.attempt = async (url, apiKey) => {
+  const rt = new RealtimeClient({ url, apiKey, reconnect: false });
+  try {
+    const created = await rt.connect();
+    rt.close();
+    return { ok: true, type: created.type };
+  } catch (err) {
+    return { ok: false, code: err.code, message: err.message };
+  }
+};
+window.ready = true;
+</script>"""
+
+
+@contextlib.contextmanager
+def page_server(root: Path) -> Iterator[str]:
+    """Static files from ``root`` on their own origin (another port of 127.0.0.1)."""
+    handler = functools.partial(QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def foreign_site(tmp_path: Path) -> Path:
+    """A page of another site that bundles the browser SDK (copied: no CORS needed)."""
+    shutil.copytree(REPO / "web_demo" / "sdk", tmp_path / "sdk")
+    (tmp_path / "index.html").write_text(FOREIGN_PAGE)
+    return tmp_path
+
+
+async def test_a_page_from_a_disallowed_origin_cannot_open_a_socket_and_an_allowed_one_can(tmp_path: Path) -> None:
+    root = foreign_site(tmp_path)
+    with page_server(root) as refused_site, page_server(root) as allowed_site:
+        settings = Settings(engine="passthrough", video_engine="none", api_keys=(KEY,), allowed_origins=(allowed_site,))
+        async with run_gateway(settings) as gateway, browser() as context:
+            for site, expect_ok in ((refused_site, False), (allowed_site, True)):
+                page = await context.new_page()
+                await page.goto(site + "/index.html")
+                await page.wait_for_function("() => window.ready === true")
+                result = await page.evaluate("([u, k]) => window.attempt(u, k)", [gateway.url, KEY])
+                if expect_ok:
+                    assert result == {"ok": True, "type": "session.created"}, result
+                else:
+                    # The browser sees only a failed upgrade; the SDK finds the gateway up: "refused".
+                    assert (result["ok"], result["code"]) == (False, "refused"), result
+                    assert "origin" in result["message"]
+            refusals = gateway.runtime.metrics.registry.get_sample_value(
+                "omni_upgrade_refusals_total", {"code": "origin_not_allowed"}
+            )
+            assert refusals == 1
+            assert not gateway.runtime.connections
+
+
+async def test_a_token_from_the_pages_own_backend_opens_a_session_from_the_page() -> None:
+    issuer = TestIssuer()
+    settings = Settings(engine="passthrough", video_engine="none", api_keys=(KEY,), jwt_secret=HS_SECRET)
+    async with run_gateway(settings) as gateway, browser() as context:
+        page = await context.new_page()
+        log = PageLog(page)
+        await page.goto(gateway.http + "/voice.html")
+        await page.locator("#auth summary").click()
+        await page.get_by_label("API key or client secret").fill(issuer.hs256("browser-user"))
+        await page.get_by_role("button", name="Start").click()
+        await page.locator('#status[data-state="open"]').wait_for(timeout=10_000)
+        assert {h.principal for h in gateway.runtime.hosts.values()} == {"jwt:browser-user"}
+        assert not log.errors, log

@@ -262,7 +262,15 @@ async def test_without_a_resume_token_a_lost_connection_cannot_resume() -> None:
 
 @pytest.mark.parametrize(
     ("code", "error"),
-    [(1000, None), (4009, None), (4001, Unauthorized), (4008, SessionExpired), (1008, ConnectionLost)],
+    [
+        (1000, None),
+        (4009, None),
+        (4001, Unauthorized),
+        (4008, SessionExpired),
+        (1008, ConnectionLost),
+        (4003, ConnectionLost),
+        (4004, ConnectionLost),
+    ],
 )
 async def test_final_close_codes_end_the_session_without_reconnecting(code: int, error: type | None) -> None:
     async with fake_server() as fake, RealtimeClient(fake.url, reconnect=FAST) as rt:

@@ -24,7 +24,7 @@ PACKAGES = ("gateway", "orchestrator", "client")
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("composition", ("gateway.__main__", "gateway.cli", "gateway.app", "gateway.http", "gateway.runtime")),
     ("transport", ("gateway.transport",)),
-    ("hosting", ("gateway.hosting",)),
+    ("hosting", ("gateway.hosting", "gateway.quotas")),
     ("session", ("gateway.session",)),
     ("protocol", ("gateway.protocol", "gateway.audio")),
     (

@@ -1004,7 +1004,10 @@ def test_rate_limits_follow_each_response_done() -> None:
         session_id="s",
         config=SessionConfig(model="m", turn_detection=None),
         engine=PassthroughEngine().info,
-        rate_limits=lambda: [{"name": "requests", "limit": 2, "remaining": 2, "reset_seconds": 0}],
+        rate_limits=lambda: {
+            "rate_limits": [{"name": "requests", "limit": 2, "remaining": 2, "reset_seconds": 0}],
+            "tenant_limits": [],
+        },
     )
     s.handle(ce.ResponseCreate(None))
     rid = s.active_response_id
@@ -1014,6 +1017,7 @@ def test_rate_limits_follow_each_response_done() -> None:
     events, _ = s.take()
     assert [e["type"] for e in events][-2:] == ["response.done", "rate_limits.updated"]
     assert events[-1]["rate_limits"][0]["limit"] == 2
+    assert events[-1]["tenant_limits"] == []  # the callback's fields, as given
 
 
 def test_session_created_with_server_vad_config_but_no_detector_accepts_unrelated_updates() -> None:

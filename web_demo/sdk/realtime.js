@@ -386,6 +386,11 @@ export class RealtimeClient extends Emitter {
     if (code === 1000) return "end";
     if (code === 4001) return new RealtimeError(`the server closed the session: unauthorized (${reason})`, { code: "unauthorized", closeCode: code });
     if (code === 4008) return new RealtimeError("the session reached its maximum lifetime", { code: "session_expired", closeCode: code });
+    // Refusals a reconnect would meet again (a 4029 tenant limit is retried with backoff).
+    if (code === 4003 || code === 4004) {
+      const refused = code === 4003 ? "model_not_allowed" : "model_not_found";
+      return new RealtimeError(`the server refused the session: ${refused} (${reason})`, { code: refused, closeCode: code });
+    }
     if (PROTOCOL_FAULTS.has(code)) return new RealtimeError(`the server closed the connection with ${code} ${reason}`.trim(), { code: "protocol_error", closeCode: code });
     return "retry";
   }

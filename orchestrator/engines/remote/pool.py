@@ -471,6 +471,17 @@ class UpstreamPool:
             upstream.open += 1
             try:
                 conn = await self._connect(upstream, kind, path)
+            except websockets.InvalidStatus as exc:
+                upstream.open -= 1
+                upstream.active -= 1
+                status = exc.response.status_code
+                if status in (401, 403):  # refused at the upgrade: our key, not the upstream, is wrong
+                    raise UpstreamUnavailable(f"upstream {upstream.name} refused our credentials (HTTP {status})",
+                                              code="unauthorized") from exc  # fmt: skip
+                self.mark_down(upstream, f"connect failed: HTTP {status}")
+                tried.add(upstream)
+                self._changed.set()
+                continue
             except Exception as exc:
                 upstream.open -= 1
                 upstream.active -= 1
