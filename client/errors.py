@@ -38,7 +38,8 @@ class ResumeFailed(RealtimeError):
     """A reconnect could not resume the session.
 
     ``code`` is the server's refusal (``session_not_found``,
-    ``resume_token_invalid``, ``resume_forbidden``, ``resume_seq_invalid``), or
+    ``resume_token_invalid``, ``resume_seq_invalid``; ``resume_forbidden`` from gateways
+    before another principal's session was answered as ``session_not_found``), or
     ``resume_unsupported`` when the server gave no resume token or does not
     know ``session.resume``. With ``resume_fallback="new_session"`` the client
     continues in a new session instead and delivers ``client.session_lost``.

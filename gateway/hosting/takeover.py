@@ -7,8 +7,9 @@ journal holds after the client's seq (``JournalRead``) decide, with no I/O, what
 the transport does (``plan``):
 
 - ``Refusal``: a coded error on the connection's new session, which goes on
-  (unknown session, wrong token, another principal, a seq beyond anything the
-  session sent); none reveals another user's data;
+  (unknown session or another principal's, both ``session_not_found``; wrong
+  token; a seq beyond anything the session sent); none reveals another user's
+  data;
 - ``Replay``: ``session.resumed``, then events ``replay_from..replay_to`` as
   first sent, then live events;
 - ``Resync``: ``session.resync_required`` with the session's state, when the
@@ -99,8 +100,12 @@ Plan = Refusal | Replay | Resync
 
 
 def admit(held: Held | None, event: ce.SessionResume, principal: str) -> Refusal | None:
-    """Whether ``principal`` may resume the session with ``event``; needs no journal."""
-    if held is None:
+    """Whether ``principal`` may resume the session with ``event``; needs no journal.
+
+    The owner is checked before the token, and another principal's session is
+    answered exactly as one that does not exist: a stolen token tells its thief
+    nothing (not whether it is valid, nor whether the session is there)."""
+    if held is None or held.principal != principal:
         return Refusal(
             Code.SESSION_NOT_FOUND,
             f"No session {event.session_id!r} to resume (unknown or expired); start a new session.",
@@ -113,8 +118,6 @@ def admit(held: Held | None, event: ce.SessionResume, principal: str) -> Refusal
             "(each resume rotates it: use the one from the last session.resumed).",
             "resume_token",
         )
-    if held.principal != principal:
-        return Refusal(Code.RESUME_FORBIDDEN, "This session belongs to another principal.", "session_id")
     last = event.last_received_server_event_seq
     if held.live and last > held.seq:
         return seq_refusal(last, held.seq)

@@ -72,7 +72,6 @@ ERROR_CODES = {
     Code.BUFFER_TOO_SMALL: "input_audio_buffer_empty",
     Code.SESSION_NOT_FOUND: "session_resume_expired",
     Code.RESUME_TOKEN_INVALID: "invalid_resume_token",
-    Code.RESUME_FORBIDDEN: "invalid_session_resume",
     Code.RESUME_SEQ_INVALID: "invalid_session_resume",
     Code.RESUME_NOT_FIRST: "invalid_session_resume",
 }

@@ -45,9 +45,8 @@ class Code:
     SLOW_CONSUMER = "slow_consumer"
     INTERNAL = "internal_error"
     # resume
-    SESSION_NOT_FOUND = "session_not_found"  # unknown or expired session
+    SESSION_NOT_FOUND = "session_not_found"  # unknown or expired session, or another principal's
     RESUME_TOKEN_INVALID = "resume_token_invalid"
-    RESUME_FORBIDDEN = "resume_forbidden"  # the session belongs to another principal
     RESUME_SEQ_INVALID = "resume_seq_invalid"  # a seq the session never sent
     RESUME_NOT_FIRST = "resume_not_first"  # session.resume after other client events
     STORE_UNAVAILABLE = "store_unavailable"

@@ -106,7 +106,7 @@ async def test_resume_token_rotates_and_the_old_one_is_refused(gateway: RunningG
 @pytest.mark.parametrize(
     ("case", "code"),
     [
-        ("other_principal", "resume_forbidden"),
+        ("other_principal", "session_not_found"),  # exactly as a session that does not exist
         ("unknown_session", "session_not_found"),
         ("future_seq", "resume_seq_invalid"),
         ("not_first", "resume_not_first"),

@@ -49,7 +49,7 @@ NOTHING = journal()
     [
         (None, resume(3), Code.SESSION_NOT_FOUND),
         (held(10), resume(3, token="rt_old"), Code.RESUME_TOKEN_INVALID),
-        (held(10, principal="key:other"), resume(3), Code.RESUME_FORBIDDEN),
+        (held(10, principal="key:other"), resume(3), Code.SESSION_NOT_FOUND),
         (held(10, live=True), resume(11), Code.RESUME_SEQ_INVALID),  # beyond anything it sent
     ],
     ids=["unknown", "stale-token", "other-principal", "seq-beyond-a-live-session"],
@@ -67,6 +67,12 @@ def test_a_refusal_is_decided_before_the_journal_is_read(
 def test_a_refusal_names_no_other_users_data() -> None:
     refusal = admit(held(10, principal="key:other"), resume(3), ME)
     assert refusal is not None and "key:other" not in refusal.message
+
+
+def test_another_principals_session_answers_exactly_as_one_that_does_not_exist_whatever_the_token() -> None:
+    missing = admit(None, resume(3), ME)
+    for token in (TOKEN, "rt_wrong"):  # the owner is checked first: a valid stolen token changes nothing
+        assert admit(held(10, principal="key:other"), resume(3, token=token), ME) == missing
 
 
 def test_the_events_after_the_clients_seq_are_replayed() -> None:
