@@ -143,6 +143,7 @@ class Runtime:
             max_append_ms=settings.max_append_ms,
             max_buffer_ms=settings.max_buffer_ms,
             max_items=settings.max_conversation_items,
+            max_conversation_bytes=settings.max_conversation_bytes,
             lifetime_s=settings.session_lifetime_s,
         )
         self.vad_factory: Callable[[], VadStream] | None = load_vad() if vad_factory is True else (vad_factory or None)

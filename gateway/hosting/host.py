@@ -203,8 +203,7 @@ class SessionHost:
                 if conn is not None:
                     conn.send(event, data)
             if session.dirty and journal:
-                writer.set_snapshot(self.snapshot_bytes())
-                session.dirty = False
+                self._snapshot_changes(writer)
         except FencedError as exc:
             self._on_fenced(exc)
         if held and conn is not None:
@@ -225,11 +224,29 @@ class SessionHost:
         finally:
             conn.release(0)
 
-    def snapshot_bytes(self) -> bytes:
-        state = self.session.snapshot_state()
+    def snapshot_bytes(self, *, with_items: bool = True) -> bytes:
+        state = self.session.snapshot_state(with_items=with_items)
         state["principal"] = self.principal
         state["token_hash"] = self.token_hash
         return snapshot.dumps(state)
+
+    def _snapshot_changes(self, writer: JournalWriter) -> None:
+        """The snapshot without its items, and the records of the items that changed: a
+        flush costs what changed, not the whole conversation (one record per item)."""
+        session = self.session
+        changed, dropped = session.take_item_changes()
+        conversation = session.conversation
+        items = {i: snapshot.item_bytes(item) for i in changed if (item := conversation.get(i)) is not None}
+        writer.set_snapshot(self.snapshot_bytes(with_items=False), items, dropped)
+        session.dirty = False
+
+    def _snapshot_whole(self, writer: JournalWriter) -> None:
+        """Every item record again (the store lost them: Redis came back empty)."""
+        session = self.session
+        session.take_item_changes()
+        items = {item.id: snapshot.item_bytes(item) for item in session.conversation}
+        writer.set_snapshot(self.snapshot_bytes(with_items=False), items)
+        session.dirty = False
 
     def _run_effects(self, effects: list[Any]) -> None:
         for effect in effects:
@@ -313,12 +330,13 @@ class SessionHost:
             else:
                 return
             self.fence = fence
+            self.writer.abandon()  # its lease is gone: the new writer carries on
             self.writer = self._new_writer(fence)
             # Everything up to now may be missing from the journal (Redis came back
             # empty, and events made meanwhile were never written): say so, so that a
             # resume from before here gets resync_required instead of a silent hole.
             self.writer.mark_lost(self.session.seq)
-            self.writer.set_snapshot(self.snapshot_bytes())
+            self._snapshot_whole(self.writer)
         finally:
             self._reacquiring = False
 
@@ -331,6 +349,7 @@ class SessionHost:
             self.conn.replaced(self.id)
             self.conn = None
         self._stop()
+        self.writer.abandon()  # fenced: nothing more of ours reaches the store
         self.ctx.hosts.pop(self.id, None)
 
     async def renewal_refused(self, fence: int) -> None:
@@ -372,13 +391,13 @@ class SessionHost:
         log.info("session %s ends here: %s", self.id, reason)
         # The last snapshot is taken before stopping: a running answer stays in it, so
         # the replica that resumes the session ends it (incomplete) and re-issues it.
-        final = None if delete else self.snapshot_bytes()
+        if not delete:
+            with contextlib.suppress(StoreError, RuntimeError):
+                self._snapshot_changes(self.writer)
         self._stop()
         self.ctx.hosts.pop(self.id, None)
         store = self.ctx.store
         with contextlib.suppress(StoreError, RuntimeError):
-            if final is not None:
-                self.writer.set_snapshot(final)
             await self.writer.close(flush=not delete)
             if delete:
                 await store.delete_session(self.id)
