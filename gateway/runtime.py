@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -162,6 +162,9 @@ class Runtime:
             detach_grace_s=settings.detach_grace_s,
         )
         self.connections: set[Connection] = set()
+        # What GET /metrics answers; None: this process's registry. A worker of several sets
+        # it to every worker's metrics (gateway/workers.py).
+        self.metrics_exposition: Callable[[], Awaitable[bytes]] | None = None
         self.video_sessions: dict[str, VideoConnection] = {}
         self.draining = False
         self._bus_task: asyncio.Task[None] | None = None

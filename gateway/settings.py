@@ -42,6 +42,11 @@ class Settings:
     # Starting on a non-loopback address with no keys is refused (see cli).
     auth_required: bool | None = None
     log_level: str = "info"
+    # Gateway processes on one port (gateway/workers.py). None ("auto"): one per core this
+    # process may use (CPU affinity and cgroup quota) when ``redis_url`` is set and no route
+    # loads a model in-process (vllm, omni, the vllm thinker), else 1. More than 1 needs Redis:
+    # the memory store lives in one process, so ``serve`` refuses to start without it.
+    workers: int | None = None
 
     # --- limits ---
     max_sessions: int = 2_000  # concurrent sessions per process; more: close 1013
@@ -108,6 +113,8 @@ def _convert(name: str, raw: str, current: Any) -> Any:
         return raw.strip().lower() in ("1", "true", "yes", "on")
     if name == "redis_url":
         return raw or None
+    if name == "workers":
+        return None if raw.strip().lower() in ("", "auto") else int(raw)
     if isinstance(current, bool):
         return raw.strip().lower() in ("1", "true", "yes", "on")
     if isinstance(current, int):

@@ -1,0 +1,292 @@
+"""``omni-gateway serve --workers N``, with real processes: a supervisor and its
+workers on one port (SO_REUSEPORT), a private redis-server, clients on raw sockets.
+
+Proved here (README, "Workers"): sessions spread over the workers; a worker
+SIGKILLed in the middle of an answer is restarted by the supervisor, and its
+sessions resume on a sibling (the interrupted answer ends ``incomplete``, reason
+``replica_lost``, and is re-issued whole, or the client is resynced); one scrape
+of ``/metrics`` carries every worker's series, the loop-thread counters
+included; SIGTERM drains every worker (answers finish, sockets close 1012) and
+the supervisor exits 0 once they all have. Which worker serves a session is read
+from its ownership lease in Redis: a worker's replica id is ``<replica_id>-w<slot>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+import websockets
+from prometheus_client.parser import text_string_to_metric_families
+from support.gateway import Client, connect, free_port
+from support.redis_server import REDIS_BINARY, RedisServer
+from support.serve import Served, clean_env
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = 2
+REPLICA = "wk"
+WORDS = 50  # the passthrough engine's answer: 50 paced 20 ms chunks, a word before each
+TEXT = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+MANUAL = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+
+
+def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Every sample of one ``/metrics`` scrape, by sample name."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((s.labels, s.value))
+    return samples
+
+
+def by_worker(samples: list[tuple[dict[str, str], float]], **match: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for labels, value in samples:
+        if all(labels.get(k) == v for k, v in match.items()):
+            out[labels["worker"]] = out.get(labels["worker"], 0.0) + value
+    return out
+
+
+@dataclass
+class Workers:
+    """A running ``serve --workers`` and what a test reads of it."""
+
+    served: Served
+    redis: aioredis.Redis
+    count: int
+
+    @property
+    def port(self) -> int:
+        return self.served.port
+
+    @property
+    def url(self) -> str:
+        return self.served.url
+
+    def pids(self) -> dict[int, int]:
+        """The live pid of each slot, from the supervisor's log ("worker w<slot> started (pid N)")."""
+        found: dict[int, int] = {}
+        for slot, pid in re.findall(r"worker w(\d+) started \(pid (\d+)\)", self.served.log(200_000)):
+            found[int(slot)] = int(pid)
+        return found
+
+    def wait_all_up(self, timeout_s: float = 60.0, restarts: dict[str, float] | None = None) -> None:
+        """Until every worker answers in the aggregated scrape (and, if given, with these restart counts)."""
+        loop_until(timeout_s, lambda: self._all_up(restarts), f"not every worker up:\n{self.served.log()}")
+
+    def _all_up(self, restarts: dict[str, float] | None) -> bool:
+        try:
+            samples = scrape(self.port)
+        except OSError:
+            return False
+        up = by_worker(samples.get("omni_worker_up", []))
+        if up != {str(i): 1.0 for i in range(self.count)}:
+            return False
+        return restarts is None or by_worker(samples.get("omni_worker_restarts", [])) == restarts
+
+    async def owner(self, session_id: str) -> int:
+        """The slot of the worker holding ``session_id``'s lease."""
+        for _ in range(200):
+            raw = await self.redis.hget(f"omni:s:{{{session_id}}}:lease", "owner")
+            if raw is not None:
+                name = raw.decode()
+                assert name.startswith(f"{REPLICA}-w"), name
+                return int(name.rsplit("-w", 1)[1])
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"no lease for {session_id}")
+
+
+def loop_until(timeout_s: float, check: Callable[[], bool], message: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(message)
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    if not REDIS_BINARY:
+        pytest.skip("redis-server is not installed")
+    with RedisServer() as server:
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def serve_workers(redis_server: RedisServer, tmp: Path, **env: str) -> AsyncIterator[Workers]:
+    port = free_port()
+    command = f"{sys.executable} -m gateway serve --workers {WORKERS} --engine passthrough"
+    command += f" --redis-url {redis_server.url}"
+    environ = clean_env(OMNI_GATEWAY_PORT=str(port), OMNI_GATEWAY_REPLICA_ID=REPLICA,
+                        OMNI_GATEWAY_VIDEO_ENGINE="none", PYTHONPATH=str(ROOT), **env)  # fmt: skip
+    served = Served(command, port=port, cwd=ROOT, log_path=tmp / f"workers-{port}.log", env=environ)
+    client = aioredis.from_url(redis_server.url)
+    try:
+        w = Workers(served, client, WORKERS)
+        await asyncio.to_thread(w.wait_all_up)
+        yield w
+    finally:
+        served.stop()
+        await client.aclose()
+
+
+@dataclass
+class Session:
+    client: Client
+    session_id: str
+    resume_token: str
+    slot: int
+
+    @property
+    def last_seq(self) -> int:
+        return max((e.get("server_event_seq") or 0 for e in self.client.events), default=0)
+
+
+async def open_session(w: Workers, stack: contextlib.AsyncExitStack) -> Session:
+    c = await stack.enter_async_context(connect(w.url))
+    created = await c.wait_for("session.created")
+    await c.send({"type": "session.update", "session": MANUAL})
+    await c.wait_for("session.updated")
+    await c.send({"type": "conversation.item.create", "item": TEXT})
+    await c.wait_for("conversation.item.done")
+    sid = created["session"]["id"]
+    return Session(c, sid, created["resume_token"], await w.owner(sid))
+
+
+async def spread(w: Workers, stack: contextlib.AsyncExitStack, per_worker: int) -> dict[int, list[Session]]:
+    """Sessions until every worker holds ``per_worker`` (the kernel picks the worker of each)."""
+    on: dict[int, list[Session]] = {slot: [] for slot in range(w.count)}
+    for _ in range(60):
+        s = await open_session(w, stack)
+        on[s.slot].append(s)
+        if all(len(v) >= per_worker for v in on.values()):
+            return on
+    counts = {k: len(v) for k, v in on.items()}
+    raise AssertionError(f"60 connections did not reach every worker: {counts}")
+
+
+async def resume_on(w: Workers, stack: contextlib.AsyncExitStack, s: Session, slot: int) -> Client:
+    """A new connection that the kernel gave to worker ``slot`` (others are closed and
+    retried), on which ``s`` is resumed."""
+    for _ in range(60):
+        c = await stack.enter_async_context(connect(w.url))
+        created = await c.wait_for("session.created")
+        if await w.owner(created["session"]["id"]) != slot:
+            await c.ws.close()
+            continue
+        await c.send({"type": "session.resume", "session_id": s.session_id, "resume_token": s.resume_token,
+                      "last_received_server_event_seq": s.last_seq})  # fmt: skip
+        return c
+    raise AssertionError(f"60 connections did not reach worker {slot}")
+
+
+def words(events: list[dict[str, Any]], response_id: str) -> list[str]:
+    kind = "response.output_audio_transcript.delta"
+    return [e["delta"] for e in events if e["type"] == kind and e.get("response_id") == response_id]
+
+
+async def test_sessions_on_a_sigkilled_worker_resume_on_a_sibling_and_the_worker_is_restarted(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    async with serve_workers(redis_server, tmp_path) as w, contextlib.AsyncExitStack() as stack:
+        on = await spread(w, stack, per_worker=2)
+        victim, sibling = 0, 1
+        pids = w.pids()
+        answering = on[victim][0]
+        await answering.client.send({"type": "response.create"})
+        await answering.client.wait_for(
+            lambda e: e["type"] == "response.output_audio_transcript.delta" and e["delta"] == "w10 "
+        )
+        os.kill(pids[victim], signal.SIGKILL)
+        for s in on[victim]:
+            with contextlib.suppress(websockets.ConnectionClosed, AssertionError):
+                await s.client.wait_for("never", timeout=5)  # until the dead worker's socket is gone
+        for s in on[victim]:
+            c = await resume_on(w, stack, s, sibling)
+            first = await c.wait_for(lambda e: e["type"] in ("session.resumed", "session.resync_required", "error"))
+            assert first["type"] != "error", first
+            assert await w.owner(s.session_id) == sibling  # the sibling holds the session now
+            if s is not answering:
+                assert first["type"] == "session.resumed", first
+                await c.send({"type": "response.create"})  # the resumed session answers on the sibling
+                done = await c.wait_for("response.done")
+                assert done["response"]["status"] == "completed", done
+                assert done["server_event_seq"] > s.last_seq
+                continue
+            # The interrupted answer: ended incomplete (replica_lost) and re-issued whole.
+            done = await c.wait_for("response.done")
+            if done["response"]["status"] == "incomplete":
+                assert done["response"]["status_details"]["reason"] == "replica_lost", done
+                done = await c.wait_for("response.done")
+            seen = s.client.events + c.events[c.events.index(first) :]  # not the provisional session's
+            assert done["response"]["status"] == "completed", done
+            assert words(seen, done["response"]["id"]) == [f"w{i} " for i in range(WORDS)]
+            seqs = [e["server_event_seq"] for e in seen if e.get("server_event_seq")]
+            if first["type"] == "session.resumed":  # replayed: no gap, no duplicate
+                assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
+        # The supervisor started the victim's slot again, and it serves.
+        await asyncio.to_thread(w.wait_all_up, 60.0, {str(victim): 1.0, str(sibling): 0.0})
+        assert w.pids()[victim] != pids[victim]
+        assert "worker w0 (pid" in w.served.log(100_000) and "killed by SIGKILL" in w.served.log(100_000)
+
+
+async def test_one_scrape_carries_every_workers_series(redis_server: RedisServer, tmp_path: Path) -> None:
+    async with serve_workers(redis_server, tmp_path) as w, contextlib.AsyncExitStack() as stack:
+        on = await spread(w, stack, per_worker=1)
+        opened = {slot: len(sessions) for slot, sessions in on.items()}
+        extra = 3  # input_audio_buffer.clear on one session of each worker, three times
+        for sessions in on.values():
+            for _ in range(extra):
+                await sessions[0].client.send({"type": "input_audio_buffer.clear"})
+            for _ in range(extra):
+                await sessions[0].client.wait_for("input_audio_buffer.cleared")
+        samples = scrape(w.port)
+        assert by_worker(samples["omni_sessions_total"]) == {str(k): float(v) for k, v in opened.items()}
+        assert by_worker(samples["omni_sessions_active"]) == {str(k): float(v) for k, v in opened.items()}
+        # A loop-thread counter (orchestrator/metrics.py LoopCounter), from each worker.
+        cleared = by_worker(samples["omni_client_events_total"], type="input_audio_buffer.clear")
+        assert cleared == {str(k): float(extra) for k in range(w.count)}
+        updates = by_worker(samples["omni_client_events_total"], type="session.update")
+        assert updates == {str(k): float(v) for k, v in opened.items()}
+        assert by_worker(samples["omni_worker_up"]) == {"0": 1.0, "1": 1.0}
+
+
+async def test_sigterm_drains_every_worker_and_the_supervisor_waits_for_them(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    async with serve_workers(redis_server, tmp_path) as w, contextlib.AsyncExitStack() as stack:
+        on = await spread(w, stack, per_worker=1)
+        answering = [sessions[0] for sessions in on.values()]
+        for s in answering:
+            await s.client.send({"type": "response.create"})
+            await s.client.wait_for("response.output_audio.delta")
+        workers_before = w.pids()
+        w.served.process.send_signal(signal.SIGTERM)
+        for s in answering:  # the answer finishes within the drain window, then 1012
+            done = await s.client.wait_for("response.done", timeout=30)
+            assert done["response"]["status"] == "completed", done
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await s.client.wait_for("never", timeout=30)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+        assert await asyncio.to_thread(w.served.wait_exit, 30) == 0, w.served.log()
+        for pid in workers_before.values():
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+        log = w.served.log(100_000)
+        assert log.count("exited: exit code 0") == WORKERS and "every worker has exited" in log
