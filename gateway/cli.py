@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import uvicorn
 
-from gateway import workers
+from gateway import telemetry, workers
 from gateway.settings import ENGINES, ENV_PREFIX, Settings, from_env, is_loopback, with_checkpoint_model
 
 if TYPE_CHECKING:
@@ -80,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
         help="gateway processes on this port (env OMNI_GATEWAY_WORKERS; default auto: one per core with "
         "--redis-url and no in-process model, else 1); more than 1 needs --redis-url",
     )
+    serve.add_argument(
+        "--otel-traces-endpoint",
+        help="OpenTelemetry traces over OTLP/HTTP, e.g. http://127.0.0.1:4318/v1/traces (env "
+        "OMNI_GATEWAY_OTEL_TRACES_ENDPOINT; default: off); needs the otel extra",
+    )
     serve.add_argument("--log-level", help="debug, info, warning (env OMNI_GATEWAY_LOG_LEVEL)")
     return parser
 
@@ -119,7 +124,7 @@ def problems(settings: Settings) -> list[str]:
         out.append("--video-engine remote needs at least one --upstream (env OMNI_GATEWAY_UPSTREAMS)")
     if settings.video_engine == "omni" and not settings.video_model:
         out.append("--video-engine omni needs a video checkpoint (env OMNI_GATEWAY_VIDEO_MODEL)")
-    return out + workers.problems(settings)
+    return out + workers.problems(settings) + telemetry.problems(settings)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ from gateway.session.session import RealtimeSession, SessionLimits, VadStream
 from gateway.settings import Settings
 from gateway.store import create_store
 from gateway.store.base import SessionStore
+from gateway.telemetry import Telemetry
 from gateway.transport.realtime import Connection
 from gateway.transport.video import VideoConnection
 from orchestrator.engine import Engine
@@ -121,6 +122,7 @@ class Runtime:
         metrics: Metrics | None = None,
         store: SessionStore | None = None,
         video_engine: VideoEngine | bool | None = True,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
         self.video_engine: VideoEngine | None = (
@@ -154,12 +156,15 @@ class Runtime:
         )
         self.replica_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.lease_ttl_ms = int(settings.lease_ttl_s * 1000)
+        # Traces: None (off) unless otel_traces_endpoint is set, or a test gives its own.
+        self.telemetry = telemetry or Telemetry.from_settings(settings, self.replica_id)
         self.hosting = HostContext(
             store=self.store,
             metrics=self.metrics,
             replica_id=self.replica_id,
             lease_ttl_ms=self.lease_ttl_ms,
             detach_grace_s=settings.detach_grace_s,
+            telemetry=self.telemetry,
         )
         self.connections: set[Connection] = set()
         # What GET /metrics answers; None: this process's registry. A worker of several sets
@@ -324,6 +329,8 @@ class Runtime:
         if self.video_engine is not None:
             await self.video_engine.close()
         await self.store.close()
+        if self.telemetry is not None:
+            self.telemetry.shutdown()  # exports what is pending
 
 
 def rate_limits(orch: Orchestrator) -> list[dict[str, Any]]:

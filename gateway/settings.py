@@ -85,6 +85,13 @@ class Settings:
     video_max_consecutive_drops: int = 24  # more chunks dropped in a row: close 4010 slow_consumer
     video_lead_chunks: int = 2  # generation runs at most this many chunks ahead of real time
 
+    # --- traces (OpenTelemetry, the ``otel`` extra; gateway/telemetry.py) ---
+    otel_traces_endpoint: str | None = None  # OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces;
+    #   None: tracing is off (OpenTelemetry is not even imported)
+    otel_service_name: str = "omni-gateway"  # the traces' service.name
+    otel_sample_ratio: float = 1.0  # the fraction of sessions traced (by trace id); a session not
+    #   sampled costs what tracing off costs
+
     drain_window_s: float = 20.0  # SIGTERM: running answers get this long to finish, then every
     #   socket is closed with 1012 (reconnect and resume elsewhere)
 
@@ -107,7 +114,7 @@ def is_loopback(host: str) -> bool:
 def _convert(name: str, raw: str, current: Any) -> Any:
     if name in ("api_keys", "upstreams"):
         return tuple(k.strip() for k in raw.split(",") if k.strip())
-    if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id"):
+    if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id", "otel_traces_endpoint"):
         return raw or None
     if name == "auth_required":
         return raw.strip().lower() in ("1", "true", "yes", "on")

@@ -28,6 +28,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("transport", ("gateway.transport",)),
     ("hosting", ("gateway.hosting",)),
+    ("telemetry", ("gateway.telemetry",)),  # what hosting and transport report spans to
     ("session", ("gateway.session",)),
     ("protocol", ("gateway.protocol", "gateway.audio")),
     ("store and settings", ("gateway.store", "gateway.auth", "gateway.routing", "gateway.settings", "gateway.logs")),
