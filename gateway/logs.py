@@ -12,6 +12,9 @@ What is redacted: the secrets registered with ``register_secret`` (API keys,
 the upstream key, JWT signing secrets: exact values, wherever they appear),
 and by shape, bearer credentials, the browser subprotocol's key, client
 secrets (``ek_``), resume tokens (``rt_``) and JWTs (``eyJ...``).
+
+The same factory turns the few records in which a library reports a client's
+fault as an error with a traceback (``CLIENT_FAULTS``) into one warning line.
 """
 
 from __future__ import annotations
@@ -30,6 +33,13 @@ _PATTERNS = (
     re.compile(r"\b()eyJ[A-Za-z0-9_\-]{6,}\.[A-Za-z0-9_\-]{6,}\.[A-Za-z0-9_\-]*"),
 )
 MIN_SECRET_CHARS = 4  # shorter registered values are not searched for (they would redact words)
+
+# Records libraries log as errors, with a traceback, for what is a client's fault: one
+# WARNING line each instead (the client gets its close code; an operator needs no stack).
+CLIENT_FAULTS = {
+    ("uvicorn.error", "Invalid UTF-8 sequence received from client."): "a client sent a text frame that is "
+    "not UTF-8: closed with 1007",
+}
 
 _secrets: set[str] = set()
 _lock = threading.Lock()
@@ -53,6 +63,10 @@ def redact(text: str) -> str:
 
 
 def _clean(record: logging.LogRecord) -> None:
+    fault = CLIENT_FAULTS.get((record.name, record.msg)) if isinstance(record.msg, str) else None
+    if fault is not None:
+        record.msg, record.args, record.exc_info = fault, None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
     try:
         message = record.getMessage()
     except Exception:  # a malformed record is not ours to fix; logging reports it

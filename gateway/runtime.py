@@ -23,10 +23,12 @@ from gateway.auth import Authenticator
 from gateway.hosting.bus import listen_bus
 from gateway.hosting.host import HostContext, SessionHost
 from gateway.hosting.leases import renew_leases
+from gateway.protocol.duplex_config import DuplexConfig
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.session_config import SessionConfig
 from gateway.protocol.video_events import decode_interaction
 from gateway.routing import CATCH_ALL, Router, RouteSpec, RoutingError, parse_routes
+from gateway.session.duplex import DuplexSession
 from gateway.session.session import RealtimeSession, SessionLimits, VadStream
 from gateway.settings import Settings
 from gateway.store import create_store
@@ -219,29 +221,29 @@ class Runtime:
             "rate_limits": lambda: rate_limits(orch),
         }
 
-    async def open_session(self, config: SessionConfig, *, principal: str, beta: bool) -> SessionHost:
+    async def open_session(
+        self, config: SessionConfig, *, principal: str, beta: bool, duplex: DuplexConfig | None = None
+    ) -> SessionHost:
+        """A new session hosted here: GA or beta, or, with ``duplex``, vLLM-Omni's duplex dialect."""
         found = self.route(config.model)
         if found is None:
             raise ProtocolError(Code.MODEL_NOT_FOUND, f"No model {config.model!r} here; see GET /v1/models.")
         engine, orch = found
         if "audio" not in engine.info.modalities and "audio" in config.output_modalities:
             config = replace(config, output_modalities=("text",))  # a text model answers in text
-        session = RealtimeSession(
-            session_id="sess_" + secrets.token_hex(10),
-            config=config,
-            engine=engine.info,
-            beta=beta,
-            **self._session_kwargs(orch),
-        )
+        kwargs = {"session_id": "sess_" + secrets.token_hex(10), "config": config, "engine": engine.info,
+                  **self._session_kwargs(orch)}  # fmt: skip
+        session = RealtimeSession(beta=beta, **kwargs) if duplex is None else DuplexSession(duplex=duplex, **kwargs)
         return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal)
 
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
-        """A session taken over from the store, rebuilt on this replica's engine."""
+        """A session taken over from the store, rebuilt on this replica's engine (in its dialect)."""
         found = self.route(state["config"]["model"])
         if found is None:
             raise ProtocolError(Code.MODEL_NOT_FOUND, "This session's model is not served here any more.")
         engine, orch = found
-        return RealtimeSession.restore(state, engine=engine.info, **self._session_kwargs(orch)), orch
+        cls = DuplexSession if state.get("dialect") == "duplex" else RealtimeSession
+        return cls.restore(state, engine=engine.info, **self._session_kwargs(orch)), orch
 
     def _on_bus_message(self, body: dict[str, Any]) -> None:
         """A bus message for something other than a session host: a video interaction

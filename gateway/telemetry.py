@@ -59,7 +59,8 @@ if TYPE_CHECKING:
 
 ARRIVALS = 512  # appends remembered per session to date the end of speech (10 s of 20 ms chunks)
 SPEECH_STOPPED = "input_audio_buffer.speech_stopped"
-_AUDIO_TEXT_PREFIXES = ('{"type":"response.output_audio.delta"', '{"type":"response.audio.delta"')
+# An audio delta as JSON, in each dialect (GA; beta and duplex), near the start of its text.
+_AUDIO_TYPES = ('"type":"response.output_audio.delta"', '"type":"response.audio.delta"')
 AUDIO_FRAME_KIND = 2  # the binary fast path's output audio frame (gateway/protocol/server_events.py)
 PHASES = ("turn.vad", "turn.transcription", "turn.first_token", "turn.synthesis", "turn.socket")
 
@@ -280,7 +281,8 @@ class SessionTrace:
         if data is not None:
             audio = bool(data) and data[0] == AUDIO_FRAME_KIND
         else:
-            audio = (message.get("text") or "").startswith(_AUDIO_TEXT_PREFIXES)
+            head = (message.get("text") or "")[:96]
+            audio = any(name in head for name in _AUDIO_TYPES)
         if audio:
             self._finish_turn(time.time_ns(), "audio")
 

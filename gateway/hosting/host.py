@@ -26,7 +26,7 @@ from typing import Any
 
 from gateway.hosting import takeover
 from gateway.hosting.peer import Peer
-from gateway.protocol.server_events import BETA_DROPPED, encode_json
+from gateway.protocol.server_events import dialect_encoder
 from gateway.session import snapshot
 from gateway.session.core import STATE_EVENTS
 from gateway.session.effects import Cancel, Close, EndInput, Feed, StartResponse, StartTranscription
@@ -179,14 +179,14 @@ class SessionHost:
         events, effects = session.take()
         if self.trace is not None:
             self.trace.flushed(session.audio_ms, events, effects)
-        beta, conn, writer = session.beta, self.conn, self.writer
+        encode, conn, writer = dialect_encoder(session.dialect), self.conn, self.writer
         journal = True
         held = False
         try:
             for event in events:
-                if beta and event["type"] in BETA_DROPPED:
-                    continue  # beta clients never had it (their seq skips it)
-                data = encode_json(event, beta=beta)
+                data = encode(event)
+                if data is None:
+                    continue  # the dialect never had it (beta: conversation.item.done); its seq is skipped
                 if journal:
                     try:
                         writer.append(event["server_event_seq"], data)

@@ -120,19 +120,24 @@ class InputAudio(SessionCore):
             self._commit(event_id, manual=False)
 
     def _speech_started(self, audio_start_ms: int) -> None:
-        td = self.config.turn_detection
         self._open_input(announced=True)
         assert self._input is not None
         self._emit("input_audio_buffer.speech_started", audio_start_ms=audio_start_ms, item_id=self._input.item_id)
-        if self._response is not None and td is not None and td.interrupt_response:
-            # Barge-in: the answer stops where it is; the client truncates what it played.
-            self.epoch += 1
-            self._end_response("cancelled", {"type": "cancelled", "reason": "turn_detected"}, cancel=True)
+        if self._response is not None:
+            self._speech_during_response()
         for ms, chunk in self._prefix:
             self._buffer_ms += ms
             self._feed_input(chunk)
         self._prefix.clear()
         self._prefix_ms = 0.0
+
+    def _speech_during_response(self) -> None:
+        """Server VAD heard speech while an answer runs: barge in when ``interrupt_response``."""
+        td = self.config.turn_detection
+        if td is not None and td.interrupt_response:
+            # Barge-in: the answer stops where it is; the client truncates what it played.
+            self.epoch += 1
+            self._end_response("cancelled", {"type": "cancelled", "reason": "turn_detected"}, cancel=True)
 
     def _open_input(self, announced: bool) -> None:
         item_id = self._new_id("item")

@@ -26,6 +26,7 @@ from gateway.protocol import client_events as ce
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.session_config import (
     OPENAI_TRANSCRIPTION_MODELS,
+    SessionConfig,
     apply_update,
     render,
 )
@@ -55,6 +56,11 @@ class RealtimeSession(InputAudio, Responses):
             self._emit("session.created", session=self.render_config())
         else:
             self._emit("session.created", session=self.render_config(), resume_token=resume_token)
+
+    @property
+    def dialect(self) -> str:
+        """How the session's events are spelled on the wire (``server_events.dialect_encoder``)."""
+        return "beta" if self.beta else "ga"
 
     def render_config(self) -> dict[str, Any]:
         return render(self.config, session_id=self.id, expires_at=self.expires_at, beta=self.beta)
@@ -111,8 +117,24 @@ class RealtimeSession(InputAudio, Responses):
             self.error(err)
 
     def _session_update(self, event: ce.SessionUpdate) -> None:
-        old_td = self.config.turn_detection
         new, warnings = apply_update(self.config, event.session, beta=self.beta, limits=self._config_limits)
+        self._apply_config(new, warnings)
+
+    def _apply_config(self, new: SessionConfig, warnings: list[tuple[str, str]]) -> None:
+        """Check what needs the engine, then apply ``new`` and announce it (session.updated)."""
+        self._check_config(new)
+        old = self.config
+        self.config = new
+        if new.input_format != old.input_format or new.turn_detection != old.turn_detection:
+            self._setup_input()
+        self._emit("session.updated", session=self.render_config())
+        for param, message in warnings:
+            # Not an error: the update applied; the client learns what has no effect here.
+            self._emit("session.warning", code="unsupported_field", message=message, param=param)
+
+    def _check_config(self, new: SessionConfig) -> None:
+        """What a configuration needs of the engine (a transcription model, a speech detector)."""
+        old_td = self.config.turn_detection
         tr = new.transcription
         known = OPENAI_TRANSCRIPTION_MODELS + self.engine.transcription_models
         if tr is not None and tr.model not in known:
@@ -128,14 +150,6 @@ class RealtimeSession(InputAudio, Responses):
                 "set turn_detection to null and commit turns yourself.",
                 param="session.audio.input.turn_detection",
             )
-        old = self.config
-        self.config = new
-        if new.input_format != old.input_format or new.turn_detection != old.turn_detection:
-            self._setup_input()
-        self._emit("session.updated", session=self.render_config())
-        for param, message in warnings:
-            # Not an error: the update applied; the client learns what has no effect here.
-            self._emit("session.warning", code="unsupported_field", message=message, param=param)
 
     # --- conversation items -------------------------------------------------
 

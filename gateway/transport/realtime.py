@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
+from urllib.parse import parse_qs
 
 import orjson
 
@@ -27,7 +28,9 @@ from gateway.hosting.claim import claim
 from gateway.hosting.host import HostContext, SessionHost
 from gateway.hosting.takeover import Replay, Resync, plan
 from gateway.protocol import client_events as ce
+from gateway.protocol import duplex_events
 from gateway.protocol.connection_events import error_event, replaced_event, resumed_event, resync_event
+from gateway.protocol.duplex_config import DuplexConfig, default_session_config
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.server_events import (
     AUDIO_DELTA,
@@ -60,6 +63,11 @@ def choose_subprotocol(offered: list[str]) -> str | None:
     return None
 
 
+def choose_duplex_subprotocol(offered: list[str]) -> str | None:
+    """A duplex socket speaks JSON only: no binary fast path to echo."""
+    return "realtime" if "realtime" in offered else None
+
+
 class RealtimeServices(Services, Protocol):
     """What the realtime endpoint needs of the process (the runtime provides it)."""
 
@@ -78,8 +86,11 @@ class RealtimeServices(Services, Protocol):
 
     def route(self, model: str) -> tuple[Engine, Orchestrator] | None: ...
 
-    async def open_session(self, config: SessionConfig, *, principal: str, beta: bool) -> SessionHost:
-        """A new session, hosted here; raises ProtocolError (no route) or StoreError."""
+    async def open_session(
+        self, config: SessionConfig, *, principal: str, beta: bool, duplex: DuplexConfig | None = None
+    ) -> SessionHost:
+        """A new session, hosted here (``duplex``: in the duplex dialect); raises ProtocolError
+        (no route) or StoreError."""
 
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
         """A session rebuilt from its snapshot on this replica (a takeover); raises
@@ -87,14 +98,18 @@ class RealtimeServices(Services, Protocol):
 
 
 class RealtimeEndpoint:
-    """ASGI app for the realtime WebSocket."""
+    """ASGI app for the realtime WebSocket. ``duplex``: the connection class that serves
+    ``?duplex=1`` sockets (``transport.duplex.DuplexConnection``; the app wires it)."""
 
-    def __init__(self, runtime: RealtimeServices) -> None:
+    def __init__(self, runtime: RealtimeServices, *, duplex: type[Connection] | None = None) -> None:
         self.runtime = runtime
+        self.duplex: Any = duplex
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         rt = self.runtime
-        hs = await accept(rt, scope, receive, send, choose_subprotocol)
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        duplex = self.duplex is not None and duplex_events.enabled((query.get("duplex") or [None])[0])
+        hs = await accept(rt, scope, receive, send, choose_duplex_subprotocol if duplex else choose_subprotocol)
         if hs is None:
             return
         model = hs.param("model") or rt.settings.model
@@ -106,9 +121,23 @@ class RealtimeEndpoint:
                 CloseCode.UNKNOWN_MODEL,
             )
         if refusal is not None:
-            await refuse(rt, send, refusal, error_event(refusal[0], refusal[1]))
+            event = (
+                duplex_events.error_event(ProtocolError(refusal[0], refusal[1]))
+                if duplex
+                else error_event(refusal[0], refusal[1])
+            )
+            await refuse(rt, send, refusal, event)
             return
         assert hs.grant is not None
+        if duplex:
+            autostart = (hs.param("autostart") or "").strip().lower()
+            resume_only = duplex_events.enabled(hs.param("resume")) or autostart in duplex_events.FALSY
+            dconn = self.duplex(rt, receive, send, principal=hs.grant.principal, model=model,
+                                     resume_only=resume_only)  # fmt: skip
+            dconn.direct = scope.get("extensions", {}).get(DIRECT_EXTENSION)
+            opens_now = hs.param("model") is not None and not resume_only
+            await dconn.run(default_session_config(model) if opens_now else None)
+            return
         beta = "realtime=v1" in hs.headers.get("openai-beta", "") or BETA_SUBPROTOCOL in hs.offered
         config = SessionConfig(model=model, turn_detection=TurnDetection() if rt.vad_factory else None)
         if hs.grant.session:
@@ -151,10 +180,13 @@ class Connection:
         self._busy = False  # the read loop is handling a message (the direct path must wait)
         self.direct: Callable[[Callable[[dict[str, Any]], bool]], None] | None = None  # the server's hook
         self._binary_counter = runtime.metrics.client_event_counter("binary.append")
+        self._opened = False  # a session was opened or resumed on this socket
 
     # --- main loop -----------------------------------------------------------
 
-    async def run(self, config: SessionConfig) -> None:
+    async def run(self, config: SessionConfig | None) -> None:
+        """Serve the socket; ``config`` None: no session until the client's first event
+        (a duplex socket opened with ``?autostart=0``)."""
         rt = self.runtime
         loop = asyncio.get_running_loop()
         writer = self._writer_task = loop.create_task(self.outbox.run())
@@ -163,22 +195,9 @@ class Connection:
         rt.metrics.sessions_total.inc()
         reader: asyncio.Task[None] | None = None
         try:
-            try:
-                self.host = await rt.open_session(config, principal=self.principal, beta=self.beta)
-            except StoreError as exc:
-                log.warning("cannot open a session: %s", exc)
-                self.send_raw(error_event(Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly."))
-                self.outbox.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
+            if config is not None and not await self._open(config):
                 await writer
                 return
-            log.info(
-                "session %s opened principal=%s beta=%s binary=%s", self.host.id, self.principal, self.beta, self.binary
-            )
-            self.host.attach(self)
-            self.host.session.start(resume_token=self.host.rotate_token())
-            self.host.flush()
-            if self.direct is not None:
-                self.direct(self.on_message)  # messages now come as they are read (see on_message)
             reader = self._reader_task = loop.create_task(self._read_loop())
             await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
             if not reader.done():
@@ -203,6 +222,44 @@ class Connection:
             rt.connections.discard(self)
             rt.metrics.sessions.dec()
 
+    async def _open(self, config: SessionConfig, **start: Any) -> bool:
+        """A new session for this socket; False (the socket is closing) if the store is down."""
+        host = await self._host_for(config)
+        if host is None:
+            return False
+        self._begin(host, **start)
+        return True
+
+    async def _host_for(self, config: SessionConfig) -> SessionHost | None:
+        try:
+            return await self._new_session(config)
+        except StoreError as exc:
+            log.warning("cannot open a session: %s", exc)
+            unavailable = ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
+            self.send_raw(self._error(unavailable))
+            self.outbox.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
+            return None
+
+    def _begin(self, host: SessionHost, **start: Any) -> None:
+        """Serve ``host``'s new session on this socket: attach, ``session.created``, direct reads."""
+        log.info("session %s opened principal=%s dialect=%s binary=%s", host.id, self.principal,
+                 host.session.dialect, self.binary)  # fmt: skip
+        self.host = host
+        self._opened = True
+        host.attach(self)
+        host.session.start(resume_token=host.rotate_token(), **start)
+        host.flush()
+        if self.direct is not None:
+            self.direct(self.on_message)  # messages now come as they are read (see on_message)
+
+    async def _new_session(self, config: SessionConfig) -> SessionHost:
+        return await self.runtime.open_session(config, principal=self.principal, beta=self.beta)
+
+    async def _before_session(self, message: dict[str, Any]) -> bool:
+        """A message on a socket that has no session yet (only a dialect that opens lazily
+        has one); False ends the socket."""
+        raise AssertionError("this socket opened its session at connect")
+
     async def _read_loop(self) -> None:
         while True:
             message = await self._receive()
@@ -210,25 +267,28 @@ class Connection:
             if kind == "websocket.disconnect":
                 return
             host = self.host
-            if kind != "websocket.receive" or host is None:
+            if kind != "websocket.receive":
                 continue
             self._busy = True
             try:
+                if host is None:
+                    if not self._opened and not await self._before_session(message):
+                        return
+                    continue  # (a replaced socket reads on until it closes, and ignores what comes)
                 resume = self._handle(host, message, direct=False)
                 if isinstance(resume, ce.SessionResume):
-                    try:
-                        await self._resume(resume)
-                    except ProtocolError as err:
-                        host.session.error(err)
-                        host.flush()
-                    except Exception:  # a bug must cost one event, not the session
-                        log.exception("session %s: unexpected failure resuming", host.id)
-                        host.session.error(
-                            ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error")
-                        )
-                        host.flush()
+                    await self._resume_safely(resume, host)
             finally:
                 self._busy = False
+
+    async def _resume_safely(self, event: ce.SessionResume, host: SessionHost | None) -> None:
+        try:
+            await self._resume(event)
+        except ProtocolError as err:
+            self._refuse(host, err)
+        except Exception:  # a bug must cost one event, not the session
+            log.exception("unexpected failure resuming %s", event.session_id)
+            self._refuse(host, ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error"))
 
     def on_message(self, message: dict[str, Any]) -> bool:
         """The direct path (``omni.websocket.direct``): the server protocol hands a
@@ -254,7 +314,7 @@ class Connection:
                         f"A message may be at most {limit} bytes; this one has {len(text)}. "
                         "Send audio in smaller appends.",
                     )
-                event = ce.decode(text)
+                event = self._decode(text)
                 if isinstance(event, ce.SessionResume):
                     if direct:
                         return False
@@ -265,7 +325,8 @@ class Connection:
                     self._ack(host, event)
                     return None
                 self._client_events += 1
-                host.session.handle(event)
+                if not self._connection_event(host, event):
+                    host.session.handle(event)
             else:
                 data = message.get("bytes") or b""
                 if len(data) > limit:
@@ -275,6 +336,9 @@ class Connection:
                 self._binary_counter.inc()
                 self._client_events += 1
                 host.session.append_audio(decode_input_frame(data), None)
+        except ce.AckError as err:
+            self.send_raw(self._error(err))  # never an event with a seq: it would be acked again
+            return None
         except ProtocolError as err:
             host.session.error(err)
         except Exception:  # a bug must cost one event, not the session
@@ -282,6 +346,13 @@ class Connection:
             host.session.error(ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error"))
         host.flush()
         return None
+
+    def _decode(self, text: str) -> Any:
+        return ce.decode(text)
+
+    def _connection_event(self, host: SessionHost, event: Any) -> bool:
+        """Handle an event that belongs to the socket, not the session; False: not one."""
+        return False
 
     def _counter(self, event_type: type) -> Any:
         return self.runtime.metrics.client_event_counter(_EVENT_NAMES.get(event_type, "other"))
@@ -294,24 +365,28 @@ class Connection:
                 param="type",
                 event_id=event.event_id,
             )
-        provisional = self.host
-        assert provisional is not None
+        provisional = self.host  # the session this socket opened at connect (None: it opened none)
         try:
             await self._take_over(event, provisional)
         except ProtocolError as err:
             err.event_id = event.event_id
-            provisional.session.error(err)
-            provisional.flush()
+            self._refuse(provisional, err)
         except StoreError as exc:
             log.warning("resume of %s failed: %s", event.session_id, exc)
-            provisional.session.error(
-                ProtocolError(
-                    Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.", event_id=event.event_id
-                )
+            unavailable = ProtocolError(
+                Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.", event_id=event.event_id
             )
-            provisional.flush()
+            self._refuse(provisional, unavailable)
 
-    async def _take_over(self, event: ce.SessionResume, provisional: SessionHost) -> None:
+    def _refuse(self, host: SessionHost | None, err: ProtocolError) -> None:
+        """A refused resume: an error on the socket's own session, or on the socket when it has none."""
+        if host is None or host is not self.host:
+            self.send_raw(self._error(err))
+        else:
+            host.session.error(err)
+            host.flush()
+
+    async def _take_over(self, event: ce.SessionResume, provisional: SessionHost | None) -> None:
         """Move ``event.session_id`` onto this connection and carry out the plan:
         replay what the client missed (or send the state to resync from), then live."""
         rt = self.runtime
@@ -321,37 +396,26 @@ class Connection:
         self.hold()  # live events from here on wait until the replay is out
         host.attach(self)
         self.host = host
+        self._opened = True
+        self._attached(host)
         try:
             read = await taken.read()
         except StoreError:
             # Attached but cannot replay: let the client retry the resume shortly.
             self.release(host.session.seq)
-            self.send_raw(error_event(Code.STORE_UNAVAILABLE, "Session state is unavailable; resume again shortly."))
+            again = ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; resume again shortly.")
+            self.send_raw(self._error(again))
             self.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
             host.detach(self)
-            await provisional.end(reason="resume failed", delete=True)
+            if provisional is not None:
+                await provisional.end(reason="resume failed", delete=True)
             return
         outcome = plan(taken.held, read, event, self.principal)
         if isinstance(outcome, Resync):
-            s = host.session
-            self.send_raw(
-                resync_event(
-                    session_id=sid,
-                    resume_token=token,
-                    reason=outcome.reason,
-                    message=outcome.message,
-                    session=s.render_config(),
-                    conversation=[it.render(s.beta) for it in s.conversation],
-                    last_server_event_seq=s.seq,
-                )
-            )
-            self.release(s.seq)
+            self.send_raw(self._resync_message(host, token, outcome))
+            self.release(host.session.seq)
         elif isinstance(outcome, Replay):
-            self.send_raw(
-                resumed_event(
-                    session_id=sid, resume_token=token, replay_from=outcome.replay_from, replay_to=outcome.replay_to
-                )
-            )
+            self.send_raw(self._resumed_message(host, token, outcome))
             for _, data in outcome.events:
                 self.replay(data)
             self.release(outcome.replay_to or 0)
@@ -362,7 +426,38 @@ class Connection:
         if taken.recovered:
             host.session.recover("replica_lost")
         host.flush()  # also writes the snapshot with the rotated token
-        await provisional.end(reason="replaced by a resumed session", delete=True)
+        if self.direct is not None:
+            self.direct(self.on_message)
+        if provisional is not None:
+            await provisional.end(reason="replaced by a resumed session", delete=True)
+
+    # --- what each dialect spells its own way (the duplex connection overrides these) ----
+
+    def _attached(self, host: SessionHost) -> None:
+        """This socket now carries ``host``'s session (after a resume)."""
+
+    def _error(self, err: ProtocolError) -> bytes:
+        return error_event(err.code, err.message, param=err.param, event_id=err.event_id)
+
+    def _resync_message(self, host: SessionHost, token: str, outcome: Resync) -> bytes:
+        s = host.session
+        return resync_event(
+            session_id=s.id,
+            resume_token=token,
+            reason=outcome.reason,
+            message=outcome.message,
+            session=s.render_config(),
+            conversation=[it.render(s.beta) for it in s.conversation],
+            last_server_event_seq=s.seq,
+        )
+
+    def _resumed_message(self, host: SessionHost, token: str, outcome: Replay) -> bytes:
+        return resumed_event(
+            session_id=host.id, resume_token=token, replay_from=outcome.replay_from, replay_to=outcome.replay_to
+        )
+
+    def _replaced_message(self, session_id: str) -> bytes:
+        return replaced_event(session_id)
 
     def _ack(self, host: SessionHost, event: ce.EventAck) -> None:
         host.ack(min(event.last_received_server_event_seq, host.session.seq))
@@ -436,7 +531,7 @@ class Connection:
     def replaced(self, session_id: str) -> None:
         """Another connection resumed our session: say so and close (4009)."""
         self.host = None
-        self.send_raw(replaced_event(session_id))
+        self.send_raw(self._replaced_message(session_id))
         self.runtime.metrics.closes.labels(str(int(CloseCode.SESSION_REPLACED))).inc()
         self.outbox.close(CloseCode.SESSION_REPLACED, "session replaced")
 

@@ -43,14 +43,18 @@ class RunningGateway:
 
 @contextlib.asynccontextmanager
 async def run_gateway(
-    settings: Settings | None = None, *, ws: Any = None, **kwargs: Any
+    settings: Settings | None = None, *, ws: Any = None, video_engine: Any = None, **kwargs: Any
 ) -> AsyncIterator[RunningGateway]:
     """The gateway under uvicorn, on a free port; ``ws`` is uvicorn's WebSocket protocol
-    (default: what ``omni-gateway serve`` uses)."""
+    (default: what ``omni-gateway serve`` uses); ``video_engine``: one to serve
+    ``/v1/realtime/video`` with (set before the start, so the runtime starts it)."""
     port = free_port()
     ws = ws or server_protocol()
     settings = replace(settings or Settings(), host="127.0.0.1", port=port)
     app = create_app(settings, **kwargs)
+    if video_engine is not None:
+        app.state.runtime.video_engine = video_engine
+        app.state.runtime.orchestrator.video_engine = video_engine
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, ws=ws, http="httptools", loop="none",
         log_level="warning", ws_per_message_deflate=False, lifespan="on", ws_max_size=settings.max_frame_bytes,
