@@ -147,7 +147,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if worker is not None:
         settings = worker.settings(settings)
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except Exception:  # a route file, an engine's options: the settings cannot serve
+        logging.getLogger("omni.cli").exception("cannot start")
+        return workers.STARTUP_FAILURE
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -26,8 +26,9 @@ after a back-off that doubles from 0.5 s to 30 s while the slot keeps dying
 within 10 s of its start), forwards SIGTERM/SIGINT to every worker (each
 drains: /readyz 503, answers finish within ``drain_window_s``, sockets close
 with 1012) and exits once all have; a second signal is forwarded too (the
-workers exit at once). A worker whose app fails to start (exit code 3: an
-engine or the store) stops them all: retrying will not fix a configuration.
+workers exit at once). A worker that cannot start (exit code 3: its app, an
+engine or the store failed; 2: its settings were refused) stops them all, and
+the supervisor exits 3: retrying will not fix a configuration.
 Workers run in their own process group, so a terminal's Ctrl-C reaches only
 the supervisor, and on Linux get SIGTERM if the supervisor dies.
 
@@ -71,6 +72,7 @@ log = logging.getLogger("omni.workers")
 
 WORKER_ENV = "_OMNI_GATEWAY_WORKER"  # the supervisor's word to a worker (its slot); not a setting
 STARTUP_FAILURE = 3  # a worker's exit code when its app did not start (gateway/cli.py): stop all
+REFUSED = 2  # a worker's exit code when its settings were refused: stop all too
 BACKLOG = 2048  # per slot: connections the kernel queues before a worker accepts them (uvicorn's default)
 FAST_DEATH_S = 10.0  # a worker dying sooner than this after its start is restarted with back-off
 BACKOFF_S = (0.5, 30.0)  # the first back-off, doubled per fast death in a row, and its cap
@@ -305,7 +307,7 @@ class Supervisor:
             if self.stopping:
                 log.info("worker w%d (pid %d) exited: %s", slot, worker.process.pid, how)
                 continue
-            if code == STARTUP_FAILURE:
+            if code in (STARTUP_FAILURE, REFUSED):
                 log.error("worker w%d failed to start (its log says why): stopping every worker", slot)
                 self.failed = True
                 self.stop()

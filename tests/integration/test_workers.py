@@ -7,8 +7,10 @@ sessions resume on a sibling (the interrupted answer ends ``incomplete``, reason
 ``replica_lost``, and is re-issued whole, or the client is resynced); one scrape
 of ``/metrics`` carries every worker's series, the loop-thread counters
 included; SIGTERM drains every worker (answers finish, sockets close 1012) and
-the supervisor exits 0 once they all have. Which worker serves a session is read
-from its ownership lease in Redis: a worker's replica id is ``<replica_id>-w<slot>``.
+the supervisor exits 0 once they all have (a Ctrl-C, which reaches the whole
+process group, drains each worker once); a worker that cannot start stops them
+all. Which worker serves a session is read from its ownership lease in Redis: a
+worker's replica id is ``<replica_id>-w<slot>``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +29,8 @@ import pytest
 import websockets
 from support.gateway import Client, connect
 from support.redis_server import REDIS_BINARY, RedisServer
-from support.workers import WORKERS, Workers, by_worker, scrape, serve_workers
+from support.serve import Served, clean_env
+from support.workers import ROOT, WORKERS, Workers, by_worker, scrape, serve_workers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -111,6 +115,11 @@ async def test_sessions_on_a_sigkilled_worker_resume_on_a_sibling_and_the_worker
             lambda e: e["type"] == "response.output_audio_transcript.delta" and e["delta"] == "w10 "
         )
         os.kill(pids[victim], signal.SIGKILL)
+        # New connections meanwhile: those the kernel gives the dead worker's socket wait in its
+        # backlog for the replacement; none is refused.
+        fresh = [await stack.enter_async_context(connect(w.url)) for _ in range(6)]
+        created = await asyncio.gather(*(c.wait_for("session.created", timeout=30) for c in fresh))
+        assert len({e["session"]["id"] for e in created}) == len(fresh)
         for s in on[victim]:
             with contextlib.suppress(websockets.ConnectionClosed, AssertionError):
                 await s.client.wait_for("never", timeout=5)  # until the dead worker's socket is gone
@@ -164,7 +173,7 @@ async def test_one_scrape_carries_every_workers_series(redis_server: RedisServer
         assert by_worker(samples["omni_worker_up"]) == {"0": 1.0, "1": 1.0}
 
 
-async def test_sigterm_drains_every_worker_and_the_supervisor_waits_for_them(
+async def test_ctrl_c_drains_every_worker_once_and_the_supervisor_waits_for_them(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
     async with serve_workers(redis_server, tmp_path) as w, contextlib.AsyncExitStack() as stack:
@@ -174,7 +183,7 @@ async def test_sigterm_drains_every_worker_and_the_supervisor_waits_for_them(
             await s.client.send({"type": "response.create"})
             await s.client.wait_for("response.output_audio.delta")
         workers_before = w.pids()
-        w.served.process.send_signal(signal.SIGTERM)
+        os.killpg(w.served.process.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
         for s in answering:  # the answer finishes within the drain window, then 1012
             done = await s.client.wait_for("response.done", timeout=30)
             assert done["response"]["status"] == "completed", done
@@ -187,3 +196,18 @@ async def test_sigterm_drains_every_worker_and_the_supervisor_waits_for_them(
                 os.kill(pid, 0)
         log = w.served.log(100_000)
         assert log.count("exited: exit code 0") == WORKERS and "every worker has exited" in log
+
+
+def test_a_worker_that_cannot_start_stops_them_all(tmp_path: Path) -> None:
+    """A configuration no worker can serve (here a route file that does not exist) is not
+    restarted in a loop: the supervisor stops and exits 3."""
+    command = f"{sys.executable} -m gateway serve --workers 2 --engine passthrough"
+    command += f" --redis-url redis://127.0.0.1:1/0 --models {tmp_path / 'missing.json'} --port 0"
+    environ = clean_env(OMNI_GATEWAY_VIDEO_ENGINE="none", PYTHONPATH=str(ROOT))
+    served = Served(command, port=0, cwd=ROOT, log_path=tmp_path / "fails.log", env=environ)
+    try:
+        assert served.wait_exit(60) == 3, served.log()
+    finally:
+        served.stop()
+    log = served.log(100_000)
+    assert "failed to start" in log and "cannot start" in log and "restarting" not in log
