@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--workers",
-        type=_workers,
+        type=count_or_auto,
         help="gateway processes on this port (env OMNI_GATEWAY_WORKERS; default auto: one per core with "
         "--redis-url and no in-process model, else 1); more than 1 needs --redis-url",
     )
@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _workers(raw: str) -> int | str:
+def count_or_auto(raw: str) -> int | str:
     return "auto" if raw == "auto" else int(raw)
 
 
