@@ -197,9 +197,12 @@ class SessionTrace:
         if audio_ms > self._audio_ms:
             self._audio_ms = audio_ms
             self._arrivals.append((audio_ms, now))
-        stopped = next((e for e in events if e["type"] == SPEECH_STOPPED), None)
         for effect in effects:
-            if isinstance(effect, StartResponse) and stopped is not None and effect.turn_started_at is not None:
+            if isinstance(effect, StartResponse) and effect.turn_started_at is not None:
+                # Server VAD ended a turn in this flush: its speech_stopped is among the events.
+                stopped = next((e for e in events if e["type"] == SPEECH_STOPPED), None)
+                if stopped is None:
+                    continue
                 if self._turn is not None:
                     self._finish_turn(now, "superseded")
                 speech_end, estimated = self._arrival_of(float(stopped.get("audio_end_ms", audio_ms)), now)
