@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import websockets
 from support.gateway import Client, connect
@@ -211,3 +212,22 @@ def test_a_worker_that_cannot_start_stops_them_all(tmp_path: Path) -> None:
         served.stop()
     log = served.log(100_000)
     assert "failed to start" in log and "cannot start" in log and "restarting" not in log
+
+
+async def test_a_client_secret_minted_by_any_worker_connects_on_any(redis_server: RedisServer, tmp_path: Path) -> None:
+    """Secrets live in the store: each POST reaches one worker and each socket another
+    (the kernel's pick), and every secret opens its session once."""
+    key = "sk-workers"
+    async with serve_workers(redis_server, tmp_path, OMNI_GATEWAY_API_KEYS=key) as w:
+        owners = set()
+        for i in range(6):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{w.port}") as http:
+                minted = await http.post("/v1/realtime/client_secrets", headers={"Authorization": f"Bearer {key}"},
+                                         json={"session": {"instructions": f"secret {i}"}})  # fmt: skip
+            assert minted.status_code == 200, minted.text
+            secret = minted.json()["value"]
+            async with connect(w.url, subprotocols=["realtime", "openai-insecure-api-key." + secret]) as c:
+                created = await c.wait_for("session.created")
+                assert created["session"]["instructions"] == f"secret {i}"
+                owners.add(await w.owner(created["session"]["id"]))
+        assert owners <= set(range(w.count))
