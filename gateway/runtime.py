@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +33,7 @@ from gateway.session.session import RealtimeSession, SessionLimits, VadStream
 from gateway.settings import Settings
 from gateway.store import create_store
 from gateway.store.base import SessionStore
+from gateway.telemetry import Telemetry
 from gateway.transport.realtime import Connection
 from gateway.transport.video import VideoConnection
 from orchestrator.engine import Engine
@@ -123,6 +124,7 @@ class Runtime:
         metrics: Metrics | None = None,
         store: SessionStore | None = None,
         video_engine: VideoEngine | bool | None = True,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
         self.video_engine: VideoEngine | None = (
@@ -158,14 +160,20 @@ class Runtime:
         self.auth = Authenticator(settings.api_keys, required=settings.requires_auth, secrets_box=SecretBox(self.store))
         self.replica_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.lease_ttl_ms = int(settings.lease_ttl_s * 1000)
+        # Traces: None (off) unless otel_traces_endpoint is set, or a test gives its own.
+        self.telemetry = telemetry or Telemetry.from_settings(settings, self.replica_id)
         self.hosting = HostContext(
             store=self.store,
             metrics=self.metrics,
             replica_id=self.replica_id,
             lease_ttl_ms=self.lease_ttl_ms,
             detach_grace_s=settings.detach_grace_s,
+            telemetry=self.telemetry,
         )
         self.connections: set[Connection] = set()
+        # What GET /metrics answers; None: this process's registry. A worker of several sets
+        # it to every worker's metrics (gateway/workers.py).
+        self.metrics_exposition: Callable[[], Awaitable[bytes]] | None = None
         self.video_sessions: dict[str, VideoConnection] = {}
         self.draining = False
         self._bus_task: asyncio.Task[None] | None = None
@@ -325,6 +333,8 @@ class Runtime:
         if self.video_engine is not None:
             await self.video_engine.close()
         await self.store.close()
+        if self.telemetry is not None:
+            self.telemetry.shutdown()  # exports what is pending
 
 
 def rate_limits(orch: Orchestrator) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +33,10 @@ from gateway.session.effects import Cancel, Close, EndInput, Feed, StartResponse
 from gateway.session.session import RealtimeSession
 from gateway.store.base import FencedError, SessionStore, StoreError
 from gateway.store.writer import JournalWriter
+from gateway.telemetry import SessionTrace, Telemetry
 from orchestrator.engine import EngineOutput, Finished
 from orchestrator.metrics import Metrics
-from orchestrator.orchestrator import Orchestrator, RequestHandle
+from orchestrator.orchestrator import Kind, Orchestrator, RequestHandle
 
 log = logging.getLogger("omni.host")
 
@@ -51,6 +52,7 @@ class HostContext:
     replica_id: str  # this process in the cluster: the owner its leases name
     lease_ttl_ms: int  # ownership lease; the lease loop renews it every third of this
     detach_grace_s: float  # a session whose socket dropped keeps running here this long
+    telemetry: Telemetry | None = None  # traces (gateway/telemetry.py); None: off
     # The sessions served here, by id: the lease loop renews their leases and the bus
     # listener finds them. A host adds itself when created and leaves when it ends.
     hosts: dict[str, SessionHost] = field(default_factory=dict)
@@ -92,6 +94,13 @@ class SessionHost:
         lifetime_left = session.created_at + session.limits.lifetime_s - time.time()
         self._expiry = loop.call_later(max(0.0, lifetime_left), self._expire)
         self._detach_timer: asyncio.TimerHandle | None = None
+        # The session's spans; None when tracing is off or the session is not sampled.
+        self.trace: SessionTrace | None = None
+        if ctx.telemetry is not None:
+            self.trace = ctx.telemetry.session(
+                session_id=session.id, principal=principal, replica_id=ctx.replica_id, model=session.config.model,
+                engine=orchestrator.engine.info.name, restored=session.seq > 0,
+            )  # fmt: skip
         ctx.hosts[session.id] = self  # from now on the lease loop renews its lease
 
     @classmethod
@@ -179,6 +188,8 @@ class SessionHost:
         if not (session.outbox or session.effects or session.dirty):
             return  # most engine outputs and appends produce nothing to send
         events, effects = session.take()
+        if self.trace is not None:
+            self.trace.flushed(session.audio_ms, events, effects)
         encode, conn, writer = dialect_encoder(session.dialect), self.conn, self.writer
         journal = True
         held = conn is not None and any(event["type"] in STATE_EVENTS for event in events)
@@ -266,6 +277,8 @@ class SessionHost:
                     handle = self.handles.pop(effect.request_id, None)
                     if handle is not None:
                         handle.cancel()
+                    if self.trace is not None:
+                        self.trace.request_ended(effect.request_id, "cancelled")
                 case Close():
                     self.ctx.metrics.closes.labels(str(effect.code)).inc()
                     if self.conn is not None:
@@ -293,11 +306,15 @@ class SessionHost:
                 self.session.on_response_failed(rid, code, message)
             self.flush()
 
+        kind: Kind = "transcription" if transcription else "response"
+        callbacks: tuple[Callable[[EngineOutput], None], Callable[[str, str], None]] = (on_output, on_error)
+        if self.trace is not None:  # the same callbacks, reported to the session's trace
+            callbacks = self.trace.request(kind, rid, on_output, on_error)
         self.handles[rid] = self.orchestrator.submit(
-            "transcription" if transcription else "response",
+            kind,
             effect.request,
-            on_output=on_output,
-            on_error=on_error,
+            on_output=callbacks[0],
+            on_error=callbacks[1],
             turn_started_at=None if isinstance(effect, StartTranscription) else effect.turn_started_at,
         )
 
@@ -345,6 +362,8 @@ class SessionHost:
         if self.ended:
             return
         log.info("session %s taken over elsewhere", self.id)
+        if self.trace is not None:
+            self.trace.end("taken over")
         if self.conn is not None:
             self.conn.replaced(self.id)
             self.conn = None
@@ -394,6 +413,8 @@ class SessionHost:
         if not delete:
             with contextlib.suppress(StoreError, RuntimeError):
                 self._snapshot_changes(self.writer)
+        if self.trace is not None:
+            self.trace.end(reason)
         self._stop()
         self.ctx.hosts.pop(self.id, None)
         store = self.ctx.store
