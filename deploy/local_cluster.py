@@ -438,7 +438,9 @@ class Cluster:
                      self.ready_timeout_s, lambda: self._timeout("nginx", log), blocking=True)  # fmt: skip
 
     def _spawn_replica(self, replica: Replica) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMNI_GATEWAY_REPLICA_ID": replica.name}
+        # One process per replica (pid, logs and kills are per replica); env may say otherwise.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMNI_GATEWAY_REPLICA_ID": replica.name,
+               "OMNI_GATEWAY_WORKERS": "1"}  # fmt: skip
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         if self.api_keys:
             env["OMNI_GATEWAY_API_KEYS"] = ",".join(self.api_keys)

@@ -16,6 +16,7 @@ from gateway.http import HttpApi
 from gateway.runtime import Runtime
 from gateway.session.session import VadStream
 from gateway.settings import Settings
+from gateway.telemetry import Telemetry
 from gateway.transport.duplex import DuplexConnection
 from gateway.transport.realtime import RealtimeEndpoint
 from gateway.transport.video import VideoEndpoint
@@ -30,12 +31,13 @@ def create_app(
     *,
     engine: Engine | None = None,
     vad_factory: Callable[[], VadStream] | bool | None = True,
+    telemetry: Telemetry | None = None,
 ) -> Starlette:
     settings = settings or Settings()
     logs.install()
     for secret in (*settings.api_keys, settings.upstream_api_key, settings.jwt_secret):
         logs.register_secret(secret)
-    rt = Runtime(settings, engine, vad_factory=vad_factory)
+    rt = Runtime(settings, engine, vad_factory=vad_factory, telemetry=telemetry)
     for spec in rt.router.specs:  # a route's own upstream key
         logs.register_secret(spec.options.get("api_key"))
 

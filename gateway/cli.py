@@ -14,14 +14,16 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import uvicorn
 
+from gateway import telemetry, workers
 from gateway.settings import ENGINES, ENV_PREFIX, Settings, from_env, is_loopback, with_checkpoint_model
 
 if TYPE_CHECKING:
@@ -75,8 +77,23 @@ def _parser() -> argparse.ArgumentParser:
         choices=["cpu", "remote", "omni", "none"],
         help="video engine (env OMNI_GATEWAY_VIDEO_ENGINE, default cpu)",
     )
+    serve.add_argument(
+        "--workers",
+        type=count_or_auto,
+        help="gateway processes on this port (env OMNI_GATEWAY_WORKERS; default auto: one per core with "
+        "--redis-url and no in-process model, else 1); more than 1 needs --redis-url",
+    )
+    serve.add_argument(
+        "--otel-traces-endpoint",
+        help="OpenTelemetry traces over OTLP/HTTP, e.g. http://127.0.0.1:4318/v1/traces (env "
+        "OMNI_GATEWAY_OTEL_TRACES_ENDPOINT; default: off); needs the otel extra",
+    )
     serve.add_argument("--log-level", help="debug, info, warning (env OMNI_GATEWAY_LOG_LEVEL)")
     return parser
+
+
+def count_or_auto(raw: str) -> int | str:
+    return "auto" if raw == "auto" else int(raw)
 
 
 def settings_from_args(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
@@ -84,6 +101,8 @@ def settings_from_args(argv: list[str] | None = None, environ: Mapping[str, str]
     environ = os.environ if environ is None else environ
     settings = from_env(environ)
     changes = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+    if changes.get("workers") == "auto":
+        changes["workers"] = None  # given on the command line, "auto" wins over the environment too
     for name in ("api_keys", "upstreams"):
         if name in changes:
             changes[name] = tuple(changes[name])
@@ -109,24 +128,34 @@ def problems(settings: Settings) -> list[str]:
         out.append("--video-engine remote needs at least one --upstream (env OMNI_GATEWAY_UPSTREAMS)")
     if settings.video_engine == "omni" and not settings.video_model:
         out.append("--video-engine omni needs a video checkpoint (env OMNI_GATEWAY_VIDEO_MODEL)")
-    return out
+    return out + workers.problems(settings) + telemetry.problems(settings)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     settings = settings_from_args(argv)
+    worker = workers.current_worker()  # set when a supervisor started this process
     logging.basicConfig(
         level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        format=f"%(asctime)s{f' w{worker.slot}' if worker else ''} %(levelname)s %(name)s %(message)s",
     )
     refused = problems(settings)
     if refused:
         for line in refused:
             print(f"omni-gateway: {line}", file=sys.stderr)
         return 2
+    if worker is None and (count := workers.worker_count(settings)) > 1:
+        return workers.supervise(argv, settings, count)
     from gateway.app import create_app
     from gateway.transport.ws_server import server_protocol
 
-    app = create_app(settings)
+    if worker is not None:
+        settings = worker.settings(settings)
+    try:
+        app = create_app(settings)
+    except Exception:  # a route file, an engine's options: the settings cannot serve
+        logging.getLogger("omni.cli").exception("cannot start")
+        return workers.STARTUP_FAILURE
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -139,11 +168,23 @@ def main(argv: list[str] | None = None) -> int:
         log_level=settings.log_level,
         lifespan="on",
     )
-    server = DrainingServer(config, app.state.runtime)
-    server.run()
+    runtime = app.state.runtime
+    if worker is None:
+        server = DrainingServer(config, runtime)
+        server.run()
+    else:  # one of several on this port: the supervisor's socket, every worker's metrics
+        aggregate = workers.WorkerMetrics(worker, runtime.metrics.registry)
+        runtime.metrics_exposition = aggregate.scrape
+        server = DrainingServer(config, runtime, services=(aggregate,))
+        server.run(sockets=[socket.socket(fileno=worker.fd)])
     if not server.started:  # the app failed to start (the log says why: an engine, the store)
         return 3
     return 0
+
+
+class Service(Protocol):
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
 
 
 class DrainingServer(uvicorn.Server):
@@ -154,11 +195,22 @@ class DrainingServer(uvicorn.Server):
     1012 and uvicorn shuts down. A second signal exits at once.
     """
 
-    def __init__(self, config: uvicorn.Config, runtime: Runtime) -> None:
+    def __init__(self, config: uvicorn.Config, runtime: Runtime, services: Sequence[Service] = ()) -> None:
         super().__init__(config)
         self.runtime = runtime
+        self.services = services  # started once the server serves, closed when it shuts down
         self.draining = False
         self._tasks: set[asyncio.Task[None]] = set()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        for service in self.services:
+            await service.start()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for service in self.services:
+            await service.close()
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.draining or self.should_exit:

@@ -52,7 +52,9 @@ class HttpApi:
         return JSONResponse({"status": reason, "engines": self.rt.engine_health()}, status_code=200 if ok else 503)
 
     async def metrics(self, request: Request) -> Response:
-        return Response(generate_latest(self.rt.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        exposition = self.rt.metrics_exposition
+        body = await exposition() if exposition is not None else generate_latest(self.rt.metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     async def models(self, request: Request) -> Response:
         if await self.rt.auth.authenticate_http(request.headers) is None:

@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -36,6 +36,7 @@ from gateway.session.session import RealtimeSession, SessionLimits, VadStream
 from gateway.settings import Settings
 from gateway.store import create_store
 from gateway.store.base import SessionStore
+from gateway.telemetry import Telemetry
 from gateway.tenants import KeysFile, TenantLimits
 from gateway.transport.realtime import Connection
 from gateway.transport.video import VideoConnection
@@ -127,6 +128,7 @@ class Runtime:
         metrics: Metrics | None = None,
         store: SessionStore | None = None,
         video_engine: VideoEngine | bool | None = True,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
         self.video_engine: VideoEngine | None = (
@@ -147,6 +149,7 @@ class Runtime:
             max_append_ms=settings.max_append_ms,
             max_buffer_ms=settings.max_buffer_ms,
             max_items=settings.max_conversation_items,
+            max_conversation_bytes=settings.max_conversation_bytes,
             lifetime_s=settings.session_lifetime_s,
         )
         self.vad_factory: Callable[[], VadStream] | None = load_vad() if vad_factory is True else (vad_factory or None)
@@ -170,14 +173,20 @@ class Runtime:
         self.quotas = Quotas(self.store, self.metrics.registry, ttl_ms=int(settings.lease_ttl_s * 1000))
         self.replica_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.lease_ttl_ms = int(settings.lease_ttl_s * 1000)
+        # Traces: None (off) unless otel_traces_endpoint is set, or a test gives its own.
+        self.telemetry = telemetry or Telemetry.from_settings(settings, self.replica_id)
         self.hosting = HostContext(
             store=self.store,
             metrics=self.metrics,
             replica_id=self.replica_id,
             lease_ttl_ms=self.lease_ttl_ms,
             detach_grace_s=settings.detach_grace_s,
+            telemetry=self.telemetry,
         )
         self.connections: set[Connection] = set()
+        # What GET /metrics answers; None: this process's registry. A worker of several sets
+        # it to every worker's metrics (gateway/workers.py).
+        self.metrics_exposition: Callable[[], Awaitable[bytes]] | None = None
         self.video_sessions: dict[str, VideoConnection] = {}
         self.draining = False
         self._bus_task: asyncio.Task[None] | None = None
@@ -351,6 +360,8 @@ class Runtime:
         if self.auth.jwt is not None:
             await self.auth.jwt.close()
         await self.store.close()
+        if self.telemetry is not None:
+            self.telemetry.shutdown()  # exports what is pending
 
 
 def tenant_defaults(settings: Settings) -> TenantLimits:

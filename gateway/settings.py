@@ -42,6 +42,11 @@ class Settings:
     # Starting on a non-loopback address with no keys is refused (see cli).
     auth_required: bool | None = None
     log_level: str = "info"
+    # Gateway processes on one port (gateway/workers.py). None ("auto"): one per core this
+    # process may use (CPU affinity and cgroup quota) when ``redis_url`` is set and no route
+    # loads a model in-process (vllm, omni, the vllm thinker), else 1. More than 1 needs Redis:
+    # the memory store lives in one process, so ``serve`` refuses to start without it.
+    workers: int | None = None
 
     # --- browser-safe auth and tenants (README: "Auth", "Tenants and limits") ---
     # Web pages that may open sockets (comma separated: "https://app.example.com",
@@ -72,6 +77,8 @@ class Settings:
     max_append_ms: int = 10_000  # audio in one append; more: error audio_append_too_large
     max_buffer_ms: int = 300_000  # uncommitted audio; more: error input_audio_buffer_full
     max_conversation_items: int = 1_000  # beyond: oldest items deleted (conversation.item.deleted)
+    max_conversation_bytes: int = 4 << 20  # text of a session's conversation (each item as it was added);
+    #   beyond: oldest items deleted (conversation.item.deleted), as for max_conversation_items
     session_lifetime_s: float = 3_600.0  # then error session_expired and close 4008
     outbound_queue_bytes: int = 16 << 20  # unsent bytes per socket; more: close 4010 slow_consumer
     outbound_stall_s: float = 10.0  # a send the socket has not taken for this long while more events
@@ -110,6 +117,13 @@ class Settings:
     video_stall_timeout_s: float = 60.0  # no chunk produced and no session.ping this long while
     #   streaming: error stall_timeout, the stream is stopped, close 1000 (vLLM-Omni's stall report)
 
+    # --- traces (OpenTelemetry, the ``otel`` extra; gateway/telemetry.py) ---
+    otel_traces_endpoint: str | None = None  # OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces;
+    #   None: tracing is off (OpenTelemetry is not even imported)
+    otel_service_name: str = "omni-gateway"  # the traces' service.name
+    otel_sample_ratio: float = 1.0  # the fraction of sessions traced (by trace id); a session not
+    #   sampled costs what tracing off costs
+
     drain_window_s: float = 20.0  # SIGTERM: running answers get this long to finish, then every
     #   socket is closed with 1012 (reconnect and resume elsewhere)
 
@@ -138,12 +152,14 @@ def _convert(name: str, raw: str, current: Any) -> Any:
     if name in ("api_keys", "upstreams", "allowed_origins"):
         return tuple(k.strip() for k in raw.split(",") if k.strip())
     if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id", "keys_file",
-                "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience"):  # fmt: skip
+                "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience", "otel_traces_endpoint"):  # fmt: skip
         return raw or None
     if name == "auth_required":
         return raw.strip().lower() in ("1", "true", "yes", "on")
     if name == "redis_url":
         return raw or None
+    if name == "workers":
+        return None if raw.strip().lower() in ("", "auto") else int(raw)
     if isinstance(current, bool):
         return raw.strip().lower() in ("1", "true", "yes", "on")
     if isinstance(current, int):

@@ -89,6 +89,13 @@ class RequestHandle:
         self.submitted_at = time.monotonic()
         orchestrator._handles[self.request_id] = self
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"request {self.request_id}")
+        # A callback, not a ``finally`` in _run: a task cancelled before its first step
+        # never runs its coroutine, and its handle must not stay registered for ever.
+        self.task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        if self._orch._handles.get(self.request_id) is self:
+            del self._orch._handles[self.request_id]
 
     def feed(self, chunk: EngineInput) -> None:
         if not self._ended:
@@ -141,12 +148,6 @@ class RequestHandle:
             yield chunk  # type: ignore[misc]
 
     async def _run(self) -> None:
-        try:
-            await self._admit_and_run()
-        finally:
-            self._orch._handles.pop(self.request_id, None)
-
-    async def _admit_and_run(self) -> None:
         orch, kind, m = self._orch, self.kind, self._orch.metrics
         status = "failed"
         try:

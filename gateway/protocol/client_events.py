@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import orjson
 
-from gateway.protocol.bounds import shape_violation
+from gateway.protocol.bounds import MAX_CONTENT_PARTS, shape_violation
 from gateway.protocol.errors import Code, ProtocolError
 
 Role = Literal["user", "assistant", "system"]
@@ -286,6 +286,9 @@ def _item(ctx: _Ctx, item: Any, param: str) -> ItemSpec:
     content = item.get("content")
     if not isinstance(content, list) or not content:
         raise ctx.err(f"'{param}.content' must be a non-empty array.", f"{param}.content", Code.MISSING_FIELD)
+    if len(content) > MAX_CONTENT_PARTS:
+        raise ctx.err(f"An item may have at most {MAX_CONTENT_PARTS} content parts; this one has {len(content)}.",
+                      f"{param}.content")  # fmt: skip
     parts = tuple(_part(ctx, p, f"{param}.content[{i}]", role) for i, p in enumerate(content))
     return ItemSpec(item_id, role, parts)
 

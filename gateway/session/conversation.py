@@ -46,6 +46,9 @@ class Item:
     content: list[Part]
     status: Literal["completed", "in_progress", "incomplete"] = "completed"
     pending_transcription: bool = False  # an input_audio part still being transcribed
+    # as_message()'s result, kept until the session says the item changed (forget()):
+    # a response's context then costs one lookup per item, not a walk of every part.
+    _message: Message | None = field(default=None, repr=False, compare=False)
 
     def render(self, beta: bool) -> dict[str, Any]:
         return {
@@ -57,8 +60,20 @@ class Item:
             "content": [p.render(beta) for p in self.content],
         }
 
+    def text_bytes(self) -> int:
+        """The UTF-8 size of the item's text (what max_conversation_bytes counts)."""
+        return sum(len(p.content_text.encode()) for p in self.content)
+
     def as_message(self) -> Message:
-        return Message(self.role, " ".join(p.content_text for p in self.content if p.content_text))
+        message = self._message
+        if message is None:
+            text = " ".join(p.content_text for p in self.content if p.content_text)
+            message = self._message = Message(self.role, text)
+        return message
+
+    def forget(self) -> None:
+        """The item changed: its message is made again when next asked for."""
+        self._message = None
 
 
 class Conversation:

@@ -50,6 +50,10 @@ STATE_EVENTS = frozenset(
 )
 
 
+# Events that name an item without changing it.
+READ_ONLY_EVENTS = frozenset({"conversation.item.retrieved"})
+
+
 class VadStream(Protocol):
     def process(self, pcm16_16k: bytes) -> list[float]: ...
     def reset(self) -> None: ...
@@ -65,6 +69,8 @@ class SessionLimits:
     min_commit_ms: int = 100  # a commit of less audio: input_audio_buffer_commit_empty
     max_items: int = 1_000  # conversation longer than this: the oldest items are deleted
     #   (conversation.item.deleted is sent for each)
+    max_conversation_bytes: int = 4 << 20  # the conversation's text (each item counted as it was
+    #   added, in UTF-8 bytes) beyond this: the oldest items are deleted the same way
     lifetime_s: float = 3_600.0  # then error session_expired and close 4008 (enforced by the shell)
 
 
@@ -123,7 +129,13 @@ class SessionCore:
         self.seq = 0
         self.epoch = 0  # bumped on barge-in and on takeover by another replica
         self.dirty = True  # state changed since the last snapshot
+        # Conversation items changed or deleted since the last snapshot: the store keeps one
+        # record per item, so a snapshot writes these and not the whole conversation.
+        self.changed_items: set[str] = set()
+        self.dropped_items: set[str] = set()
         self.conversation = Conversation()
+        self._item_bytes: dict[str, int] = {}  # each item's text as it was added (max_conversation_bytes)
+        self._conversation_bytes = 0
         self.conversation_id = "conv_" + secrets.token_hex(8)
         self._clock = clock
         self._rate_limits = rate_limits
@@ -153,9 +165,46 @@ class SessionCore:
         event = {"type": type_, "event_id": f"event_{self._id_base}{self.seq:x}", **fields}
         event["server_event_seq"] = self.seq
         self.outbox.append(event)
-        if not type_.endswith(".delta"):
-            self.dirty = True  # every non-delta event reflects a state change worth a snapshot
+        if not type_.endswith(".delta") and type_ != "error":
+            self.dirty = True  # every other event reflects a state change worth a snapshot
+            self._note_items(type_, fields)
         return event
+
+    def _note_items(self, type_: str, fields: dict[str, Any]) -> None:
+        """The items an event says changed: every change of an item is announced by an
+        event naming it (added, done, truncated, transcribed, deleted, a response's end)."""
+        item = fields.get("item")
+        item_id = fields.get("item_id") or (item.get("id") if isinstance(item, dict) else None)
+        if not isinstance(item_id, str) or type_ in READ_ONLY_EVENTS:
+            pass
+        elif type_ == "conversation.item.deleted":
+            self.changed_items.discard(item_id)
+            self.dropped_items.add(item_id)
+        else:
+            self._changed(item_id)
+        response = fields.get("response")
+        if type_ == "response.done" and isinstance(response, dict):
+            for output in response.get("output") or ():
+                if isinstance(output, dict) and isinstance(output.get("id"), str):
+                    self._changed(output["id"])
+
+    def _changed(self, item_id: str) -> None:
+        self.changed_items.add(item_id)
+        item = self.conversation.get(item_id)
+        if item is not None:
+            item.forget()
+
+    def _touch(self, item: Item) -> None:
+        """An item changed with no event naming it: its record must be written again."""
+        self._changed(item.id)
+        item.forget()  # (it may not be in the conversation: an out-of-band answer's)
+        self.dirty = True
+
+    def take_item_changes(self) -> tuple[set[str], set[str]]:
+        """(changed, dropped) item ids since the last call: the next snapshot's item records."""
+        changed, dropped = self.changed_items, self.dropped_items
+        self.changed_items, self.dropped_items = set(), set()
+        return changed, dropped
 
     def _new_id(self, prefix: str) -> str:
         self._id_counter += 1
@@ -184,14 +233,22 @@ class SessionCore:
 
     def _insert(self, item: Item, previous_item_id: str | None) -> str | None:
         prev = self.conversation.insert(item, previous_item_id)
-        while len(self.conversation) > self.limits.max_items:
+        size = self._item_bytes[item.id] = item.text_bytes()
+        self._conversation_bytes += size
+        limits = self.limits
+        while len(self.conversation) > limits.max_items or self._conversation_bytes > limits.max_conversation_bytes:
             oldest = self.conversation.oldest()
             assert oldest is not None
-            if self._response is not None and oldest is self._response.item:
+            if oldest is item or (self._response is not None and oldest is self._response.item):
                 break
-            self.conversation.remove(oldest.id)
+            self._remove(oldest.id)
             self._emit("conversation.item.deleted", item_id=oldest.id)
         return prev
+
+    def _remove(self, item_id: str) -> Item:
+        """Out of the conversation (the caller announces it)."""
+        self._conversation_bytes -= self._item_bytes.pop(item_id, 0)
+        return self.conversation.remove(item_id)
 
     # --- implemented by the parts ------------------------------------------------
 

@@ -248,8 +248,8 @@ class DuplexSession(DuplexCore):
 
     # --- snapshots -------------------------------------------------------------------------
 
-    def snapshot_state(self) -> dict[str, Any]:
-        state = super().snapshot_state()
+    def snapshot_state(self, *, with_items: bool = True) -> dict[str, Any]:
+        state = super().snapshot_state(with_items=with_items)
         state["dialect"] = "duplex"
         state["duplex"] = duplex_to_dict(self.duplex)
         state["turn_id"] = self.turn_id

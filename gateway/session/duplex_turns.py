@@ -275,6 +275,7 @@ class DuplexCore(RealtimeSession):
             and (event.truncate or self.duplex.playback_commit_policy == "ack_only")
         ):
             ledger.cut(item.content[0])
+            self._touch(item)  # its record (the history) follows what was heard
         committed = ledger.done and (
             self.duplex.playback_commit_policy == "commit_all_on_done" or ledger.committed_ms >= ledger.generated_ms
         )

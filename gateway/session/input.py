@@ -255,6 +255,7 @@ class InputAudio(SessionCore):
         if item is not None:
             item.content[0].transcript = text
             item.pending_transcription = False
+            self._touch(item)  # no event may announce it (transcription off)
         if failure is not None:
             self._report_transcription_failure(item_id, *failure)
         elif self.config.transcription is not None:

@@ -242,13 +242,15 @@ class RealtimeSession(InputAudio, Responses):
         item = self._item(event)
         if self._response is not None and self._response.item is item:
             self._end_response("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
-        self.conversation.remove(item.id)
+        self._remove(item.id)
         self._emit("conversation.item.deleted", item_id=item.id)
 
     # --- snapshots (resume) --------------------------------------------------
 
-    def snapshot_state(self) -> dict[str, Any]:
-        """Everything another replica needs to carry the session on."""
+    def snapshot_state(self, *, with_items: bool = True) -> dict[str, Any]:
+        """Everything another replica needs to carry the session on. ``with_items``
+        False: the conversation's items are left out (stored one record each, see
+        ``take_item_changes``); ``item_ids`` keeps their order either way."""
         resp = self._response
         return {
             "id": self.id,
@@ -261,7 +263,8 @@ class RealtimeSession(InputAudio, Responses):
             "id_base": self._id_base,
             "id_counter": self._id_counter,
             "audio_ms": self.audio_ms,
-            "items": [snapshot.item_to_dict(it) for it in self.conversation],
+            "item_ids": [it.id for it in self.conversation],
+            **({"items": [snapshot.item_to_dict(it) for it in self.conversation]} if with_items else {}),
             "response": None
             if resp is None
             else {
@@ -296,7 +299,10 @@ class RealtimeSession(InputAudio, Responses):
         session.audio_ms = state["audio_ms"]
         session._setup_input()
         for entry in state["items"]:
-            session.conversation.insert(snapshot.item_from_dict(entry))
+            item = snapshot.item_from_dict(entry)
+            session.conversation.insert(item)
+            session._item_bytes[item.id] = size = item.text_bytes()
+            session._conversation_bytes += size
         r = state["response"]
         if r is not None:
             item = session.conversation.get(r["item"]["id"]) or snapshot.item_from_dict(r["item"])

@@ -54,6 +54,23 @@ def item_from_dict(d: dict[str, Any]) -> Item:
     return Item(d["id"], d["role"], parts, status=d["status"], pending_transcription=d["pending"])
 
 
+def item_bytes(item: Item) -> bytes:
+    """One item's record in the store."""
+    return orjson.dumps(item_to_dict(item))
+
+
+def assemble(head: bytes, items: dict[str, bytes]) -> dict[str, Any]:
+    """A session's state from its snapshot and its item records (as ``snapshot_state()``
+    returns it). A snapshot that carries its items (written whole) needs none."""
+    state = loads(head)
+    if "items" not in state:
+        missing = [i for i in state["item_ids"] if i not in items]
+        if missing:
+            raise ValueError(f"snapshot names items the store lacks: {missing[:3]}")
+        state["items"] = [orjson.loads(items[i]) for i in state["item_ids"]]
+    return state
+
+
 def dumps(state: dict[str, Any]) -> bytes:
     """``state["config"]`` may be the ``SessionConfig`` itself: orjson writes a
     dataclass as ``dataclasses.asdict`` would, in a tenth of the time."""

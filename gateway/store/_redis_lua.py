@@ -5,9 +5,10 @@ drops every entry up to and including ``seq``. Numbers written back to Redis go
 through ``string.format('%d')`` so large values never turn into ``1e+15``.
 """
 
-# KEYS: 1 fence, 2 snap, 3 log, 4 meta
+# KEYS: 1 fence, 2 snap, 3 log, 4 meta, 5 items
 # ARGV: 1 fence, 2 idle_ttl_ms, 3 max_events, 4 max_bytes, 5 lost_through,
-#       6 has_snapshot ('1' | '0'), 7 snapshot, then (seq, data) pairs from 8.
+#       6 has_snapshot ('1' | '0'), 7 snapshot, 8 n_items, 9 n_drops,
+#       then n_items (id, data) pairs, n_drops ids, then (seq, data) pairs.
 # Returns {1, ''} when written, {0, current_fence_or_''} when fenced (nothing written).
 COMMIT = """
 local cur = redis.call('GET', KEYS[1])
@@ -18,13 +19,23 @@ local ttl = ARGV[2]
 if ARGV[6] == '1' then
   redis.call('SET', KEYS[2], ARGV[7], 'PX', ttl)
 end
+local n_items, n_drops = tonumber(ARGV[8]), tonumber(ARGV[9])
+local at = 10
+for i = 1, n_drops do
+  redis.call('HDEL', KEYS[5], ARGV[at + 2 * n_items + i - 1])
+end
+for i = 1, n_items do
+  redis.call('HSET', KEYS[5], ARGV[at], ARGV[at + 1])
+  at = at + 2
+end
+local first_event = 10 + 2 * n_items + n_drops
 local m = redis.call('HMGET', KEYS[4], 'last', 'trimmed', 'bytes')
 local lost = tonumber(ARGV[5])
-if m[1] or #ARGV > 7 or lost > 0 then
+if m[1] or #ARGV >= first_event or lost > 0 then
   local last = tonumber(m[1]) or 0
   local trimmed = math.max(tonumber(m[2]) or 0, lost)
   local bytes = tonumber(m[3]) or 0
-  for i = 8, #ARGV, 2 do
+  for i = first_event, #ARGV, 2 do
     local seq = tonumber(ARGV[i])
     if seq > last and seq > trimmed then
       -- pcall: an id at or below the stream's top (meta lost) is skipped, not fatal
@@ -65,7 +76,7 @@ if m[1] or #ARGV > 7 or lost > 0 then
   redis.call('HSET', KEYS[4], 'last', string.format('%d', last),
              'trimmed', string.format('%d', trimmed), 'bytes', string.format('%d', bytes))
 end
-for i = 1, 4 do
+for i = 1, 5 do
   redis.call('PEXPIRE', KEYS[i], ttl)
 end
 return {1, ''}

@@ -30,7 +30,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
@@ -295,9 +295,13 @@ class SessionStore(abc.ABC):
         events: Sequence[tuple[int, bytes]] = (),
         snapshot: bytes | None = None,
         lost_through: int = 0,
+        items: Mapping[str, bytes] | None = None,
+        drop_items: Sequence[str] = (),
     ) -> None:
         """Atomically: check ``fence``, append ``events``, set ``snapshot`` (if
-        given), apply the journal caps, refresh the idle TTL. One round trip.
+        given), set ``items`` and drop ``drop_items`` (the session's conversation
+        items, one record each, so a change costs what the item costs, not the
+        conversation), apply the journal caps, refresh the idle TTL. One round trip.
 
         ``lost_through``: the writer dropped events up to this seq without
         journaling them (its buffer overflowed while the backend was down); the
@@ -313,6 +317,10 @@ class SessionStore(abc.ABC):
 
     @abc.abstractmethod
     async def load_snapshot(self, session_id: str) -> bytes | None: ...
+
+    @abc.abstractmethod
+    async def load_session(self, session_id: str) -> tuple[bytes, dict[str, bytes]] | None:
+        """The snapshot and every item record, read together (one round trip); None: no snapshot."""
 
     @abc.abstractmethod
     async def delete_session(self, session_id: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gateway.store.base import (
@@ -47,6 +47,7 @@ class _Session:
     fence: int | None = None
     snapshot: bytes | None = None
     journal: _Journal | None = None
+    items: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -162,6 +163,8 @@ class MemoryStore(SessionStore):
         events: Sequence[tuple[int, bytes]] = (),
         snapshot: bytes | None = None,
         lost_through: int = 0,
+        items: Mapping[str, bytes] | None = None,
+        drop_items: Sequence[str] = (),
     ) -> None:
         now = self._tick()
         rec = self._session(session_id, now)
@@ -171,6 +174,10 @@ class MemoryStore(SessionStore):
         assert rec is not None
         if snapshot is not None:
             rec.snapshot = _exact(snapshot)
+        for item_id in drop_items:
+            rec.items.pop(item_id, None)
+        for item_id, data in (items or {}).items():
+            rec.items[item_id] = _exact(data)
         if events or lost_through or rec.journal is not None:
             j = rec.journal = rec.journal or _Journal()
             j.trimmed = max(j.trimmed, lost_through)
@@ -185,6 +192,12 @@ class MemoryStore(SessionStore):
     async def load_snapshot(self, session_id: str) -> bytes | None:
         rec = self._session(session_id, self._tick())
         return rec.snapshot if rec is not None else None
+
+    async def load_session(self, session_id: str) -> tuple[bytes, dict[str, bytes]] | None:
+        rec = self._session(session_id, self._tick())
+        if rec is None or rec.snapshot is None:
+            return None
+        return rec.snapshot, dict(rec.items)
 
     async def delete_session(self, session_id: str) -> None:
         self._tick()

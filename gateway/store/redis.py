@@ -60,7 +60,7 @@ import hashlib
 import logging
 import random
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
@@ -197,7 +197,7 @@ class RedisStore(SessionStore):
 
     def _keys(self, session_id: str) -> dict[str, str]:
         base = f"{self._p}s:{{{session_id}}}:"
-        return {k: base + k for k in ("fence", "lease", "snap", "log", "meta")}
+        return {k: base + k for k in ("fence", "lease", "snap", "log", "meta", "items")}
 
     async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
         self.round_trips += 1
@@ -220,8 +220,11 @@ class RedisStore(SessionStore):
         events: Sequence[tuple[int, bytes]] = (),
         snapshot: bytes | None = None,
         lost_through: int = 0,
+        items: Mapping[str, bytes] | None = None,
+        drop_items: Sequence[str] = (),
     ) -> None:
         k = self._keys(session_id)
+        items = items or {}
         args: list[Arg] = [
             fence,
             self.limits.idle_ttl_ms,
@@ -230,11 +233,17 @@ class RedisStore(SessionStore):
             lost_through,
             1 if snapshot is not None else 0,
             snapshot or b"",
+            len(items),
+            len(drop_items),
         ]
+        for item_id, data in items.items():
+            args.append(item_id)
+            args.append(data)
+        args.extend(drop_items)
         for seq, data in events:
             args.append(seq)
             args.append(data)
-        keys = [k["fence"], k["snap"], k["log"], k["meta"]]
+        keys = [k["fence"], k["snap"], k["log"], k["meta"], k["items"]]
         ok, current = await self._call(lambda: self._commit(keys=keys, args=args))
         if not ok:
             raise FencedError(session_id, fence, int(current) if current else None)
@@ -243,6 +252,20 @@ class RedisStore(SessionStore):
         key = self._keys(session_id)["snap"]
         value: Any = await self._call(lambda: self._redis.get(key))
         return value if value is None else bytes(value)
+
+    async def load_session(self, session_id: str) -> tuple[bytes, dict[str, bytes]] | None:
+        k = self._keys(session_id)
+
+        async def run() -> list[Any]:
+            pipe = self._redis.pipeline(transaction=True)  # one consistent view
+            pipe.get(k["snap"])
+            pipe.hgetall(k["items"])
+            return await pipe.execute()
+
+        head, items = await self._call(run)
+        if head is None:
+            return None
+        return bytes(head), {(key.decode() if isinstance(key, bytes) else key): bytes(v) for key, v in items.items()}
 
     async def delete_session(self, session_id: str) -> None:
         keys = list(self._keys(session_id).values())

@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from gateway.store.base import FencedError, SessionStore, StoreError, StoreUnavailable
 
@@ -80,6 +80,8 @@ class JournalWriter:
         self._events: deque[tuple[int, bytes]] = deque()
         self._bytes = 0
         self._snapshot: bytes | None = None
+        self._items: dict[str, bytes] = {}  # item records to write with the next flush
+        self._drops: set[str] = set()  # item records to delete with it
         self._lost_through = 0
         self._lock = asyncio.Lock()  # one commit in flight, so order holds
         self._wake = asyncio.Event()
@@ -115,13 +117,20 @@ class JournalWriter:
         self._lost_through = max(self._lost_through, through_seq)
         self._kick()
 
-    def set_snapshot(self, snapshot: bytes) -> None:
-        """Replace the pending snapshot; written with the next flush."""
+    def set_snapshot(self, snapshot: bytes, items: dict[str, bytes] | None = None, drops: Iterable[str] = ()) -> None:
+        """Replace the pending snapshot, and set or drop conversation item records (the
+        latest of each wins); all written with the next flush, atomically."""
         if self.fenced is not None:
             raise self.fenced
         if self._closed:
             raise RuntimeError("JournalWriter is closed")
         self._snapshot = snapshot
+        for item_id in drops:
+            self._items.pop(item_id, None)
+            self._drops.add(item_id)
+        for item_id, data in (items or {}).items():
+            self._items[item_id] = data
+            self._drops.discard(item_id)
         self._kick()
 
     def _enforce_caps(self) -> None:
@@ -146,12 +155,20 @@ class JournalWriter:
     async def _flush_locked(self) -> None:
         if self.fenced is not None:
             raise self.fenced
-        if not self._events and self._snapshot is None and not self._lost_through:
+        if (
+            not self._events
+            and self._snapshot is None
+            and not self._lost_through
+            and not self._items
+            and not self._drops
+        ):
             return
         events, snapshot, lost = list(self._events), self._snapshot, self._lost_through
+        items, drops = self._items, self._drops
         self._events.clear()
         self._bytes = 0
         self._snapshot = None
+        self._items, self._drops = {}, set()
         self._lost_through = 0
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -162,6 +179,8 @@ class JournalWriter:
                 events=events,
                 snapshot=snapshot,
                 lost_through=lost,
+                items=items,
+                drop_items=sorted(drops),
             )
         except FencedError as exc:
             self.fenced = exc
@@ -172,12 +191,12 @@ class JournalWriter:
             raise
         except StoreError as exc:
             self.last_error = exc
-            self._restore(events, snapshot, lost)
+            self._restore(events, snapshot, lost, items, drops)
             if self.on_flushed is not None and events:
                 self.on_flushed(events[-1][0], False)
             raise
         except asyncio.CancelledError:
-            self._restore(events, snapshot, lost)
+            self._restore(events, snapshot, lost, items, drops)
             raise
         self.last_error = None
         self.flushes += 1
@@ -187,13 +206,23 @@ class JournalWriter:
         if self.on_flushed is not None:
             self.on_flushed(self.committed_seq, True)
 
-    def _restore(self, events: list[tuple[int, bytes]], snapshot: bytes | None, lost: int) -> None:
+    def _restore(
+        self,
+        events: list[tuple[int, bytes]],
+        snapshot: bytes | None,
+        lost: int,
+        items: dict[str, bytes],
+        drops: set[str],
+    ) -> None:
         # Put the batch back in front of what arrived meanwhile (it may or may
-        # not have been applied; a retry is idempotent).
+        # not have been applied; a retry is idempotent). What came later wins.
         self._events.extendleft(reversed(events))
         self._bytes = sum(len(d) for _, d in self._events)
         if self._snapshot is None:
             self._snapshot = snapshot
+        later = self._items.keys() | self._drops
+        self._items.update({k: v for k, v in items.items() if k not in later})
+        self._drops |= {d for d in drops if d not in later}
         self._lost_through = max(self._lost_through, lost)
         self._enforce_caps()
 
@@ -221,6 +250,16 @@ class JournalWriter:
                 log.exception("journal flush crashed for session %s", self.session_id)
                 self._next_at = loop.time() + MAX_RETRY_S
                 self._wake.set()
+
+    def abandon(self) -> None:
+        """Stop now, dropping what is pending (the session went to another replica, or
+        this writer's lease is gone): no flusher task outlives its writer."""
+        self._closed = True
+        self._events.clear()
+        self._items, self._drops, self._snapshot = {}, set(), None
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
 
     async def close(self, *, flush: bool = True) -> None:
         """Stop the flusher; with ``flush`` commit what is pending first (its

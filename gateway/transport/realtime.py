@@ -180,6 +180,9 @@ class Connection:
         self.binary = binary
         self.beta = beta
         self._receive = receive
+        telemetry = runtime.hosting.telemetry
+        if telemetry is not None:  # traced: each turn ends when its first audio reaches the socket
+            send = telemetry.socket_sends(send, self)
         self.outbox = Outbox(send, runtime.settings.outbound_queue_bytes, runtime.settings.outbound_stall_s)
         self.host: SessionHost | None = None
         self._held: list[tuple[dict[str, Any], bytes]] | None = None  # live events held back

@@ -13,24 +13,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
+import http.server
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import orjson
 import pytest
 import test_user_install  # noqa: F401  (registers the README's first command)
 from support.docs import DOCS, ROOT, RUNNERS, command_lines, inline_invocations, readme_commands, runs
 from support.gateway import free_port
+from support.redis_server import REDIS_BINARY, RedisServer
 from support.serve import Served, clean_env, text_turn
+from support.workers import by_worker, scrape
 
 from gateway.cli import settings_from_args
+from gateway.workers import available_cores
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -156,6 +163,79 @@ def test_serve_omni_without_vllm_omni_stops_with_a_clear_error(tmp_path: Path) -
     gw.stop()
     assert code == 3, gw.log()
     assert "vLLM-Omni is not importable" in gw.log()
+
+
+# --- every core, and traces -----------------------------------------------------------------
+
+
+@runs("omni-gateway serve --redis-url redis://127.0.0.1:6379/0")
+async def test_serve_with_redis_runs_a_worker_per_core_on_one_port(tmp_path: Path) -> None:
+    if not REDIS_BINARY:
+        pytest.skip("redis-server is not installed")
+    cores = available_cores()
+    with RedisServer() as redis:
+        command = "omni-gateway serve --redis-url redis://127.0.0.1:6379/0".replace(
+            "redis://127.0.0.1:6379/0", redis.url
+        )
+        with serving(command, tmp_path, PYTHONPATH=str(ROOT)) as gw:
+            up: dict[str, float] = {}
+            for _ in range(300):  # /readyz answered for one worker: wait for every one
+                up = by_worker(scrape(gw.port).get("omni_worker_up", [])) if cores > 1 else {}
+                if len(up) == cores and all(up.values()):
+                    break
+                await asyncio.sleep(0.2)
+            if cores > 1:
+                assert up == {str(i): 1.0 for i in range(cores)}, gw.log()
+            response = await text_turn(gw.url)
+            assert response["status"] == "completed", response
+
+
+class Collector(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP traces endpoint: keeps each export request's body."""
+
+    bodies: ClassVar[list[bytes]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        Collector.bodies.append(body)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@runs("omni-gateway serve --otel-traces-endpoint http://127.0.0.1:4318/v1/traces")
+async def test_serve_exports_traces_over_otlp_to_the_endpoint(tmp_path: Path) -> None:
+    trace_service = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
+    collector = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{collector.server_address[1]}/v1/traces"
+    command = "omni-gateway serve --otel-traces-endpoint http://127.0.0.1:4318/v1/traces"
+    try:
+        with serving(command.replace("http://127.0.0.1:4318/v1/traces", endpoint), tmp_path,
+                     PYTHONPATH=str(ROOT)) as gw:  # fmt: skip
+            response = await text_turn(gw.url)
+            assert response["status"] == "completed", response
+            assert gw.stop() == 0  # the drain ends the session; the exporter sends what is pending
+    finally:
+        collector.shutdown()
+    spans, services = [], set()
+    for body in Collector.bodies:
+        request = trace_service.ExportTraceServiceRequest.FromString(body)
+        for resource_spans in request.resource_spans:
+            services |= {a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"}
+            spans += [s for scope in resource_spans.scope_spans for s in scope.spans]
+    assert services == {"omni-gateway"}
+    names = {s.name for s in spans}
+    assert {"session", "engine.response"} <= names, names
+    session = next(s for s in spans if s.name == "session")
+    attributes = {a.key: a.value.string_value for a in session.attributes}
+    assert attributes["omni.session_id"].startswith("sess_") and attributes["omni.principal"] == "anonymous"
 
 
 # --- deploy/README.md ----------------------------------------------------------------------

@@ -150,7 +150,8 @@ class Hostile:
 
     def _huge_item(self) -> str:
         r = self.rng
-        parts = [{"type": "input_text", "text": "y" * r.randint(0, 20)} for _ in range(r.randint(100, 5000))]
+        many = r.randint(100, 5000) if r.random() < 0.5 else r.randint(40, 64)  # over, or at, the parts bound
+        parts = [{"type": "input_text", "text": "y" * r.randint(0, 2000)} for _ in range(many)]
         item = {"type": "message", "role": "user", "content": parts}
         event = {"type": "conversation.item.create", "event_id": f"evt_big_{self.count}", "item": item}
         return orjson.dumps(event).decode()

@@ -3,6 +3,8 @@ named after a checkpoint, and settings that cannot serve refused before start.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gateway.cli import main, problems, settings_from_args
@@ -54,3 +56,8 @@ def test_an_unknown_engine_is_an_argparse_error(capsys: pytest.CaptureFixture[st
         settings_from_args(["serve", "--engine", "gpt"], environ={})
     assert exc.value.code == 2
     assert "invalid choice: 'gpt'" in capsys.readouterr().err
+
+
+def test_settings_the_app_cannot_start_with_exit_3(tmp_path: Path) -> None:
+    missing = str(tmp_path / "missing.json")
+    assert main(["serve", "--engine", "passthrough", "--video-engine", "none", "--models", missing]) == 3

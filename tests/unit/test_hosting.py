@@ -10,7 +10,7 @@ deltas of an answer stay batched.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -22,6 +22,7 @@ from gateway.protocol.session_config import SessionConfig
 from gateway.session import snapshot
 from gateway.session.core import STATE_EVENTS
 from gateway.session.session import RealtimeSession
+from gateway.session.snapshot import assemble
 from gateway.store.memory import MemoryStore
 from orchestrator.engines.passthrough import PassthroughEngine
 from orchestrator.metrics import Metrics
@@ -49,13 +50,18 @@ class RecordingStore(MemoryStore):
         events: Sequence[tuple[int, bytes]] = (),
         snapshot: bytes | None = None,
         lost_through: int = 0,
+        items: Mapping[str, bytes] | None = None,
+        drop_items: Sequence[str] = (),
     ) -> None:
         await self.gate.wait()
-        await super().commit(session_id, fence=fence, events=events, snapshot=snapshot, lost_through=lost_through)
+        await super().commit(session_id, fence=fence, events=events, snapshot=snapshot, lost_through=lost_through,
+                             items=items, drop_items=drop_items)  # fmt: skip
         self.commits += 1
         self.committed.update(seq for seq, _ in events)
         if snapshot is not None:
-            self.snapshot = orjson.loads(snapshot)
+            stored = await self.load_session(session_id)
+            assert stored is not None
+            self.snapshot = assemble(*stored)  # what a replica taking over would read
 
 
 class RecordingPeer:

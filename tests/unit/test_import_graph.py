@@ -22,9 +22,13 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "orchestrator", "client")
 
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("composition", ("gateway.__main__", "gateway.cli", "gateway.app", "gateway.http", "gateway.runtime")),
+    (
+        "composition",
+        ("gateway.__main__", "gateway.cli", "gateway.app", "gateway.http", "gateway.runtime", "gateway.workers"),
+    ),
     ("transport", ("gateway.transport",)),
     ("hosting", ("gateway.hosting", "gateway.quotas")),
+    ("telemetry", ("gateway.telemetry",)),  # what hosting and transport report spans to
     ("session", ("gateway.session",)),
     ("protocol", ("gateway.protocol", "gateway.audio")),
     (

@@ -30,6 +30,7 @@ from orchestrator.engine import (
     TextDelta,
     TranscriptionRequest,
 )
+from orchestrator.engines.passthrough import PassthroughEngine
 from orchestrator.orchestrator import AdmissionLimits, Orchestrator, RequestHandle
 
 
@@ -444,3 +445,17 @@ async def test_unhealthy_engine_turns_readiness_red(engine: ScriptedEngine) -> N
     rt = Runtime(Settings(engine="passthrough", video_engine="none"), engine, vad_factory=None)
     engine.is_healthy = False
     assert rt.ready() == (False, "omni-cascade: unhealthy")
+
+
+async def test_a_request_cancelled_before_it_ran_is_forgotten() -> None:
+    """A request cancelled in the same loop turn it was submitted in never runs its
+    coroutine: its handle must still leave the orchestrator (it held the session)."""
+    orch = Orchestrator(PassthroughEngine(paced=False))
+    handle = orch.submit(
+        "transcription", TranscriptionRequest("req_early"), on_output=lambda o: None, on_error=lambda c, m: None
+    )
+    handle.cancel()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert handle.task.cancelled()
+    assert "req_early" not in orch._handles

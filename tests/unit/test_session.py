@@ -834,6 +834,19 @@ def test_conversation_over_max_items_deletes_the_oldest() -> None:
     assert [it.id for it in d.session.conversation] == ["c", "d", "e"]
 
 
+def test_conversation_over_max_conversation_bytes_deletes_the_oldest() -> None:
+    d = Driver(limits=SessionLimits(max_conversation_bytes=1000))
+    for name in "abc":
+        d.user_text("é" * 200, item_id=name)  # 400 bytes each (200 characters)
+    deleted = [e["item_id"] for e in d.events if e["type"] == "conversation.item.deleted"]
+    assert deleted == ["a"] and [it.id for it in d.session.conversation] == ["b", "c"]
+    d.user_text("x" * 5000, item_id="big")  # alone over the budget: kept, everything older goes
+    assert [it.id for it in d.session.conversation] == ["big"]
+    d.send({"type": "conversation.item.delete", "item_id": "big"})
+    d.user_text("y" * 900, item_id="next")  # the deleted item no longer counts
+    assert [it.id for it in d.session.conversation] == ["next"]
+
+
 # --- session.update through the session ---------------------------------------------
 
 
