@@ -6,13 +6,14 @@ Two kinds of refusal, told apart by what the client can do about them:
   OpenAI's error shape (``{"error": {"type", "code", "message", "param"}}``):
   an ``Origin`` not allowed (403 ``origin_not_allowed``, checked first, so a
   refused page never consumes a client secret) and refused credentials (401
-  ``unauthorized``; a client secret the store cannot check now is accepted and
-  closed 1013 ``store_unavailable``, to be retried). This needs the ASGI ``websocket.http.response``
-  extension (uvicorn has it); on a server without it the socket is accepted,
-  gets the same ``error`` event and closes 4003 / 4001. A browser never sees
-  an upgrade's status: its ``WebSocket`` only reports a failed connection
-  (close 1006), so the browser SDK says ``connect_failed`` and names these as
-  the likely causes.
+  ``unauthorized``). This needs ASGI's ``websocket.http.response`` extension
+  (uvicorn has it; older releases, 0.35 among them, put their own ``text/plain``
+  Content-Type ahead of ours); on a server without it the socket is accepted,
+  gets the same ``error`` event and closes 4003 / 4001. A browser never sees an
+  upgrade's status: its ``WebSocket`` only reports a failed connection (close
+  1006), so the browser SDK probes ``/healthz`` and says ``refused`` (the
+  gateway is up) or ``connect_failed``. A client secret the store cannot check
+  just now is accepted and closed 1013 ``store_unavailable``, to be retried.
 - **After accepting** (``common_refusal`` and the endpoints' own): an ``error``
   event and a close code any client can read, for what is worth retrying or
   fixing in the request (drain 1012, replica full 1013, unknown model 4004,
