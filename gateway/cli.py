@@ -25,6 +25,7 @@ import uvicorn
 
 from gateway import telemetry, workers
 from gateway.settings import ENGINES, ENV_PREFIX, Settings, from_env, is_loopback, with_checkpoint_model
+from gateway.tenants import KeysFile, TenantConfigError, TenantLimits
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -121,6 +122,11 @@ def problems(settings: Settings) -> list[str]:
             "or --api-key, --keys-file, or a token issuer (OMNI_GATEWAY_JWT_SECRET / _JWT_JWKS); "
             "auth is required beyond loopback"
         )
+    if settings.keys_file:
+        try:
+            KeysFile.parse(settings.keys_file, TenantLimits())
+        except TenantConfigError as err:
+            out.append(f"the keys file cannot be used: {err}")
     if not settings.models:  # with routes, each route carries its own options
         if settings.engine == "remote" and not settings.upstreams:
             out.append("--engine remote needs at least one --upstream ws://host:port (env OMNI_GATEWAY_UPSTREAMS)")

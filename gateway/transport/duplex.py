@@ -139,6 +139,12 @@ class DuplexConnection(Connection):
             )
             self.outbox.close(CloseCode.UNKNOWN_MODEL, Code.MODEL_NOT_FOUND)
             return False
+        if self.seat is not None and not self.seat.tenant.allows_model(model):
+            refused = ProtocolError(Code.MODEL_NOT_ALLOWED, f"This credential may not use the model {model!r}.",
+                                    param="session.model", event_id=event.event_id)  # fmt: skip
+            self.send_raw(self._error(refused))
+            self.outbox.close(CloseCode.FORBIDDEN, Code.MODEL_NOT_ALLOWED)
+            return False
         host = await self._host_for(default_session_config(model))
         if host is None:
             return False

@@ -165,6 +165,16 @@ async def test_a_model_outside_the_tenants_list_is_refused_4003() -> None:
         assert info.value.rcvd is not None and info.value.rcvd.code == 4003
 
 
+async def test_a_duplex_socket_that_opens_on_a_model_outside_the_list_is_refused_4003() -> None:
+    async with gateway(settings({})) as gw, connect(gw.url + "?duplex=1&autostart=0", headers=bearer(BETA)) as c:
+        await c.send({"type": "session.update", "session": {"model": "tone"}, "event_id": "open"})
+        err = await c.recv()
+        assert err["type"] == "error" and err["error"]["code"] == Code.MODEL_NOT_ALLOWED, err
+        with pytest.raises(websockets.ConnectionClosed) as info:
+            await asyncio.wait_for(c.ws.recv(), 5)
+        assert info.value.rcvd is not None and info.value.rcvd.code == 4003
+
+
 # --- as a session goes ----------------------------------------------------------------
 
 

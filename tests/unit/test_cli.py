@@ -40,6 +40,8 @@ def test_the_cascade_keeps_its_model_name() -> None:
         (["--engine", "remote"], "--engine remote needs at least one --upstream"),
         (["--video-engine", "remote"], "--video-engine remote needs at least one --upstream"),
         (["--host", "0.0.0.0"], "refusing to bind 0.0.0.0 without credentials"),
+        (["--keys-file", '{"tenants": [{"name": "a b"}]}'], "the keys file cannot be used: tenants[0].name"),
+        (["--keys-file", "/nonexistent/keys.json"], "cannot read keys_file"),
     ],
 )
 def test_settings_that_cannot_serve_are_refused_before_anything_starts(
