@@ -18,13 +18,6 @@ from gateway.protocol.errors import Code, ProtocolError
 OPENAI_VOICES = (
     "alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar",
 )  # fmt: skip
-OPENAI_TRANSCRIPTION_MODELS = (
-    "whisper-1",
-    "gpt-4o-transcribe",
-    "gpt-4o-mini-transcribe",
-    "gpt-4o-transcribe-latest",
-    "gpt-4o-transcribe-diarize",
-)
 
 PCM = AudioFormat("pcm16", 24000)
 PCMU = AudioFormat("pcmu", 8000)
@@ -75,6 +68,10 @@ class SessionConfig:
     # Gateway extension: after a replica is lost mid-response, create the
     # response again on the replica that resumes the session.
     reissue_interrupted_responses: bool = True
+    # Gateway extension: send this session the gateway's own events that the
+    # OpenAI SDKs have no type for (session.warning, session.replaced). Off by
+    # default: typed clients (openai-agents) fail on an event they cannot parse.
+    gateway_events: bool = False
 
 
 @dataclass(slots=True)
@@ -90,13 +87,14 @@ class ConfigLimits:
 _GA_TOP = {
     "type", "object", "id", "model", "output_modalities", "instructions", "audio", "tools",
     "tool_choice", "max_output_tokens", "tracing", "truncation", "prompt", "include",
-    "expires_at", "temperature", "reissue_interrupted_responses",
+    "expires_at", "temperature", "reissue_interrupted_responses", "gateway_events",
 }  # fmt: skip
 _BETA_TOP = {
     "object", "id", "model", "modalities", "instructions", "voice", "input_audio_format",
     "output_audio_format", "input_audio_transcription", "turn_detection", "tools",
     "tool_choice", "temperature", "max_response_output_tokens", "speed", "tracing",
     "input_audio_noise_reduction", "expires_at", "include", "client_secret", "reissue_interrupted_responses",
+    "gateway_events",
 }  # fmt: skip
 
 
@@ -307,6 +305,8 @@ def apply_update(
         changes["reissue_interrupted_responses"] = _bool(
             upd["reissue_interrupted_responses"], f"{param}.reissue_interrupted_responses"
         )
+    if "gateway_events" in upd:
+        changes["gateway_events"] = _bool(upd["gateway_events"], f"{param}.gateway_events")
     for key in ("tool_choice", "tracing", "truncation", "prompt", "include"):
         if key in upd:
             changes[key] = copy.deepcopy(upd[key])
@@ -364,9 +364,11 @@ def beta_format(fmt: AudioFormat) -> str:
     return {"pcm16": "pcm16", "pcmu": "g711_ulaw", "pcma": "g711_alaw"}[fmt.codec]
 
 
-def _td_dict(td: TurnDetection | None) -> dict[str, Any] | None:
+def _td_dict(td: TurnDetection | None, beta: bool = False) -> dict[str, Any] | None:
     if td is None:
         return None
+    if beta:  # the beta API has no idle_timeout_ms
+        return {k: v for k, v in (_td_dict(td) or {}).items() if k != "idle_timeout_ms"}
     return {
         "type": td.type,
         "threshold": td.threshold,
@@ -400,13 +402,14 @@ def render(cfg: SessionConfig, *, session_id: str, expires_at: int, beta: bool) 
             "output_audio_format": beta_format(cfg.output_format),
             "input_audio_transcription": _tr_dict(cfg.transcription),
             "input_audio_noise_reduction": cfg.noise_reduction,
-            "turn_detection": _td_dict(cfg.turn_detection),
+            "turn_detection": _td_dict(cfg.turn_detection, beta=True),
             "tools": list(cfg.tools),
             "tool_choice": cfg.tool_choice,
             "temperature": cfg.temperature,
             "max_response_output_tokens": max_tokens,
             "tracing": cfg.tracing,
             "reissue_interrupted_responses": cfg.reissue_interrupted_responses,
+            "gateway_events": cfg.gateway_events,
         }
     return {
         "type": "realtime",
@@ -433,6 +436,7 @@ def render(cfg: SessionConfig, *, session_id: str, expires_at: int, beta: bool) 
         "prompt": cfg.prompt,
         "include": cfg.include,
         "reissue_interrupted_responses": cfg.reissue_interrupted_responses,
+        "gateway_events": cfg.gateway_events,
     }
 
 

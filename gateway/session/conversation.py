@@ -29,10 +29,19 @@ class Part:
     marks: list[tuple[float, int]] = field(default_factory=list)
 
     def render(self, beta: bool) -> dict[str, Any]:
+        """As content of a conversation item (GA ``output_audio``, beta ``audio``)."""
         kind = _BETA_PART.get(self.type, self.type) if beta else self.type
         if self.type in ("input_text", "output_text"):
             return {"type": kind, "text": self.text or ""}
         return {"type": kind, "transcript": self.transcript}
+
+    def render_part(self) -> dict[str, Any]:
+        """As the ``part`` of ``response.content_part.added/done``: both dialects
+        name a response's content part ``text`` or ``audio`` (the SDK's models
+        allow nothing else there)."""
+        if self.type == "output_audio":
+            return {"type": "audio", "transcript": self.transcript or ""}
+        return {"type": "text", "text": self.text or ""}
 
     @property
     def content_text(self) -> str:

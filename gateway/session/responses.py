@@ -91,7 +91,7 @@ class Responses(SessionCore):
             item_id=item.id,
             output_index=0,
             content_index=0,
-            part=part.render(self.beta),
+            part=part.render_part(),
         )
         request = ResponseRequest(
             request_id=resp_id,
@@ -228,7 +228,7 @@ class Responses(SessionCore):
             self._emit("response.output_audio_transcript.done", **where, transcript=part.transcript or "")
         else:
             self._emit("response.output_text.done", **where, text=part.text or "")
-        self._emit("response.content_part.done", **where, part=part.render(self.beta))
+        self._emit("response.content_part.done", **where, part=part.render_part())
         resp.item.status = "completed" if status == "completed" else "incomplete"
         self._emit("response.output_item.done", response_id=resp.id, output_index=0, item=resp.item.render(self.beta))
         if resp.in_conversation and self.conversation.get(resp.item.id) is not None:

@@ -24,11 +24,7 @@ from gateway.audio.codecs import AudioFormat, decode_to_pcm16
 from gateway.audio.resample import StreamResampler
 from gateway.protocol import client_events as ce
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
-from gateway.protocol.session_config import (
-    OPENAI_TRANSCRIPTION_MODELS,
-    apply_update,
-    render,
-)
+from gateway.protocol.session_config import apply_update, render
 from gateway.session import snapshot
 from gateway.session.conversation import Item, Part
 from gateway.session.core import VAD_RATE, SessionCore, SessionLimits, VadStream, _Response
@@ -113,14 +109,6 @@ class RealtimeSession(InputAudio, Responses):
     def _session_update(self, event: ce.SessionUpdate) -> None:
         old_td = self.config.turn_detection
         new, warnings = apply_update(self.config, event.session, beta=self.beta, limits=self._config_limits)
-        tr = new.transcription
-        known = OPENAI_TRANSCRIPTION_MODELS + self.engine.transcription_models
-        if tr is not None and tr.model not in known:
-            raise ProtocolError(
-                Code.INVALID_VALUE,
-                f"Unknown transcription model {tr.model!r}; use one of: {', '.join(known)}.",
-                param="session.audio.input.transcription.model",
-            )
         if new.turn_detection is not None and new.turn_detection != old_td and self._vad_factory is None:
             raise ProtocolError(
                 Code.INVALID_VALUE,
@@ -133,6 +121,8 @@ class RealtimeSession(InputAudio, Responses):
         if new.input_format != old.input_format or new.turn_detection != old.turn_detection:
             self._setup_input()
         self._emit("session.updated", session=self.render_config())
+        if not new.gateway_events:
+            return  # the SDKs have no type for session.warning: only for clients that opted in
         for param, message in warnings:
             # Not an error: the update applied; the client learns what has no effect here.
             self._emit("session.warning", code="unsupported_field", message=message, param=param)
@@ -323,7 +313,9 @@ class RealtimeSession(InputAudio, Responses):
         resp = self._response
         if resp is None:
             return
-        self._end_response("incomplete", {"type": "incomplete", "reason": reason})
+        # The SDK's status_details.reason has no value for this: the gateway's own
+        # reason goes in the extension field gateway_reason.
+        self._end_response("incomplete", {"type": "incomplete", "gateway_reason": reason})
         if self.config.reissue_interrupted_responses:
             self.create_response(
                 ce.ResponseParams(

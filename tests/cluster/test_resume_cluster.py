@@ -169,7 +169,9 @@ async def answer(rt: RealtimeClient, tape: Tape, hook: Hook | None = None) -> No
             await hook(event)
         if event["type"] == "response.done":
             r = event["response"]
-            if not (r["status"] == "incomplete" and (r.get("status_details") or {}).get("reason") == "replica_lost"):
+            if not (
+                r["status"] == "incomplete" and (r.get("status_details") or {}).get("gateway_reason") == "replica_lost"
+            ):
                 return
 
 
@@ -219,7 +221,7 @@ def assert_answered(tape: Tape, responses_before: int = 0) -> str:
     else:
         outcome = "reissued"
         assert first["status"] == "incomplete", first
-        assert (first.get("status_details") or {}).get("reason") == "replica_lost", first
+        assert (first.get("status_details") or {}).get("gateway_reason") == "replica_lost", first
         got = tape.words(first["id"])
         assert got == FULL_WORDS[: len(got)], f"the interrupted answer's words are not a prefix: {got}"
         assert len(done) == 2, f"expected the interrupted answer then its re-issue: {done}"

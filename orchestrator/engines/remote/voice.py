@@ -425,7 +425,8 @@ class RemoteEngine(PooledEngine):
             raise upstream_error({"error": details.get("error") or {}}, default="upstream_error")
         if status == "cancelled":
             raise EngineError("upstream_cancelled", "the upstream cancelled the response")
-        reason = details.get("reason")
+        # A gateway upstream reports a lost replica in its extension field gateway_reason.
+        reason = details.get("reason") or details.get("gateway_reason")
         if status == "incomplete" and reason != "max_output_tokens":
             if reason in ("replica_lost", "upstream_lost"):
                 raise UpstreamLost(f"upstream {lease.upstream.name} lost the response ({reason})")
