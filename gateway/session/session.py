@@ -34,7 +34,6 @@ from gateway.session.responses import Responses
 from orchestrator.engine import (
     AudioChunk,
     EngineInfo,
-    TranscriptionRequest,
 )
 
 __all__ = ["VAD_RATE", "RealtimeSession", "SessionCore", "SessionLimits", "VadStream"]
@@ -101,6 +100,13 @@ class RealtimeSession(InputAudio, Responses):
                     self.create_response(event.response, event.event_id)
                 case ce.ResponseCancel():
                     self._cancel(event)
+                case ce.OutputAudioClear():
+                    raise ProtocolError(
+                        Code.UNSUPPORTED,
+                        "output_audio_buffer.clear is for WebRTC and SIP: over a WebSocket the client holds "
+                        "the output audio; stop playing it and send conversation.item.truncate.",
+                        param="type",
+                    )
         except ProtocolError as err:
             if err.event_id is None:
                 err.event_id = event.event_id
@@ -116,6 +122,13 @@ class RealtimeSession(InputAudio, Responses):
                 "set turn_detection to null and commit turns yourself.",
                 param="session.audio.input.turn_detection",
             )
+        if new.type == "transcription" and self._response is not None:
+            raise ProtocolError(
+                Code.RESPONSE_ACTIVE,
+                "A session becomes a transcription session only with no response running; "
+                "cancel it or wait for response.done.",
+                param="session.type",
+            )
         old = self.config
         self.config = new
         if new.input_format != old.input_format or new.turn_detection != old.turn_detection:
@@ -123,7 +136,10 @@ class RealtimeSession(InputAudio, Responses):
         self._emit("session.updated", session=self.render_config())
         if not new.gateway_events:
             return  # the SDKs have no type for session.warning: only for clients that opted in
-        for param, message in warnings:
+        for key, param, message in warnings:
+            if key in self._warned:
+                continue  # each ignored field is reported once per session
+            self._warned.add(key)
             # Not an error: the update applied; the client learns what has no effect here.
             self._emit("session.warning", code="unsupported_field", message=message, param=param)
 
@@ -151,6 +167,17 @@ class RealtimeSession(InputAudio, Responses):
 
     def _item_from_spec(self, spec: ce.ItemSpec, param: str) -> Item:
         """Build an item; validates every part before asking for any work."""
+        if spec.type != "message":
+            return Item(
+                spec.id or self._new_id("item"),
+                spec.role,
+                [],
+                type=spec.type,
+                call_id=spec.call_id or self._new_id("call"),
+                name=spec.name,
+                arguments=spec.arguments,
+                output=spec.output,
+            )
         item = Item(spec.id or self._new_id("item"), spec.role, [])
         fmt = self.config.input_format
         audio: bytes | None = None
@@ -172,7 +199,7 @@ class RealtimeSession(InputAudio, Responses):
             request_id = f"input_{item.id}"
             pcm = decode_to_pcm16(fmt, audio)
             resampler = StreamResampler(fmt.rate, self.engine.input_sample_rate)
-            self.effects.append(StartTranscription(TranscriptionRequest(request_id)))
+            self.effects.append(StartTranscription(self._transcription_request(request_id)))
             self.effects.append(Feed(request_id, AudioChunk(resampler.process(pcm) + resampler.flush())))
             self.effects.append(EndInput(request_id))
             self._committed[request_id] = item.id
@@ -197,7 +224,7 @@ class RealtimeSession(InputAudio, Responses):
                 param="audio_end_ms",
             )
         resp = self._response
-        if resp is not None and resp.item is item:
+        if resp is not None and resp.message is item:
             # The client stopped playing this answer: stop generating it too.
             self._end_response("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
         kept = 0
@@ -216,7 +243,7 @@ class RealtimeSession(InputAudio, Responses):
 
     def _delete(self, event: ce.ItemDelete) -> None:
         item = self._item(event)
-        if self._response is not None and self._response.item is item:
+        if self._response is not None and any(item is out for out in self._response.outputs):
             self._end_response("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
         self.conversation.remove(item.id)
         self._emit("conversation.item.deleted", item_id=item.id)
@@ -242,7 +269,10 @@ class RealtimeSession(InputAudio, Responses):
             if resp is None
             else {
                 "id": resp.id,
-                "item": snapshot.item_to_dict(resp.item),
+                "outputs": [snapshot.item_to_dict(it) for it in resp.outputs],
+                "message": None if resp.message is None else resp.message.id,
+                "calls": {str(index): it.id for index, it in resp.calls.items()},
+                "overrides": resp.overrides,
                 "in_conversation": resp.in_conversation,
                 "modalities": list(resp.modalities),
                 "output_format": [resp.output_format.codec, resp.output_format.rate],
@@ -275,13 +305,18 @@ class RealtimeSession(InputAudio, Responses):
             session.conversation.insert(snapshot.item_from_dict(entry))
         r = state["response"]
         if r is not None:
-            item = session.conversation.get(r["item"]["id"]) or snapshot.item_from_dict(r["item"])
+            outputs = [session.conversation.get(d["id"]) or snapshot.item_from_dict(d) for d in r["outputs"]]
+            by_id = {it.id: it for it in outputs}
+            message = by_id.get(r["message"]) if r["message"] else None
             codec, rate = r["output_format"]
             fmt = AudioFormat(codec, rate)
             session._response = _Response(
                 id=r["id"],
-                item=item,
-                part=item.content[0] if item.content else Part("output_audio", transcript=""),
+                outputs=outputs,
+                message=message,
+                part=message.content[0] if message is not None and message.content else None,
+                calls={int(index): by_id[item_id] for index, item_id in r["calls"].items()},
+                overrides=r["overrides"],
                 in_conversation=r["in_conversation"],
                 modalities=tuple(r["modalities"]),
                 output_format=fmt,
@@ -325,6 +360,9 @@ class RealtimeSession(InputAudio, Responses):
                     max_output_tokens=resp.max_output_tokens,
                     conversation="auto" if resp.in_conversation else "none",
                     metadata=resp.metadata,
+                    tools=resp.overrides.get("tools"),
+                    tool_choice=resp.overrides.get("tool_choice"),
+                    parallel_tool_calls=resp.overrides.get("parallel_tool_calls"),
                 ),
                 None,
             )

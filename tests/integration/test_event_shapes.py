@@ -36,7 +36,7 @@ class SlowEchoThinker:
     description = "slow echo (test)"
 
     async def think(self, messages: tuple[Message, ...], instructions: str, **kwargs: Any):  # type: ignore[no-untyped-def]
-        async for word in EchoThinker().think(messages, instructions, **kwargs):
+        async for word in EchoThinker().think(messages, instructions):
             await asyncio.sleep(0.05)
             yield word
 

@@ -72,6 +72,7 @@ GOOD_EVENTS: list[tuple[dict[str, Any], type]] = [
     ),
     ({"type": "response.create"}, ce.ResponseCreate),
     ({"type": "response.cancel"}, ce.ResponseCancel),
+    ({"type": "output_audio_buffer.clear"}, ce.OutputAudioClear),
     # Gateway extensions (resume): decoded here, their semantics are tested with resume.
     (
         {"type": "session.resume", "session_id": "sess_1", "resume_token": "rt_x", "last_received_server_event_seq": 3},
@@ -300,7 +301,7 @@ BAD_EVENTS: list[tuple[dict[str, Any], str, str]] = [
     (
         {
             "type": "conversation.item.create",
-            "item": {"type": "function_call", "role": "user", "content": [{"type": "input_text", "text": "x"}]},
+            "item": {"type": "mcp_call", "role": "user", "content": [{"type": "input_text", "text": "x"}]},
         },
         Code.INVALID_VALUE,
         "item.type",
@@ -468,11 +469,11 @@ LIMITS = ConfigLimits(voices=("tone",), ignored_fields=("temperature", "tools", 
 BASE = SessionConfig(model="m", turn_detection=None)
 
 
-def ga(update: dict[str, Any], current: SessionConfig = BASE) -> tuple[SessionConfig, list[tuple[str, str]]]:
+def ga(update: dict[str, Any], current: SessionConfig = BASE) -> tuple[SessionConfig, list[tuple[str, str, str]]]:
     return apply_update(current, update, beta=False, limits=LIMITS)
 
 
-def beta(update: dict[str, Any], current: SessionConfig = BASE) -> tuple[SessionConfig, list[tuple[str, str]]]:
+def beta(update: dict[str, Any], current: SessionConfig = BASE) -> tuple[SessionConfig, list[tuple[str, str, str]]]:
     return apply_update(current, update, beta=True, limits=LIMITS)
 
 
@@ -653,9 +654,11 @@ def test_ga_update_applies_every_field_it_names() -> None:
     assert warnings == []
 
 
-def test_ga_session_type_must_be_realtime() -> None:
-    err = config_refused({"type": "transcription"})
+def test_ga_session_type_is_realtime_or_transcription() -> None:
+    err = config_refused({"type": "translation"})
     assert (err.code, err.param) == (Code.INVALID_VALUE, "session.type")
+    cfg, _ = ga({"type": "transcription"})
+    assert cfg.type == "transcription"
 
 
 def test_model_of_a_session_cannot_change() -> None:
@@ -707,8 +710,8 @@ def test_fields_the_engine_ignores_produce_warnings_not_errors() -> None:
     cfg, warnings = ga({"temperature": 0.3, "tools": [{"type": "function", "name": "f"}], "instructions": "x"})
     assert cfg.temperature == 0.3
     assert len(cfg.tools) == 1
-    assert sorted(p for p, _ in warnings) == ["session.temperature", "session.tools"]
-    assert all(msg for _, msg in warnings)
+    assert sorted(p for _, p, _ in warnings) == ["session.temperature", "session.tools"]
+    assert all(msg for _, _, msg in warnings)
 
 
 def test_ignored_field_set_to_its_neutral_value_gives_no_warning() -> None:
@@ -716,9 +719,16 @@ def test_ignored_field_set_to_its_neutral_value_gives_no_warning() -> None:
     assert warnings == []
 
 
-def test_beta_noise_reduction_warns_under_its_ga_name() -> None:
-    _, warnings = beta({"input_audio_noise_reduction": {"type": "near_field"}})
-    assert [p for p, _ in warnings] == ["session.noise_reduction"]
+def test_noise_reduction_is_validated_and_warned_under_each_dialect_name() -> None:
+    cfg, warnings = beta({"input_audio_noise_reduction": {"type": "near_field"}})
+    assert cfg.noise_reduction == {"type": "near_field"}
+    assert [p for _, p, _ in warnings] == ["session.input_audio_noise_reduction"]
+    cfg, warnings = ga({"audio": {"input": {"noise_reduction": {"type": "far_field", "strength": 0.5}}}})
+    assert cfg.noise_reduction == {"type": "far_field", "strength": 0.5}
+    assert [p for _, p, _ in warnings] == ["session.audio.input.noise_reduction"]
+    for bad, param in (({"type": "loud"}, "type"), ({"type": "near_field", "strength": 2}, "strength")):
+        err = config_refused({"audio": {"input": {"noise_reduction": bad}}})
+        assert err.param == f"session.audio.input.noise_reduction.{param}"
 
 
 # --- session configuration: rendering ----------------------------------------------

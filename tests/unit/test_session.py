@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 import pytest
+from support.session_driver import TONE, Driver
 
 from gateway.audio.codecs import ulaw_encode
 from gateway.protocol import client_events as ce
@@ -20,77 +20,6 @@ from orchestrator.engines.passthrough import PassthroughEngine
 
 RATE = 24000
 MS = RATE * 2 // 1000  # bytes of 24 kHz PCM16 per millisecond
-TONE = PassthroughEngine()._chunk  # 20 ms of 24 kHz PCM16
-
-
-class Driver:
-    """Feeds a session and keeps every event and effect it produced, in order."""
-
-    def __init__(self, *, beta: bool = False, limits: SessionLimits | None = None, **config: Any) -> None:
-        config.setdefault("turn_detection", None)
-        self.session = RealtimeSession(
-            session_id="sess_test",
-            config=SessionConfig(model="test-model", **config),
-            engine=PassthroughEngine().info,
-            beta=beta,
-            limits=limits,
-            vad_factory=None,
-        )
-        self.events: list[dict[str, Any]] = []
-        self.effects: list[Any] = []
-        self.session.start()
-        self.take()
-
-    def take(self) -> tuple[list[dict[str, Any]], list[Any]]:
-        events, effects = self.session.take()
-        self.events += events
-        self.effects += effects
-        return events, effects
-
-    def send(self, event: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]]:
-        """Decode with the real decoder, as the transport does, then handle."""
-        self.session.handle(ce.decode(orjson.dumps(event)))
-        return self.take()
-
-    def types(self, events: list[dict[str, Any]] | None = None) -> list[str]:
-        return [e["type"] for e in (self.events if events is None else events)]
-
-    def error(self, event: dict[str, Any]) -> dict[str, Any]:
-        events, effects = self.send(event)
-        assert self.types(events) == ["error"], self.types(events)
-        assert effects == []
-        return events[0]["error"]
-
-    def respond(self, **response: Any) -> str:
-        events, _ = self.send(
-            {"type": "response.create", "response": response} if response else {"type": "response.create"}
-        )
-        created = [e for e in events if e["type"] == "response.created"]
-        assert created, self.types(events)
-        return str(created[0]["response"]["id"])
-
-    def output(self, response_id: str, *outputs: Any) -> list[dict[str, Any]]:
-        for out in outputs:
-            self.session.on_response(response_id, out)
-        return self.take()[0]
-
-    def user_text(self, text: str, item_id: str | None = None) -> dict[str, Any]:
-        item: dict[str, Any] = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-        if item_id:
-            item["id"] = item_id
-        events, _ = self.send({"type": "conversation.item.create", "item": item})
-        return events[0]
-
-    def completed_audio_response(self, chunks: int = 5) -> tuple[str, str]:
-        """A finished audio response: 'w<i> ' then 20 ms of tone per chunk, like the passthrough."""
-        resp_id = self.respond()
-        outs: list[Any] = []
-        for i in range(chunks):
-            outs += [TextDelta(f"w{i} "), AudioDelta(TONE)]
-        events = self.output(resp_id, *outs, Finished(usage=Usage(output_text_tokens=chunks)))
-        done = events[-1]
-        assert done["type"] == "response.done"
-        return resp_id, str(done["response"]["output"][0]["id"])
 
 
 @pytest.fixture
