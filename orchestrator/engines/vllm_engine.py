@@ -256,6 +256,15 @@ class VllmEngine:
                 from vllm.v1.engine.async_llm import AsyncLLM
 
                 args = {"disable_log_stats": True, **self.engine_args}
+                if "structured_outputs_config" not in args:
+                    from vllm.config.structured_outputs import StructuredOutputsConfig
+
+                    # Tool calls are generated compact (vllm_tools): whitespace outside
+                    # strings is never sampled. vLLM's xgrammar backend reads this
+                    # engine-wide setting (with an explicit backend), not the request's.
+                    args["structured_outputs_config"] = StructuredOutputsConfig(
+                        backend="xgrammar", disable_any_whitespace=True
+                    )
                 log.info("starting vLLM: %s", args)
                 try:
                     self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))

@@ -12,8 +12,10 @@ into ``TextDelta``s and ``ToolCallDelta``s:
   random-weight model returns a call whose arguments validate against the
   schema; the JSON is read as it streams by vLLM's
   ``extract_named_tool_call_streaming`` / ``extract_required_tool_call_streaming``.
-  Whitespace outside strings is not generated (``disable_any_whitespace``),
-  so a small model cannot pad a call forever.
+  Whitespace outside strings is not generated (``disable_any_whitespace``: set
+  engine-wide by ``VllmEngine.start``, where vLLM's xgrammar backend reads it;
+  an ``AsyncLLM`` passed in keeps its own setting), so a small model cannot
+  pad a call forever.
 - ``auto``: the tools are rendered into the prompt and the model decides;
   its calls are recognised by the route's ``tool_parser`` (a vLLM
   ``--tool-call-parser`` name: ``hermes``, ``llama3_json``, ``mistral``, ...),

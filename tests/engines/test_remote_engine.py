@@ -39,9 +39,12 @@ from orchestrator.engine import (
     AudioDelta,
     EngineError,
     Finished,
+    FunctionTool,
     Message,
     ResponseRequest,
     TextDelta,
+    ToolCall,
+    ToolChoice,
     TranscriptionRequest,
 )
 from orchestrator.engines.passthrough import PassthroughEngine
@@ -280,6 +283,42 @@ async def engine_transcribes_and_answers(up: RunningGateway, speech: bytes, *, b
         assert isinstance(outs[-1], Finished) and outs[-1].text == "You said: hello"
     finally:
         await engine.close()
+
+
+async def test_tools_tool_choice_and_call_items_reach_the_upstream() -> None:
+    """The upstream (a gateway on the cascade, whose echo thinker cannot call tools)
+    is given the tools and tool_choice: it refuses ``required`` with its own code,
+    answers ``auto``, and a later request without tools clears them on the kept session."""
+    async with run_gateway(upstream_settings(), vad_factory=None) as up:
+        engine = RemoteEngine([up.http])
+        await engine.start()
+        tool = FunctionTool("get_weather", "weather", {"type": "object", "properties": {"city": {"type": "string"}}})
+        history = (
+            Message("user", "weather in Oslo"),
+            Message("assistant", "", tool_calls=(ToolCall("call_1", "get_weather", '{"city": "Oslo"}'),)),
+            Message("tool", "rain", tool_call_id="call_1"),
+            Message("user", "thanks"),
+        )
+        try:
+            required = ResponseRequest(
+                "r1", history, modalities=("text",), tools=(tool,), tool_choice=ToolChoice("required")
+            )
+            with pytest.raises(EngineError) as info:
+                await collect(engine.respond(required, inputs_of()))
+            assert info.value.code == "tools_unsupported"
+            outs = await collect(
+                engine.respond(ResponseRequest("r2", history, modalities=("text",), tools=(tool,)), inputs_of())
+            )
+            assert isinstance(outs[-1], Finished) and outs[-1].text == "You said: thanks"
+            conn = engine.pool.upstreams[0]
+            await eventually(lambda: conn.idle.get("respond"))
+            assert conn.idle["respond"][0].tools
+            outs = await collect(engine.respond(ResponseRequest("r3", history, modalities=("text",)), inputs_of()))
+            assert isinstance(outs[-1], Finished)
+            await eventually(lambda: conn.idle.get("respond"))
+            assert not conn.idle["respond"][0].tools  # cleared upstream
+        finally:
+            await engine.close()
 
 
 # --- video through the chain ------------------------------------------------------------

@@ -517,3 +517,20 @@ async def test_two_sessions_are_independent(gw: RunningGateway) -> None:
         await text_item(b, "only in b", item_id="shared_id")  # no item_already_exists across sessions
         await a.send({"type": "conversation.item.retrieve", "item_id": "shared_id"})
         assert (await a.wait_for("conversation.item.retrieved"))["item"]["content"][0]["text"] == "only in a"
+
+
+async def test_an_engine_that_calls_no_function_fails_required_and_answers_auto(gw: RunningGateway) -> None:
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+    async with connect(gw.url) as c:
+        await c.wait_for("session.created")
+        await c.send({"type": "session.update", "session": {"type": "realtime", "tools": [tool]}})
+        await c.wait_for("session.updated")
+        await c.send({"type": "response.create"})
+        done = await c.wait_for("response.done")
+        assert done["response"]["status"] == "completed"  # auto: the passthrough answers as always
+        await c.send({"type": "response.create", "event_id": "req", "response": {"tool_choice": "required"}})
+        error = await c.wait_for("error")
+        assert (error["error"]["code"], error["error"]["event_id"]) == ("tools_unsupported", "req")
+        done = await c.wait_for("response.done")
+        assert done["response"]["status"] == "failed"
+        assert done["response"]["status_details"]["error"]["code"] == "tools_unsupported"

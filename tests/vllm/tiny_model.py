@@ -29,7 +29,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}"
     "{% for c in m.get('tool_calls') or [] %}<tool_call>"
     '{"name": {{ c["function"]["name"] | tojson }}, "arguments": {{ c["function"]["arguments"] | tojson }}}'
-    "</tool_call>{% endfor %}\n{% endfor %}"
+    "</tool_call>{% endfor %}{{ '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 _WORDS = (

@@ -161,6 +161,7 @@ class Connection:
         self.binary = ws.subprotocol == BINARY_SUBPROTOCOL
         self.idle_since = time.monotonic()
         self.epoch = 0  # one per request; our events are tagged with it
+        self.tools = False  # this upstream session was given tools (a later request must clear them)
         self._sent = 0
 
     @property
