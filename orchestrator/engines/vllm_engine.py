@@ -494,7 +494,9 @@ class VllmThinker:
     model loads: an owner should call ``start`` up front (and ``close``).
     A dead engine core fails the answer with ``EngineError("engine_dead",
     fatal=True)``, which the cascade passes on. It calls tools as the ``vllm``
-    engine does (``vllm_tools``: the engine's ``tool_parser`` for ``auto``).
+    engine does (``vllm_tools``: the engine's ``tool_parser`` for ``auto``); a
+    call under structured outputs is not bounded by ``max_tokens`` (its schema
+    ends it; a call cut short would be none).
     """
 
     calls_tools = True
@@ -539,6 +541,8 @@ class VllmThinker:
         )
         if request.calls_tools:
             calling = ToolCalling(request, engine.tokenizer, engine.tool_parser)
+            if calling.structured_outputs is not None:
+                params.max_tokens = None  # a call cut short is no call: the schema's end ends it
             params.structured_outputs = calling.structured_outputs
             params.skip_special_tokens = calling.skip_special_tokens
             prompt = render_conversation(engine.tokenizer, messages, instructions, calling.chat_tools or None)
