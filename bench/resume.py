@@ -29,8 +29,9 @@ Three phases, each bounded in count and time:
    session has resumed (so its start does not compete for the CPU with the
    resume being timed), and the next kill waits for it. Counted: answers completed vs ended ``incomplete``
    (``replica_lost``) and re-issued, replayed events, duplicates dropped by the
-   SDK, seq gaps, failures; timed: new socket -> ``session.resumed`` and -> the
-   first event after it.
+   SDK, seq gaps, failures; timed: new socket -> ``session.resumed`` (or
+   ``session.resync_required``: the client held deltas the dead replica never
+   committed, the usual case for a kill mid-answer) and -> the first event after it.
 
 Every phase checks what the application received: seqs contiguous (no gap,
 no duplicate), every completed answer carries all 50 words. Only 127.0.0.1 is
@@ -143,8 +144,10 @@ class Session:
             replay = max(0, event["replay_to"] - event["replay_from"] + 1)
             self.resumes.append(Resume(self.rt.opened_at, now, replay, self.dropped_at))
             self.dropped_at = None
-        elif kind == "session.resync_required":
+        elif kind == "session.resync_required":  # the client was ahead of the store (a kill): timed alike
             self.last_seq = event.get("last_server_event_seq", self.last_seq)
+            self.resumes.append(Resume(self.rt.opened_at, now, 0, self.dropped_at))
+            self.dropped_at = None
         if seq > 0:
             if self.last_seq and seq != self.last_seq + 1:
                 self.gaps += 1
@@ -359,7 +362,7 @@ async def kill_once(
 
     async def on_event(event: dict[str, Any]) -> None:
         nonlocal words
-        if event["type"] == "session.resumed" and s.victim is not None:
+        if event["type"] in ("session.resumed", "session.resync_required") and s.victim is not None:
             on_resumed(s.victim)
         if event["type"] == TRANSCRIPT_DELTA and s.victim is None:
             words += 1

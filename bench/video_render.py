@@ -26,7 +26,7 @@ import torch
 
 from orchestrator.engines.video.encode import Fmp4Encoder, JpegEncoder
 from orchestrator.engines.video.render import RenderState, iter_chunk
-from orchestrator.engines.video.types import Interaction, default_frames_per_chunk
+from orchestrator.video_engine import Interaction, default_frames_per_chunk
 
 PROMPT = "A serene lakeside sunrise with mist over the water"
 

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"omni-gateway: {line}", file=sys.stderr)
         return 2
     from gateway.app import create_app
-    from gateway.transport.ws_compat import server_protocol
+    from gateway.transport.ws_server import server_protocol
 
     app = create_app(settings)
     config = uvicorn.Config(

@@ -1,41 +1,44 @@
-"""What one gateway process holds: settings, engine, orchestrator, auth,
-metrics, the speech detector and the open connections."""
+"""The composition root: what one gateway process holds and how it is wired.
+
+Settings, the engines (one per route) and their orchestrators, auth, metrics,
+the speech detector, the store, the hosting context (the sessions served here,
+their lease loop and bus listener) and the open connections. The runtime builds
+and connects these parts and gives the transport what it asks for
+(``RealtimeServices``, ``VideoServices``); the session logic lives in them.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import os
 import secrets
 import socket
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
-
-import orjson
+from typing import Any
 
 from gateway.auth import Authenticator
-from gateway.protocol import client_events as ce
+from gateway.hosting.bus import listen_bus
+from gateway.hosting.host import HostContext, SessionHost
+from gateway.hosting.leases import renew_leases
+from gateway.protocol.duplex_config import DuplexConfig
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.session_config import SessionConfig
 from gateway.protocol.video_events import decode_interaction
 from gateway.routing import CATCH_ALL, Router, RouteSpec, RoutingError, parse_routes
-from gateway.session import snapshot
+from gateway.session.duplex import DuplexSession
 from gateway.session.session import RealtimeSession, SessionLimits, VadStream
 from gateway.settings import Settings
 from gateway.store import create_store
-from gateway.store.base import JournalRead, SessionStore, StoreError, replica_channel
-from gateway.transport.host import SessionHost, connection_event, error_event, new_resume_token, token_hash
+from gateway.store.base import SessionStore
+from gateway.transport.realtime import Connection
+from gateway.transport.video import VideoConnection
 from orchestrator.engine import Engine
-from orchestrator.engines.video.types import VideoEngine
 from orchestrator.metrics import Metrics
 from orchestrator.orchestrator import AdmissionLimits, Orchestrator
-
-if TYPE_CHECKING:
-    from gateway.transport.realtime import Connection
-    from gateway.transport.video import VideoConnection
+from orchestrator.video_engine import VideoEngine
 
 log = logging.getLogger("omni.runtime")
 
@@ -110,9 +113,6 @@ def load_vad() -> Callable[[], VadStream] | None:
     return model.new_stream
 
 
-RESUME_SEQ_SLACK = 1_000  # a client may hold this many events the journal lost in a crash
-
-
 class Runtime:
     def __init__(
         self,
@@ -156,13 +156,26 @@ class Runtime:
         )
         self.replica_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.lease_ttl_ms = int(settings.lease_ttl_s * 1000)
+        self.hosting = HostContext(
+            store=self.store,
+            metrics=self.metrics,
+            replica_id=self.replica_id,
+            lease_ttl_ms=self.lease_ttl_ms,
+            detach_grace_s=settings.detach_grace_s,
+        )
         self.connections: set[Connection] = set()
-        self.hosts: dict[str, SessionHost] = {}
         self.video_sessions: dict[str, VideoConnection] = {}
-        self.background: set[asyncio.Task[Any]] = set()
         self.draining = False
         self._bus_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
+
+    @property
+    def hosts(self) -> dict[str, SessionHost]:
+        """The realtime sessions served here, by id."""
+        return self.hosting.hosts
+
+    def session_count(self) -> int:
+        return len(self.connections) + len(self.video_sessions)
 
     # --- sessions ---------------------------------------------------------------
 
@@ -200,177 +213,42 @@ class Runtime:
             "rate_limits": lambda: rate_limits(orch),
         }
 
-    async def open_session(self, config: SessionConfig, *, principal: str, beta: bool) -> SessionHost:
+    async def open_session(
+        self, config: SessionConfig, *, principal: str, beta: bool, duplex: DuplexConfig | None = None
+    ) -> SessionHost:
+        """A new session hosted here: GA or beta, or, with ``duplex``, vLLM-Omni's duplex dialect."""
         found = self.route(config.model)
         if found is None:
             raise ProtocolError(Code.MODEL_NOT_FOUND, f"No model {config.model!r} here; see GET /v1/models.")
         engine, orch = found
         if "audio" not in engine.info.modalities and "audio" in config.output_modalities:
             config = replace(config, output_modalities=("text",))  # a text model answers in text
-        session = RealtimeSession(
-            session_id="sess_" + secrets.token_hex(10),
-            config=config,
-            engine=engine.info,
-            beta=beta,
-            **self._session_kwargs(orch),
-        )
-        fence = await self.store.acquire(session.id, self.replica_id, self.lease_ttl_ms)
-        return SessionHost(
-            self, session, orchestrator=orch, principal=principal, resume_token=new_resume_token(), fence=fence
-        )
+        kwargs = {"session_id": "sess_" + secrets.token_hex(10), "config": config, "engine": engine.info,
+                  **self._session_kwargs(orch)}  # fmt: skip
+        session = RealtimeSession(beta=beta, **kwargs) if duplex is None else DuplexSession(duplex=duplex, **kwargs)
+        return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal)
 
-    async def resume(self, conn: Connection, event: ce.SessionResume) -> None:
-        """Move ``event.session_id`` onto ``conn``: replay what the client missed, then go on live."""
-        provisional = conn.host
-        assert provisional is not None
-        try:
-            await self._resume(conn, event, provisional)
-        except ProtocolError as err:
-            err.event_id = event.event_id
-            provisional.session.error(err)
-            provisional.flush()
-        except StoreError as exc:
-            log.warning("resume of %s failed: %s", event.session_id, exc)
-            provisional.session.error(
-                ProtocolError(
-                    Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.", event_id=event.event_id
-                )
-            )
-            provisional.flush()
+    def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
+        """A session taken over from the store, rebuilt on this replica's engine (in its dialect)."""
+        found = self.route(state["config"]["model"])
+        if found is None:
+            raise ProtocolError(Code.MODEL_NOT_FOUND, "This session's model is not served here any more.")
+        engine, orch = found
+        cls = DuplexSession if state.get("dialect") == "duplex" else RealtimeSession
+        return cls.restore(state, engine=engine.info, **self._session_kwargs(orch)), orch
 
-    async def _resume(self, conn: Connection, event: ce.SessionResume, provisional: SessionHost) -> None:
-        sid, last = event.session_id, event.last_received_server_event_seq
-        host = self.hosts.get(sid)
-        read: JournalRead | None = None
-        if host is not None and host is not provisional:
-            # The session runs here: attach first (live events are held from now on),
-            # then commit what is pending and read the journal, so nothing falls between.
-            self._check_resume(event, host.token_hash, host.principal, conn.principal)
-            if last > host.session.seq:
-                raise _seq_error(last, host.session.seq)
-            recover = False
-        else:
-            data = await self.store.load_snapshot(sid)
-            if data is None:
-                raise ProtocolError(
-                    Code.SESSION_NOT_FOUND,
-                    f"No session {sid!r} to resume (unknown or expired); start a new session.",
-                    param="session_id",
-                )
-            state = snapshot.loads(data)
-            self._check_resume(event, state["token_hash"], state["principal"], conn.principal)
-            found = self.route(state["config"]["model"])
-            if found is None:
-                raise ProtocolError(Code.MODEL_NOT_FOUND, "This session's model is not served here any more.")
-            previous = await self.store.owner_of(sid)
-            fence = await self.store.acquire(sid, self.replica_id, self.lease_ttl_ms)
-            if previous is not None and previous.owner != self.replica_id:
-                # The old owner may be alive (a dropped socket): tell it to stop now, on
-                # its own channel (the lease already names us). Fencing stops its writes anyway.
-                stop = orjson.dumps({"type": "replaced", "session_id": sid})
-                await self.store.publish(replica_channel(previous.owner), stop)
-            # After acquire nobody else writes this journal: one read serves the replay.
-            read = await self.store.read_events(sid, after_seq=last)
-            top = max(state["seq"], read.last_seq or 0)
-            if last > top + RESUME_SEQ_SLACK:
-                raise _seq_error(last, top)
-            engine, orch = found
-            session = RealtimeSession.restore(state, engine=engine.info, **self._session_kwargs(orch))
-            # Never reuse a seq the client may already hold (events sent but lost from the journal).
-            session.seq = max(top, last)
-            host = SessionHost(
-                self, session, orchestrator=orch, principal=state["principal"], resume_token="-", fence=fence
-            )
-            host.token_hash = state["token_hash"]
-            recover = True
-        token = host.rotate_token()
-        conn.hold()  # live events from here on wait until the replay is out
-        host.attach(conn)
-        conn.host = host
-        try:
-            if read is None:
-                await host.writer.flush()
-                read = await self.store.read_events(sid, after_seq=last)
-        except StoreError:
-            # Attached but cannot replay: let the client retry the resume shortly.
-            conn.release(host.session.seq)
-            conn.send_raw(error_event(Code.STORE_UNAVAILABLE, "Session state is unavailable; resume again shortly."))
-            conn.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
-            host.detach(conn)
-            await provisional.end(reason="resume failed", delete=True)
+    def _on_bus_message(self, body: dict[str, Any]) -> None:
+        """A bus message for something other than a session host: a video interaction
+        forwarded by the replica that took the HTTP request."""
+        video = self.video_sessions.get(body.get("session_id", ""))
+        if video is None or body.get("type") != "interaction":
             return
-        if read.gap:
-            s = host.session
-            conn.send_raw(
-                connection_event(
-                    "session.resync_required",
-                    session_id=sid,
-                    resume_token=token,
-                    reason="the events after your last seq are no longer kept",
-                    session=s.render_config(),
-                    conversation=[it.render(s.beta) for it in s.conversation],
-                    last_server_event_seq=s.seq,
-                )
-            )
-            conn.release(host.session.seq)
-        else:
-            replay_to = read.last_seq if read.events else last
-            conn.send_raw(
-                connection_event(
-                    "session.resumed", session_id=sid, resume_token=token, replay_from=last + 1, replay_to=replay_to
-                )
-            )
-            for _, data in read.events:
-                conn.replay(data)
-            conn.release(replay_to or 0)
-        self.metrics.resumes.labels("replayed" if not read.gap else "resync").inc()
-        log.info("session %s resumed (last seq %d, %d replayed, gap=%s)", sid, last, len(read.events), read.gap)
-        if recover:
-            host.session.recover("replica_lost")
-        host.flush()  # also writes the snapshot with the rotated token
-        await provisional.end(reason="replaced by a resumed session", delete=True)
-
-    @staticmethod
-    def _check_resume(event: ce.SessionResume, expected_hash: str, owner: str, principal: str) -> None:
-        if not hmac.compare_digest(token_hash(event.resume_token), expected_hash):
-            raise ProtocolError(
-                Code.RESUME_TOKEN_INVALID,
-                "The resume token is not valid for this session "
-                "(each resume rotates it: use the one from the last session.resumed).",
-                param="resume_token",
-            )
-        if owner != principal:
-            raise ProtocolError(Code.RESUME_FORBIDDEN, "This session belongs to another principal.", param="session_id")
-
-    async def trim_journal(self, session_id: str, seq: int) -> None:
-        with contextlib.suppress(StoreError):
-            await self.store.trim_events(session_id, seq)
-
-    async def _listen_bus(self) -> None:
-        """Messages from other replicas about sessions this one owns."""
-        sub = await self.store.subscribe(replica_channel(self.replica_id))
         try:
-            async for message in sub:
-                try:
-                    body = orjson.loads(message.data)
-                except orjson.JSONDecodeError:
-                    continue
-                sid = body.get("session_id", "")
-                host = self.hosts.get(sid)
-                if host is not None and body.get("type") == "replaced":
-                    host.replaced()
-                video = self.video_sessions.get(sid)
-                if video is not None and body.get("type") == "interaction":
-                    try:
-                        default_k = video.session.info.default_transition_chunks
-                        event = decode_interaction(body.get("interaction"), default_k)
-                    except ProtocolError:
-                        continue  # validated by the replica that accepted the HTTP request
-                    task = asyncio.get_running_loop().create_task(video.interact_now(event.interaction))
-                    self.background.add(task)
-                    task.add_done_callback(self.background.discard)
-        finally:
-            await sub.close()
+            default_k = video.session.info.default_transition_chunks
+            event = decode_interaction(body.get("interaction"), default_k)
+        except ProtocolError:
+            return  # validated by the replica that accepted the HTTP request
+        self.hosting.spawn(video.interact_now(event.interaction))
 
     # --- health -------------------------------------------------------------------
 
@@ -408,35 +286,8 @@ class Runtime:
         if self.video_engine is not None:
             await self.video_engine.start()
         loop = asyncio.get_running_loop()
-        self._bus_task = loop.create_task(self._listen_bus(), name="bus")
-        self._lease_task = loop.create_task(self._renew_leases(), name="leases")
-
-    async def _renew_leases(self) -> None:
-        """Every session lease of this replica, renewed together a third of the TTL
-        apart: one loop (and, on Redis, one pipelined round trip) per replica, not a
-        task per session. A lease the store refuses is its host's to sort out."""
-        period = self.lease_ttl_ms / 3000
-        while True:
-            await asyncio.sleep(period)
-            hosts = [h for h in self.hosts.values() if not h.ended]
-            if not hosts:
-                continue
-            fences = [h.fence for h in hosts]
-            try:
-                renewed = await self.store.renew_many(
-                    self.replica_id, self.lease_ttl_ms, [(h.id, f) for h, f in zip(hosts, fences, strict=True)]
-                )
-            except StoreError as exc:
-                log.warning("lease renewal of %d sessions failed: %s", len(hosts), exc)
-                continue
-            except Exception:  # a bug must not stop every lease of the replica for good
-                log.exception("lease renewal of %d sessions crashed", len(hosts))
-                continue
-            for host, fence, ok in zip(hosts, fences, renewed, strict=True):
-                if not ok:
-                    task = asyncio.get_running_loop().create_task(host.renewal_refused(fence))
-                    self.background.add(task)
-                    task.add_done_callback(self.background.discard)
+        self._bus_task = loop.create_task(listen_bus(self.hosting, self._on_bus_message), name="bus")
+        self._lease_task = loop.create_task(renew_leases(self.hosting), name="leases")
 
     async def drain(self) -> None:
         """SIGTERM: stop taking sessions, let running answers finish (up to
@@ -480,11 +331,3 @@ def rate_limits(orch: Orchestrator) -> list[dict[str, Any]]:
     limit = stats["max_responses"]
     remaining = max(0, limit - stats["running_responses"])
     return [{"name": "requests", "limit": limit, "remaining": remaining, "reset_seconds": 0}]
-
-
-def _seq_error(last: int, top: int) -> ProtocolError:
-    return ProtocolError(
-        Code.RESUME_SEQ_INVALID,
-        f"last_received_server_event_seq {last} is beyond anything this session sent ({top}).",
-        param="last_received_server_event_seq",
-    )

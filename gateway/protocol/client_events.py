@@ -15,6 +15,7 @@ from typing import Any, Literal
 import orjson
 
 from gateway.protocol import session_fields
+from gateway.protocol.bounds import shape_violation
 from gateway.protocol.errors import Code, ProtocolError
 
 Role = Literal["user", "assistant", "system"]
@@ -218,6 +219,11 @@ def decode(raw: str | bytes) -> ClientEvent:
         raise ProtocolError(Code.INVALID_JSON, f"The message is not valid JSON: {exc}.") from None
     if not isinstance(data, dict):
         raise ProtocolError(Code.INVALID_JSON, "A client event must be a JSON object.")
+    return decode_object(data)
+
+
+def decode_object(data: dict[str, Any]) -> ClientEvent:
+    """A client event already parsed from JSON (``decode`` without the parse)."""
     event_id = data.get("event_id")
     if event_id is not None and not isinstance(event_id, str):
         raise ProtocolError(Code.INVALID_TYPE, "'event_id' must be a string.", param="event_id")
@@ -230,6 +236,10 @@ def decode(raw: str | bytes) -> ClientEvent:
     parser = _PARSERS.get(kind)
     if parser is None:
         raise ctx.err(f"Unknown client event type {kind!r}.", "type", Code.UNKNOWN_EVENT)
+    if kind != "input_audio_buffer.append":  # the hot path: its fields are checked one by one
+        violation = shape_violation(data)
+        if violation is not None:
+            raise ctx.err(f"The event is {violation[0]}.", violation[1] or None)
     return parser(ctx, data)
 
 
@@ -446,9 +456,23 @@ def _resume(ctx: _Ctx, d: dict[str, Any]) -> SessionResume:
     return SessionResume(ctx.event_id, session_id, token, ctx.int_(d, "last_received_server_event_seq"))
 
 
+class AckError(ProtocolError):
+    """A malformed ``session.event_ack``: answered on the connection only (an event with a
+    seq would itself be acked, and a client that acks every event would never stop)."""
+
+
+def _ack(ctx: _Ctx, d: dict[str, Any]) -> EventAck:
+    # ``server_event_seq`` is vLLM-Omni's spelling (its DuplexClient acks every event with it).
+    key = "server_event_seq" if "last_received_server_event_seq" not in d and "server_event_seq" in d else None
+    try:
+        return EventAck(ctx.event_id, ctx.int_(d, key or "last_received_server_event_seq"))
+    except ProtocolError as err:
+        raise AckError(err.code, err.message, param=err.param, event_id=err.event_id) from None
+
+
 _PARSERS: dict[str, Any] = {
     "session.resume": _resume,
-    "session.event_ack": lambda ctx, d: EventAck(ctx.event_id, ctx.int_(d, "last_received_server_event_seq")),
+    "session.event_ack": _ack,
     "session.update": _session_update,
     "input_audio_buffer.append": _append,
     "input_audio_buffer.commit": lambda ctx, d: AudioCommit(ctx.event_id),

@@ -55,6 +55,10 @@ class Code:
     NO_ACTIVE_REQUEST = "no_active_request"  # an interaction with no video streaming
     EVENT_ID_CONFLICT = "event_id_conflict"  # an interaction event_id already used in this stream
     ALREADY_STARTED = "session_already_started"  # a second session.start on one connection
+    START_EXPECTED = "session_start_expected"  # a first message other than session.start (then close)
+    START_TIMEOUT = "session_start_timeout"  # no session.start in time after the connect (then close)
+    STALL_TIMEOUT = "stall_timeout"  # no generation progress and no ping for too long (stopped, closed)
+    INTERACTION_FAILED = "interaction_failed"  # the video engine refused an interaction (vLLM-Omni's code)
     NO_VIDEO_ENGINE = "no_video_engine"
     MODEL_NOT_FOUND = "model_not_found"  # no route for the model a client asked for
 

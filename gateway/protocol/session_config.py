@@ -141,9 +141,9 @@ def _active(cfg: SessionConfig, key: str) -> bool:
 
 def warnings_for(
     old: SessionConfig, new: SessionConfig, limits: ConfigLimits, *, beta: bool, param: str = "session"
-) -> list[tuple[str, str, str]]:
-    """``(key, param, message)`` for each ignored field the update turned on or changed."""
-    out = []
+) -> list[tuple[str, str]]:
+    """``(param, message)`` for each ignored field the update turned on or changed (one per param)."""
+    out: dict[str, str] = {}
     for key in dict.fromkeys((*GATEWAY_IGNORED, *limits.ignored_fields)):
         if key not in WARN_PATHS or not _active(new, key):
             continue
@@ -151,8 +151,8 @@ def warnings_for(
             continue
         path = f"{param}.{WARN_PATHS[key][1 if beta else 0]}"
         name = path.rsplit(".", 1)[-1]
-        out.append((key, path, _WHY.get(key, f"'{name}' is accepted but not used by this engine.")))
-    return out
+        out.setdefault(path, _WHY.get(key, f"'{name}' is accepted but not used by this engine."))
+    return list(out.items())
 
 
 def _value(cfg: SessionConfig, key: str) -> Any:
@@ -253,11 +253,11 @@ def _transcription(value: Any, param: str) -> Transcription | None:
 
 def apply_update(
     current: SessionConfig, update: Any, *, beta: bool, limits: ConfigLimits, param: str = "session"
-) -> tuple[SessionConfig, list[tuple[str, str, str]]]:
+) -> tuple[SessionConfig, list[tuple[str, str]]]:
     """Validate ``update`` whole and return the new config and the warnings.
 
     Raises ``ProtocolError`` (nothing applied) on the first invalid field.
-    Warnings are ``(key, param, message)`` for fields the engine ignores.
+    Warnings are ``(param, message)`` for fields the engine ignores.
     """
     upd = f.obj(update, param)
     changes: dict[str, Any] = {}

@@ -11,6 +11,7 @@ transition_chunks?}``.
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import orjson
 
 from gateway.protocol.errors import Code, ProtocolError
-from orchestrator.engines.video.types import CameraMove, Interaction
+from orchestrator.video_engine import CameraMove, Interaction
 
 MAX_CONTROL_BYTES = 128 * 1024  # a video control message larger than this is refused (message_too_large)
 _FORMATS = {"m4s": "mp4", "mp4": "mp4", "fmp4": "mp4", "jpeg": "jpeg", "jpg": "jpeg"}
@@ -39,7 +40,12 @@ _START_FIELDS = {
     "extra_params",
     "frames_per_chunk",
     "event_id",
+    "size",
+    "seconds",
+    "video_params",
 }
+_SIZE = re.compile(r"^(\d+)x(\d+)$")  # upstream's SizeStr: WIDTHxHEIGHT
+_SECONDS = re.compile(r"^[1-9]\d*$")  # upstream's SecondStr
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +62,8 @@ class Start:
     negative_prompt: str | None = None
     model: str | None = None
     sampling_params: dict[str, Any] = field(default_factory=dict)
+    seconds: int | None = None  # clip length; num_frames = seconds x fps when num_frames is not given
+    echo: dict[str, Any] = field(default_factory=dict)  # size / seconds / video_params as sent, for video.start
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,14 +82,36 @@ class Stop:
     pass
 
 
-VideoClientEvent = Start | InteractionEvent | Ping | Stop
+@dataclass(frozen=True, slots=True)
+class Playback:
+    """``session.playback`` (vLLM-Omni's example client): the client's playhead. Accepted and
+    validated; generation here is paced to real time instead (``video_lead_chunks``)."""
+
+    position_seconds: float
+
+
+VideoClientEvent = Start | InteractionEvent | Ping | Stop | Playback
+
+
+def error_event(
+    code: str, message: str, *, event_id: str | None = None, param: str | None = None, request_id: str | None = None
+) -> dict[str, Any]:
+    """An error in vLLM-Omni's flat shape, with our stable code."""
+    return {
+        "type": "error",
+        "code": code,
+        "message": message,
+        "param": param,
+        "event_id": event_id,
+        "request_id": request_id,
+    }
 
 
 def _err(code: str, message: str, param: str | None = None, event_id: str | None = None) -> ProtocolError:
     return ProtocolError(code, message, param=param, event_id=event_id)
 
 
-def _int(d: dict[str, Any], key: str) -> int | None:
+def _int(d: dict[str, Any], key: str, prefix: str = "") -> int | None:
     value = d.get(key)
     if value is None:
         return None
@@ -90,7 +120,7 @@ def _int(d: dict[str, Any], key: str) -> int | None:
         or not isinstance(value, int | float)
         or (isinstance(value, float) and not value.is_integer())
     ):
-        raise _err(Code.INVALID_TYPE, f"'{key}' must be an integer.", key)
+        raise _err(Code.INVALID_TYPE, f"'{prefix}{key}' must be an integer.", prefix + key)
     return int(value)
 
 
@@ -112,6 +142,13 @@ def decode(raw: str | bytes) -> VideoClientEvent:
         return Ping()
     if kind == "session.stop":
         return Stop()
+    if kind == "session.playback":
+        position = data.get("position_seconds")
+        if isinstance(position, bool) or not isinstance(position, int | float) or not math.isfinite(position):
+            raise _err(Code.INVALID_VALUE, "'position_seconds' must be a finite number.", "position_seconds")
+        if position < 0:
+            raise _err(Code.INVALID_VALUE, "'position_seconds' must be >= 0.", "position_seconds")
+        return Playback(float(position))
     raise _err(
         Code.UNKNOWN_EVENT,
         f"Unknown message type {kind!r}; use session.start, session.interaction, session.ping or session.stop.",
@@ -142,20 +179,68 @@ def _start(d: dict[str, Any]) -> Start:
             sampling.update(value)
     sampling.update({k: v for k, v in d.items() if k not in _START_FIELDS})
     model = d.get("model")
+    width, height, fps, num_frames, seconds, echo = _video_params(d)
     return Start(
         prompt=prompt,
         format=_FORMATS[raw_format],
         requested_format=raw_format,
-        width=_int(d, "width"),
-        height=_int(d, "height"),
-        fps=_int(d, "fps"),
-        num_frames=_int(d, "num_frames"),
+        width=width,
+        height=height,
+        fps=fps,
+        num_frames=num_frames,
         frames_per_chunk=_int(d, "frames_per_chunk"),
         seed=_int(d, "seed"),
         negative_prompt=negative,
         model=model if isinstance(model, str) else None,
         sampling_params=sampling,
+        seconds=seconds,
+        echo=echo,
     )
+
+
+def _video_params(
+    d: dict[str, Any],
+) -> tuple[int | None, int | None, int | None, int | None, int | None, dict[str, Any]]:
+    """Size, rate and length as upstream resolves them (``VideoGenerationRequest.resolve_video_params``):
+    the top-level ``width``/``height``/``fps``/``num_frames`` first, ``video_params`` for what they
+    leave out, ``size`` (``WIDTHxHEIGHT``) over both, and ``seconds`` x fps frames when
+    ``num_frames`` is not given (the fps default is the engine's: ``VideoSession``)."""
+    echo: dict[str, Any] = {}
+    top = {key: _positive(d, key) for key in ("width", "height", "fps", "num_frames")}
+    vp = d.get("video_params")
+    if vp is not None:
+        if not isinstance(vp, dict):
+            raise _err(Code.INVALID_TYPE, "'video_params' must be an object.", "video_params")
+        echo["video_params"] = vp
+        for key in top:
+            if top[key] is None:
+                top[key] = _positive(vp, key, "video_params.")
+    size = d.get("size")
+    if size is not None:
+        match = _SIZE.match(size) if isinstance(size, str) else None
+        if match is None or not int(match[1]) or not int(match[2]):
+            raise _err(Code.INVALID_VALUE, f"'size' must be WIDTHxHEIGHT (e.g. '1280x720'), got {size!r}.", "size")
+        echo["size"] = size
+        top["width"], top["height"] = int(match[1]), int(match[2])
+    seconds = d.get("seconds")
+    if seconds is not None:
+        # Upstream takes a string of digits (OpenAI's shape); a positive integer is taken too.
+        ok = (isinstance(seconds, str) and _SECONDS.match(seconds)) or (
+            isinstance(seconds, int) and not isinstance(seconds, bool) and seconds >= 1
+        )
+        if not ok:
+            raise _err(Code.INVALID_VALUE, f"'seconds' must be a positive whole number (e.g. \"4\"), got {seconds!r}.",
+                       "seconds")  # fmt: skip
+        echo["seconds"] = seconds
+        seconds = int(seconds)
+    return top["width"], top["height"], top["fps"], top["num_frames"], seconds, echo
+
+
+def _positive(d: dict[str, Any], key: str, prefix: str = "") -> int | None:
+    value = _int(d, key, prefix)
+    if value is not None and value < 1:
+        raise _err(Code.INVALID_VALUE, f"'{prefix}{key}' must be >= 1, got {value}.", prefix + key)
+    return value
 
 
 def decode_interaction(payload: Any, default_transition_chunks: int = 3) -> InteractionEvent:

@@ -33,6 +33,22 @@ from orchestrator.engine import (
 
 VAD_RATE = 16000
 
+# Events that announce a change of session state a replica taking the session over
+# must know: each marks the session for a snapshot, and the host sends it only once
+# the store holds that snapshot (write-ahead; tests/unit/test_state_events.py).
+STATE_EVENTS = frozenset(
+    {
+        "session.updated",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+        "conversation.item.deleted",
+        "conversation.item.truncated",
+        "response.created",
+        "response.done",
+    }
+)
+
 
 class VadStream(Protocol):
     def process(self, pcm16_16k: bytes) -> list[float]: ...

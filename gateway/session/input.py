@@ -123,7 +123,7 @@ class InputAudio(SessionCore):
 
     def _answers_turns(self, td: TurnDetection) -> bool:
         """A VAD turn gets a response (never in a transcription session)."""
-        return td.create_response and self.config.type == "realtime" and self._response is None
+        return td.create_response and self.config.type == "realtime"
 
     def _check_idle(self, td: TurnDetection) -> None:
         """``idle_timeout_ms`` (server VAD): when the user has said nothing for that long
@@ -154,20 +154,25 @@ class InputAudio(SessionCore):
             self.create_response(ce.ResponseParams(), None, turn_started_at=self._clock())
 
     def _speech_started(self, audio_start_ms: int) -> None:
-        td = self.config.turn_detection
         self._idle_from_ms = None  # the user spoke: no idle timeout until the next answer ends
         self._open_input(announced=True)
         assert self._input is not None
         self._emit("input_audio_buffer.speech_started", audio_start_ms=audio_start_ms, item_id=self._input.item_id)
-        if self._response is not None and td is not None and td.interrupt_response:
-            # Barge-in: the answer stops where it is; the client truncates what it played.
-            self.epoch += 1
-            self._end_response("cancelled", {"type": "cancelled", "reason": "turn_detected"}, cancel=True)
+        if self._response is not None:
+            self._speech_during_response()
         for ms, chunk in self._prefix:
             self._buffer_ms += ms
             self._feed_input(chunk)
         self._prefix.clear()
         self._prefix_ms = 0.0
+
+    def _speech_during_response(self) -> None:
+        """Server VAD heard speech while an answer runs: barge in when ``interrupt_response``."""
+        td = self.config.turn_detection
+        if td is not None and td.interrupt_response:
+            # Barge-in: the answer stops where it is; the client truncates what it played.
+            self.epoch += 1
+            self._end_response("cancelled", {"type": "cancelled", "reason": "turn_detected"}, cancel=True)
 
     def _open_input(self, announced: bool) -> None:
         item_id = self._new_id("item")

@@ -65,6 +65,11 @@ def engine_tool_choice(choice: str | dict[str, Any]) -> ToolChoice:
 
 
 class Responses(SessionCore):
+    # A response that may call a function opens its message on its first text or audio, so
+    # that a call alone is the whole output. False: always at once (the duplex dialect's
+    # playback ledgers need the message item when the response is created).
+    lazy_message = True
+
     # --- responses ----------------------------------------------------------
 
     def create_response(
@@ -141,9 +146,12 @@ class Responses(SessionCore):
             parallel_tool_calls=parallel,
         )
         self._response = resp
+        eager = not (request.calls_tools and self.lazy_message)
+        if eager:
+            self._new_message(resp)
         self._emit("response.created", response=self._render_response(resp, "in_progress", None))
-        if not request.calls_tools:
-            self._open_message(resp)
+        if eager:
+            self._announce_message(resp)
         self.effects.append(StartResponse(request, turn_started_at))
         if not awaiting:
             self.effects.append(EndInput(resp.id))
@@ -180,13 +188,23 @@ class Responses(SessionCore):
             prev = self._insert(item, None)
             self._emit("conversation.item.added", previous_item_id=prev, item=item.render(self.beta))
 
-    def _open_message(self, resp: _Response) -> Part:
+    def _new_message(self, resp: _Response) -> Part:
         item = Item(self._new_id("item"), "assistant", [], status="in_progress")
         part = Part("output_audio", transcript="") if "audio" in resp.modalities else Part("output_text", text="")
         resp.message, resp.part = item, part
+        return part
+
+    def _announce_message(self, resp: _Response) -> None:
+        item, part = resp.message, resp.part
+        assert item is not None and part is not None
         self._add_output(resp, item)
         item.content.append(part)
         self._emit("response.content_part.added", **self._where(resp, item), part=part.render_part())
+
+    def _open_message(self, resp: _Response) -> Part:
+        """The response's message, made and announced on its first text or audio."""
+        part = self._new_message(resp)
+        self._announce_message(resp)
         return part
 
     def _where(self, resp: _Response, item: Item) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from gateway.audio.codecs import AudioFormat, decode_to_pcm16
 from gateway.audio.resample import StreamResampler
 from gateway.protocol import client_events as ce
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
-from gateway.protocol.session_config import apply_update, render
+from gateway.protocol.session_config import SessionConfig, apply_update, render
 from gateway.session import snapshot
 from gateway.session.conversation import Item, Part
 from gateway.session.core import VAD_RATE, SessionCore, SessionLimits, VadStream, _Response
@@ -50,6 +50,18 @@ class RealtimeSession(InputAudio, Responses):
             self._emit("session.created", session=self.render_config())
         else:
             self._emit("session.created", session=self.render_config(), resume_token=resume_token)
+
+    @property
+    def dialect(self) -> str:
+        """How the session's events are spelled on the wire (``server_events.dialect_encoder``)."""
+        return "beta" if self.beta else "ga"
+
+    @property
+    def sends_gateway_events(self) -> bool:
+        """Whether the gateway's own events (``session.warning``, ``session.replaced``) go
+        to this client: the OpenAI SDKs cannot parse them, so only once it opted in
+        (``gateway_events``)."""
+        return self.config.gateway_events
 
     def render_config(self) -> dict[str, Any]:
         return render(self.config, session_id=self.id, expires_at=self.expires_at, beta=self.beta)
@@ -113,8 +125,30 @@ class RealtimeSession(InputAudio, Responses):
             self.error(err)
 
     def _session_update(self, event: ce.SessionUpdate) -> None:
-        old_td = self.config.turn_detection
         new, warnings = apply_update(self.config, event.session, beta=self.beta, limits=self._config_limits)
+        self._apply_config(new, warnings)
+
+    def _apply_config(self, new: SessionConfig, warnings: list[tuple[str, str]]) -> None:
+        """Check what needs the engine, then apply ``new`` and announce it (session.updated)."""
+        self._check_config(new)
+        old = self.config
+        self.config = new
+        if new.input_format != old.input_format or new.turn_detection != old.turn_detection:
+            self._setup_input()
+        self._emit("session.updated", session=self.render_config())
+        if not self.sends_gateway_events:
+            return  # the SDKs have no type for session.warning: only for clients that opted in
+        for param, message in warnings:
+            if param in self._warned:
+                continue  # each ignored field is reported once per session
+            self._warned.add(param)
+            # Not an error: the update applied; the client learns what has no effect here.
+            self._emit("session.warning", code="unsupported_field", message=message, param=param)
+
+    def _check_config(self, new: SessionConfig) -> None:
+        """What a configuration needs of the engine and of the session (a speech
+        detector; no running response to become a transcription session)."""
+        old_td = self.config.turn_detection
         if new.turn_detection is not None and new.turn_detection != old_td and self._vad_factory is None:
             raise ProtocolError(
                 Code.INVALID_VALUE,
@@ -129,19 +163,6 @@ class RealtimeSession(InputAudio, Responses):
                 "cancel it or wait for response.done.",
                 param="session.type",
             )
-        old = self.config
-        self.config = new
-        if new.input_format != old.input_format or new.turn_detection != old.turn_detection:
-            self._setup_input()
-        self._emit("session.updated", session=self.render_config())
-        if not new.gateway_events:
-            return  # the SDKs have no type for session.warning: only for clients that opted in
-        for key, param, message in warnings:
-            if key in self._warned:
-                continue  # each ignored field is reported once per session
-            self._warned.add(key)
-            # Not an error: the update applied; the client learns what has no effect here.
-            self._emit("session.warning", code="unsupported_field", message=message, param=param)
 
     # --- conversation items -------------------------------------------------
 

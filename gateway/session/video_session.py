@@ -17,7 +17,7 @@ from typing import Any
 from gateway.protocol import video_events as ve
 from gateway.protocol.errors import Code, ProtocolError
 from orchestrator.engine import EngineError
-from orchestrator.engines.video.types import Interaction, VideoChunk, VideoEngineInfo, VideoRequest, validate_request
+from orchestrator.video_engine import Interaction, VideoChunk, VideoEngineInfo, VideoRequest, validate_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,21 +36,17 @@ class StopVideo:
     request_id: str
 
 
-VideoEffect = StartVideo | Interact | StopVideo
+@dataclass(frozen=True, slots=True)
+class CloseVideo:
+    """Close the socket once what is queued is sent (a refused start, a timeout, a stall)."""
+
+    code: int
+    reason: str
 
 
-def error_event(
-    code: str, message: str, *, event_id: str | None = None, param: str | None = None, request_id: str | None = None
-) -> dict[str, Any]:
-    """vLLM-Omni's flat error shape, with our stable code."""
-    return {
-        "type": "error",
-        "code": code,
-        "message": message,
-        "param": param,
-        "event_id": event_id,
-        "request_id": request_id,
-    }
+VideoEffect = StartVideo | Interact | StopVideo | CloseVideo
+
+INTERACTION_FAILED = Code.INTERACTION_FAILED
 
 
 class VideoSession:
@@ -71,11 +67,15 @@ class VideoSession:
 
     def error(self, err: ProtocolError) -> None:
         self.outbox.append(
-            error_event(err.code, err.message, event_id=err.event_id, param=err.param, request_id=self.request_id)
+            ve.error_event(err.code, err.message, event_id=err.event_id, param=err.param, request_id=self.request_id)
         )
 
     def handle(self, event: ve.VideoClientEvent) -> None:
         try:
+            if self.state == "idle" and not isinstance(event, ve.Start | ve.InteractionEvent):
+                name = {ve.Ping: "session.ping", ve.Stop: "session.stop", ve.Playback: "session.playback"}
+                raise ProtocolError(Code.START_EXPECTED, f"Expected session.start, got {name[type(event)]}: "
+                                    "a stream starts with session.start.", param="type")  # fmt: skip
             match event:
                 case ve.Start():
                     self._start(event)
@@ -85,8 +85,31 @@ class VideoSession:
                     self.outbox.append({"type": "session.pong"})
                 case ve.Stop():
                     self.stop()
+                case ve.Playback():
+                    pass  # accepted: generation is paced to real time here
         except ProtocolError as err:
-            self.error(err)
+            self.refuse(err)
+
+    def refuse(self, err: ProtocolError) -> None:
+        """A refused client message: an error; before a stream started, the socket then closes
+        (upstream closes on any bad first message). During a stream, the stream goes on."""
+        self.error(err)
+        if self.state == "idle":
+            self.state = "done"
+            self.effects.append(CloseVideo(1000, "session.start refused"))
+
+    def start_timed_out(self, timeout_s: float) -> None:
+        """No ``session.start`` within ``timeout_s`` of the connect."""
+        if self.state == "idle":
+            self.refuse(ProtocolError(Code.START_TIMEOUT, f"Timeout waiting for session.start ({timeout_s:g} s)."))
+
+    def stalled(self, timeout_s: float) -> None:
+        """No generation progress and no ``session.ping`` for ``timeout_s``: the stream is stopped."""
+        if self.state != "streaming":
+            return
+        self.error(ProtocolError(Code.STALL_TIMEOUT, f"Stall timeout: no generation progress for {timeout_s:g} s."))
+        self.stop()
+        self.effects.append(CloseVideo(1000, "stalled"))
 
     def _start(self, start: ve.Start) -> None:
         if self.state != "idle":
@@ -96,13 +119,17 @@ class VideoSession:
             raise ProtocolError(
                 Code.UNSUPPORTED_VIDEO_FORMAT, f"This engine streams {', '.join(info.formats)}.", param="format"
             )
+        fps = start.fps or info.default_fps
+        num_frames = start.num_frames
+        if num_frames is None and start.seconds is not None:
+            num_frames = start.seconds * fps  # upstream's resolution: seconds x fps
         request = VideoRequest(
             request_id=f"video_stream-{secrets.token_hex(12)}",
             prompt=start.prompt,
             width=start.width or info.default_width,
             height=start.height or info.default_height,
-            fps=start.fps or info.default_fps,
-            num_frames=start.num_frames,
+            fps=fps,
+            num_frames=num_frames,
             frames_per_chunk=start.frames_per_chunk,
             seed=start.seed,
             format="jpeg" if start.format == "jpeg" else "mp4",
@@ -128,6 +155,7 @@ class VideoSession:
             "frames_per_chunk": request.chunk_frames,
             "seed": request.seed,
             "negative_prompt": request.negative_prompt,
+            **start.echo,
             **start.sampling_params,
         }
         self.outbox.append(
@@ -164,8 +192,11 @@ class VideoSession:
         self.outbox.append({"type": "session.interaction.queued", "request_id": self.request_id, "event_id": event_id})
 
     def on_interaction_failed(self, event_id: str, code: str, message: str) -> None:
+        """The engine refused an interaction it was given: upstream's ``interaction_failed``, with
+        the engine's own code as ``reason``."""
         self._event_ids.discard(event_id)  # refused: the id may be used again
-        self.outbox.append(error_event(code, message, event_id=event_id, request_id=self.request_id))
+        error = ve.error_event(INTERACTION_FAILED, message, event_id=event_id, request_id=self.request_id)
+        self.outbox.append({**error, "reason": code})
 
     def stop(self) -> None:
         if self.state == "streaming" and self.request_id is not None:
@@ -203,7 +234,7 @@ class VideoSession:
 
     def on_failed(self, code: str, message: str) -> None:
         if self.state == "streaming":
-            self.outbox.append(error_event(code, message, request_id=self.request_id))
+            self.outbox.append(ve.error_event(code, message, request_id=self.request_id))
             self.state = "done"
             self.outbox.append(
                 {"type": "session.done", "request_id": self.request_id, "chunks": self.chunks, "stopped": True}

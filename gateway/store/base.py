@@ -32,10 +32,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-if TYPE_CHECKING:
-    from gateway.store.writer import JournalWriter
+from typing import Any, NamedTuple
 
 __all__ = [
     "BusMessage",
@@ -376,9 +373,3 @@ class SessionStore(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
-
-    def writer(self, session_id: str, fence: int, **options: Any) -> JournalWriter:
-        """A ``JournalWriter`` batching this session's appends (see writer.py)."""
-        from gateway.store.writer import JournalWriter  # writer imports this module
-
-        return JournalWriter(self, session_id, fence, **options)

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs
 
 from gateway.auth import Grant
 from gateway.protocol.errors import CloseCode, Code
-
-if TYPE_CHECKING:
-    from gateway.runtime import Runtime
+from gateway.transport.services import Services
 
 Refusal = tuple[str, str, int]  # code, message, close code
 
@@ -33,7 +31,7 @@ class Handshake:
 
 
 async def accept(
-    runtime: Runtime, scope: dict[str, Any], receive: Any, send: Any, choose: Callable[[list[str]], str | None]
+    runtime: Services, scope: dict[str, Any], receive: Any, send: Any, choose: Callable[[list[str]], str | None]
 ) -> Handshake | None:
     """Accept the socket (echoing ``choose(offered)``) and authenticate; None if not a connect."""
     message = await receive()
@@ -51,7 +49,7 @@ async def accept(
     return Handshake(headers, offered, query, grant)
 
 
-def common_refusal(runtime: Runtime, hs: Handshake) -> Refusal | None:
+def common_refusal(runtime: Services, hs: Handshake) -> Refusal | None:
     """What refuses any session here: credentials, a drain, the session limit."""
     if hs.grant is None:
         return (
@@ -63,7 +61,7 @@ def common_refusal(runtime: Runtime, hs: Handshake) -> Refusal | None:
     if runtime.draining:
         return Code.SERVER_BUSY, "This replica is shutting down; reconnect.", CloseCode.SERVICE_RESTART
     limit = runtime.settings.max_sessions
-    if len(runtime.connections) + len(runtime.video_sessions) >= limit:
+    if runtime.session_count() >= limit:
         return (
             Code.SERVER_BUSY,
             f"This replica is at its limit of {limit} sessions; try again later.",
@@ -72,7 +70,7 @@ def common_refusal(runtime: Runtime, hs: Handshake) -> Refusal | None:
     return None
 
 
-async def refuse(runtime: Runtime, send: Any, refusal: Refusal, event: bytes) -> None:
+async def refuse(runtime: Services, send: Any, refusal: Refusal, event: bytes) -> None:
     """Send the refusal's error event (in the endpoint's own shape) and close."""
     code, _, close_code = refusal
     await send({"type": "websocket.send", "text": event.decode()})

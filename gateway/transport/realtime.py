@@ -19,11 +19,18 @@ import base64
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+from urllib.parse import parse_qs
 
 import orjson
 
+from gateway.hosting.claim import claim
+from gateway.hosting.host import HostContext, SessionHost
+from gateway.hosting.takeover import Replay, Resync, plan
 from gateway.protocol import client_events as ce
+from gateway.protocol import duplex_events
+from gateway.protocol.connection_events import error_event, replaced_event, resumed_event, resync_event
+from gateway.protocol.duplex_config import DuplexConfig, default_session_config
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.server_events import (
     AUDIO_DELTA,
@@ -32,14 +39,14 @@ from gateway.protocol.server_events import (
     encode_audio_frame,
 )
 from gateway.protocol.session_config import ConfigLimits, SessionConfig, TurnDetection, apply_update
+from gateway.session.session import RealtimeSession, VadStream
 from gateway.store.base import StoreError
 from gateway.transport.handshake import accept, common_refusal, refuse
-from gateway.transport.host import SessionHost, connection_event, error_event
 from gateway.transport.outbox import Outbox, SlowConsumer
+from gateway.transport.services import Services
 from gateway.transport.ws_server import DIRECT_EXTENSION
-
-if TYPE_CHECKING:
-    from gateway.runtime import Runtime
+from orchestrator.engine import Engine
+from orchestrator.orchestrator import Orchestrator
 
 log = logging.getLogger("omni.realtime")
 
@@ -56,15 +63,53 @@ def choose_subprotocol(offered: list[str]) -> str | None:
     return None
 
 
-class RealtimeEndpoint:
-    """ASGI app for the realtime WebSocket."""
+def choose_duplex_subprotocol(offered: list[str]) -> str | None:
+    """A duplex socket speaks JSON only: no binary fast path to echo."""
+    return "realtime" if "realtime" in offered else None
 
-    def __init__(self, runtime: Runtime) -> None:
+
+class RealtimeServices(Services, Protocol):
+    """What the realtime endpoint needs of the process (the runtime provides it)."""
+
+    @property
+    def hosting(self) -> HostContext: ...
+
+    @property
+    def connections(self) -> set[Connection]: ...
+
+    @property
+    def engine(self) -> Engine:
+        """The default route's engine (voices for a client secret's session settings)."""
+
+    @property
+    def vad_factory(self) -> Callable[[], VadStream] | None: ...
+
+    def route(self, model: str) -> tuple[Engine, Orchestrator] | None: ...
+
+    async def open_session(
+        self, config: SessionConfig, *, principal: str, beta: bool, duplex: DuplexConfig | None = None
+    ) -> SessionHost:
+        """A new session, hosted here (``duplex``: in the duplex dialect); raises ProtocolError
+        (no route) or StoreError."""
+
+    def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
+        """A session rebuilt from its snapshot on this replica (a takeover); raises
+        ProtocolError (model_not_found) when its model is not served here."""
+
+
+class RealtimeEndpoint:
+    """ASGI app for the realtime WebSocket. ``duplex``: the connection class that serves
+    ``?duplex=1`` sockets (``transport.duplex.DuplexConnection``; the app wires it)."""
+
+    def __init__(self, runtime: RealtimeServices, *, duplex: type[Connection] | None = None) -> None:
         self.runtime = runtime
+        self.duplex: Any = duplex
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         rt = self.runtime
-        hs = await accept(rt, scope, receive, send, choose_subprotocol)
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        duplex = self.duplex is not None and duplex_events.enabled((query.get("duplex") or [None])[0])
+        hs = await accept(rt, scope, receive, send, choose_duplex_subprotocol if duplex else choose_subprotocol)
         if hs is None:
             return
         model = hs.param("model") or rt.settings.model
@@ -76,9 +121,23 @@ class RealtimeEndpoint:
                 CloseCode.UNKNOWN_MODEL,
             )
         if refusal is not None:
-            await refuse(rt, send, refusal, error_event(refusal[0], refusal[1]))
+            event = (
+                duplex_events.error_event(ProtocolError(refusal[0], refusal[1]))
+                if duplex
+                else error_event(refusal[0], refusal[1])
+            )
+            await refuse(rt, send, refusal, event)
             return
         assert hs.grant is not None
+        if duplex:
+            autostart = (hs.param("autostart") or "").strip().lower()
+            resume_only = duplex_events.enabled(hs.param("resume")) or autostart in duplex_events.FALSY
+            dconn = self.duplex(rt, receive, send, principal=hs.grant.principal, model=model,
+                                     resume_only=resume_only)  # fmt: skip
+            dconn.direct = scope.get("extensions", {}).get(DIRECT_EXTENSION)
+            opens_now = hs.param("model") is not None and not resume_only
+            await dconn.run(default_session_config(model) if opens_now else None)
+            return
         beta = "realtime=v1" in hs.headers.get("openai-beta", "") or BETA_SUBPROTOCOL in hs.offered
         config = SessionConfig(model=model, turn_detection=TurnDetection() if rt.vad_factory else None)
         if hs.grant.session:
@@ -99,7 +158,9 @@ class RealtimeEndpoint:
 class Connection:
     """One client socket. The session it serves lives in a ``SessionHost``."""
 
-    def __init__(self, runtime: Runtime, receive: Any, send: Any, *, beta: bool, binary: bool, principal: str) -> None:
+    def __init__(
+        self, runtime: RealtimeServices, receive: Any, send: Any, *, beta: bool, binary: bool, principal: str
+    ) -> None:
         self.runtime = runtime
         self.principal = principal
         self.binary = binary
@@ -117,10 +178,13 @@ class Connection:
         self._busy = False  # the read loop is handling a message (the direct path must wait)
         self.direct: Callable[[Callable[[dict[str, Any]], bool]], None] | None = None  # the server's hook
         self._binary_counter = runtime.metrics.client_event_counter("binary.append")
+        self._opened = False  # a session was opened or resumed on this socket
 
     # --- main loop -----------------------------------------------------------
 
-    async def run(self, config: SessionConfig) -> None:
+    async def run(self, config: SessionConfig | None) -> None:
+        """Serve the socket; ``config`` None: no session until the client's first event
+        (a duplex socket opened with ``?autostart=0``)."""
         rt = self.runtime
         loop = asyncio.get_running_loop()
         writer = self._writer_task = loop.create_task(self.outbox.run())
@@ -129,22 +193,9 @@ class Connection:
         rt.metrics.sessions_total.inc()
         reader: asyncio.Task[None] | None = None
         try:
-            try:
-                self.host = await rt.open_session(config, principal=self.principal, beta=self.beta)
-            except StoreError as exc:
-                log.warning("cannot open a session: %s", exc)
-                self.send_raw(error_event(Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly."))
-                self.outbox.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
+            if config is not None and not await self._open(config):
                 await writer
                 return
-            log.info(
-                "session %s opened principal=%s beta=%s binary=%s", self.host.id, self.principal, self.beta, self.binary
-            )
-            self.host.attach(self)
-            self.host.session.start(resume_token=self.host.rotate_token())
-            self.host.flush()
-            if self.direct is not None:
-                self.direct(self.on_message)  # messages now come as they are read (see on_message)
             reader = self._reader_task = loop.create_task(self._read_loop())
             await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
             if not reader.done():
@@ -169,6 +220,44 @@ class Connection:
             rt.connections.discard(self)
             rt.metrics.sessions.dec()
 
+    async def _open(self, config: SessionConfig, **start: Any) -> bool:
+        """A new session for this socket; False (the socket is closing) if the store is down."""
+        host = await self._host_for(config)
+        if host is None:
+            return False
+        self._begin(host, **start)
+        return True
+
+    async def _host_for(self, config: SessionConfig) -> SessionHost | None:
+        try:
+            return await self._new_session(config)
+        except StoreError as exc:
+            log.warning("cannot open a session: %s", exc)
+            unavailable = ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
+            self.send_raw(self._error(unavailable))
+            self.outbox.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
+            return None
+
+    def _begin(self, host: SessionHost, **start: Any) -> None:
+        """Serve ``host``'s new session on this socket: attach, ``session.created``, direct reads."""
+        log.info("session %s opened principal=%s dialect=%s binary=%s", host.id, self.principal,
+                 host.session.dialect, self.binary)  # fmt: skip
+        self.host = host
+        self._opened = True
+        host.attach(self)
+        host.session.start(resume_token=host.rotate_token(), **start)
+        host.flush()
+        if self.direct is not None:
+            self.direct(self.on_message)  # messages now come as they are read (see on_message)
+
+    async def _new_session(self, config: SessionConfig) -> SessionHost:
+        return await self.runtime.open_session(config, principal=self.principal, beta=self.beta)
+
+    async def _before_session(self, message: dict[str, Any]) -> bool:
+        """A message on a socket that has no session yet (only a dialect that opens lazily
+        has one); False ends the socket."""
+        raise AssertionError("this socket opened its session at connect")
+
     async def _read_loop(self) -> None:
         while True:
             message = await self._receive()
@@ -176,25 +265,28 @@ class Connection:
             if kind == "websocket.disconnect":
                 return
             host = self.host
-            if kind != "websocket.receive" or host is None:
+            if kind != "websocket.receive":
                 continue
             self._busy = True
             try:
+                if host is None:
+                    if not self._opened and not await self._before_session(message):
+                        return
+                    continue  # (a replaced socket reads on until it closes, and ignores what comes)
                 resume = self._handle(host, message, direct=False)
                 if isinstance(resume, ce.SessionResume):
-                    try:
-                        await self._resume(resume)
-                    except ProtocolError as err:
-                        host.session.error(err)
-                        host.flush()
-                    except Exception:  # a bug must cost one event, not the session
-                        log.exception("session %s: unexpected failure resuming", host.id)
-                        host.session.error(
-                            ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error")
-                        )
-                        host.flush()
+                    await self._resume_safely(resume, host)
             finally:
                 self._busy = False
+
+    async def _resume_safely(self, event: ce.SessionResume, host: SessionHost | None) -> None:
+        try:
+            await self._resume(event)
+        except ProtocolError as err:
+            self._refuse(host, err)
+        except Exception:  # a bug must cost one event, not the session
+            log.exception("unexpected failure resuming %s", event.session_id)
+            self._refuse(host, ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error"))
 
     def on_message(self, message: dict[str, Any]) -> bool:
         """The direct path (``omni.websocket.direct``): the server protocol hands a
@@ -220,7 +312,7 @@ class Connection:
                         f"A message may be at most {limit} bytes; this one has {len(text)}. "
                         "Send audio in smaller appends.",
                     )
-                event = ce.decode(text)
+                event = self._decode(text)
                 if isinstance(event, ce.SessionResume):
                     if direct:
                         return False
@@ -231,7 +323,8 @@ class Connection:
                     self._ack(host, event)
                     return None
                 self._client_events += 1
-                host.session.handle(event)
+                if not self._connection_event(host, event):
+                    host.session.handle(event)
             else:
                 data = message.get("bytes") or b""
                 if len(data) > limit:
@@ -241,6 +334,9 @@ class Connection:
                 self._binary_counter.inc()
                 self._client_events += 1
                 host.session.append_audio(decode_input_frame(data), None)
+        except ce.AckError as err:
+            self.send_raw(self._error(err))  # never an event with a seq: it would be acked again
+            return None
         except ProtocolError as err:
             host.session.error(err)
         except Exception:  # a bug must cost one event, not the session
@@ -248,6 +344,13 @@ class Connection:
             host.session.error(ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error"))
         host.flush()
         return None
+
+    def _decode(self, text: str) -> Any:
+        return ce.decode(text)
+
+    def _connection_event(self, host: SessionHost, event: Any) -> bool:
+        """Handle an event that belongs to the socket, not the session; False: not one."""
+        return False
 
     def _counter(self, event_type: type) -> Any:
         return self.runtime.metrics.client_event_counter(_EVENT_NAMES.get(event_type, "other"))
@@ -261,14 +364,106 @@ class Connection:
                 param="type",
                 event_id=event.event_id,
             )
-        await self.runtime.resume(self, event)
+        provisional = self.host  # the session this socket opened at connect (None: it opened none)
+        try:
+            await self._take_over(event, provisional)
+        except ProtocolError as err:
+            err.event_id = event.event_id
+            self._refuse(provisional, err)
+        except StoreError as exc:
+            log.warning("resume of %s failed: %s", event.session_id, exc)
+            unavailable = ProtocolError(
+                Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.", event_id=event.event_id
+            )
+            self._refuse(provisional, unavailable)
+
+    def _refuse(self, host: SessionHost | None, err: ProtocolError) -> None:
+        """A refused resume: an error on the socket's own session, or on the socket when it has none."""
+        if host is None or host is not self.host:
+            self.send_raw(self._error(err))
+        else:
+            host.session.error(err)
+            host.flush()
+
+    async def _take_over(self, event: ce.SessionResume, provisional: SessionHost | None) -> None:
+        """Move ``event.session_id`` onto this connection and carry out the plan:
+        replay what the client missed (or send the state to resync from), then live."""
+        rt = self.runtime
+        taken = await claim(rt.hosting, event, self.principal, provisional=provisional, restore=rt.restore_session)
+        host, sid, last = taken.host, event.session_id, event.last_received_server_event_seq
+        token = host.rotate_token()
+        self.hold()  # live events from here on wait until the replay is out
+        host.attach(self)
+        self.host = host
+        self._opened = True
+        self._attached(host)
+        try:
+            read = await taken.read()
+        except StoreError:
+            # Attached but cannot replay: let the client retry the resume shortly.
+            self.release(host.session.seq)
+            again = ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; resume again shortly.")
+            self.send_raw(self._error(again))
+            self.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
+            host.detach(self)
+            if provisional is not None:
+                await provisional.end(reason="resume failed", delete=True)
+            return
+        outcome = plan(taken.held, read, event, self.principal)
+        if isinstance(outcome, Resync):
+            self.send_raw(self._resync_message(host, token, outcome))
+            self.release(host.session.seq)
+        elif isinstance(outcome, Replay):
+            self.send_raw(self._resumed_message(host, token, outcome))
+            for _, data in outcome.events:
+                self.replay(data)
+            self.release(outcome.replay_to or 0)
+        else:  # admitted before the claim, so a refusal cannot come now
+            raise AssertionError(f"a refusal after the claim: {outcome}")
+        rt.metrics.resumes.labels("resync" if isinstance(outcome, Resync) else "replayed").inc()
+        log.info("session %s resumed (last seq %d, %d replayed, gap=%s)", sid, last, len(read.events), read.gap)
+        if taken.recovered:
+            host.session.recover("replica_lost")
+        host.flush()  # also writes the snapshot with the rotated token
+        if self.direct is not None:
+            self.direct(self.on_message)
+        if provisional is not None:
+            await provisional.end(reason="replaced by a resumed session", delete=True)
+
+    # --- what each dialect spells its own way (the duplex connection overrides these) ----
+
+    def _attached(self, host: SessionHost) -> None:
+        """This socket now carries ``host``'s session (after a resume)."""
+
+    def _error(self, err: ProtocolError) -> bytes:
+        return error_event(err.code, err.message, param=err.param, event_id=err.event_id)
+
+    def _resync_message(self, host: SessionHost, token: str, outcome: Resync) -> bytes:
+        s = host.session
+        return resync_event(
+            session_id=s.id,
+            resume_token=token,
+            reason=outcome.reason,
+            message=outcome.message,
+            session=s.render_config(),
+            conversation=[it.render(s.beta) for it in s.conversation],
+            last_server_event_seq=s.seq,
+        )
+
+    def _resumed_message(self, host: SessionHost, token: str, outcome: Replay) -> bytes:
+        return resumed_event(
+            session_id=host.id, resume_token=token, replay_from=outcome.replay_from, replay_to=outcome.replay_to
+        )
+
+    def _replaced_message(self, session_id: str) -> bytes:
+        return replaced_event(session_id)
 
     def _ack(self, host: SessionHost, event: ce.EventAck) -> None:
         host.ack(min(event.last_received_server_event_seq, host.session.seq))
 
     # --- output ------------------------------------------------------------------
 
-    def send_event(self, event: dict[str, Any], data: bytes) -> None:
+    def send(self, event: dict[str, Any], data: bytes) -> None:
         """One session event (already JSON-encoded in the client's dialect)."""
         if self._held is not None:
             self._held.append((event, data))
@@ -336,8 +531,8 @@ class Connection:
         """Another connection resumed our session: say so (to a client that knows
         the gateway's events: it resumed, or opted in) and close (4009)."""
         host, self.host = self.host, None
-        if self._resumed or (host is not None and host.session.config.gateway_events):
-            self.send_raw(connection_event("session.replaced", session_id=session_id))
+        if self._resumed or (host is not None and host.session.sends_gateway_events):
+            self.send_raw(self._replaced_message(session_id))
         self.runtime.metrics.closes.labels(str(int(CloseCode.SESSION_REPLACED))).inc()
         self.outbox.close(CloseCode.SESSION_REPLACED, "session replaced")
 

@@ -23,33 +23,59 @@ import asyncio
 import logging
 import secrets
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
+from gateway.protocol import fmp4
 from gateway.protocol import video_events as ve
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
-from gateway.session.video_session import Interact, StartVideo, StopVideo, VideoSession, error_event
-from gateway.store.base import StoreError
+from gateway.protocol.video_events import error_event
+from gateway.session.video_session import CloseVideo, Interact, StartVideo, StopVideo, VideoSession
+from gateway.store.base import SessionStore, StoreError
 from gateway.transport.handshake import accept, common_refusal, refuse
+from gateway.transport.services import Services
 from orchestrator.engine import EngineError
-from orchestrator.engines.video.types import Interaction, VideoChunk
-from orchestrator.orchestrator import RequestHandle
-
-if TYPE_CHECKING:
-    from gateway.runtime import Runtime
+from orchestrator.orchestrator import Orchestrator, RequestHandle
+from orchestrator.video_engine import Interaction, VideoChunk, VideoEngine
 
 log = logging.getLogger("omni.video")
 
+MAX_TRAILER_ENTRIES = 100_000  # fragments indexed for the trailer (14 h at two chunks a second); later
+#   ones are left out of it
 MAX_CONTROL_QUEUED = 256  # control events waiting for a client that does not read; more: close 4010
 SLOW_CLOSE_GRACE_S = 5.0  # after the 4010 decision, how long the close frame may wait behind a full
 #   socket before the connection is dropped without it
 
 
+class VideoServices(Services, Protocol):
+    """What the video endpoint needs of the process (the runtime provides it)."""
+
+    @property
+    def video_engine(self) -> VideoEngine | None: ...
+
+    @property
+    def orchestrator(self) -> Orchestrator:
+        """The one that runs video requests."""
+
+    @property
+    def video_sessions(self) -> dict[str, VideoConnection]: ...
+
+    @property
+    def store(self) -> SessionStore:
+        """Where a video session is registered, so interactions from other replicas reach it."""
+
+    @property
+    def replica_id(self) -> str: ...
+
+    @property
+    def lease_ttl_ms(self) -> int: ...
+
+
 class VideoEndpoint:
     """ASGI app for the streaming video WebSocket."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: VideoServices) -> None:
         self.runtime = runtime
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -73,7 +99,7 @@ def choose_subprotocol(offered: list[str]) -> str | None:
 
 
 class VideoConnection:
-    def __init__(self, runtime: Runtime, receive: Any, send: Any, *, principal: str) -> None:
+    def __init__(self, runtime: VideoServices, receive: Any, send: Any, *, principal: str) -> None:
         assert runtime.video_engine is not None
         self.runtime = runtime
         self.principal = principal
@@ -94,6 +120,11 @@ class VideoConnection:
         self._fence: int | None = None
         self._reader: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
+        self._progress = 0.0  # loop time of the last chunk produced or ping (the stall clock)
+        self._mp4 = False
+        self._fragments: list[tuple[int, int]] = []  # (decode time, moof offset) of delivered fragments
+        self._stream_bytes = 0  # fMP4 bytes delivered so far
+        self._track = 1
 
     @property
     def id(self) -> str:
@@ -109,6 +140,7 @@ class VideoConnection:
         loop = asyncio.get_running_loop()
         writer = self._writer = loop.create_task(self._write_loop())
         reader = self._reader = loop.create_task(self._read_loop())
+        self._spawn(self._watch())
         await self._register()
         try:
             await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
@@ -160,9 +192,26 @@ class VideoConnection:
                 if isinstance(event, ve.InteractionEvent) and not event.explicit_transition:
                     event = ve.decode_interaction(orjson.loads(text).get("interaction"), default_k)
                 self.runtime.metrics.client_events.labels(f"video.{type(event).__name__.lower()}").inc()
+                if isinstance(event, ve.Ping):
+                    self._progress = asyncio.get_running_loop().time()  # a ping refreshes the stall clock
                 self.session.handle(event)
             except ProtocolError as err:
-                self.session.error(err)
+                self.session.refuse(err)
+            self.flush()
+
+    async def _watch(self) -> None:
+        """The start timeout and the stall report (vLLM-Omni's: 10 s to send session.start; a
+        stream with no chunk and no ping for 60 s is stopped). Checked twice a second."""
+        settings, loop = self.runtime.settings, asyncio.get_running_loop()
+        connected = loop.time()
+        while self.session.state != "done":
+            await asyncio.sleep(min(0.5, settings.video_start_timeout_s, settings.video_stall_timeout_s))
+            now = loop.time()
+            if self.session.state == "idle" and now - connected >= settings.video_start_timeout_s:
+                self.session.start_timed_out(settings.video_start_timeout_s)
+            elif self.session.state == "streaming" and now - self._progress >= settings.video_stall_timeout_s:
+                log.warning("video session %s stalled: no progress for %.0f s", self.id, now - self._progress)
+                self.session.stalled(settings.video_stall_timeout_s)
             self.flush()
 
     # --- session outputs -----------------------------------------------------------
@@ -174,6 +223,8 @@ class VideoConnection:
         for effect in effects:
             match effect:
                 case StartVideo():
+                    self._progress = asyncio.get_running_loop().time()
+                    self._mp4 = effect.request.format == "mp4"
                     self.handle = self.runtime.orchestrator.submit(
                         "video",
                         effect.request,
@@ -187,6 +238,8 @@ class VideoConnection:
                     if self.handle is not None:
                         self.handle.cancel()
                         self.handle = None
+                case CloseVideo():
+                    self.close(effect.code, effect.reason)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -199,7 +252,7 @@ class VideoConnection:
         except EngineError as exc:
             self.session.on_interaction_failed(interaction.event_id, exc.code, exc.message)
             self.flush()
-            return exc.code, exc.message
+            return Code.INTERACTION_FAILED, exc.message
         self.session.on_interaction_queued(interaction.event_id)
         self.flush()
         return None
@@ -220,6 +273,7 @@ class VideoConnection:
         return await self._interact(request_id, interaction)
 
     def _on_chunk(self, chunk: VideoChunk) -> None:
+        self._progress = asyncio.get_running_loop().time()
         meta = self.session.on_chunk(chunk)
         if meta is None:
             return
@@ -229,6 +283,9 @@ class VideoConnection:
 
     def _on_done(self) -> None:
         self.handle = None
+        if self._mp4 and self.session.state == "streaming" and self._close is None:
+            self._queue.append(("trailer",))  # the stream completed: its trailer, then session.done
+            self._wake.set()
         self.session.on_done()
         self.flush()
 
@@ -288,6 +345,33 @@ class VideoConnection:
         # give the close frame a moment, then drop the connection without it.
         asyncio.get_running_loop().call_later(SLOW_CLOSE_GRACE_S, self._abandon)
 
+    def _index(self, payload: bytes) -> None:
+        """Note where a delivered fMP4 fragment starts (for the trailer's random-access index)."""
+        if self._mp4:
+            info = fmp4.fragment_info(payload)
+            if info is not None and len(self._fragments) < MAX_TRAILER_ENTRIES:
+                offset, self._track, time = info
+                self._fragments.append((time, self._stream_bytes + offset))
+            self._stream_bytes += len(payload)
+
+    async def _send_trailer(self, send: Any) -> None:
+        """vLLM-Omni's ``trailer`` chunk: the stream's closing bytes (here the fMP4 ``mfra``
+        index of the fragments delivered), its metadata first, as for a media chunk."""
+        if not self._fragments:
+            return
+        trailer = fmp4.mfra(self._track, self._fragments)
+        meta = {
+            "type": "video.chunk_metadata", "request_id": self.session.request_id, "kind": "trailer",
+            "generation_chunk_index": None, "transport_chunk_index": self._sent_chunks, "num_frames": 0,
+            "byte_length": len(trailer), "mime_type": "video/mp4", "started_event_ids": [], "active_event_ids": [],
+            "completed_event_ids": [], "superseded_event_ids": [], "dropped_chunks": len(self._dropped),
+            "dropped_generation_chunk_indexes": self._dropped,
+        }  # fmt: skip
+        self._dropped = []
+        await send({"type": "websocket.send", "text": orjson.dumps(meta).decode()})
+        await send({"type": "websocket.send", "bytes": trailer})
+        self._sent_chunks += 1
+
     def _abandon(self) -> None:
         for task in (self._writer, self._reader):
             if task is not None and not task.done():
@@ -303,10 +387,14 @@ class VideoConnection:
                 if item[0] == "json":
                     await send({"type": "websocket.send", "text": orjson.dumps(item[1]).decode()})
                     continue
+                if item[0] == "trailer":
+                    await self._send_trailer(send)
+                    continue
                 self._queued_chunks -= 1
                 _, meta, media, init = item
                 payload = media if self._init_sent or not init else init + media
                 self._init_sent = self._init_sent or bool(init)
+                self._index(payload)
                 meta["transport_chunk_index"] = self._sent_chunks
                 meta["byte_length"] = len(payload)
                 meta["dropped_chunks"] = len(self._dropped)

@@ -3,7 +3,7 @@
 ``gateway/transport/ws_server.py`` subclasses uvicorn's ``websockets-sansio``
 protocol. Neither library documents that class's attributes, so everything
 the subclass relies on is named here (``UVICORN_ATTRIBUTES``), and
-``server_protocol()`` checks, once per process and before any client
+``ws_server.server_protocol()`` checks, once per process and before any client
 connects, that it is all there *and* that the subclass really works on the
 installed releases: it drives one connection over an in-memory transport
 (handshake, whole text and binary frames, a fragmented message, a ping, the
@@ -22,7 +22,6 @@ when it imports, else a pure-Python XOR over Python integers.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import struct
@@ -76,15 +75,6 @@ def missing_attributes(protocol: Any) -> list[str]:
     missing = [name for name in UVICORN_ATTRIBUTES if not hasattr(protocol, name)]
     missing += [name for name in UVICORN_METHODS if not callable(getattr(protocol, name, None))]
     return missing
-
-
-@functools.cache
-def server_protocol() -> Any:
-    """What to pass as uvicorn's ``ws``: the fast protocol class, or ``STOCK_PROTOCOL``
-    (checked once per process)."""
-    from gateway.transport.ws_server import StreamingWebSocketProtocol
-
-    return choose(StreamingWebSocketProtocol)
 
 
 def choose(protocol_class: type) -> Any:
@@ -260,4 +250,4 @@ async def _probe(protocol_class: type) -> str | None:
     return None
 
 
-__all__ = ["STOCK_PROTOCOL", "apply_mask", "choose", "missing_attributes", "probe", "server_protocol"]
+__all__ = ["STOCK_PROTOCOL", "apply_mask", "choose", "missing_attributes", "probe"]

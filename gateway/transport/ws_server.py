@@ -35,7 +35,7 @@ websockets:
   the rest of ``send`` (accept, close, a closing connection) is uvicorn's.
 
 What this takes from uvicorn's class (its attributes are not documented) is
-listed and checked at start-up in ``ws_compat``: use ``ws_compat.server_protocol()``
+listed and checked at start-up in ``ws_compat``: use ``server_protocol()`` (below)
 as uvicorn's ``ws``, which falls back to the stock protocol if the check fails.
 
 Measured with ``bench/voice_load.py`` (see bench/README.md).
@@ -44,6 +44,7 @@ Measured with ``bench/voice_load.py`` (see bench/README.md).
 from __future__ import annotations
 
 import asyncio
+import functools
 import struct
 from collections import deque
 from collections.abc import Callable
@@ -51,7 +52,7 @@ from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-from gateway.transport.ws_compat import apply_mask
+from gateway.transport.ws_compat import apply_mask, choose
 
 DIRECT_EXTENSION = "omni.websocket.direct"
 MAX_QUEUED_MESSAGES = 64  # messages read from the socket but not yet by the app: pause reading at this many
@@ -271,3 +272,10 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
             self.read_paused = False
             self.transport.resume_reading()
         return message
+
+
+@functools.cache
+def server_protocol() -> Any:
+    """What to pass as uvicorn's ``ws``: the fast protocol class, or uvicorn's stock
+    one if ``ws_compat``'s start-up check fails on it (checked once per process)."""
+    return choose(StreamingWebSocketProtocol)

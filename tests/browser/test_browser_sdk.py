@@ -123,7 +123,8 @@ async def _video_chunks(gateway: RunningGateway, n_chunks: int) -> list[tuple[di
         async for msg in ws:
             if isinstance(msg, bytes):
                 assert meta is not None
-                chunks.append((meta, msg))
+                if meta["kind"] == "media":  # (the stream's trailer, its mfra index, is not played)
+                    chunks.append((meta, msg))
                 meta = None
                 continue
             event = orjson.loads(msg)

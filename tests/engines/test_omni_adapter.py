@@ -38,8 +38,8 @@ from orchestrator.engine import (
     TranscriptionRequest,
 )
 from orchestrator.engines.omni import OmniEngine, OmniVideoEngine, pcm16
-from orchestrator.engines.video.types import CameraMove, Interaction, VideoChunk, VideoRequest
 from orchestrator.orchestrator import Orchestrator
+from orchestrator.video_engine import CameraMove, Interaction, VideoChunk, VideoRequest
 
 pytestmark = pytest.mark.timeout(60)
 

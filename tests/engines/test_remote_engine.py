@@ -4,7 +4,11 @@ An upstream here is a second gateway (in this process, or a ``python -m
 gateway serve`` subprocess where it must be killed for real) running the CPU
 engines: it speaks the same ``/v1/realtime`` and ``/v1/realtime/video``
 protocols as a vLLM-Omni server. A first gateway, the one clients talk to,
-runs ``RemoteEngine`` / ``RemoteVideoEngine`` pointed at it. Nothing is
+runs ``RemoteEngine`` / ``RemoteVideoEngine`` pointed at it (a gateway
+advertises the duplex dialect, so ``dialect="auto"`` speaks that to it, and
+``dialect="openai"`` the OpenAI one with its binary fast path; vLLM-Omni's
+own protocols are tested against doubles made from its documents:
+``test_remote_upstream_docs.py``). Nothing is
 mocked except the one upstream that must misbehave on cue (a small
 ``websockets`` server that drops the socket when asked for a response).
 """
@@ -50,7 +54,7 @@ from orchestrator.engine import (
 from orchestrator.engines.passthrough import PassthroughEngine
 from orchestrator.engines.remote import RemoteEngine
 from orchestrator.engines.remote.pool import probe_ready
-from orchestrator.engines.video.types import Interaction, VideoRequest
+from orchestrator.video_engine import Interaction, VideoRequest
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -236,7 +240,7 @@ async def test_transcription_through_a_remote_upstream_binary_and_json() -> None
 
 async def engine_transcribes_and_answers(up: RunningGateway, speech: bytes, *, binary: bool) -> None:
     """The engine directly, with audio as binary frames (omni-binary.v1) or base64 JSON."""
-    engine = RemoteEngine([up.http], binary=binary)
+    engine = RemoteEngine([up.http], binary=binary, dialect="openai")  # the binary fast path is OpenAI-dialect only
     await engine.start()
     try:
         outs = await collect(

@@ -323,18 +323,19 @@ async def test_the_init_segment_leads_the_first_chunk_delivered_even_when_chunk_
         client = await RawVideoClient.open(gw.url + "/video")
         stream = Stream(client)
         try:
-            # Fill the socket before the video starts: each unknown type is echoed in a
-            # ~4 KiB error the client does not read, until the server's writer blocks.
+            # Fill the socket as the video starts (a stream must begin with session.start): each
+            # unknown type is echoed in a ~4 KiB error the client does not read, until the
+            # server's writer blocks, before the first chunk is rendered.
+            await client.send({"type": "session.start", "format": "m4s", **STREAM})
             for _ in range(FILL_MESSAGES):
                 await client.send({"type": "x" * 4000})
-            await client.send({"type": "session.start", "format": "m4s", **STREAM})
             assert await eventually(lambda: len(gw.runtime.video_sessions) == 1, 10)
             conn = only_connection(gw)
             assert await eventually(lambda: 0 in conn._dropped and len(conn._dropped) >= 2), "chunk 0 was not dropped"
 
+            await stream.wait_for(is_type("video.start"))
             errors = [await stream.next() for _ in range(FILL_MESSAGES)]
             assert {(e["type"], e["code"]) for e in errors} == {("error", Code.UNKNOWN_EVENT)}
-            await stream.wait_for(is_type("video.start"))
             first = await stream.wait_for(is_type("video.chunk_metadata"))
             for _ in range(3):
                 await stream.wait_for(is_type("video.chunk_metadata"))

@@ -35,7 +35,7 @@ from gateway.settings import Settings
 from orchestrator.engines.passthrough import PassthroughEngine
 from orchestrator.engines.video.engine import CpuVideoEngine
 from orchestrator.engines.video.render import RenderState, render_chunk
-from orchestrator.engines.video.types import CameraMove, Interaction
+from orchestrator.video_engine import CameraMove, Interaction
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -65,7 +65,8 @@ class VideoClient:
     def __init__(self, ws: Any) -> None:
         self.ws = ws
         self.events: list[dict[str, Any]] = []
-        self.chunks: list[Chunk] = []
+        self.chunks: list[Chunk] = []  # media chunks
+        self.trailers: list[Chunk] = []  # the trailer chunk of a completed fMP4 stream
 
     async def send(self, event: dict[str, Any] | str | bytes) -> None:
         await self.ws.send(event if isinstance(event, str | bytes) else orjson.dumps(event).decode())
@@ -89,7 +90,7 @@ class VideoClient:
             payload = await asyncio.wait_for(self.ws.recv(), timeout)
             assert isinstance(payload, bytes), f"metadata followed by a text frame: {payload[:200]!r}"
             assert len(payload) == event["byte_length"]
-            self.chunks.append(Chunk(event, payload))
+            (self.trailers if event["kind"] == "trailer" else self.chunks).append(Chunk(event, payload))
         return event
 
     async def wait_for(self, match: str | Callable[[dict[str, Any]], bool], timeout: float = 30.0) -> dict[str, Any]:
@@ -264,7 +265,11 @@ async def test_start_streams_fmp4_that_decodes_to_the_requested_size_and_frame_c
     assert code == 1000
 
     chunks = c.chunks
-    assert c.types() == ["video.start"] + ["video.chunk_metadata"] * 6 + ["session.done"]
+    # six media chunks, then the trailer (the stream's mfra index), then session.done
+    assert c.types() == ["video.start"] + ["video.chunk_metadata"] * 7 + ["session.done"]
+    (trailer,) = c.trailers
+    assert trailer.meta["transport_chunk_index"] == 6 and trailer.meta["generation_chunk_index"] is None
+    assert trailer.meta["num_frames"] == 0 and trailer.payload[4:8] == b"mfra"
     assert [ch.meta["transport_chunk_index"] for ch in chunks] == list(range(6))
     assert [ch.index for ch in chunks] == list(range(6))
     assert [ch.meta["num_frames"] for ch in chunks] == [4, 4, 4, 4, 4, 2]
@@ -288,16 +293,34 @@ async def test_format_is_echoed_as_the_client_spelled_it(gw: RunningGateway) -> 
     assert decode_mp4([ch.payload for ch in c.chunks]).shape == (F, H, W, 3)
 
 
-async def test_a_refused_start_leaves_the_connection_ready_for_a_valid_one(gw: RunningGateway) -> None:
+@pytest.mark.parametrize(
+    ("first", "code"),
+    [
+        ({"type": "session.start", "format": "webm"}, Code.UNSUPPORTED_VIDEO_FORMAT),
+        ({"type": "session.start", "width": 127}, Code.INVALID_VALUE),  # H.264 needs even sizes
+        ({"type": "session.start", "fps": "fast"}, Code.INVALID_TYPE),
+        ({"type": "session.start", "prompt": " "}, Code.INVALID_VALUE),
+        ({"type": "session.start", "size": "wide"}, Code.INVALID_VALUE),
+        ({"type": "session.start", "seconds": "0"}, Code.INVALID_VALUE),
+        ({"type": "session.ping"}, Code.START_EXPECTED),
+        ({"type": "session.interaction", "interaction": {"event_id": "early", "event": {"prompt": "x"}}},
+         Code.NO_ACTIVE_REQUEST),
+        ("{not json", Code.INVALID_JSON),
+    ],
+)  # fmt: skip
+async def test_a_refused_first_message_is_reported_then_the_socket_closes(
+    gw: RunningGateway, first: dict[str, Any] | str, code: str
+) -> None:
+    """As upstream's handler does: a bad session.start (or anything else first) gets its error,
+    then the socket closes; a new socket can start a stream."""
     async with video(gw) as c:
-        await c.send({"type": "session.start", **start_fields(format="webm")})
-        await c.error(Code.UNSUPPORTED_VIDEO_FORMAT)
-        await c.send({"type": "session.start", **start_fields(width=127)})  # H.264 needs even sizes
-        await c.error(Code.INVALID_VALUE)
-        await c.send({"type": "session.start", **start_fields(fps="fast")})
-        await c.error(Code.INVALID_TYPE)
-        await c.send({"type": "session.start", "prompt": " "})
-        await c.error(Code.INVALID_VALUE)
+        if isinstance(first, dict) and first["type"] == "session.start":
+            first = {**start_fields(), **first}  # a valid start but for the one field under test
+        await c.send(first)
+        error = await c.error(code)
+        assert await c.until_closed() == 1000
+        assert c.types() == ["error"] and error["code"] == code
+    async with video(gw) as c:
         await c.start(**start_fields(num_frames=F))
         done = await c.wait_for("session.done")
     assert done["chunks"] == 1 and done["stopped"] is False
@@ -457,10 +480,6 @@ def interaction(event_id: str, event: dict[str, Any], **extra: Any) -> dict[str,
 
 async def test_every_refusal_has_its_code_and_the_stream_goes_on(gw: RunningGateway) -> None:
     async with video(gw) as c:
-        await c.interact("early", {"prompt": NEW}, 1)  # before session.start
-        early = await c.error(Code.NO_ACTIVE_REQUEST)
-        assert early["event_id"] == "early"
-
         start = await c.start(**start_fields())
         rid = start["request_id"]
         await c.next_chunk()
@@ -553,10 +572,8 @@ async def test_a_client_that_drops_the_tcp_connection_leaves_no_engine_request(g
 # --- 5. ping -----------------------------------------------------------------------------------
 
 
-async def test_ping_gets_pong_before_and_during_a_stream(gw: RunningGateway) -> None:
+async def test_ping_gets_pong_during_a_stream(gw: RunningGateway) -> None:
     async with video(gw) as c:
-        await c.send({"type": "session.ping"})
-        assert (await c.recv())["type"] == "session.pong"
         await c.start(**start_fields())
         await c.next_chunk()
         await c.send({"type": "session.ping"})
@@ -638,3 +655,86 @@ async def test_the_video_socket_refuses_a_wrong_key(keyed_gw: RunningGateway) ->
     async with video(keyed_gw, "sk-wrong") as c:
         await c.error(Code.UNAUTHORIZED)
         assert await c.until_closed() == 4001
+
+
+# --- 7. what vLLM-Omni's documents name (support.upstream_docs) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "size", "frames"),
+    [
+        ({"size": "64x48", "seconds": "1"}, (64, 48), FPS),  # seconds x fps frames
+        ({"size": "64x48", "width": 200, "height": 200, "num_frames": 5}, (64, 48), 5),  # size wins
+        ({"video_params": {"width": 64, "height": 48, "num_frames": 6}, "width": 96, "height": None}, (96, 48), 6),
+        ({"video_params": {"fps": 12}, "fps": None, "seconds": 1, "width": 64, "height": 48}, (64, 48), 12),
+    ],
+)
+async def test_size_seconds_and_video_params_resolve_as_upstream_resolves_them(
+    gw: RunningGateway, fields: dict[str, Any], size: tuple[int, int], frames: int
+) -> None:
+    start_msg = {k: v for k, v in {**start_fields(), **fields}.items() if v is not None}
+    async with video(gw) as c:
+        start = await c.start(**start_msg)
+        await c.wait_for("session.done")
+    config = start["config"]
+    assert (config["width"], config["height"], config["num_frames"]) == (*size, frames)
+    for key in ("size", "seconds", "video_params"):  # echoed as the client sent them
+        if key in fields:
+            assert config[key] == fields[key]
+    assert decode_mp4([ch.payload for ch in c.chunks]).shape == (frames, size[1], size[0], 3)
+
+
+async def test_the_trailer_indexes_every_fragment_delivered_and_only_a_completed_stream_has_one(
+    gw: RunningGateway,
+) -> None:
+    async with video(gw) as c:
+        await c.start(**start_fields(num_frames=5 * F))
+        await c.wait_for("session.done")
+    (trailer,) = c.trailers
+    stream = b"".join(ch.payload for ch in c.chunks)
+    mfra = trailer.payload
+    assert mfra[4:8] == b"mfra" and int.from_bytes(mfra[-4:], "big") == len(mfra)  # mfro: the mfra's size
+    count = int.from_bytes(mfra[8 + 8 + 12 : 8 + 8 + 16], "big")
+    entries = [mfra[32 + 19 * i : 32 + 19 * (i + 1)] for i in range(count)]
+    offsets = [int.from_bytes(e[8:16], "big") for e in entries]
+    times = [int.from_bytes(e[:8], "big") for e in entries]
+    assert count == 5 and times == sorted(times) and len(set(times)) == 5
+    assert all(stream[o + 4 : o + 8] == b"moof" for o in offsets)  # each points at a fragment it got
+    assert decode_mp4([stream, mfra]).shape[0] == 5 * F  # the whole file still decodes
+    async with video(gw) as c:  # stopped: no trailer
+        await c.start(**start_fields())
+        await c.next_chunk()
+        await c.send({"type": "session.stop"})
+        await c.wait_for("session.done")
+    assert c.trailers == []
+    async with video(gw) as c:  # JPEG has none
+        await c.start(**start_fields(format="jpeg", num_frames=F))
+        await c.wait_for("session.done")
+    assert c.trailers == []
+
+
+async def test_an_interaction_the_engine_refuses_is_interaction_failed_and_the_stream_goes_on(
+    gw: RunningGateway,
+) -> None:
+    async with video(gw) as c:
+        start = await c.start(**start_fields())
+        await c.next_chunk()
+        far = {"multi_modal_data": {"camera": {"mode": "target", "data": {"translation": [1e9, 0, 0]}}}}
+        await c.interact("too-far", far, 1)
+        error = await c.error(Code.INTERACTION_FAILED)
+        assert (error["event_id"], error["request_id"], error["reason"]) == ("too-far", start["request_id"],
+                                                                           "invalid_interaction")  # fmt: skip
+        await c.send({"type": "session.playback", "position_seconds": 0.5})  # accepted, no reply
+        await c.interact("too-far", {"prompt": NEW}, 1)  # the refused id may be used again
+        await c.wait_for(is_queued("too-far"))
+        await c.next_chunk()
+        await c.send({"type": "session.stop"})
+        await c.wait_for("session.done")
+    assert "error" not in c.types()[c.types().index("session.interaction.queued") :]
+
+
+async def test_a_socket_that_sends_no_start_in_time_is_told_and_closed() -> None:
+    async with gateway(video_start_timeout_s=0.3) as gw, video(gw) as c:
+        error = await c.error(Code.START_TIMEOUT, timeout=5)
+        assert "session.start" in error["message"]
+        assert await c.until_closed() == 1000

@@ -12,36 +12,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-import struct
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 import pytest
 from support.gateway import RunningGateway, run_gateway
+from support.raw_ws import BINARY, CONT, PING, PONG, TEXT, RawClient, frame, open_raw
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from gateway.settings import Settings
 from gateway.transport import ws_compat, ws_server
 from gateway.transport.realtime import Connection
-
-TEXT, BINARY, CONT, CLOSE, PING, PONG = 0x1, 0x2, 0x0, 0x8, 0x9, 0xA
-
-
-def frame(opcode: int, payload: bytes, *, fin: bool = True, mask: bool = True, rsv: int = 0) -> bytes:
-    head = bytes([(0x80 if fin else 0) | rsv | opcode])
-    n = len(payload)
-    flag = 0x80 if mask else 0
-    if n < 126:
-        head += bytes([flag | n])
-    elif n < 1 << 16:
-        head += bytes([flag | 126]) + struct.pack("!H", n)
-    else:
-        head += bytes([flag | 127]) + struct.pack("!Q", n)
-    if not mask:
-        return head + payload
-    key = os.urandom(4)
-    return head + key + ws_compat.apply_mask(payload, key)
 
 
 def retrieve(item_id: str) -> bytes:
@@ -49,57 +31,8 @@ def retrieve(item_id: str) -> bytes:
     return orjson.dumps({"type": "conversation.item.retrieve", "item_id": item_id, "event_id": item_id})
 
 
-class RawClient:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
-    async def send(self, data: bytes) -> None:
-        self.writer.write(data)
-        await self.writer.drain()
-
-    async def read_frame(self) -> tuple[int, bytes]:
-        b0, b1 = await self.reader.readexactly(2)
-        n = b1 & 0x7F
-        if n == 126:
-            (n,) = struct.unpack("!H", await self.reader.readexactly(2))
-        elif n == 127:
-            (n,) = struct.unpack("!Q", await self.reader.readexactly(8))
-        return b0 & 0x0F, await self.reader.readexactly(n)
-
-    async def event(self, timeout: float = 5.0) -> dict[str, Any]:
-        """The next server event (text frame), skipping other frames."""
-        while True:
-            opcode, payload = await asyncio.wait_for(self.read_frame(), timeout)
-            if opcode == TEXT:
-                return dict(orjson.loads(payload))
-
-    async def errors(self, n: int) -> list[str]:
-        """The ``event_id`` of the next ``n`` error events."""
-        out: list[str] = []
-        while len(out) < n:
-            ev = await self.event()
-            if ev["type"] == "error":
-                out.append(ev["error"]["event_id"])
-        return out
-
-    async def close_code(self, timeout: float = 5.0) -> int:
-        while True:
-            opcode, payload = await asyncio.wait_for(self.read_frame(), timeout)
-            if opcode == CLOSE:
-                return int(struct.unpack("!H", payload[:2])[0])
-
-
 async def connect(gw: RunningGateway) -> RawClient:
-    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
-    key = base64.b64encode(os.urandom(16)).decode()
-    writer.write(
-        f"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
-    )
-    status = await reader.readuntil(b"\r\n\r\n")
-    assert status.startswith(b"HTTP/1.1 101"), status
-    client = RawClient(reader, writer)
+    client = await open_raw(gw.port)
     assert (await client.event())["type"] == "session.created"
     return client
 
@@ -303,7 +236,7 @@ async def test_server_frames_of_every_length_encoding_arrive_whole(
 
 def test_the_installed_uvicorn_and_websockets_pass_the_start_up_check() -> None:
     assert ws_compat.probe(ws_server.StreamingWebSocketProtocol) is None
-    assert ws_compat.server_protocol() is ws_server.StreamingWebSocketProtocol
+    assert ws_server.server_protocol() is ws_server.StreamingWebSocketProtocol
 
 
 class _RenamedAttribute(ws_server.StreamingWebSocketProtocol):

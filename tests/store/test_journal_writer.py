@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from support.store_backend import Backend
 
-from gateway.store import FencedError
+from gateway.store import FencedError, JournalWriter
 
 LEASE_MS = 5_000
 
@@ -19,7 +19,7 @@ def ev(seq: int) -> bytes:
 async def test_appends_within_one_interval_cost_one_round_trip(backend: Backend) -> None:
     store = backend.store(flush_interval_ms=20)
     fence = await store.acquire("s1", "A", LEASE_MS)
-    writer = store.writer("s1", fence)
+    writer = JournalWriter(store, "s1", fence)
     before = store.round_trips
     for seq in range(1, 501):
         writer.append(seq, ev(seq))  # no await: the session's hot path
@@ -39,7 +39,7 @@ async def test_round_trips_stay_within_one_per_interval(backend: Backend, rate: 
     """``rate`` events/s, arriving ``burst`` at a time, for 0.6 s."""
     store = backend.store(flush_interval_ms=20)
     fence = await store.acquire("s1", "A", LEASE_MS)
-    writer = store.writer("s1", fence)
+    writer = JournalWriter(store, "s1", fence)
     before = store.round_trips
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -66,7 +66,7 @@ async def test_round_trips_stay_within_one_per_interval(backend: Backend, rate: 
 async def test_flush_forces_what_the_interval_holds_back(backend: Backend) -> None:
     store = backend.store(flush_interval_ms=10_000)
     fence = await store.acquire("s1", "A", LEASE_MS)
-    writer = store.writer("s1", fence)
+    writer = JournalWriter(store, "s1", fence)
     writer.append(1, ev(1))  # first after a quiet period: goes out at once
     await asyncio.sleep(0.05)
     assert (await store.read_events("s1", 0)).last_seq == 1
@@ -85,7 +85,7 @@ async def test_writer_stops_for_good_once_fenced(backend: Backend) -> None:
     b = backend.peer(a)
     fa = await a.acquire("s1", "A", LEASE_MS)
     seen: list[FencedError] = []
-    writer = a.writer("s1", fa, on_fenced=seen.append)
+    writer = JournalWriter(a, "s1", fa, on_fenced=seen.append)
     writer.append(1, ev(1))
     await writer.flush()
     await b.acquire("s1", "B", LEASE_MS)
@@ -103,7 +103,7 @@ async def test_writer_stops_for_good_once_fenced(backend: Backend) -> None:
 async def test_pending_overflow_drops_oldest_and_reports_a_gap(backend: Backend) -> None:
     store = backend.store()
     fence = await store.acquire("s1", "A", LEASE_MS)
-    writer = store.writer("s1", fence, max_pending_events=3)
+    writer = JournalWriter(store, "s1", fence, max_pending_events=3)
     for seq in range(1, 6):  # no await: nothing flushed yet, the buffer overflows
         writer.append(seq, ev(seq))
     await writer.flush()

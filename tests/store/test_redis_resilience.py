@@ -10,6 +10,7 @@ from support.redis_server import RedisServer
 
 from gateway.store import (
     FencedError,
+    JournalWriter,
     StoreUnavailable,
     create_store,
     replica_channel,
@@ -25,7 +26,7 @@ async def test_store_fails_fast_while_redis_is_down_and_recovers(
         await store.save_snapshot("s1", b"snap", fence=fence)
         sub = await store.subscribe(replica_channel("A"))
         assert sub.connected
-        writer = store.writer("s1", fence)
+        writer = JournalWriter(store, "s1", fence)
 
         private_redis.stop()
         calls = [

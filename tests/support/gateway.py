@@ -9,7 +9,7 @@ import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import orjson
 import uvicorn
@@ -19,7 +19,7 @@ from support.sdk_shapes import check_event
 from gateway.app import create_app
 from gateway.runtime import Runtime
 from gateway.settings import Settings
-from gateway.transport.ws_compat import server_protocol
+from gateway.transport.ws_server import server_protocol
 
 
 def free_port() -> int:
@@ -45,14 +45,18 @@ class RunningGateway:
 
 @contextlib.asynccontextmanager
 async def run_gateway(
-    settings: Settings | None = None, *, ws: Any = None, **kwargs: Any
+    settings: Settings | None = None, *, ws: Any = None, video_engine: Any = None, **kwargs: Any
 ) -> AsyncIterator[RunningGateway]:
     """The gateway under uvicorn, on a free port; ``ws`` is uvicorn's WebSocket protocol
-    (default: what ``omni-gateway serve`` uses)."""
+    (default: what ``omni-gateway serve`` uses); ``video_engine``: one to serve
+    ``/v1/realtime/video`` with (set before the start, so the runtime starts it)."""
     port = free_port()
     ws = ws or server_protocol()
     settings = replace(settings or Settings(), host="127.0.0.1", port=port)
     app = create_app(settings, **kwargs)
+    if video_engine is not None:
+        app.state.runtime.video_engine = video_engine
+        app.state.runtime.orchestrator.video_engine = video_engine
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, ws=ws, http="httptools", loop="none",
         log_level="warning", ws_per_message_deflate=False, lifespan="on", ws_max_size=settings.max_frame_bytes,
@@ -75,7 +79,7 @@ async def run_gateway(
 class Client:
     """A minimal realtime client for tests: JSON events in, events out.
 
-    On ``/v1/realtime`` every JSON event received is checked strictly against the
+    On ``/v1/realtime`` (OpenAI's dialects, not ``?duplex=1``) every JSON event received is checked strictly against the
     official SDK's models (``support.sdk_shapes.check_event``, in the client's
     dialect): a shape the SDK would reject fails the test that received it.
     Gateway extension events are accepted once the client opted in (it sent
@@ -142,7 +146,9 @@ async def connect(
 ) -> AsyncIterator[Client]:
     """``extensions``: the client opted in to gateway extension events by other means
     (a client secret minted with ``gateway_events``)."""
-    realtime = urlsplit(url).path.rstrip("/").endswith("/v1/realtime")
+    parts = urlsplit(url)
+    duplex = parse_qs(parts.query).get("duplex", ["0"])[0] not in ("0", "false", "")  # vLLM-Omni's dialect
+    realtime = parts.path.rstrip("/").endswith("/v1/realtime") and not duplex
     beta = "openai-beta.realtime-v1" in (subprotocols or []) or "realtime=v1" in " ".join(
         v for k, v in (headers or {}).items() if k.lower() == "openai-beta"
     )

@@ -469,11 +469,11 @@ LIMITS = ConfigLimits(voices=("tone",), ignored_fields=("temperature", "tools", 
 BASE = SessionConfig(model="m", turn_detection=None)
 
 
-def ga(update: dict[str, Any], current: SessionConfig = BASE) -> tuple[SessionConfig, list[tuple[str, str, str]]]:
+def ga(update: dict[str, Any], current: SessionConfig = BASE) -> tuple[SessionConfig, list[tuple[str, str]]]:
     return apply_update(current, update, beta=False, limits=LIMITS)
 
 
-def beta(update: dict[str, Any], current: SessionConfig = BASE) -> tuple[SessionConfig, list[tuple[str, str, str]]]:
+def beta(update: dict[str, Any], current: SessionConfig = BASE) -> tuple[SessionConfig, list[tuple[str, str]]]:
     return apply_update(current, update, beta=True, limits=LIMITS)
 
 
@@ -710,8 +710,8 @@ def test_fields_the_engine_ignores_produce_warnings_not_errors() -> None:
     cfg, warnings = ga({"temperature": 0.3, "tools": [{"type": "function", "name": "f"}], "instructions": "x"})
     assert cfg.temperature == 0.3
     assert len(cfg.tools) == 1
-    assert sorted(p for _, p, _ in warnings) == ["session.temperature", "session.tools"]
-    assert all(msg for _, _, msg in warnings)
+    assert sorted(p for p, _ in warnings) == ["session.temperature", "session.tools"]
+    assert all(msg for _, msg in warnings)
 
 
 def test_ignored_field_set_to_its_neutral_value_gives_no_warning() -> None:
@@ -722,10 +722,10 @@ def test_ignored_field_set_to_its_neutral_value_gives_no_warning() -> None:
 def test_noise_reduction_is_validated_and_warned_under_each_dialect_name() -> None:
     cfg, warnings = beta({"input_audio_noise_reduction": {"type": "near_field"}})
     assert cfg.noise_reduction == {"type": "near_field"}
-    assert [p for _, p, _ in warnings] == ["session.input_audio_noise_reduction"]
+    assert [p for p, _ in warnings] == ["session.input_audio_noise_reduction"]
     cfg, warnings = ga({"audio": {"input": {"noise_reduction": {"type": "far_field", "strength": 0.5}}}})
     assert cfg.noise_reduction == {"type": "far_field", "strength": 0.5}
-    assert [p for _, p, _ in warnings] == ["session.audio.input.noise_reduction"]
+    assert [p for p, _ in warnings] == ["session.audio.input.noise_reduction"]
     for bad, param in (({"type": "loud"}, "type"), ({"type": "near_field", "strength": 2}, "strength")):
         err = config_refused({"audio": {"input": {"noise_reduction": bad}}})
         assert err.param == f"session.audio.input.noise_reduction.{param}"

@@ -14,7 +14,7 @@ import pytest
 from video_support import run
 
 from orchestrator.engines.video.engine import CpuVideoEngine
-from orchestrator.engines.video.types import Interaction, VideoChunk, VideoRequest
+from orchestrator.video_engine import Interaction, VideoChunk, VideoRequest
 
 BROWSER = shutil.which("chromium-headless-shell") or shutil.which("chromium")
 pytestmark = pytest.mark.skipif(BROWSER is None, reason="no headless Chromium installed")

@@ -11,7 +11,7 @@ from video_support import decode_mp4, pure_frames, rgb, run
 
 from orchestrator.engines.video.encode import split_annexb
 from orchestrator.engines.video.engine import CpuVideoEngine
-from orchestrator.engines.video.types import VideoRequest
+from orchestrator.video_engine import VideoRequest
 
 
 def boxes(data: bytes) -> list[bytes]:

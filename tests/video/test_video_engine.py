@@ -14,7 +14,7 @@ from video_support import blend_alpha, decode_mp4, pure_frames, rgb, run
 from orchestrator.engine import EngineError
 from orchestrator.engines.video import VideoEngine
 from orchestrator.engines.video.engine import CpuVideoEngine
-from orchestrator.engines.video.types import CameraMove, Interaction, VideoChunk, VideoRequest
+from orchestrator.video_engine import CameraMove, Interaction, VideoChunk, VideoRequest
 
 OLD, NEW = "A red fox in snow", "A blue whale at night"
 F = 4  # frames per chunk

@@ -15,7 +15,7 @@ from orchestrator.engines.video.render import (
     render_chunk,
     wrap_caption,
 )
-from orchestrator.engines.video.types import CameraMove, Interaction
+from orchestrator.video_engine import CameraMove, Interaction
 
 W, H, FPS, F = 128, 96, 12, 4
 

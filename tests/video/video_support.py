@@ -10,7 +10,7 @@ import numpy as np
 
 from orchestrator.engines.video.engine import CpuVideoEngine
 from orchestrator.engines.video.render import RenderState, render_chunk
-from orchestrator.engines.video.types import VideoChunk, VideoRequest
+from orchestrator.video_engine import VideoChunk, VideoRequest
 
 
 def decode_mp4(data: bytes) -> list[av.VideoFrame]:

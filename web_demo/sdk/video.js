@@ -3,7 +3,8 @@
 // One socket streams one video. `start()` sends `session.start` (format "m4s":
 // fragmented MP4, or "jpeg"); the server answers `video.start`, then per chunk a
 // `video.chunk_metadata` event followed by exactly one binary frame, which this
-// client pairs and emits as a "chunk". `interact()` changes the prompt and/or the
+// client pairs and emits as a "chunk" (a completed fMP4 stream's closing "trailer" chunk is
+// emitted as "trailer"). `interact()` changes the prompt and/or the
 // camera midway (blended over `transition_chunks`); each interaction's state
 // (sent, queued, started, active, completed, superseded, failed) is tracked
 // from the server's events and the chunk metadata, and emitted as "interaction".
@@ -267,6 +268,12 @@ export class VideoClient extends Emitter {
   }
 
   _onChunk(meta, data) {
+    if (meta.kind === "trailer") {
+      // The closing bytes of a completed fMP4 stream (its mfra index): for a saved file,
+      // not for a Media Source buffer, so not a "chunk".
+      this.emit("trailer", { meta, data });
+      return;
+    }
     const now = performance.now();
     const s = this.stats;
     s.chunks++;

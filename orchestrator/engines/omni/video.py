@@ -12,7 +12,7 @@ import numpy as np
 
 from orchestrator.engine import EngineError
 from orchestrator.engines.omni.client import OmniClient, RequestState, aclose_quietly
-from orchestrator.engines.video.types import (
+from orchestrator.video_engine import (
     Interaction,
     VideoChunk,
     VideoEngineInfo,
@@ -164,7 +164,7 @@ class _Encoder:
 class OmniVideoEngine:
     """A streaming diffusion video model (``--diffusion-streaming-output``) in
     the shared ``AsyncOmni``. Requests the model cannot take fail with the
-    codes of ``orchestrator.engines.video.types.ERROR_CODES``, plus
+    codes of ``orchestrator.video_engine.ERROR_CODES``, plus
     ``interaction_unsupported`` (the model takes no interactions)."""
 
     def __init__(

@@ -22,6 +22,14 @@ open to it. Every limit says what happens when it is hit:
 - ``max_message_bytes`` (32 MiB): the largest upstream message accepted (a
   video chunk); a larger one closes that connection (``upstream_lost``).
 
+- ``dialect`` ("auto"): how ``/v1/realtime`` is spoken. "openai": the OpenAI
+  Realtime API (another gateway, an OpenAI-compatible server). "duplex":
+  vLLM-Omni's ``?duplex=1`` dialect (a ``session_mode: duplex`` deployment,
+  which serves no other realtime route). "auto": the first connection to an
+  upstream asks for the duplex dialect; an upstream that advertises it (its
+  ``session.created`` carries ``capabilities``) is spoken to in it from then
+  on, any other in OpenAI's (it opened a session at connect: ``probe_s``).
+
 Selection is least-loaded: the up upstream with the fewest requests in
 flight (ties go round-robin), with a free connection or room for one.
 """
@@ -50,6 +58,7 @@ from orchestrator.engine import EngineError
 log = logging.getLogger("omni.engines.remote")
 
 BINARY_SUBPROTOCOL = "omni-binary.v1"
+DUPLEX_ACK_EVERY = 16  # a duplex upstream's events are acknowledged every this many (its journal trims)
 REALTIME_PATH = "/v1/realtime"
 VIDEO_PATH = "/v1/realtime/video"
 _KIND_INPUT_AUDIO = 1
@@ -144,6 +153,7 @@ class Upstream:
     open: int = 0  # connections open, idle included
     served: int = 0  # requests given to it, ever
     idle: dict[str, list[Connection]] = field(default_factory=dict)
+    dialect: str | None = None  # "openai" | "duplex" on /v1/realtime, once known (None: not probed yet)
 
     @property
     def name(self) -> str:
@@ -154,7 +164,7 @@ class Connection:
     """One WebSocket to an upstream; JSON events in and out, audio on the
     binary fast path when the upstream chose ``omni-binary.v1``."""
 
-    def __init__(self, ws: ClientConnection, upstream: Upstream, kind: str) -> None:
+    def __init__(self, ws: ClientConnection, upstream: Upstream, kind: str, dialect: str | None = None) -> None:
         self.ws = ws
         self.upstream = upstream
         self.kind = kind
@@ -162,7 +172,13 @@ class Connection:
         self.idle_since = time.monotonic()
         self.epoch = 0  # one per request; our events are tagged with it
         self.tools = False  # this upstream session was given tools (a later request must clear them)
+        # On /v1/realtime: "openai", or "duplex" (vLLM-Omni's ?duplex=1 dialect: every event has a
+        # server_event_seq, acknowledged every DUPLEX_ACK_EVERY events); None until the handshake.
+        self.dialect = dialect
+        self.pushback: list[dict[str, Any]] = []  # events read by the handshake, not yet consumed
         self._sent = 0
+        self._seq = 0  # the last server_event_seq received (duplex)
+        self._acked = 0
 
     @property
     def closed(self) -> bool:
@@ -199,6 +215,24 @@ class Connection:
     async def recv(self, limit_s: float | None = None) -> dict[str, Any] | bytes:
         """The next message (an event dict, or the bytes of a binary frame),
         waiting at most ``limit_s`` (then ``upstream_timeout``)."""
+        if self.pushback:
+            return self.pushback.pop(0)
+        event = await self._recv(limit_s)
+        if self.dialect == "duplex" and isinstance(event, dict):
+            seq = event.get("server_event_seq")
+            if isinstance(seq, int) and seq > self._seq:
+                self._seq = seq
+                if seq - self._acked >= DUPLEX_ACK_EVERY:
+                    await self.ack()
+        return event
+
+    async def ack(self) -> None:
+        """``session.event_ack`` up to the last seq received (duplex: trims the upstream's journal)."""
+        if self._seq > self._acked:
+            self._acked = self._seq
+            await self.send({"type": "session.event_ack", "server_event_seq": self._seq})
+
+    async def _recv(self, limit_s: float | None) -> dict[str, Any] | bytes:
         try:
             async with asyncio.timeout(limit_s):
                 message = await self.ws.recv()
@@ -272,6 +306,7 @@ class UpstreamPool:
         api_key: str | None = None,
         model: str | None = None,
         binary: bool = True,
+        dialect: str = "auto",
         max_connections_per_upstream: int = 64,
         max_idle_per_upstream: int = 8,
         idle_ttl_s: float = 60.0,
@@ -289,6 +324,9 @@ class UpstreamPool:
         self.api_key = api_key
         self.model = model
         self.binary = binary
+        if dialect not in ("auto", "openai", "duplex"):
+            raise ValueError(f"upstream dialect {dialect!r}: use auto, openai or duplex")
+        self.dialect = dialect
         self.max_connections = max_connections_per_upstream
         self.max_idle = max_idle_per_upstream
         self.idle_ttl_s = idle_ttl_s
@@ -447,11 +485,20 @@ class UpstreamPool:
 
     async def _connect(self, upstream: Upstream, kind: str, path: str) -> Connection:
         url = upstream.ws + path
+        query: dict[str, str] = {}
+        dialect = "openai" if path == REALTIME_PATH else None
+        if path == REALTIME_PATH and self.dialect != "openai" and upstream.dialect != "openai":
+            # vLLM-Omni's duplex route; autostart=0: no session until our session.update (a server
+            # that does not speak it opens one at connect: that is how the probe tells them apart).
+            query.update(duplex="1", autostart="0")
+            dialect = "duplex" if self.dialect == "duplex" or upstream.dialect == "duplex" else None
         if self.model and path == REALTIME_PATH:
-            url += "?" + urlencode({"model": self.model})
+            query["model"] = self.model
+        if query:
+            url += "?" + urlencode(query)
         subprotocols = None
         if path == REALTIME_PATH:
-            offered = [BINARY_SUBPROTOCOL, "realtime"] if self.binary else ["realtime"]
+            offered = [BINARY_SUBPROTOCOL, "realtime"] if self.binary and dialect != "duplex" else ["realtime"]
             subprotocols = [cast(Subprotocol, p) for p in offered]
         ws = await websockets.connect(
             url,
@@ -464,7 +511,7 @@ class UpstreamPool:
             ping_interval=20,
             ping_timeout=20,
         )
-        return Connection(ws, upstream, kind)
+        return Connection(ws, upstream, kind, dialect)
 
     def _release(self, lease: Lease) -> None:
         upstream, conn = lease.upstream, lease.conn

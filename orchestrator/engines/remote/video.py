@@ -28,7 +28,7 @@ from typing import Any
 
 from orchestrator.engine import EngineError
 from orchestrator.engines.remote.pool import VIDEO_PATH, Lease, PooledEngine, Upstream, UpstreamLost, UpstreamPool
-from orchestrator.engines.video.types import (
+from orchestrator.video_engine import (
     ERROR_CODES,
     Interaction,
     VideoChunk,

@@ -11,7 +11,8 @@ respond
     ``max_output_tokens``, temperature). Function calling: ``tools``,
     ``tool_choice`` and ``parallel_tool_calls`` go in the ``session.update``
     (only when there are tools, or to clear those of an earlier request on a
-    kept session); a message's calls become ``function_call`` items and a
+    kept session; in the duplex dialect's session object as the beta API
+    spelled them); a message's calls become ``function_call`` items and a
     call's result a ``function_call_output`` item; the upstream's
     ``function_call`` output items and ``response.function_call_arguments``
     deltas become ``ToolCallDelta``s. The Realtime API cannot extend a
@@ -87,6 +88,7 @@ from orchestrator.engines.remote.pool import (
     Upstream,
     UpstreamLost,
     UpstreamPool,
+    UpstreamUnavailable,
     output_audio_frame,
 )
 from orchestrator.engines.remote.video import RemoteVideoEngine
@@ -106,6 +108,7 @@ _TEXT_DELTAS = {
     "response.text.delta",
 }
 _ITEM_ADDED = {"conversation.item.added", "conversation.item.created"}
+_COMMIT_EMPTY = {"input_audio_buffer_commit_empty", "input_audio_buffer_empty"}  # ours, vLLM-Omni's
 
 
 def upstream_error(event: dict[str, Any], default: str = "upstream_error") -> EngineError:
@@ -225,6 +228,9 @@ class RemoteEngine(PooledEngine):
     (the first is used for a client that names another), or a mapping from
     the names clients use to the upstream's (``"*"``: every other name; a
     name the mapping lacks goes upstream as it is).
+    ``dialect``: "auto" (vLLM-Omni's duplex dialect where an upstream advertises it, else
+    OpenAI's), "openai" or "duplex" (``pool``, "dialect"). ``probe_s``: how long a new
+    connection waits for a session the upstream opens at connect (the sign of OpenAI's dialect).
     """
 
     def __init__(
@@ -240,13 +246,17 @@ class RemoteEngine(PooledEngine):
         retries: int = 1,
         event_timeout_s: float = 60.0,
         max_replay_bytes: int = 8 * 1024 * 1024,
+        dialect: str = "auto",
+        probe_s: float = 0.25,
         **pool_options: Any,
     ) -> None:
         if isinstance(upstreams, UpstreamPool):
             self.pool = upstreams
         else:
             urls = [upstreams] if isinstance(upstreams, str) else list(upstreams)
-            self.pool = UpstreamPool(urls, api_key=api_key, model=model, binary=binary, **pool_options)
+            self.pool = UpstreamPool(urls, api_key=api_key, model=model, binary=binary, dialect=dialect,
+                                     **pool_options)  # fmt: skip
+        self.probe_s = probe_s
         names = ", ".join(u.name for u in self.pool.upstreams)
         self.info = EngineInfo(
             name="remote",
@@ -317,9 +327,15 @@ class RemoteEngine(PooledEngine):
         tap = _Tap(inputs, self.max_replay_bytes)
         tried: set[Upstream] = set()
         tries = 0
+        lost: UpstreamLost | None = None
         try:
             while not req.aborted:
-                lease = await self.pool.lease(kind, REALTIME_PATH, tried)
+                try:
+                    lease = await self.pool.lease(kind, REALTIME_PATH, tried)
+                except UpstreamUnavailable:
+                    if lost is not None:
+                        raise lost from None  # no other upstream to retry on: the loss is the news
+                    raise
                 req.lease = lease
                 produced = finished = False
                 try:
@@ -338,6 +354,7 @@ class RemoteEngine(PooledEngine):
                     self.pool.mark_down(lease.upstream, str(exc))
                     if produced or tries >= self.retries or not tap.replayable:
                         raise
+                    lost = exc
                     tries += 1
                     tried.add(lease.upstream)
                     log.warning(
@@ -363,11 +380,63 @@ class RemoteEngine(PooledEngine):
             if event.get("type") == "error" and not conn.stale(event):
                 raise upstream_error(event)
 
-    async def _open(self, lease: Lease, session: dict[str, Any]) -> dict[str, Any]:
+    async def _open(self, lease: Lease, ga: dict[str, Any], duplex: dict[str, Any]) -> dict[str, Any]:
+        """Configure the upstream session for one request (``ga``: the OpenAI shape; ``duplex``:
+        vLLM-Omni's duplex session object) and return its ``session.updated``. A new connection
+        whose dialect is not known yet is probed (see ``pool``, "dialect")."""
+        conn = lease.conn
+        if conn.dialect is None:  # a new connection to an upstream not probed yet
+            try:
+                first = await conn.recv(self.probe_s)
+            except UpstreamLost as exc:
+                if exc.code != "upstream_timeout":
+                    raise
+                first = None  # nothing at connect: a duplex route waiting for our session.update
+            if first is None:
+                conn.dialect = "duplex"
+            else:
+                conn.pushback.append(first)  # type: ignore[arg-type]
+                conn.dialect = "openai"
+        if conn.dialect == "duplex":
+            await conn.send({"type": "session.update", "session": duplex})
+            if not lease.reused:
+                created = await self._expect(conn, "session.created")
+                lease.upstream.dialect = "duplex" if "capabilities" in (created.get("session") or {}) else "openai"
+                if lease.upstream.dialect == "openai":  # a late session.created: not a duplex route after all
+                    conn.dialect = "openai"
+                    conn.begin()  # the refusal of the duplex update that follows is now stale
+                    await conn.send({"type": "session.update", "session": {"type": "realtime", **ga}})
+            return await self._expect(conn, "session.updated")
         if not lease.reused:
-            await self._expect(lease.conn, "session.created")
-        await lease.conn.send({"type": "session.update", "session": {"type": "realtime", **session}})
-        return await self._expect(lease.conn, "session.updated")
+            created = await self._expect(conn, "session.created")
+            if not isinstance(created.get("session"), dict):
+                # vLLM-Omni's turn-based /v1/realtime (docs/serving/realtime_api.md): one generation
+                # over one audio stream per connection, audio in and audio out; no conversation.
+                why = (
+                    f"upstream {lease.upstream.name} serves vLLM-Omni's turn-based /v1/realtime, which takes "
+                    "no conversation; serve the model with session_mode: duplex (its ?duplex=1 route)"
+                )
+                raise EngineError("upstream_unsupported", why)
+            lease.upstream.dialect = lease.upstream.dialect or "openai"
+        await conn.send({"type": "session.update", "session": {"type": "realtime", **ga}})
+        return await self._expect(conn, "session.updated")
+
+    def _duplex_session(self, *, modalities: list[str], transcription: dict[str, Any] | None,
+                        voice: str | None = None, speed: float = 1.0) -> dict[str, Any]:  # fmt: skip
+        """vLLM-Omni's duplex session object for a request: our PCM (24 kHz both ways), turns committed
+        by us, and no answer unless asked for (``extra_body.auto_response: false``)."""
+        session: dict[str, Any] = {
+            "modalities": modalities, "input_audio_format": "pcm16", "output_audio_format": "pcm16",
+            "sample_rate_hz": RATE, "audio": {"input": {"sample_rate_hz": RATE}, "output": {"sample_rate_hz": RATE}},
+            "turn_detection": None, "input_audio_transcription": transcription, "extra_body": {"auto_response": False},
+        }  # fmt: skip
+        if self.pool.model:
+            session["model"] = self.pool.model
+        if voice:
+            session["voice"] = voice
+        if speed != 1.0:
+            session["speed"] = speed
+        return session
 
     # --- respond ------------------------------------------------------------------
 
@@ -417,12 +486,18 @@ class RemoteEngine(PooledEngine):
             output["voice"] = request.voice
         if request.speed != 1.0:
             output["speed"] = request.speed
+        tools = self._tool_fields(lease.conn, request)
+        duplex = self._duplex_session(modalities=["audio", "text"] if audio else ["text"], transcription=None,
+                                      voice=request.voice, speed=request.speed)  # fmt: skip
+        if tools:  # the duplex session object takes them as the beta API did: a forced function by its name
+            choice = tools["tool_choice"]
+            duplex.update(tools=tools["tools"], tool_choice=choice["name"] if isinstance(choice, dict) else choice)
         await self._open(lease, {
             "output_modalities": ["audio"] if audio else ["text"],
             "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE}, "turn_detection": None,
                                 "transcription": None}, "output": output},
-            **self._tool_fields(lease.conn, request),
-        })  # fmt: skip
+            **tools,
+        }, duplex)  # fmt: skip
         for message in request.messages:
             await self._add_message(lease, message)
         appended = 0
@@ -438,9 +513,12 @@ class RemoteEngine(PooledEngine):
         elif appended:
             await conn.send({"type": "input_audio_buffer.clear"})
         params: dict[str, Any] = {
-            "output_modalities": ["audio"] if audio else ["text"],
             "max_output_tokens": request.max_output_tokens if request.max_output_tokens is not None else "inf",
         }
+        if conn.dialect == "duplex":  # the duplex catalogue's response.create spells modalities the beta way
+            params["modalities"] = ["audio", "text"] if audio else ["text"]
+        else:
+            params["output_modalities"] = ["audio"] if audio else ["text"]
         if request.instructions:
             params["instructions"] = request.instructions
         if request.temperature is not None:
@@ -539,7 +617,7 @@ class RemoteEngine(PooledEngine):
             "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE}, "turn_detection": None,
                                 "transcription": transcription}},
             **({"include": ["item.input_audio_transcription.logprobs"]} if request.logprobs else {}),
-        })  # fmt: skip
+        }, self._duplex_session(modalities=["text"], transcription=transcription))  # fmt: skip
         if not _transcribes(updated):
             raise EngineError("unsupported", f"upstream {lease.upstream.name} does not transcribe input audio")
         lease.expect([{"type": "input_audio_buffer.clear"}], "input_audio_buffer.cleared", "error")
@@ -577,7 +655,7 @@ class RemoteEngine(PooledEngine):
                 elif kind == "input_audio_buffer.cleared" and sender.done():
                     final = ""  # under 100 ms: nothing to transcribe
                 elif kind == "error" and not conn.stale(event):
-                    if (event.get("error") or {}).get("code") == "input_audio_buffer_commit_empty":
+                    if (event.get("error") or {}).get("code") in _COMMIT_EMPTY:
                         final = ""
                     else:
                         raise upstream_error(event, default="transcription_failed")

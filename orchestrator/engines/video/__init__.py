@@ -1,14 +1,15 @@
-"""The embedded CPU video engine and the video engine protocol.
+"""The embedded CPU video engine (and, re-exported, the video engine protocol).
 
-The protocol and data types (``types``) import nothing heavy; the engine
-itself (torch, PyAV) is imported on first use of ``CpuVideoEngine``.
+The protocol and data types live in ``orchestrator/video_engine.py`` and import
+nothing heavy; the engine itself (torch, PyAV) is imported on first use of
+``CpuVideoEngine``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.engines.video.types import (
+from orchestrator.video_engine import (
     ERROR_CODES,
     CameraMove,
     Interaction,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from orchestrator.engine import EngineError
 from orchestrator.engines.video.encode import H264_CRF, Fmp4Encoder, JpegEncoder
 from orchestrator.engines.video.render import RenderState, iter_chunk
-from orchestrator.engines.video.types import (
+from orchestrator.video_engine import (
     Interaction,
     VideoChunk,
     VideoEngineInfo,

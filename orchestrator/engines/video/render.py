@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from orchestrator.engines.video.types import CameraMove, Interaction
+from orchestrator.video_engine import CameraMove, Interaction
 
 # Limits. MAX_FADE_SOURCES: scenes a fade starts from (on top of its target);
 # a newer prompt during a fade keeps the heaviest ones and renormalises, so a

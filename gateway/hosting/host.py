@@ -1,72 +1,89 @@
 """SessionHost: one session running on this replica, with or without a socket.
 
 The host owns what cannot live in a snapshot: the session's engine requests,
-its journal writer and lease, and the connection attached to it. It outlives
-its socket: when the client drops, the host keeps the session (and any answer
-being generated, journaled as it goes) for ``detach_grace_s`` so the client can
-come back and resume, on this replica or any other.
+its journal writer and lease, and the peer (the connection) attached to it. It
+outlives its socket: when the client drops, the host keeps the session (and any
+answer being generated, journaled as it goes) for ``detach_grace_s`` so the
+client can come back and resume, on this replica or any other.
 
 Every server event goes to the journal (as the JSON the client reads) and, if
-a socket is attached, to the socket, in the same order, as it is produced.
+a peer is attached, to the peer, in the same order, as it is produced.
+
+A host knows a small ``HostContext`` (the store, metrics, this replica's id,
+lease and grace settings, the registry of hosts) and the narrow ``Peer``
+protocol; never the transport, the app or the runtime.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
 
-import orjson
-
-from gateway.protocol.server_events import BETA_DROPPED, encode_json
+from gateway.hosting import takeover
+from gateway.hosting.peer import Peer
+from gateway.protocol.server_events import dialect_encoder
 from gateway.session import snapshot
+from gateway.session.core import STATE_EVENTS
 from gateway.session.effects import Cancel, Close, EndInput, Feed, StartResponse, StartTranscription
 from gateway.session.session import RealtimeSession
-from gateway.store.base import FencedError, StoreError
+from gateway.store.base import FencedError, SessionStore, StoreError
+from gateway.store.writer import JournalWriter
 from orchestrator.engine import EngineOutput, Finished
+from orchestrator.metrics import Metrics
 from orchestrator.orchestrator import Orchestrator, RequestHandle
-
-if TYPE_CHECKING:
-    from gateway.runtime import Runtime
-    from gateway.store.writer import JournalWriter
-    from gateway.transport.realtime import Connection
 
 log = logging.getLogger("omni.host")
 
 ACK_TRIM_INTERVAL_S = 2.0  # session.event_ack trims the journal at most this often per session
 
 
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+@dataclass(slots=True)
+class HostContext:
+    """What every session host on this replica shares."""
 
+    store: SessionStore
+    metrics: Metrics
+    replica_id: str  # this process in the cluster: the owner its leases name
+    lease_ttl_ms: int  # ownership lease; the lease loop renews it every third of this
+    detach_grace_s: float  # a session whose socket dropped keeps running here this long
+    # The sessions served here, by id: the lease loop renews their leases and the bus
+    # listener finds them. A host adds itself when created and leaves when it ends.
+    hosts: dict[str, SessionHost] = field(default_factory=dict)
+    # Fire-and-forget tasks (trims, commits before a release, re-acquires), kept
+    # referenced until done.
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
 
-def new_resume_token() -> str:
-    return "rt_" + secrets.token_urlsafe(24)
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        return task
 
 
 class SessionHost:
     def __init__(
         self,
-        runtime: Runtime,
+        ctx: HostContext,
         session: RealtimeSession,
         *,
         orchestrator: Orchestrator,
         principal: str,
-        resume_token: str,
+        token_hash: str,  # of the current resume token ("": none is valid until rotate_token)
         fence: int,
     ) -> None:
-        self.runtime = runtime
+        self.ctx = ctx
         self.session = session
         self.orchestrator = orchestrator  # the one of the session's engine
         self.principal = principal
-        self.token_hash = token_hash(resume_token)
+        self.token_hash = token_hash
         self.fence = fence
-        self.writer: JournalWriter = self._new_writer(fence)
-        self.conn: Connection | None = None
+        self.writer = self._new_writer(fence)
+        self.conn: Peer | None = None
         self.handles: dict[str, RequestHandle] = {}
         self.ended = False
         self._reacquiring = False
@@ -75,14 +92,22 @@ class SessionHost:
         lifetime_left = session.created_at + session.limits.lifetime_s - time.time()
         self._expiry = loop.call_later(max(0.0, lifetime_left), self._expire)
         self._detach_timer: asyncio.TimerHandle | None = None
-        runtime.hosts[session.id] = self  # from now on the runtime's lease loop renews its lease
+        ctx.hosts[session.id] = self  # from now on the lease loop renews its lease
+
+    @classmethod
+    async def open(
+        cls, ctx: HostContext, session: RealtimeSession, *, orchestrator: Orchestrator, principal: str
+    ) -> SessionHost:
+        """Host a new session: take its lease first (its resume token comes from ``rotate_token``)."""
+        fence = await ctx.store.acquire(session.id, ctx.replica_id, ctx.lease_ttl_ms)
+        return cls(ctx, session, orchestrator=orchestrator, principal=principal, token_hash="", fence=fence)
 
     @property
     def id(self) -> str:
         return self.session.id
 
     def _new_writer(self, fence: int) -> JournalWriter:
-        return self.runtime.store.writer(self.session.id, fence, on_fenced=self._on_fenced)
+        return JournalWriter(self.ctx.store, self.session.id, fence, on_fenced=self._on_fenced)
 
     def ack(self, seq: int) -> None:
         """The client holds events up to ``seq``: trim the journal, at most once per
@@ -95,17 +120,21 @@ class SessionHost:
     def _trim(self) -> None:
         seq, self._acked = self._acked, None
         if seq is not None and not self.ended:
-            self._spawn(self.runtime.trim_journal(self.id, seq))
+            self.ctx.spawn(self._trim_to(seq))
+
+    async def _trim_to(self, seq: int) -> None:
+        with contextlib.suppress(StoreError):
+            await self.ctx.store.trim_events(self.id, seq)
 
     def rotate_token(self) -> str:
-        token = new_resume_token()
-        self.token_hash = token_hash(token)
+        token = takeover.new_resume_token()
+        self.token_hash = takeover.token_hash(token)
         self.session.dirty = True
         return token
 
     # --- the socket ------------------------------------------------------------
 
-    def attach(self, conn: Connection) -> None:
+    def attach(self, conn: Peer) -> None:
         if self._detach_timer is not None:
             self._detach_timer.cancel()
             self._detach_timer = None
@@ -114,13 +143,12 @@ class SessionHost:
         if old is not None and old is not conn:
             old.replaced(self.session.id)
 
-    def detach(self, conn: Connection) -> None:
+    def detach(self, conn: Peer) -> None:
         """The socket went away; keep the session resumable for a grace period."""
         if self.conn is not conn or self.ended:
             return
         self.conn = None
-        grace = self.runtime.settings.detach_grace_s
-        self._detach_timer = asyncio.get_running_loop().call_later(grace, self._grace_over)
+        self._detach_timer = asyncio.get_running_loop().call_later(self.ctx.detach_grace_s, self._grace_over)
 
     def _grace_over(self) -> None:
         asyncio.get_running_loop().create_task(self.end(reason="client gone"))
@@ -128,18 +156,26 @@ class SessionHost:
     # --- events and effects --------------------------------------------------------
 
     def flush(self) -> None:
-        """Journal and send what the session produced; run its effects."""
+        """Journal and send what the session produced; run its effects.
+
+        Write-ahead: from the first event that changes session state
+        (``STATE_EVENTS``), the peer holds what it is sent until the store has
+        committed the batch that holds the event and the snapshot with its state,
+        one commit for the whole flush. A replica that takes the session over then
+        knows everything the client saw begin. Deltas alone wait for nothing: they
+        are journaled in the writer's batches."""
         session = self.session
         if not (session.outbox or session.effects or session.dirty):
             return  # most engine outputs and appends produce nothing to send
         events, effects = session.take()
-        beta, conn, writer = session.beta, self.conn, self.writer
+        encode, conn, writer = dialect_encoder(session.dialect), self.conn, self.writer
         journal = True
+        held = False
         try:
             for event in events:
-                if beta and event["type"] in BETA_DROPPED:
-                    continue  # beta clients never had it (their seq skips it)
-                data = encode_json(event, beta=beta)
+                data = encode(event)
+                if data is None:
+                    continue  # the dialect never had it (beta: conversation.item.done); its seq is skipped
                 if journal:
                     try:
                         writer.append(event["server_event_seq"], data)
@@ -150,36 +186,34 @@ class SessionHost:
                         self._on_fenced(exc)
                 kind = event["type"]
                 if kind == "error":
-                    self.runtime.metrics.errors.labels(event["error"]["code"]).inc()
-                elif kind == "response.done" and conn is not None:
-                    # A client that saw an answer end must find it ended in the store:
-                    # hold this event (and what follows) until its batch is committed.
-                    conn.hold()
-                    self._spawn(self._release_when_committed(conn))
+                    self.ctx.metrics.errors.labels(event["error"]["code"]).inc()
+                elif kind in STATE_EVENTS and conn is not None and not held:
+                    conn.hold()  # this event and what follows wait for the commit
+                    held = True
                 if conn is not None:
-                    conn.send_event(event, data)
+                    conn.send(event, data)
             if session.dirty and journal:
                 writer.set_snapshot(self.snapshot_bytes())
                 session.dirty = False
         except FencedError as exc:
             self._on_fenced(exc)
+        if held and conn is not None:
+            self.ctx.spawn(self._release_when_committed(conn))
         if self.ended:
             return
         if effects:
             self._run_effects(effects)
 
-    async def _release_when_committed(self, conn: Connection) -> None:
+    async def _release_when_committed(self, conn: Peer) -> None:
         try:
             await self.writer.flush()
-        except StoreError as exc:  # the store is down: deliver anyway, the client must not wait
+        except StoreError as exc:
+            # The store is down (or another replica took the session): deliver anyway,
+            # the client must not wait. A resume elsewhere then finds the client ahead
+            # of the store and resyncs it (takeover.py), never a silent hole.
             log.warning("session %s: journal commit failed (%s); delivering uncommitted", self.id, exc)
         finally:
             conn.release(0)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.runtime.background.add(task)
-        task.add_done_callback(self.runtime.background.discard)
 
     def snapshot_bytes(self) -> bytes:
         state = self.session.snapshot_state()
@@ -206,7 +240,7 @@ class SessionHost:
                     if handle is not None:
                         handle.cancel()
                 case Close():
-                    self.runtime.metrics.closes.labels(str(effect.code)).inc()
+                    self.ctx.metrics.closes.labels(str(effect.code)).inc()
                     if self.conn is not None:
                         self.conn.close(effect.code, effect.reason)
                     asyncio.get_running_loop().create_task(self.end(reason=effect.reason))
@@ -253,7 +287,7 @@ class SessionHost:
             # The store lost the session (Redis restarted empty): take it again.
             log.warning("session %s: store lost its lease; re-acquiring", self.id)
             self._reacquiring = True
-            self._spawn(self._reacquire())
+            self.ctx.spawn(self._reacquire())
         else:
             self.replaced()
 
@@ -261,9 +295,7 @@ class SessionHost:
         try:
             while not self.ended:
                 try:
-                    fence = await self.runtime.store.acquire(
-                        self.id, self.runtime.replica_id, self.runtime.lease_ttl_ms
-                    )
+                    fence = await self.ctx.store.acquire(self.id, self.ctx.replica_id, self.ctx.lease_ttl_ms)
                     break
                 except StoreError as exc:
                     log.warning("session %s: re-acquire failed (%s); retrying", self.id, exc)
@@ -289,21 +321,21 @@ class SessionHost:
             self.conn.replaced(self.id)
             self.conn = None
         self._stop()
-        self.runtime.hosts.pop(self.id, None)
+        self.ctx.hosts.pop(self.id, None)
 
     async def renewal_refused(self, fence: int) -> None:
-        """The store would not renew the lease taken with ``fence`` (the runtime's
-        lease loop says so): another replica took the session, or the lease lapsed
-        or was lost with a Redis restart and is ours to take again."""
-        rt = self.runtime
+        """The store would not renew the lease taken with ``fence`` (the lease loop
+        says so): another replica took the session, or the lease lapsed or was lost
+        with a Redis restart and is ours to take again."""
+        ctx = self.ctx
         if self.ended or fence != self.fence or self._reacquiring:
             return  # a re-acquire since that renewal was sent, or one under way
         try:
-            owner = await rt.store.owner_of(self.id)
+            owner = await ctx.store.owner_of(self.id)
         except StoreError as exc:
             log.warning("session %s: lease check failed: %s", self.id, exc)
             return  # the next renewal round tries again
-        if owner is not None and owner.owner != rt.replica_id:
+        if owner is not None and owner.owner != ctx.replica_id:
             self.replaced()
         elif not (self.ended or self._reacquiring):
             self._reacquiring = True
@@ -332,28 +364,15 @@ class SessionHost:
         # the replica that resumes the session ends it (incomplete) and re-issues it.
         final = None if delete else self.snapshot_bytes()
         self._stop()
-        self.runtime.hosts.pop(self.id, None)
-        store, rt = self.runtime.store, self.runtime
+        self.ctx.hosts.pop(self.id, None)
+        store = self.ctx.store
         with contextlib.suppress(StoreError, RuntimeError):
             if final is not None:
                 self.writer.set_snapshot(final)
             await self.writer.close(flush=not delete)
             if delete:
                 await store.delete_session(self.id)
-            await store.release(self.id, rt.replica_id, self.fence)
+            await store.release(self.id, self.ctx.replica_id, self.fence)
 
 
-def connection_event(type_: str, **fields: Any) -> bytes:
-    """A connection-level event: ``server_event_seq`` 0, never journaled or replayed."""
-    return orjson.dumps({"type": type_, "event_id": "event_" + secrets.token_hex(8), "server_event_seq": 0, **fields})
-
-
-def error_event(code: str, message: str, *, param: str | None = None, event_id: str | None = None) -> bytes:
-    """A connection-level error (``server_event_seq`` 0: not part of any session's journal)."""
-    return connection_event(
-        "error",
-        error={"type": "invalid_request_error", "code": code, "message": message, "param": param, "event_id": event_id},
-    )
-
-
-__all__ = ["SessionHost", "connection_event", "error_event", "new_resume_token", "token_hash"]
+__all__ = ["HostContext", "SessionHost"]

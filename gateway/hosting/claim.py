@@ -1,0 +1,90 @@
+"""Claiming a session for a resume: the store I/O around the pure decision in
+``takeover.py``.
+
+- The session runs here (its socket dropped, or another socket of the same
+  client still holds it): its host is found in the registry, and the journal is
+  read only after the new peer is attached (``Claim.read``), so that no event
+  falls between the replay and the live stream.
+- It runs elsewhere, or ran on a replica that died: the snapshot is loaded, the
+  resume admitted, the lease taken (which fences the old owner's writes; the old
+  owner is also told on its bus channel to stop at once), the journal read, and
+  the session restored here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.hosting.host import HostContext, SessionHost
+from gateway.hosting.takeover import Held, Refusal, admit, top_seq
+from gateway.protocol import client_events as ce
+from gateway.session import snapshot
+from gateway.session.session import RealtimeSession
+from gateway.store.base import JournalRead, replica_channel
+from orchestrator.orchestrator import Orchestrator
+
+# Rebuilds a session from its snapshot state on this replica; raises ProtocolError
+# (model_not_found) when its model is not served here.
+Restore = Callable[[dict[str, Any]], tuple[RealtimeSession, Orchestrator]]
+
+
+@dataclass(slots=True)
+class Claim:
+    """A session this replica now serves for the resuming client."""
+
+    host: SessionHost
+    held: Held  # what was known of the session when the resume was admitted
+    recovered: bool  # taken from the store: what died with the old owner must be ended
+    _read: JournalRead | None
+    _after: int
+
+    async def read(self) -> JournalRead:
+        """The journal after the client's seq. For a session live here, call it once
+        the peer is attached: what is pending is committed first, then read."""
+        if self._read is None:
+            await self.host.writer.flush()
+            self._read = await self.host.ctx.store.read_events(self.host.id, after_seq=self._after)
+        return self._read
+
+
+async def claim(
+    ctx: HostContext, event: ce.SessionResume, principal: str, *, provisional: SessionHost | None, restore: Restore
+) -> Claim:
+    """Take ``event.session_id`` for ``principal``. Raises ProtocolError (a refusal,
+    before anyone is fenced) or StoreError."""
+    sid, last = event.session_id, event.last_received_server_event_seq
+    host = ctx.hosts.get(sid)
+    if host is not None and host is not provisional:
+        held = Held(host.token_hash, host.principal, host.session.seq, live=True)
+        _raise(admit(held, event, principal), event)
+        return Claim(host, held, recovered=False, _read=None, _after=last)
+    data = await ctx.store.load_snapshot(sid)
+    state = snapshot.loads(data) if data is not None else None
+    found = Held.from_snapshot(state) if state is not None else None
+    _raise(admit(found, event, principal), event)
+    assert state is not None and found is not None
+    session, orchestrator = restore(state)
+    previous = await ctx.store.owner_of(sid)
+    fence = await ctx.store.acquire(sid, ctx.replica_id, ctx.lease_ttl_ms)
+    if previous is not None and previous.owner != ctx.replica_id:
+        # The old owner may be alive (a dropped socket): tell it to stop now, on its
+        # own channel (the lease already names us). Fencing stops its writes anyway.
+        stop = orjson.dumps({"type": "replaced", "session_id": sid})
+        await ctx.store.publish(replica_channel(previous.owner), stop)
+    # After acquire nobody else writes this journal: one read serves the replay.
+    read = await ctx.store.read_events(sid, after_seq=last)
+    # Never reuse a seq the client may already hold (events sent but lost from the journal).
+    session.seq = max(top_seq(found, read), last)
+    host = SessionHost(
+        ctx, session, orchestrator=orchestrator, principal=found.principal, token_hash=found.token_hash, fence=fence
+    )
+    return Claim(host, found, recovered=True, _read=read, _after=last)
+
+
+def _raise(refusal: Refusal | None, event: ce.SessionResume) -> None:
+    if refusal is not None:
+        raise refusal.error(event.event_id)

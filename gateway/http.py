@@ -1,0 +1,192 @@
+"""The HTTP endpoints: health, metrics, models, client secrets, admin, video interactions.
+
+Each handler is a method of ``HttpApi``, which holds the runtime; ``routes``
+lists them for the app (``create_app`` adds the WebSocket endpoints and the
+static demo).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.auth import DEFAULT_SECRET_TTL_S, MAX_SECRET_TTL_S, Grant
+from gateway.protocol.errors import Code, ProtocolError
+from gateway.protocol.session_config import ConfigLimits, SessionConfig, apply_update, render
+from gateway.protocol.video_events import decode_interaction
+from gateway.runtime import Runtime
+from gateway.store.base import StoreError
+
+
+def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
+    body = {"error": {"type": "invalid_request_error", "code": code, "message": message, "param": param}}
+    return JSONResponse(body, status_code=status)
+
+
+class HttpApi:
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/healthz", self.healthz),
+            Route("/readyz", self.readyz),
+            Route("/metrics", self.metrics),
+            Route("/v1/models", self.models),
+            Route("/v1/realtime/client_secrets", self.client_secrets, methods=["POST"]),
+            Route("/admin/{action}", self.admin, methods=["POST"]),
+            Route("/v1/realtime/video/{session_id}/interactions", self.video_interaction, methods=["POST"]),
+        ]
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        ok, reason = self.rt.ready()
+        return JSONResponse({"status": reason, "engines": self.rt.engine_health()}, status_code=200 if ok else 503)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(generate_latest(self.rt.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def models(self, request: Request) -> Response:
+        if self.rt.auth.authenticate_http(request.headers) is None:
+            return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.")
+        health = self.rt.engine_health()
+        data = []
+        for spec in self.rt.router.named():
+            engine = self.rt.router.engines[spec.key]
+            data.append(
+                {
+                    "id": spec.name,
+                    "object": "model",
+                    "owned_by": "omni-gateway",
+                    "engine": engine.info.name,
+                    "description": engine.info.description,
+                    "health": health.get(spec.name, "ok"),
+                }
+            )
+        return JSONResponse({"object": "list", "data": data})
+
+    async def client_secrets(self, request: Request) -> Response:
+        grant = self.rt.auth.authenticate_http(request.headers)
+        if grant is None:
+            self.rt.metrics.auth_failures.inc()
+            return _error(401, Code.UNAUTHORIZED, "Minting a client secret needs 'Authorization: Bearer <API key>'.")
+        raw = await request.body()
+        try:
+            body: Any = orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError:
+            return _error(400, Code.INVALID_JSON, "The body is not valid JSON.")
+        if not isinstance(body, dict):
+            return _error(400, Code.INVALID_JSON, "The body must be a JSON object.")
+        ttl = self.rt.settings.client_secret_ttl_s or DEFAULT_SECRET_TTL_S
+        expires = body.get("expires_after")
+        if expires is not None:
+            seconds = expires.get("seconds") if isinstance(expires, dict) else None
+            if isinstance(seconds, bool) or not isinstance(seconds, int) or not 10 <= seconds <= MAX_SECRET_TTL_S:
+                return _error(
+                    400,
+                    Code.INVALID_VALUE,
+                    f"'expires_after.seconds' must be an integer from 10 to {MAX_SECRET_TTL_S}.",
+                    "expires_after.seconds",
+                )
+            ttl = seconds
+        session = body.get("session") or {}
+        default_model = self.rt.settings.model
+        config = SessionConfig(
+            model=str(session.get("model", default_model)) if isinstance(session, dict) else default_model
+        )
+        try:
+            limits = ConfigLimits(voices=self.rt.engine.info.voices)
+            config, _ = apply_update(config, session, beta=False, limits=limits)
+        except ProtocolError as err:
+            return _error(400, err.code, err.message, err.param)
+        if self.rt.vad_factory is None:
+            config = replace(config, turn_detection=None)  # what the session will really get here
+        token, expires_at = self.rt.auth.secrets.mint(Grant(grant.principal, session or None), ttl)
+        rendered = render(config, session_id="sess_pending", expires_at=expires_at, beta=False)
+        return JSONResponse({"value": token, "expires_at": expires_at, "session": rendered})
+
+    async def admin(self, request: Request) -> Response:
+        if self.rt.auth.authenticate_http(request.headers) is None:
+            return _error(401, Code.UNAUTHORIZED, "Admin endpoints need 'Authorization: Bearer <API key>'.")
+        action = request.path_params["action"]
+        if action in ("pause", "resume"):
+            # Admission: new requests wait while paused (those being admitted finish first).
+            for orch in self.rt.orchestrators:
+                await (orch.pause() if action == "pause" else orch.resume())
+            return JSONResponse({"paused": self.rt.orchestrator.paused, **self.rt.orchestrator.stats()})
+        if action not in ("sleep", "wake_up", "engine_pause", "engine_resume"):
+            return _error(
+                404,
+                Code.INVALID_VALUE,
+                f"Unknown admin action {action!r}; use pause, resume, sleep, wake_up, engine_pause or engine_resume.",
+            )
+        # Engine-level controls (vLLM-Omni's sleep/wake_up, pause/resume_generation): only
+        # engines that have them act; ``level`` is sleep's (1 or 2).
+        method = {"engine_pause": "pause", "engine_resume": "resume"}.get(action, action)
+        acted = []
+        for spec in self.rt.router.named():
+            engine = self.rt.router.engines[spec.key]
+            fn = getattr(engine, method, None)
+            if fn is None:
+                continue
+            if action == "sleep":
+                await fn(int(request.query_params.get("level", "1")))
+            else:
+                await fn()
+            acted.append(spec.name)
+        if not acted:
+            return _error(409, Code.INVALID_VALUE, f"No engine here supports {action}.")
+        return JSONResponse({"action": action, "models": acted})
+
+    async def video_interaction(self, request: Request) -> Response:
+        """POST an interaction to a streaming video session, from any replica."""
+        grant = self.rt.auth.authenticate_http(request.headers)
+        if grant is None:
+            self.rt.metrics.auth_failures.inc()
+            return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.")
+        sid = request.path_params["session_id"]
+        try:
+            body = orjson.loads(await request.body() or b"{}")
+            payload = body.get("interaction", body) if isinstance(body, dict) else None
+            default_k = self.rt.video_engine.info.default_transition_chunks if self.rt.video_engine else 3
+            event = decode_interaction(payload, default_k)
+        except orjson.JSONDecodeError:
+            return _error(400, Code.INVALID_JSON, "The body is not valid JSON.")
+        except ProtocolError as err:
+            return _error(400, err.code, err.message, err.param)
+        interaction = event.interaction
+        local = self.rt.video_sessions.get(sid)
+        if local is not None:
+            if local.principal != grant.principal:
+                return _error(403, Code.RESUME_FORBIDDEN, "This session belongs to another principal.")
+            failure = await local.interact_now(interaction)
+            if failure is not None:
+                return _error(409, failure[0], failure[1], "interaction")
+            return JSONResponse({"queued": True, "session_id": sid, "event_id": interaction.event_id}, status_code=202)
+        try:
+            data = await self.rt.store.load_snapshot(sid)
+            state = orjson.loads(data) if data else None
+            if not isinstance(state, dict) or state.get("kind") != "video":
+                return _error(404, Code.SESSION_NOT_FOUND, f"No streaming video session {sid!r}.")
+            if state.get("principal") != grant.principal:
+                return _error(403, Code.RESUME_FORBIDDEN, "This session belongs to another principal.")
+            message = {"type": "interaction", "session_id": sid, "interaction": payload}
+            if not isinstance(payload, dict) or "event_id" not in payload:
+                message["interaction"] = {**(payload or {}), "event_id": interaction.event_id}
+            delivered = await self.rt.store.send_to_owner(sid, orjson.dumps(message))
+        except StoreError:
+            return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
+        if not delivered:
+            return _error(404, Code.SESSION_NOT_FOUND, f"Session {sid!r} has no live owner.")
+        # Forwarded: the owning replica reports the outcome on the session's socket.
+        return JSONResponse(
+            {"queued": True, "forwarded": True, "session_id": sid, "event_id": interaction.event_id}, status_code=202
+        )

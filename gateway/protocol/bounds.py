@@ -1,0 +1,45 @@
+"""Shape bounds on what a client sends, checked before anything is copied, stored or echoed.
+
+A client event is parsed by orjson, which accepts 1,024 levels of nesting; but the
+gateway copies (``copy.deepcopy``), snapshots and echoes what it keeps, and orjson
+writes at most 254 levels, so a value nested deeper than that would break the
+session's snapshot long after it was accepted. Every event (but the audio append,
+whose fields are checked one by one on the hot path) is walked once, iteratively:
+
+- ``MAX_DEPTH`` levels of objects and arrays at most (the event itself is level 1);
+- ``MAX_NODES`` object members and array elements in all.
+
+Past either: error ``invalid_value`` with the path that went too far, the event is
+dropped, the session goes on. Sizes in bytes are bounded before parsing
+(``max_message_bytes``); lengths of single fields where they are read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_DEPTH = 32  # deep enough for any JSON schema of a tool's parameters
+MAX_NODES = 50_000  # members and elements in one event (a 15 MiB item of tiny parts has fewer than this)
+
+
+def shape_violation(data: Any, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> tuple[str, str] | None:
+    """(what, param path) of the first bound ``data`` exceeds, or None."""
+    stack: list[tuple[Any, int, str]] = [(data, 1, "")]
+    nodes = 0
+    while stack:
+        value, depth, path = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.items()
+        elif isinstance(value, list):
+            children = enumerate(value)
+        else:
+            continue
+        if depth > max_depth:
+            return f"nested deeper than {max_depth} levels", path
+        nodes += len(value)
+        if nodes > max_nodes:
+            return f"more than {max_nodes} values in one event", path
+        for key, child in children:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1, f"{path}.{key}" if path else str(key)))
+    return None

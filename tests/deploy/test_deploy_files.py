@@ -1,0 +1,106 @@
+"""The deploy files name only settings, flags, extras, paths and routes that exist, and
+the image installs what the README's first command installs. (No Docker engine or
+Kubernetes cluster runs here: these checks are what can be proved without one.)"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.cli import settings_from_args
+from gateway.settings import ENGINES, ENV_PREFIX, setting_names
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+SETTINGS = {ENV_PREFIX + name.upper() for name in setting_names()}
+ROUTES = {"/healthz", "/readyz", "/metrics", "/v1/models", "/v1/realtime", "/v1/realtime/video"}
+
+
+def env_names(text: str) -> set[str]:
+    return set(re.findall(r"\bOMNI_GATEWAY_[A-Z_]+\b", text))
+
+
+def extras(spec: str) -> set[str]:
+    match = re.search(r"\.\[([\w,]+)\]", spec)
+    return set(match.group(1).split(",")) if match else set()
+
+
+def readme_first_command() -> str:
+    text = (ROOT / "README.md").read_text()
+    return text.split("```bash\n", 1)[1].split("\n", 1)[0]
+
+
+def test_every_environment_variable_the_deploy_files_name_is_a_setting() -> None:
+    for path in [*DEPLOY.glob("*"), *DEPLOY.glob("k8s/*")]:
+        if path.is_file() and path.suffix != ".py":
+            unknown = env_names(path.read_text()) - SETTINGS
+            assert not unknown, f"{path.relative_to(ROOT)} names settings that do not exist: {sorted(unknown)}"
+
+
+def test_the_image_installs_what_the_readme_installs() -> None:
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    installs = [line for line in dockerfile.splitlines() if "pip install" in line and "'." in line]
+    assert len(installs) == 1, installs
+    assert extras(installs[0]) == extras(readme_first_command()) == {"cpu", "video"}
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras(installs[0]) <= declared.keys()
+    torch = re.search(r"'torch==([\d.]+)'", readme_first_command())
+    assert torch and f"'torch=={torch.group(1)}'" in dockerfile
+    copied = set(re.findall(r"^COPY (\S+) ", dockerfile, re.M))
+    for package in ("gateway", "orchestrator", "client", "web_demo"):  # web_demo: the pages it serves
+        assert package in copied, f"the image lacks {package}/"
+        assert (ROOT / package).is_dir()
+
+
+def deployment() -> dict[str, Any]:
+    documents = yaml.safe_load_all((DEPLOY / "k8s/deployment.yaml").read_text())
+    found: dict[str, Any] = next(d for d in documents if d and d.get("kind") == "Deployment")
+    return found
+
+
+def _cmd(dockerfile: str) -> list[str]:
+    match = re.search(r"^CMD (\[.*\])$", dockerfile, re.M)
+    assert match
+    argv: list[str] = yaml.safe_load(match.group(1))
+    return argv
+
+
+def test_the_commands_the_image_and_the_manifests_run_are_valid() -> None:
+    argv = _cmd((DEPLOY / "Dockerfile").read_text())
+    container: dict[str, Any] = deployment()["spec"]["template"]["spec"]["containers"][0]
+    for command in (argv, container["args"]):
+        assert command[0] == "omni-gateway"
+        settings_from_args(command[1:], environ={})  # argparse exits 2 on an unknown flag or choice
+    for env in container["env"]:
+        if env["name"] == "OMNI_GATEWAY_ENGINE":
+            assert env["value"] in ENGINES
+
+
+@pytest.mark.parametrize("name", ["compose.yaml"])
+def test_compose_names_real_settings_and_engines(name: str) -> None:
+    compose = yaml.safe_load((DEPLOY / name).read_text())
+    for service in compose["services"].values():
+        environment = service.get("environment") or {}
+        for key, value in environment.items():
+            assert key in SETTINGS, key
+            if key == "OMNI_GATEWAY_ENGINE":
+                default = re.sub(r"^\$\{\w+:-(\w+)\}$", r"\1", str(value))
+                assert default in ENGINES, value
+        build = service.get("build")
+        if build:
+            assert (DEPLOY / build["context"] / build["dockerfile"]).is_file()
+
+
+def test_the_manifests_probe_routes_the_gateway_serves() -> None:
+    container = deployment()["spec"]["template"]["spec"]["containers"][0]
+    probes = [
+        container[k]["httpGet"]["path"] for k in ("livenessProbe", "readinessProbe", "startupProbe") if k in container
+    ]
+    assert probes and set(probes) <= ROUTES
+    healthcheck = re.search(r"HEALTHCHECK.*?(/\w+)'", (DEPLOY / "Dockerfile").read_text(), re.S)
+    assert healthcheck and healthcheck.group(1) in ROUTES

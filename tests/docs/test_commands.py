@@ -1,0 +1,220 @@
+"""Every command line the README and deploy/README.md give a user is run, as written.
+
+``support.docs.command_lines`` reads the shell blocks; each test below registers the
+exact lines it runs (``@runs``), and the first test fails on a documented line that no
+test runs, or a registered line the documents no longer have. Placeholders are filled
+the way a user would (``PATH``: a checkpoint written here; ``ws://gpu-1:8091``: gateways
+started here); the port comes from ``OMNI_GATEWAY_PORT``, which every command honours.
+What cannot run on this machine (a Docker engine, a Kubernetes cluster, vLLM-Omni on a
+GPU) says so: the deploy files are checked statically in tests/deploy/test_deploy_files.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+import test_user_install  # noqa: F401  (registers the README's first command)
+from support.docs import DOCS, ROOT, RUNNERS, command_lines, inline_invocations, readme_commands, runs
+from support.gateway import free_port
+from support.serve import Served, clean_env, text_turn
+
+from gateway.cli import settings_from_args
+
+pytestmark = pytest.mark.timeout(300)
+
+BIN = Path(sys.executable).parent  # this test run's venv: where `omni-gateway` is installed
+TEST_COMMAND = readme_commands()[1]
+LINT = "ruff check . && ruff format --check . && mypy"
+
+
+def documented() -> set[str]:
+    return {line for doc in DOCS for line in command_lines(doc)}
+
+
+def test_every_documented_command_line_is_run_by_a_test() -> None:
+    lines = documented()
+    assert lines, "no command lines found: are the shell blocks marked ```bash?"
+    missing = sorted(lines - RUNNERS.keys())
+    assert not missing, f"documented but run by no test (add one here): {missing}"
+    stale = sorted(RUNNERS.keys() - lines)
+    assert not stale, f"tests run lines the documents no longer give: {stale}"
+
+
+def test_every_inline_invocation_parses_with_the_real_command_line() -> None:
+    """``omni-gateway serve --engine remote ...`` in prose must be a valid command too."""
+    for doc in (*DOCS, "bench/README.md"):
+        for span in inline_invocations(doc):
+            argv = re.sub(r"\[[^\]]*\]", "", span).split()  # optional parts: [--upstream ...]
+            argv = argv[1:] if argv[0] == "omni-gateway" else argv[3:]  # python -m gateway ...
+            if argv and argv[0] == "serve":
+                settings_from_args(argv, environ={})  # argparse exits 2 on an unknown flag or choice
+
+
+# --- the README's test command and CI --------------------------------------------------
+
+
+@runs(TEST_COMMAND)
+def test_ci_runs_the_readme_test_command_in_a_fresh_venv() -> None:
+    """This command is what CI runs (it is running now): ``.ci/run`` holds it verbatim,
+    after removing any virtual environment a previous run left."""
+    ci = (ROOT / ".ci/run").read_text()
+    assert TEST_COMMAND in ci.splitlines()
+    assert "rm -rf .venv" in ci.split(TEST_COMMAND)[0]
+    assert "bash scripts/test_lowest.sh" in ci.split(TEST_COMMAND)[1]
+
+
+@runs(LINT)
+def test_the_tree_is_lint_format_and_type_clean() -> None:
+    if shutil.which("ruff", path=str(BIN)) is None or shutil.which("mypy", path=str(BIN)) is None:
+        pytest.skip("ruff and mypy come with the dev extra")
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(["bash", "-c", LINT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --- serve, one engine at a time ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def serving(command: str, tmp_path: Path, ready_s: float = 60.0, **env: str) -> Iterator[Served]:
+    port = free_port()
+    env = clean_env(PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", OMNI_GATEWAY_PORT=str(port), **env)
+    gw = Served(command, port=port, cwd=ROOT, log_path=tmp_path / f"serve-{port}.log", env=env)
+    try:
+        gw.wait_ready(ready_s)
+        yield gw
+    finally:
+        gw.stop()
+
+
+@runs("omni-gateway serve --engine cascade", "omni-gateway serve --engine passthrough")
+@pytest.mark.parametrize("engine", ["cascade", "passthrough"])
+async def test_serve_with_an_embedded_engine_answers_a_text_turn(engine: str, tmp_path: Path) -> None:
+    with serving(f"omni-gateway serve --engine {engine}", tmp_path) as gw:
+        response = await text_turn(gw.url)
+        assert response["status"] == "completed", response
+
+
+@runs("omni-gateway serve --engine remote --upstream ws://gpu-1:8091 --upstream ws://gpu-2:8091")
+async def test_serve_remote_in_front_of_two_upstreams_answers_a_text_turn(tmp_path: Path) -> None:
+    upstream = "omni-gateway serve --engine passthrough --video-engine none"
+    with serving(upstream, tmp_path) as up1, serving(upstream, tmp_path) as up2:
+        command = "omni-gateway serve --engine remote --upstream ws://gpu-1:8091 --upstream ws://gpu-2:8091"
+        command = command.replace("ws://gpu-1:8091", f"ws://127.0.0.1:{up1.port}")
+        command = command.replace("ws://gpu-2:8091", f"ws://127.0.0.1:{up2.port}")
+        with serving(command, tmp_path) as gw:
+            for _ in range(2):  # the pool may place each on either upstream
+                response = await text_turn(gw.url)
+                assert response["status"] == "completed", response
+
+
+@runs("omni-gateway serve --engine vllm --engine-model PATH")
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+async def test_serve_vllm_with_a_checkpoint_answers_a_text_session_named_after_it(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    sys.path.insert(0, str(ROOT / "tests" / "vllm"))
+    from tiny_model import write_tiny_llama
+
+    model = write_tiny_llama(tmp_path / "tiny-llama", max_positions=1024)
+    command = f"omni-gateway serve --engine vllm --engine-model {model}"
+    with serving(command, tmp_path, ready_s=400, VLLM_CPU_KVCACHE_SPACE="1") as gw:
+        with urllib.request.urlopen(gw.http + "/v1/models", timeout=5) as r:
+            ids = [m["id"] for m in orjson.loads(r.read())["data"]]
+        assert ids == [str(model)]  # named after the checkpoint, as `vllm serve PATH` does
+        response = await text_turn(gw.url, "tell me a story")
+        assert response["status"] in ("completed", "incomplete"), response  # incomplete: max tokens
+        text = [c.get("text") or c.get("transcript") for o in response["output"] for c in o.get("content", [])]
+        assert any(text), response
+
+
+@runs("omni-gateway serve --engine omni --engine-model PATH")
+def test_serve_omni_without_vllm_omni_stops_with_a_clear_error(tmp_path: Path) -> None:
+    """vLLM-Omni has no CPU build: here the command must fail cleanly, naming what is
+    missing (on a GPU machine, bench/omni_gpu.py runs the engine for real)."""
+    with contextlib.suppress(ImportError):
+        import vllm_omni  # noqa: F401
+
+        pytest.skip("vLLM-Omni is installed: the engine would load a real model (bench/omni_gpu.py)")
+    port = free_port()
+    gw = Served("omni-gateway serve --engine omni --engine-model PATH", port=port, cwd=ROOT,
+                log_path=tmp_path / "omni.log", env=clean_env(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
+                                                              OMNI_GATEWAY_PORT=str(port)))  # fmt: skip
+    code = gw.wait_exit(120)
+    gw.stop()
+    assert code == 3, gw.log()
+    assert "vLLM-Omni is not importable" in gw.log()
+
+
+# --- deploy/README.md ----------------------------------------------------------------------
+
+
+@runs("deploy/cluster.sh up --replicas 3 --api-key sk-local", "deploy/cluster.sh up --replicas 2 --engine cascade")
+@pytest.mark.parametrize(
+    ("command", "key"),
+    [("deploy/cluster.sh up --replicas 3 --api-key sk-local", "sk-local"),
+     ("deploy/cluster.sh up --replicas 2 --engine cascade", None)],
+    ids=["passthrough-3-keyed", "cascade-2"],
+)  # fmt: skip
+async def test_the_local_cluster_comes_up_answers_through_nginx_and_stops_on_ctrl_c(
+    command: str, key: str | None, tmp_path: Path
+) -> None:
+    env = clean_env(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", PYTHON=sys.executable)
+    log = tmp_path / "cluster.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command.split(), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+    try:
+        url = None
+        for _ in range(1200):
+            text = log.read_text(errors="replace")
+            if "Ctrl-C to stop." in text:
+                url = re.search(r"realtime\s+(ws://\S+)", text).group(1)  # type: ignore[union-attr]
+                break
+            assert proc.poll() is None, text
+            await asyncio.sleep(0.1)
+        assert url, log.read_text()
+        headers = {"Authorization": f"Bearer {key}"} if key else None
+        response = await text_turn(url, headers=headers)
+        assert response["status"] == "completed", response
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground group
+        code = proc.wait(90)
+    assert code == 0, log.read_text()
+    assert "cluster stopped" in log.read_text()
+
+
+@runs(
+    "docker build -f deploy/Dockerfile -t omni-gateway .",
+    "OMNI_GATEWAY_API_KEYS=sk-change-me docker compose -f deploy/compose.yaml up --build",
+)
+def test_docker_commands_need_a_docker_engine() -> None:
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "info"], capture_output=True, timeout=20).returncode != 0:
+        pytest.skip("no Docker engine on this machine; tests/deploy/test_deploy_files.py checks the files")
+    done = subprocess.run(["docker", "build", "-f", "deploy/Dockerfile", "-t", "omni-gateway", "."], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@runs("kubectl apply -f deploy/k8s/")
+def test_kubectl_apply_needs_a_cluster() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None or subprocess.run([kubectl, "cluster-info"], capture_output=True, timeout=20).returncode:
+        pytest.skip("no Kubernetes cluster here; tests/deploy/test_deploy_files.py checks the manifests")
+    done = subprocess.run([kubectl, "apply", "--dry-run=server", "-f", "deploy/k8s/"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr

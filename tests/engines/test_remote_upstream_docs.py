@@ -1,0 +1,284 @@
+"""The ``remote`` engine against doubles of vLLM-Omni made from its documents
+(``support.vllm_omni_double``; the sequences it sends cite their sections in
+``support.upstream_docs``), not against our own server: if our reading of
+vLLM-Omni's protocols were wrong, these tests would say so.
+
+- The duplex dialect (``/v1/realtime?duplex=1``): the engine finds it
+  advertised and speaks it (its session object, ``response.create`` with
+  ``modalities``, acks of the upstream's seqs); streaming input reaches the
+  upstream as it comes; a cancel aborts the upstream answer; an upstream that
+  dies mid-answer fails it coded and the session goes on; a slow upstream
+  still streams, and one slower than ``event_timeout_s`` is ``upstream_timeout``.
+- The gateway in front of it: a duplex session on the gateway (its own
+  ``?duplex=1``) is forwarded to the duplex upstream; its resume is ours.
+- The turn-based ``/v1/realtime``: refused with a clear code.
+- ``/v1/realtime/video``: ``size``/``seconds`` reach the upstream resolved,
+  chunks and interactions go through, an interaction the upstream refuses is
+  ``interaction_failed``, the upstream's trailer is replaced by ours, a stalled
+  upstream is reported, one that dies mid-stream is ``upstream_lost``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+from support import upstream_docs as doc
+from support.gateway import connect, run_gateway
+from support.vllm_omni_double import Behaviour, OmniDouble, omni_double
+
+from gateway.settings import Settings
+from orchestrator.engine import (
+    AudioChunk,
+    AudioDelta,
+    EngineError,
+    Finished,
+    Message,
+    ResponseRequest,
+    TextDelta,
+    TranscriptionRequest,
+)
+from orchestrator.engines.remote import RemoteEngine, RemoteVideoEngine
+
+pytestmark = pytest.mark.timeout(60)
+
+FAST_POOL = {"health_interval_s": 0.1, "cleanup_timeout_s": 2.0}
+
+
+@contextlib.asynccontextmanager
+async def engine_for(double: OmniDouble, **options: Any) -> AsyncIterator[RemoteEngine]:
+    engine = RemoteEngine([double.http], **{**FAST_POOL, **options})
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.close()
+
+
+async def inputs(*items: Any, delay_s: float = 0.0) -> AsyncIterator[Any]:
+    for item in items:
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        yield item
+
+
+def answer_request(rid: str, text: str = "good morning", **kwargs: Any) -> ResponseRequest:
+    return ResponseRequest(rid, (Message("user", text),), **kwargs)
+
+
+async def test_the_engine_speaks_the_duplex_dialect_an_upstream_advertises() -> None:
+    async with omni_double() as up, engine_for(up) as engine:
+        outs = [o async for o in engine.respond(answer_request("r1"), inputs())]
+        assert isinstance(outs[-1], Finished)
+        text = "".join(o.text for o in outs if isinstance(o, TextDelta))
+        assert text.split() == ["You", "said:", "good", "You", "said:", "good", "You", "said:"]
+        assert sum(len(o.pcm) for o in outs if isinstance(o, AudioDelta)) == 8 * 960  # 20 ms each, 24 kHz
+        assert engine.pool.upstreams[0].dialect == "duplex"
+        (session,) = up.seen.duplex_sessions  # the duplex session object, as the document has it
+        assert session["extra_body"] == {"auto_response": False} and session["turn_detection"] is None
+        assert session["input_audio_format"] == "pcm16" and session["sample_rate_hz"] == 24000
+        assert "type" not in session and session["modalities"] == ["audio", "text"]
+        assert up.seen.acks and up.seen.acks == sorted(up.seen.acks)  # the upstream's seqs, acknowledged
+        # The session was cleaned (items deleted) and is lent to the next request.
+        for _ in range(100):
+            if engine.pool.stats()[0]["idle"] == 1:
+                break
+            await asyncio.sleep(0.02)
+        second = [o async for o in engine.respond(answer_request("r2", "hello"), inputs())]
+        assert isinstance(second[-1], Finished) and up.seen.connections == 1
+
+
+async def test_streaming_input_reaches_the_upstream_as_it_comes() -> None:
+    async with omni_double() as up, engine_for(up) as engine:
+        chunk = bytes(4800)  # 100 ms of 24 kHz PCM16
+        loop = asyncio.get_running_loop()
+        yielded: list[float] = []
+
+        async def microphone() -> AsyncIterator[AudioChunk]:
+            for _ in range(5):
+                await asyncio.sleep(0.15)
+                yielded.append(loop.time())
+                yield AudioChunk(chunk)
+
+        outs = [o async for o in engine.transcribe(TranscriptionRequest("input_1"), microphone())]
+        final = outs[-1]
+        assert isinstance(final, Finished) and final.text == f"heard {5 * 4800 // 32} ms"
+        assert len(up.seen.appends) == 5
+        assert up.seen.appends[0][0] < yielded[-1]  # the first chunk was upstream before the last was spoken
+
+
+async def test_a_cancelled_answer_is_aborted_upstream() -> None:
+    async with omni_double(Behaviour(delay_s=0.2, words=20)) as up, engine_for(up) as engine:
+        stream = engine.respond(answer_request("r1"), inputs())
+        assert isinstance(await stream.__anext__(), AudioDelta | TextDelta)
+        await engine.abort("r1")
+        for _ in range(100):
+            if up.seen.cancels:
+                break
+            await asyncio.sleep(0.02)
+        assert up.seen.cancels == 1  # the farewell: response.cancel reached the upstream
+        with contextlib.suppress(Exception):
+            await stream.aclose()
+
+
+async def test_an_upstream_that_dies_mid_answer_fails_it_coded_and_the_session_goes_on() -> None:
+    behaviour = Behaviour(die_after=3)
+    async with omni_double(behaviour) as up:
+        engine = RemoteEngine([up.http], **FAST_POOL)
+        async with run_gateway(Settings(video_engine="none"), engine=engine, vad_factory=None) as gw:
+            async with connect(gw.url) as c:
+                await c.wait_for("session.created")
+                await c.send(doc.ITEM_CREATE)
+                await c.send({"type": "response.create"})
+                done = await c.wait_for("response.done", timeout=20)
+                assert done["response"]["status"] == "failed"
+                assert done["response"]["status_details"]["error"]["code"] == "upstream_lost"
+                behaviour.die_after = None  # the upstream is back
+                for _ in range(100):
+                    if engine.pool.upstreams[0].up:
+                        break
+                    await asyncio.sleep(0.05)
+                await c.send({"type": "response.create"})
+                again = await c.wait_for("response.done", timeout=20)
+                assert again["response"]["status"] == "completed"
+
+
+async def test_a_slow_upstream_streams_and_one_too_slow_times_out() -> None:
+    async with omni_double(Behaviour(delay_s=0.1, words=6)) as up, engine_for(up) as engine:
+        loop = asyncio.get_running_loop()
+        arrivals = [
+            loop.time() async for o in engine.respond(answer_request("slow"), inputs()) if isinstance(o, AudioDelta)
+        ]
+        assert len(arrivals) == 6 and arrivals[-1] - arrivals[0] >= 0.4  # streamed as made, not at the end
+    async with omni_double(Behaviour(delay_s=2.0)) as up, engine_for(up, event_timeout_s=0.5) as engine:
+        with pytest.raises(EngineError) as slow:
+            _ = [o async for o in engine.respond(answer_request("stuck"), inputs())]
+        assert slow.value.code == "upstream_timeout"
+
+
+async def test_a_duplex_session_on_the_gateway_is_forwarded_to_a_duplex_upstream() -> None:
+    async with omni_double() as up:
+        engine = RemoteEngine([up.http], **FAST_POOL)
+        async with run_gateway(Settings(video_engine="none"), engine=engine, vad_factory=None) as gw:
+            url = gw.url + "?duplex=1&autostart=0"
+            async with connect(url) as c:
+                await c.send({"type": "session.update", "session": {"turn_detection": None}})
+                created = await c.wait_for("session.created")
+                await c.send(doc.fill(doc.APPEND, audio=doc.pcm16(300)))
+                await c.send(doc.COMMIT)
+                done = await c.wait_for("response.done", timeout=20)
+                assert done["response"]["status"] == "completed"
+                speak = [e for e in c.events if e["type"] == "response.speak"]
+                assert len(speak) == 1
+                last = max(e["server_event_seq"] for e in c.events if "server_event_seq" in e)
+            # The resume is ours: the upstream never sees a session.resume.
+            async with connect(url) as r:
+                await r.send(
+                    {
+                        **doc.RESUME,
+                        "session_id": created["session"]["id"],
+                        "resume_token": created["resume_token"],
+                        "last_received_server_event_seq": last,
+                    }
+                )
+                assert (await r.recv())["type"] == "session.resumed"
+        assert engine.pool.upstreams[0].dialect == "duplex" and up.seen.duplex_sessions
+
+
+async def test_the_turn_based_realtime_api_is_refused_with_a_clear_code() -> None:
+    # A turn-mode deployment: its /v1/realtime is the turn-based API (?duplex=1 is not mounted).
+    async with omni_double(Behaviour(duplex_route=False)) as up, engine_for(up, retries=0) as engine:
+        with pytest.raises(EngineError) as refused:
+            _ = [o async for o in engine.respond(answer_request("t1"), inputs())]
+        assert refused.value.code == "upstream_unsupported" and "turn-based" in refused.value.message
+        assert engine.pool.upstreams[0].dialect is None or engine.pool.upstreams[0].dialect == "openai"
+
+
+# --- video --------------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def video_gateway(up: OmniDouble, **settings: Any) -> AsyncIterator[Any]:
+    video = RemoteVideoEngine([up.http], formats=("mp4",), **FAST_POOL)
+    s = Settings(video_engine="none", engine="passthrough", **settings)
+    async with run_gateway(s, vad_factory=None, video_engine=video) as gw:
+        yield gw
+
+
+async def read_video(
+    c: Any, *, until: str = "session.done", interact: dict[str, Any] | None = None, timeout: float = 20.0
+) -> list[tuple[dict[str, Any], bytes | None]]:
+    got: list[tuple[dict[str, Any], bytes | None]] = []
+    while True:
+        event = orjson.loads(await asyncio.wait_for(c.ws.recv(), timeout))
+        payload = await c.ws.recv() if event["type"] == "video.chunk_metadata" else None
+        got.append((event, payload))
+        if interact is not None and event["type"] == "video.chunk_metadata":
+            await c.send(interact)
+            interact = None
+        if event["type"] == until:
+            return got
+
+
+async def test_video_through_a_vllm_omni_upstream_with_size_seconds_and_interactions() -> None:
+    async with (
+        omni_double(Behaviour(delay_s=0.05)) as up,
+        video_gateway(up) as gw,
+        connect(gw.http.replace("http", "ws") + "/v1/realtime/video") as c,
+    ):
+        await c.send(
+            {**doc.VIDEO_START, "width": None, "height": None, "num_frames": None, "size": "96x64", "seconds": "3"}
+        )
+        got = await read_video(c, interact=doc.VIDEO_INTERACTION)
+        start = got[0][0]
+        assert start["type"] == "video.start" and (start["config"]["width"], start["config"]["height"]) == (96, 64)
+        assert start["config"]["num_frames"] == 48  # "3" seconds x 16 fps
+        (sent,) = up.seen.video_starts
+        assert (sent["width"], sent["height"], sent["num_frames"], sent["fps"]) == (96, 64, 48, 16)
+        metas = [e for e, _ in got if e["type"] == "video.chunk_metadata"]
+        media = [m for m in metas if m["kind"] == "media"]
+        assert sum(m["num_frames"] for m in media) == 48
+        assert any("sunlight-update" in m["started_event_ids"] for m in media)
+        assert any(e["type"] == "session.interaction.queued" for e, _ in got)
+        trailer = metas[-1]  # ours (the fragments delivered), not the upstream's: both end the stream
+        assert trailer["kind"] == "trailer" and trailer["generation_chunk_index"] is None
+        assert got[-1][0]["stopped"] is False
+
+
+async def test_an_interaction_the_upstream_refuses_is_interaction_failed() -> None:
+    async with omni_double(Behaviour(refuse_interactions=True, delay_s=0.1)) as up, video_gateway(up) as gw:
+        async with connect(gw.http.replace("http", "ws") + "/v1/realtime/video") as c:
+            await c.send(doc.VIDEO_START)
+            got = await read_video(c, until="error", interact=doc.VIDEO_CAMERA)
+            error = got[-1][0]
+            assert error["code"] == "interaction_failed" and error["event_id"] == "forward-1"
+            assert error["request_id"] == got[0][0]["request_id"]
+            await c.send(doc.VIDEO_STOP)
+            done = await read_video(c)
+            assert done[-1][0]["stopped"] is True
+
+
+async def test_a_stalled_upstream_is_reported_and_one_that_dies_is_upstream_lost() -> None:
+    async with omni_double(Behaviour(stall_after=1)) as up, video_gateway(up, video_stall_timeout_s=0.5) as gw:
+        async with connect(gw.http.replace("http", "ws") + "/v1/realtime/video") as c:
+            await c.send(doc.VIDEO_START)
+            got = await read_video(c)
+            errors = [e for e, _ in got if e["type"] == "error"]
+            assert [e["code"] for e in errors] == ["stall_timeout"]
+            assert got[-1][0] == {
+                "type": "session.done",
+                "request_id": errors[0]["request_id"],
+                "chunks": 1,
+                "stopped": True,
+            }
+        assert up.seen.stops == 1  # the upstream was told to stop
+    async with omni_double(Behaviour(die_after=2)) as up, video_gateway(up) as gw:
+        async with connect(gw.http.replace("http", "ws") + "/v1/realtime/video") as c:
+            await c.send(doc.VIDEO_START)
+            got = await read_video(c)
+            assert [e["code"] for e, _ in got if e["type"] == "error"] == ["upstream_lost"]
+            assert got[-1][0]["stopped"] is True

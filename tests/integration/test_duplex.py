@@ -1,0 +1,475 @@
+"""The duplex dialect of ``/v1/realtime`` (``?duplex=1``) against vLLM-Omni's
+document, over real sockets, on the passthrough engine (50 words, each before
+20 ms of audio, paced in real time: word i is produced at 20·i ms of audio).
+
+The client events are the document's own examples (``support.upstream_docs``,
+each citing its section); the replies are checked against the document's
+catalogue. Resume, replay and the journal are the ones every dialect uses
+(``tests/integration/test_resume.py``); what is proved here is what the
+dialect adds: no throwaway ``session.created`` on ``?autostart=0``,
+connection events without a seq, acks that cannot start a storm, playback
+truth to the millisecond, turn-taking events, and upstream's error codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+import websockets
+from support import upstream_docs as doc
+from support.duplex_client import DocDuplexClient
+from support.gateway import Client, RunningGateway, connect, run_gateway
+
+from gateway.settings import Settings
+from orchestrator.engines.passthrough import PassthroughEngine
+
+pytestmark = pytest.mark.timeout(60)
+
+MODEL = "openbmb/MiniCPM-o-4_5"  # the document's model: any name routes to the engine here
+
+
+@contextlib.asynccontextmanager
+async def gateway(**settings: Any) -> AsyncIterator[RunningGateway]:
+    async with run_gateway(
+        Settings(engine="passthrough", video_engine="none", **settings), engine=PassthroughEngine(), vad_factory=None
+    ) as gw:
+        yield gw
+
+
+def duplex_url(gw: RunningGateway, **query: str) -> str:
+    params = {"duplex": "1", "model": MODEL, "autostart": "0", **query}
+    return gw.url + "?" + "&".join(f"{k}={v}" for k, v in params.items())
+
+
+class Duplex(Client):
+    """A raw client that acks every event with a seq, as upstream's DuplexClient does."""
+
+    acks = 0
+
+    async def recv(self, timeout: float = 10.0) -> dict[str, Any]:
+        event = await super().recv(timeout)
+        seq = event.get("server_event_seq")
+        if isinstance(seq, int):
+            with contextlib.suppress(websockets.ConnectionClosed):  # the last event before a close
+                await self.send({"type": "session.event_ack", "server_event_seq": seq})
+                self.acks += 1
+        return event
+
+    async def open(self, **session: Any) -> dict[str, Any]:
+        await self.send({"type": "session.update", "session": {"model": MODEL, "turn_detection": None, **session}})
+        created = await self.wait_for("session.created")
+        await self.wait_for("session.updated")
+        return created
+
+    async def answer(self, ms: int = 300) -> str:
+        """Speak ``ms`` of audio, commit, and return the response id once it is created."""
+        await self.send(doc.fill(doc.APPEND, audio=doc.pcm16(ms), duration_ms=ms))
+        await self.send(doc.COMMIT)
+        created = await self.wait_for("response.created")
+        return str(created["response_id"])
+
+
+@contextlib.asynccontextmanager
+async def duplex(gw: RunningGateway, **query: str) -> AsyncIterator[Duplex]:
+    async with websockets.connect(duplex_url(gw, **query), max_size=None, close_timeout=1) as ws:
+        yield Duplex(ws)
+
+
+async def test_autostart_0_opens_with_the_first_session_update_and_no_throwaway_session() -> None:
+    async with gateway() as gw, duplex(gw) as c:
+        await c.send(doc.fill(doc.SESSION_UPDATE))  # "Session lifecycle": the document's open handshake
+        created = await c.wait_for("session.created")
+        updated = await c.wait_for("session.updated")
+        assert c.types()[:2] == ["session.created", "session.updated"]
+        assert created["incarnation"] == 0 and created["attachment_generation"] == 1
+        assert created["resume_token"].startswith("rt_")
+        s = created["session"]
+        assert s == updated["session"]
+        assert s["model"] == MODEL and s["state"] == "open" and s["turn_state"] == "idle" and s["epoch"] == 0
+        assert (s["overlap_policy"], s["playback_commit_policy"], s["idle_timeout_s"]) == (
+            "listen_only",
+            "ack_only",
+            300,
+        )
+        assert s["instructions"] == "You are a concise voice assistant." and s["temperature"] == 0.7
+        assert s["audio"]["input"]["sample_rate_hz"] == 16000 and s["audio"]["output"]["format"]["rate"] == 24000
+        assert s["capabilities"]["supports_session_resume"] and s["capabilities"]["supports_barge_in"]
+        assert s["playback"] == {"generated_ms": 0, "sent_ms": 0, "played_ms": 0, "committed_ms": 0}
+        # ref_audio is taken and named as unused, never refused
+        await c.wait_for(lambda e: e["type"] == "session.warning" and e["param"] == "session.ref_audio")
+        assert "error" not in c.types()
+
+
+async def test_a_session_opens_at_connect_with_a_model_and_without_autostart_0() -> None:
+    async with gateway() as gw:
+        async with websockets.connect(gw.url + f"?duplex=1&model={MODEL}", close_timeout=1) as ws:
+            first = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
+            assert first["type"] == "session.created" and first["server_event_seq"] == 1
+
+
+async def test_a_resume_only_socket_refuses_other_events_until_a_session_exists() -> None:
+    async with gateway() as gw, duplex(gw) as c:
+        await c.send(doc.HEARTBEAT)
+        ack = await c.recv()
+        assert ack["type"] == "session.heartbeat_ack" and "server_event_seq" not in ack
+        await c.send(doc.fill(doc.APPEND))
+        refused = await c.recv()
+        assert refused["type"] == "error" and refused["error"]["code"] == "session_not_open"
+        assert "server_event_seq" not in refused
+        await c.send({"type": "session.update", "session": {"model": MODEL, "overlap_policy": "sometimes"}})
+        bad = await c.recv()
+        assert bad["error"]["code"] == "invalid_value" and bad["error"]["param"] == "session.overlap_policy"
+        await c.open()  # the socket goes on: a good update opens the session
+
+
+async def test_every_client_example_of_the_document_is_answered_as_documented() -> None:
+    """Each C→S example of "Message examples", in a live session; only the documented
+    replies come back, and no error (the tool result needs tools: not here, see README)."""
+    async with gateway() as gw, duplex(gw) as c:
+        await c.send(doc.fill(doc.SESSION_UPDATE))
+        await c.wait_for("session.created")
+        mark = len(c.events)
+        await c.send(doc.HEARTBEAT)
+        assert (await c.wait_for("session.heartbeat_ack"))["session_id"]
+        await c.send(doc.EVENT_ACK)  # seq 48, beyond what was sent: clamped, never answered
+        await c.send(doc.fill(doc.APPEND_WITH_FRAMES))
+        await c.wait_for(lambda e: e["type"] == "session.warning" and e["param"] == "video_frames")
+        await c.send(doc.fill(doc.APPEND, audio=doc.pcm16(200)))
+        await c.send(doc.COMMIT)
+        for kind in doc.COMMIT_FAN_OUT:
+            if kind != "conversation.item.input_audio_transcription.completed":  # transcription is off
+                await c.wait_for(kind)
+        rid = (await c.wait_for("response.created"))["response_id"]
+        await c.wait_for("response.done")
+        item_id = next(e["item"]["id"] for e in c.events if e["type"] == "response.output_item.added")
+        await c.send(doc.fill(doc.PLAYBACK_ACK, response_id=rid, item_id=item_id))
+        ack = await c.wait_for("playback.acknowledged")
+        assert ack["event"]["played_ms"] == 1000 and ack["event"]["item_id"] == item_id
+        await c.send(doc.fill(doc.ITEM_RETRIEVE, item_id=item_id))
+        assert (await c.wait_for("conversation.item.retrieved"))["item"]["id"] == item_id
+        await c.send(doc.fill(doc.ITEM_TRUNCATE, item_id=item_id, audio_end_ms=900))
+        truncated = await c.wait_for("conversation.item.truncated")
+        assert truncated["event"]["type"] == "conversation.item.truncated"
+        await c.send(doc.ITEM_CREATE)
+        await c.wait_for(lambda e: e["type"] == "conversation.item.done" and e["item"]["role"] == "user")
+        user_item = c.events[-1]["item"]["id"]
+        await c.send(doc.fill(doc.ITEM_DELETE, item_id=user_item))
+        deleted = await c.wait_for("conversation.item.deleted")
+        assert deleted["event"] == {"type": "conversation.item.deleted", "item_id": user_item}
+        await c.send(doc.SILENCE_COMMIT)
+        listen = await c.wait_for("response.listen")
+        assert listen["response"]["status"] == "listening"
+        await c.send(doc.fill(doc.APPEND, audio=doc.pcm16(200)))
+        await c.send(doc.CLEAR)
+        await c.wait_for("input_audio_buffer.cleared")
+        await c.send(doc.INPUT_CANCEL)
+        await c.wait_for("input_audio_buffer.cleared")  # (wait_for reads on: this is the second)
+        await c.send(doc.TEXT_APPEND)
+        await c.send(doc.COMMIT_ALIAS)  # input.commit: the text becomes a user item, then an answer
+        await c.wait_for(
+            lambda e: e["type"] == "conversation.item.added" and e["item"]["content"][0].get("text") == "and tomorrow?"
+        )
+        rid2 = (await c.wait_for("response.created"))["response_id"]
+        await c.wait_for("response.speak")
+        await c.send(doc.fill(doc.RESPONSE_CANCEL, response_id=rid2))
+        done = await c.wait_for("response.done")
+        assert done["response"]["status"] == "cancelled" and done["response_id"] == rid2
+        await c.send(doc.RESPONSE_CREATE)
+        created = await c.wait_for("response.created")
+        assert created["response"]["metadata"] == {"trace": "turn-3"}
+        await c.wait_for("response.speak")
+        await c.send(doc.OUTPUT_AUDIO_CLEAR)
+        cleared = await c.wait_for("output_audio_buffer.cleared")
+        assert cleared["response_id"] == created["response_id"]
+        done = await c.wait_for("response.done")
+        assert done["response"]["status_details"]["reason"] == "output_audio_buffer_clear"
+        await c.send(doc.BARGE_IN)
+        assert (await c.wait_for("turn.event"))["event"] == "barge_in"
+        await c.send(doc.TURN_SIGNAL)
+        turn = await c.wait_for("turn.event")
+        assert turn["event"] == "barge_in" and "turn_state" in turn and "epoch" in turn
+        await c.send(doc.CLOSE)
+        closed = await c.wait_for("session.closed")
+        assert closed["reason"] == "session_close" and "server_event_seq" not in closed
+        with pytest.raises(websockets.ConnectionClosedOK):
+            await c.ws.recv()
+        assert [e for e in c.events[mark:] if e["type"] == "error"] == []
+        # Every type we sent back is one of the document's (or our warning extension).
+        assert {e["type"] for e in c.events} <= set(doc.DUPLEX_SERVER_TYPES) | {"session.warning", "turn.event"}
+
+
+async def test_an_ack_is_never_answered_with_an_event_that_has_a_seq() -> None:
+    """The storm of the issue: a client that acks every event with a seq, and whose acks
+    are malformed, must not get an endless stream of errors, in either dialect."""
+    async with gateway() as gw:
+        async with duplex(gw) as c:
+            await c.open()
+            for _ in range(20):
+                await c.send({"type": "session.event_ack"})  # no seq at all
+            errors = [await c.recv() for _ in range(20)]
+            assert {e["error"]["code"] for e in errors} == {"missing_required_parameter"}
+            assert all("server_event_seq" not in e for e in errors)
+            await c.send(doc.HEARTBEAT)
+            assert (await c.recv())["type"] == "session.heartbeat_ack"  # nothing else was queued
+        async with connect(gw.url) as ga:  # the GA dialect: the same DuplexClient-style acks are valid
+            created = await ga.wait_for("session.created")
+            await ga.send({"type": "session.event_ack", "server_event_seq": created["server_event_seq"]})
+            await ga.send({"type": "session.event_ack", "server_event_seq": "x"})
+            bad = await ga.recv()
+            assert bad["type"] == "error" and bad["server_event_seq"] == 0  # connection-level: never acked back
+            await ga.send({"type": "session.event_ack", "server_event_seq": 0})
+            await ga.send({"type": "input_audio_buffer.clear"})
+            assert (await ga.recv())["type"] == "input_audio_buffer.cleared"
+
+
+async def test_resume_on_an_autostart_0_socket_replays_with_no_session_created() -> None:
+    async with gateway() as gw:
+        async with duplex(gw) as c:
+            created = await c.open()
+            sid, token = created["session"]["id"], created["resume_token"]
+            rid = await c.answer()
+            await c.wait_for(
+                lambda e: e["type"] == "response.audio.delta" and e["metadata"]["audio_duration_ms"] >= 200
+            )
+            last = max(e["server_event_seq"] for e in c.events if "server_event_seq" in e)
+        await asyncio.sleep(0.3)  # the answer goes on, journaled, while no socket is attached
+        async with duplex(gw) as r:
+            await r.send(
+                {**doc.RESUME, "session_id": sid, "resume_token": token, "last_received_server_event_seq": last}
+            )
+            resumed = await r.recv()
+            assert resumed["type"] == "session.resumed" and "server_event_seq" not in resumed
+            assert (resumed["session_id"], resumed["incarnation"], resumed["attachment_generation"]) == (sid, 0, 2)
+            assert resumed["resume_token"] != token and resumed["session"]["id"] == sid
+            done = await r.wait_for("response.done")
+            seqs = [e["server_event_seq"] for e in r.events if "server_event_seq" in e]
+            assert seqs == list(range(last + 1, seqs[-1] + 1))  # exactly once, in order
+            assert "session.created" not in r.types() and done["response_id"] == rid
+            words = "".join(e["delta"] for e in c.events + r.events if e["type"] == "response.audio_transcript.delta")
+            assert words == "".join(f"w{i} " for i in range(50))
+
+
+async def test_a_replaced_socket_learns_its_attachment_generation() -> None:
+    async with gateway() as gw, duplex(gw) as first:
+        created = await first.open()
+        async with duplex(gw) as second:
+            await second.send(
+                {
+                    **doc.RESUME,
+                    "session_id": created["session"]["id"],
+                    "resume_token": created["resume_token"],
+                    "last_received_server_event_seq": 2,
+                }
+            )
+            assert (await second.recv())["type"] == "session.resumed"
+            replaced = await first.wait_for("session.replaced")
+            assert replaced["attachment_generation"] == 1 and "server_event_seq" not in replaced
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await first.ws.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4009
+
+
+async def test_refused_resumes_use_upstreams_codes_on_the_connection() -> None:
+    async with gateway() as gw, duplex(gw) as c:
+        await c.send({**doc.RESUME, "resume_token": "rt_nope"})
+        refused = await c.recv()
+        assert refused["error"]["code"] == "session_resume_expired" and "server_event_seq" not in refused
+        created = await c.open()
+        async with duplex(gw) as other:
+            await other.send({**doc.RESUME, "session_id": created["session"]["id"], "resume_token": "rt_wrong"})
+            assert (await other.recv())["error"]["code"] == "invalid_resume_token"
+
+
+async def test_a_journal_that_no_longer_holds_the_gap_asks_for_a_resync_with_upstreams_reason() -> None:
+    async with gateway(journal_max_events=20) as gw:
+        async with duplex(gw) as c:
+            created = await c.open()
+            await c.answer()
+            await c.wait_for("response.done")
+        async with duplex(gw) as r:
+            await r.send(
+                {
+                    **doc.RESUME,
+                    "session_id": created["session"]["id"],
+                    "resume_token": created["resume_token"],
+                    "last_received_server_event_seq": 2,
+                }
+            )
+            resync = await r.recv()
+            assert resync["type"] == "session.resync_required" and "server_event_seq" not in resync
+            assert resync["reason"] == "journal_overflow" and resync["message"]
+            assert resync["session"]["id"] == created["session"]["id"] and resync["conversation"]
+
+
+async def test_playback_acks_cut_the_history_to_what_was_heard_to_the_millisecond() -> None:
+    """Acked to 430 ms, then a barge-in: the assistant item keeps the words whose audio had
+    started by then (w0..w21) and exactly 430 ms of audio (a truncate beyond it is refused)."""
+    async with gateway() as gw, duplex(gw) as c:
+        await c.open()
+        rid = await c.answer()
+        await c.wait_for(lambda e: e["type"] == "response.audio.delta" and e["metadata"]["audio_duration_ms"] >= 500)
+        await c.send({"type": "playback.ack", "response_id": rid, "played_ms": 430, "committed_ms": 430})
+        acked = await c.wait_for("playback.acknowledged")
+        assert acked["event"]["committed_ms"] == 430 and not acked["event"]["history_committed"]
+        await c.send(doc.BARGE_IN)
+        done = await c.wait_for("response.done")
+        assert done["response"]["status_details"] == {"type": "cancelled", "reason": "barge_in"}
+        heard = "".join(f"w{i} " for i in range(22))
+        assert done["response"]["output"][0]["content"][0]["transcript"] == heard
+        item_id = done["response"]["output"][0]["id"]
+        await c.send(
+            {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 432}
+        )
+        refused = await c.wait_for("error")
+        assert refused["error"]["code"] == "invalid_truncate" and "(430 ms)" in refused["error"]["message"]
+        # A truncating ack says exactly what was heard; the item follows it, down or up.
+        await c.send({**doc.PLAYBACK_ACK_TRUNCATE, "response_id": rid, "played_ms": 101, "committed_ms": 101})
+        await c.wait_for(lambda e: e["type"] == "playback.acknowledged" and e["event"]["truncate"])
+        await c.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        item = (await c.wait_for("conversation.item.retrieved"))["item"]
+        assert item["content"][0]["transcript"] == "w0 w1 w2 w3 w4 w5 "
+
+
+async def test_ack_only_keeps_an_answer_in_history_only_as_far_as_acknowledged() -> None:
+    async with gateway() as gw, duplex(gw) as c:
+        await c.open(playback_commit_policy="ack_only")
+        rid = await c.answer()
+        done = await c.wait_for("response.done")
+        item_id = done["response"]["output"][0]["id"]
+        assert done["response"]["status"] == "completed"  # the answer was generated whole
+        await c.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        assert (await c.wait_for("conversation.item.retrieved"))["item"]["content"][0]["transcript"] == ""
+        for played in (250, 1000):
+            await c.send({"type": "playback.ack", "response_id": rid, "played_ms": played})
+        last = await c.wait_for(lambda e: e["type"] == "playback.acknowledged" and e["event"]["played_ms"] == 1000)
+        assert last["event"]["history_committed"] is True
+        await c.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        item = await c.wait_for("conversation.item.retrieved")
+        assert item["item"]["content"][0]["transcript"] == "".join(f"w{i} " for i in range(50))
+
+
+async def test_listen_only_defers_the_answer_to_speech_that_overlaps_one() -> None:
+    async with gateway() as gw, duplex(gw) as c:
+        await c.open(overlap_policy="listen_only")
+        first = await c.answer()
+        for _ in range(8):  # 800 ms of overlapping speech (hinted): past overlap_short_ack_ms
+            await c.send(doc.fill(doc.APPEND, audio=doc.pcm16(100), duration_ms=100))
+        decision = await c.wait_for("overlap.decision")
+        assert (decision["policy"], decision["action"], decision["reason"]) == (
+            "listen_only",
+            "listen",
+            "long_overlap_speech",
+        )
+        await c.send(doc.COMMIT)
+        committed = await c.wait_for("input_audio_buffer.committed")
+        assert committed["event"]["response_create_deferred"] is True
+        done = await c.wait_for("response.done")
+        assert done["response_id"] == first and done["response"]["status"] == "completed"
+        second = await c.wait_for("response.created")
+        assert second["response_id"] != first
+
+
+async def test_barge_in_on_speech_cancels_the_answer_and_a_short_remark_is_dropped() -> None:
+    async with gateway() as gw, duplex(gw) as c:
+        await c.open(overlap_policy="barge_in_on_speech", overlap_barge_in_ms=400)
+        await c.answer()
+        await c.send(doc.fill(doc.APPEND, audio=doc.pcm16(200), duration_ms=200))
+        await c.send(doc.fill(doc.APPEND, audio=bytes(3200), duration_ms=100, is_speech=False))
+        drop = await c.wait_for("overlap.decision")
+        assert (drop["action"], drop["reason"]) == ("drop", "short_overlap_speech")
+        for _ in range(4):
+            await c.send(doc.fill(doc.APPEND, audio=doc.pcm16(100), duration_ms=100))
+        barge = await c.wait_for(lambda e: e["type"] == "overlap.decision" and e["action"] == "barge_in")
+        done = await c.wait_for("response.done")
+        assert done["response"]["status_details"]["reason"] == "barge_in"
+        await c.send(doc.TURN_SIGNAL)
+        assert (await c.wait_for("turn.event"))["epoch"] == barge["epoch"] + 1  # the barge-in advanced it
+
+
+async def test_idle_sessions_expire_and_heartbeats_keep_them() -> None:
+    async with gateway() as gw, duplex(gw) as c:
+        await c.open(idle_timeout_s=1)
+        for _ in range(3):
+            await asyncio.sleep(0.5)
+            await c.send(doc.HEARTBEAT)
+        assert "session.expired" not in c.types()
+        expired = await c.wait_for("session.expired", timeout=5)
+        assert expired["reason"] == "idle_ttl_expired" and expired["incarnation"] == 0
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:
+                await c.ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4008
+
+
+async def test_a_closed_session_cannot_be_resumed() -> None:
+    async with gateway() as gw:
+        async with duplex(gw) as c:
+            created = await c.open()
+            await c.send({"type": "close"})  # an alias of session.close
+            assert (await c.wait_for("session.closed"))["reason"] == "session_close"
+        async with duplex(gw) as r:
+            await r.send(
+                {
+                    **doc.RESUME,
+                    "session_id": created["session"]["id"],
+                    "resume_token": created["resume_token"],
+                    "last_received_server_event_seq": 0,
+                }
+            )
+            assert (await r.recv())["error"]["code"] == "session_resume_expired"
+
+
+async def test_errors_use_upstreams_codes_where_it_has_them() -> None:
+    async with gateway() as gw, duplex(gw) as c:
+        await c.open()
+        await c.send(doc.COMMIT)
+        err = await c.wait_for("error")
+        assert err["error"]["code"] == "input_audio_buffer_empty" and err["error"]["event_id"] == "evt_0060"
+        await c.send(
+            {
+                "type": "input_audio_buffer.append",
+                "audio": base64.b64encode(bytes(640)).decode(),
+                "sample_rate_hz": 24000,
+            }
+        )
+        err = await c.wait_for("error")
+        assert err["error"]["code"] == "unsupported_audio_format" and err["error"]["param"] == "sample_rate_hz"
+
+
+async def test_a_client_written_to_the_document_holds_a_session_through_a_drop() -> None:
+    """The document's DuplexClient behaviour (support.duplex_client): ack after every event,
+    heartbeats, playback acks, a barge-in and a resume after its socket drops: no error."""
+    async with gateway() as gw:
+        async with DocDuplexClient(gw.url, model=MODEL, heartbeat_interval_s=0.2, backoff_s=(0.05, 0.2)) as dc:
+            await dc.append(doc.pcm16(300))
+            await dc.commit()
+            answer = await wait_answer(dc)
+            await dc.wait(lambda: answer.audio_ms >= 300)
+            await dc.ack_playback(answer.audio_ms, response_id=answer.response_id)
+            dc._ws.transport.abort()  # the socket drops mid-answer
+            await dc.wait(lambda: dc.resumes == 1)
+            await dc.wait(lambda: answer.done is not None)
+            assert answer.done is not None and answer.done["response"]["status"] == "completed"
+            assert answer.transcript == "".join(f"w{i} " for i in range(50)) and answer.audio_ms == 1000
+            await dc.append(doc.pcm16(300))
+            await dc.commit()
+            second = await wait_answer(dc, after=answer.response_id)
+            await dc.wait(lambda: second.audio_ms >= 200)
+            await dc.barge_in()
+            await dc.wait(lambda: second.done is not None)
+            assert second.done is not None and second.done["response"]["status"] == "cancelled"
+            await asyncio.sleep(0.3)
+            await dc.close()
+        assert dc.errors() == [] and dc.heartbeats_sent >= 1 and dc.closed == "closed"
+        assert dc.acks_sent == sum(1 for e in dc.events if "server_event_seq" in e)
+
+
+async def wait_answer(dc: DocDuplexClient, after: str | None = None) -> Any:
+    await dc.wait(lambda: any(rid != after for rid in dc.answers))
+    return next(a for rid, a in dc.answers.items() if rid != after)

@@ -1,0 +1,69 @@
+"""Two gateway replicas in one test process, on one private Redis: real sockets,
+real store, no balancer; the client picks the replica. (The crash proofs, with
+real processes killed, are in tests/cluster.)"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import pytest
+from support.gateway import RunningGateway, connect, run_gateway
+from support.redis_server import REDIS_BINARY, RedisServer
+
+from gateway.settings import Settings
+from orchestrator.engines.passthrough import PassthroughEngine
+
+pytestmark = pytest.mark.timeout(60)
+
+TEXT = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+
+
+@pytest.fixture
+async def replicas() -> AsyncIterator[tuple[RunningGateway, RunningGateway]]:
+    if not REDIS_BINARY:
+        pytest.skip("redis-server is not installed")
+    with RedisServer() as server:
+        base = Settings(engine="passthrough", redis_url=server.url, api_keys=("k",), video_engine="none")
+        engine = PassthroughEngine(audio_chunks=5, paced=False)
+        async with (
+            run_gateway(replace(base, replica_id="ra"), engine=engine, vad_factory=None) as a,
+            run_gateway(replace(base, replica_id="rb"), engine=engine, vad_factory=None) as b,
+        ):
+            yield a, b
+
+
+KEY = {"Authorization": "Bearer k"}
+
+
+async def test_a_client_ahead_of_the_store_is_resynced_with_the_state_it_saw(
+    replicas: tuple[RunningGateway, RunningGateway],
+) -> None:
+    """A client claims events the store never got (as when their replica died before its
+    journal batch was committed): the other replica answers session.resync_required
+    (reason client_ahead) with the stored state, never session.resumed."""
+    a, b = replicas
+    async with connect(a.url, headers=KEY) as c:
+        created = await c.wait_for("session.created")
+        await c.send({"type": "conversation.item.create", "item": TEXT})
+        added = await c.wait_for("conversation.item.added")
+        await c.send({"type": "response.create"})
+        await c.wait_for("rate_limits.updated")
+        last = c.events[-1]["server_event_seq"]
+    sid = created["session"]["id"]
+    async with connect(b.url, headers=KEY) as c2:
+        await c2.wait_for("session.created")
+        claimed = last + 7  # seven events nobody stored
+        await c2.send({"type": "session.resume", "session_id": sid, "resume_token": created["resume_token"],
+                       "last_received_server_event_seq": claimed})  # fmt: skip
+        answer = await c2.wait_for(lambda e: e["type"] in ("session.resumed", "session.resync_required", "error"))
+        assert answer["type"] == "session.resync_required", answer
+        assert answer["reason"] == "client_ahead" and answer["message"]
+        assert answer["last_server_event_seq"] == claimed  # numbering goes on above what the client holds
+        ids = [it["id"] for it in answer["conversation"]]
+        assert ids[0] == added["item"]["id"] and len(ids) == 2  # the user's item and the answer
+        # The session goes on on B, numbered after the client's seq.
+        await c2.send({"type": "response.create"})
+        done = await c2.wait_for("response.done")
+        assert done["server_event_seq"] > claimed
+        assert done["response"]["status"] == "completed"

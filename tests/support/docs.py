@@ -1,0 +1,61 @@
+"""The command lines the documentation gives a user, so that tests run exactly those."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ("README.md", "deploy/README.md")  # every command line in these is run by a test
+SHELL_FENCES = ("bash", "sh", "shell", "console")  # fenced blocks that hold commands (mark them so)
+
+_FENCE = re.compile(r"^```(\w*)\s*$")
+
+
+def command_lines(doc: str) -> list[str]:
+    """The command lines of ``doc``'s shell blocks (comments and blank lines skipped,
+    ``\\``-continued lines joined, trailing ``# comments`` kept off)."""
+    lines: list[str] = []
+    fence: str | None = None
+    pending = ""
+    for raw in (ROOT / doc).read_text().splitlines():
+        match = _FENCE.match(raw.strip())
+        if match:
+            fence = match.group(1) if fence is None else None
+            continue
+        if fence is None or fence not in SHELL_FENCES:
+            continue
+        line = raw.strip()
+        if pending:
+            line, pending = pending + " " + line, ""
+        if line.endswith("\\"):
+            pending = line[:-1].strip()
+            continue
+        line = re.sub(r"\s+#\s.*$", "", line).strip()
+        if line and not line.startswith("#"):
+            lines.append(line)
+    return lines
+
+
+def readme_commands() -> list[str]:
+    return command_lines("README.md")
+
+
+def inline_invocations(doc: str) -> list[str]:
+    """Inline code spans in ``doc`` that invoke the gateway (``omni-gateway serve ...``)."""
+    text = (ROOT / doc).read_text()
+    return [m for m in re.findall(r"`([^`\n]+)`", text) if m.startswith(("omni-gateway serve", "python -m gateway"))]
+
+
+# What runs each documented command: a test registers the exact line it runs.
+RUNNERS: dict[str, str] = {}
+
+
+def runs(*lines: str) -> Callable[[Callable[..., object]], Callable[..., object]]:
+    def register(test: Callable[..., object]) -> Callable[..., object]:
+        for line in lines:
+            RUNNERS[line] = f"{test.__module__}::{test.__name__}"
+        return test
+
+    return register

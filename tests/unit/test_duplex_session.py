@@ -1,0 +1,317 @@
+"""The duplex dialect, Sans-I/O: its decoder and encoder, its session object, and
+the ``DuplexSession`` driven directly (client events in, events out, engine
+outputs fed back), as ``test_session.py`` drives the GA session."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from gateway.protocol import client_events as ce
+from gateway.protocol import duplex_events as de
+from gateway.protocol.duplex_config import DuplexConfig, apply_duplex_update, default_session_config
+from gateway.protocol.errors import Code, ProtocolError
+from gateway.protocol.session_config import ConfigLimits, TurnDetection
+from gateway.session.core import STATE_EVENTS
+from gateway.session.duplex import DuplexSession
+from gateway.session.effects import Cancel, Close, StartResponse
+from orchestrator.engine import AudioDelta, Finished, TextDelta
+from orchestrator.engines.passthrough import PassthroughEngine
+
+INFO = PassthroughEngine().info
+TONE = PassthroughEngine()._chunk  # 20 ms of 24 kHz PCM16
+
+
+def loud(ms: int) -> bytes:
+    t = np.arange(16 * ms)
+    return (np.sign(np.sin(2 * np.pi * 200 * t / 16000)) * 3000).astype("<i2").tobytes()
+
+
+class EnergyVad:
+    """A speech detector by energy (silero's place in the VadStream protocol): one
+    probability per 32 ms frame of 16 kHz PCM16."""
+
+    def __init__(self) -> None:
+        self.tail = b""
+
+    def process(self, pcm: bytes) -> list[float]:
+        data, out = self.tail + pcm, []
+        while len(data) >= 1024:
+            frame = np.frombuffer(data[:1024], dtype="<i2").astype(np.float32) / 32768
+            out.append(1.0 if float(np.sqrt(np.mean(frame * frame))) > 0.02 else 0.0)
+            data = data[1024:]
+        self.tail = data
+        return out
+
+    def reset(self) -> None:
+        self.tail = b""
+
+
+class Driver:
+    def __init__(self, *, vad: bool = False, **duplex: Any) -> None:
+        config = default_session_config("m")
+        if vad:
+            config = replace(config, turn_detection=TurnDetection(silence_duration_ms=200))
+        self.session = DuplexSession(
+            session_id="sess_d",
+            config=config,
+            engine=INFO,
+            duplex=DuplexConfig(**duplex),
+            vad_factory=EnergyVad if vad else None,
+        )
+        self.events: list[dict[str, Any]] = []
+        self.effects: list[Any] = []
+        self.words = 0  # words of the running answer
+        self.session.start(resume_token="rt_x")
+        self.take()
+
+    def take(self) -> list[dict[str, Any]]:
+        events, effects = self.session.take()
+        self.events += events
+        self.effects += effects
+        return events
+
+    def send(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        self.session.handle(de.decode(orjson.dumps(event)))
+        return self.take()
+
+    def append(self, pcm: bytes, **hints: Any) -> list[dict[str, Any]]:
+        import base64
+
+        return self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode(), **hints})
+
+    def answer(self, words: int, *, finish: bool = False) -> str:
+        """Produce ``words`` passthrough-like outputs (a word, then 20 ms) on the running answer."""
+        resp = self.session._response
+        assert resp is not None
+        if not resp.part.transcript:
+            self.words = 0
+        for _ in range(words):
+            self.session.on_response(resp.id, TextDelta(f"w{self.words} "))
+            self.session.on_response(resp.id, AudioDelta(TONE))
+            self.words += 1
+        if finish:
+            self.session.on_response(resp.id, Finished())
+        self.take()
+        return resp.id
+
+    def types(self, events: list[dict[str, Any]]) -> list[str]:
+        return [e["type"] for e in events]
+
+
+# --- the decoder and the encoder -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("alias", "canonical"), sorted(de.ALIASES.items()))
+def test_every_alias_decodes_as_its_canonical_event(alias: str, canonical: str) -> None:
+    payload = {"audio": "AAAA", "text": "hi", "event": "barge_in", "played_ms": 5, "final": True}
+    assert type(de.decode(orjson.dumps({"type": alias, **payload}))) is type(
+        de.decode(orjson.dumps({"type": canonical, **payload}))
+    )
+
+
+def test_an_ack_takes_either_spelling_and_a_bad_one_is_an_ack_error() -> None:
+    assert de.decode(b'{"type": "session.event_ack", "server_event_seq": 7}') == ce.EventAck(None, 7)
+    assert ce.decode(b'{"type": "session.event_ack", "last_received_server_event_seq": 7}') == ce.EventAck(None, 7)
+    with pytest.raises(ce.AckError):
+        ce.decode(b'{"type": "session.event_ack", "server_event_seq": -1}')
+
+
+def test_a_resume_without_a_seq_resumes_from_zero_as_upstream_does() -> None:
+    event = de.decode(b'{"type": "session.resume", "session_id": "s", "resume_token": "t", "incarnation": 0}')
+    assert isinstance(event, ce.SessionResume) and event.last_received_server_event_seq == 0
+
+
+def test_the_encoder_spells_audio_the_duplex_way_and_maps_error_codes() -> None:
+    delta = orjson.loads(de.encode({"type": "response.output_audio.delta", "delta": b"\x01\x02"}))
+    assert delta == {"type": "response.audio.delta", "delta": "AQI="}
+    done = orjson.loads(de.encode({"type": "response.done", "response": {"id": "resp_1"}}))
+    assert done["response_id"] == "resp_1"
+    err = orjson.loads(de.encode({"type": "error", "error": {"code": Code.BUFFER_TOO_SMALL, "message": "m"}}))
+    assert err["error"]["code"] == "input_audio_buffer_empty"
+    assert "server_event_seq" not in orjson.loads(de.heartbeat_ack("s"))
+
+
+# --- the session object --------------------------------------------------------------------------
+
+
+def test_the_session_object_takes_the_beta_fields_the_ga_audio_object_and_the_duplex_keys() -> None:
+    config, duplex, warnings = apply_duplex_update(
+        default_session_config("m"),
+        DuplexConfig(),
+        {
+            "modalities": ["text"],
+            "input_audio_format": "pcm16",
+            "sample_rate_hz": 8000,
+            "audio": {"output": {"format": {"type": "audio/pcm", "rate": 16000}}},
+            "overlap_policy": "barge_in_on_speech",
+            "extra_body": {"auto_response": False, "playback_commit_policy": "ack_only"},
+            "state": "open",
+            "some_new_key": 1,
+        },
+        limits=ConfigLimits(),
+    )
+    assert config.output_modalities == ("text",)
+    assert (config.input_format.rate, config.output_format.rate) == (8000, 16000)
+    assert duplex.overlap_policy == "barge_in_on_speech" and duplex.playback_commit_policy == "ack_only"
+    assert duplex.auto_response is False
+    assert warnings == [
+        ("session.some_new_key", "'some_new_key' is not a field of the duplex session object; ignored.")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("update", "param", "code"),
+    [
+        ({"sample_rate_hz": 96000}, "session.input_audio_format", Code.UNSUPPORTED_FORMAT),
+        ({"input_audio_format": "pcm_f32le"}, "session.input_audio_format", Code.UNSUPPORTED_FORMAT),
+        ({"idle_timeout_s": 0}, "session.idle_timeout_s", Code.INVALID_VALUE),
+        ({"overlap_barge_in_ms": -1}, "session.overlap_barge_in_ms", Code.INVALID_VALUE),
+        ({"playback_commit_policy": "always"}, "session.playback_commit_policy", Code.INVALID_VALUE),
+        ({"extra_body": {"auto_response": "yes"}}, "session.extra_body.auto_response", Code.INVALID_TYPE),
+        ({"temperature": 9}, "session.temperature", Code.INVALID_VALUE),
+    ],
+)
+def test_a_bad_value_of_a_known_key_is_refused_with_its_param(update: dict[str, Any], param: str, code: str) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        apply_duplex_update(default_session_config("m"), DuplexConfig(), update, limits=ConfigLimits())
+    assert (refused.value.param, refused.value.code) == (param, code)
+
+
+# --- the session ----------------------------------------------------------------------------------
+
+
+def test_session_created_carries_the_duplex_identity_and_capabilities() -> None:
+    d = Driver()
+    created = d.events[0]
+    assert (created["type"], created["incarnation"], created["attachment_generation"]) == ("session.created", 0, 1)
+    assert created["session"]["capabilities"]["supports_session_resume"] is True
+
+
+def test_a_commit_answers_unless_auto_response_is_off() -> None:
+    d = Driver()
+    d.append(loud(200))
+    events = d.send({"type": "input_audio_buffer.commit"})
+    assert d.types(events)[:4] == [
+        "conversation.item.added",
+        "conversation.item.created",
+        "input_audio_buffer.committed",
+        "conversation.item.done",
+    ]
+    assert "response.created" in d.types(events)
+    quiet = Driver(extra_body={"auto_response": False})
+    quiet.append(loud(200))
+    assert "response.created" not in quiet.types(quiet.send({"type": "input.commit"}))
+    quiet.append(loud(200))
+    assert "response.created" in quiet.types(quiet.send({"type": "input.commit", "response_create": True}))
+
+
+def test_response_speak_comes_once_before_the_first_delta() -> None:
+    d = Driver()
+    d.append(loud(200))
+    d.send({"type": "input_audio_buffer.commit"})
+    mark = len(d.events)
+    d.answer(3)
+    kinds = d.types(d.events[mark:])
+    assert kinds[0] == "response.speak" and kinds.count("response.speak") == 1
+    audio = [e for e in d.events[mark:] if e["type"] == "response.output_audio.delta"]
+    assert [e["metadata"]["audio_duration_ms"] for e in audio] == [20, 40, 60]
+    assert audio[-1]["sample_rate_hz"] == 24000 and audio[-1]["format"] == "pcm16"
+
+
+def test_a_barge_in_cuts_the_item_to_the_acknowledged_millisecond() -> None:
+    d = Driver()
+    d.append(loud(200))
+    d.send({"type": "input_audio_buffer.commit"})
+    rid = d.answer(30)
+    d.send({"type": "playback.ack", "response_id": rid, "played_ms": 437})
+    events = d.send({"type": "barge_in"})
+    assert Cancel(rid) in d.effects
+    item = d.session.conversation.get(d.session.ledgers[rid].item_id)
+    assert item is not None
+    part = item.content[0]
+    assert part.audio_ms == 437.0  # to the millisecond
+    assert part.transcript == "".join(f"w{i} " for i in range(22))  # w21 started at 420 ms, w22 at 440
+    done = next(e for e in events if e["type"] == "response.done")
+    assert done["response"]["status_details"]["reason"] == "barge_in"
+    assert d.session.epoch == 1 and d.types(events)[-1] == "turn.event"
+
+
+def test_without_any_ack_a_barge_in_keeps_what_was_generated() -> None:
+    """commit_all_on_done and no playback.ack: the client never said what it played."""
+    d = Driver()
+    d.append(loud(200))
+    d.send({"type": "input_audio_buffer.commit"})
+    rid = d.answer(10)
+    d.send({"type": "barge_in"})
+    item = d.session.conversation.get(d.session.ledgers[rid].item_id)
+    assert item is not None and item.content[0].audio_ms == 200.0
+
+
+def test_server_vad_speech_over_an_answer_barges_in_by_default_and_listens_when_told() -> None:
+    d = Driver(vad=True)
+    d.append(loud(400))
+    d.append(bytes(32 * 400))  # silence: the turn ends, the answer starts
+    assert any(isinstance(e, StartResponse) for e in d.effects)
+    d.answer(5)
+    events = d.append(loud(300))
+    decision = next(e for e in events if e["type"] == "overlap.decision")
+    assert (decision["policy"], decision["action"]) == ("barge_in_on_speech", "barge_in")
+    assert any(e["type"] == "response.done" for e in events)
+
+    listen = Driver(vad=True, overlap_policy="listen_only")
+    listen.append(loud(400))
+    listen.append(bytes(32 * 400))
+    first = listen.answer(5)
+    events = listen.append(loud(300))
+    assert next(e for e in events if e["type"] == "overlap.decision")["action"] == "listen"
+    events = listen.append(bytes(32 * 400))  # the overlapping turn ends: committed, its answer deferred
+    committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+    assert committed["event"]["response_create_deferred"] is True
+    assert listen.session.active_response_id == first
+    listen.answer(1, finish=True)
+    assert listen.session.active_response_id not in (None, first)  # the deferred answer started
+
+
+def test_a_silence_commit_is_answered_with_response_listen() -> None:
+    d = Driver()
+    d.append(loud(200))
+    events = d.send({"type": "input_audio_buffer.commit", "is_speech": False})
+    assert d.types(events) == ["response.listen"]
+    assert d.session._input is None
+
+
+def test_every_state_event_of_the_dialect_marks_a_snapshot_that_restores_it() -> None:
+    d = Driver(playback_commit_policy="ack_only")
+    d.append(loud(200))
+    d.send({"type": "input_audio_buffer.commit"})
+    rid = d.answer(10, finish=True)
+    d.session.dirty = False
+    events = d.send({"type": "playback.ack", "response_id": rid, "played_ms": 120})
+    assert d.session.dirty and d.types(events) == ["playback.acknowledged"]
+    d.session.attachment_generation = 3
+    state = orjson.loads(orjson.dumps(d.session.snapshot_state()))
+    again = DuplexSession.restore(state, engine=INFO, vad_factory=None)
+    assert again.dialect == "duplex" and again.duplex == d.session.duplex and again.attachment_generation == 3
+    assert again.ledgers[rid].committed_ms == 120 and again.turn_id == d.session.turn_id
+    item = again.conversation.get(again.ledgers[rid].item_id)
+    assert item is not None and item.content[0].transcript == "w0 w1 w2 w3 w4 w5 "  # ack_only: what was heard
+    # A later ack on the new replica grows the history from the kept transcript.
+    again.handle(de.decode(orjson.dumps({"type": "playback.ack", "response_id": rid, "played_ms": 200})))
+    assert item.content[0].transcript == "".join(f"w{i} " for i in range(10))
+    assert STATE_EVENTS  # (the GA set; the dialect's events are non-deltas: each marks the snapshot)
+
+
+def test_idle_and_lifetime_expiry_say_session_expired_and_close_4008() -> None:
+    d = Driver()
+    d.session.expire_idle()
+    events = d.take()
+    assert events[-1]["type"] == "session.expired" and events[-1]["reason"] == "idle_ttl_expired"
+    assert Close(4008, "session expired") in d.effects
+    e = Driver()
+    e.session.expire()
+    assert e.take()[-1]["reason"] == "lifetime_expired"

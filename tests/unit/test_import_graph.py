@@ -1,0 +1,178 @@
+"""The house's floors, kept by the import graph (DESIGN.md, "The way data flows").
+
+Every import counts: at module level, inside functions, and under
+``TYPE_CHECKING`` (a type-only import is still a dependency a reader must
+follow). Read from the source with ``ast``, so nothing is imported here.
+
+Floors, top first. A module may import its own floor and the floors below it,
+never one above; a part that needs something from above receives it as an
+argument, a callback or a protocol it defines itself (``hosting.peer.Peer``,
+``transport.services.Services``). ``protocol`` sits below ``session`` and
+``hosting``: it is the vocabulary both speak (pure decode and encode).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("gateway", "orchestrator", "client")
+
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("composition", ("gateway.__main__", "gateway.cli", "gateway.app", "gateway.http", "gateway.runtime")),
+    ("transport", ("gateway.transport",)),
+    ("hosting", ("gateway.hosting",)),
+    ("session", ("gateway.session",)),
+    ("protocol", ("gateway.protocol", "gateway.audio")),
+    ("store and settings", ("gateway.store", "gateway.auth", "gateway.routing", "gateway.settings", "gateway.logs")),
+    ("orchestrator", ("orchestrator.orchestrator", "orchestrator.metrics")),
+    ("engines", ("orchestrator.engines",)),
+    ("engine protocols", ("orchestrator.engine", "orchestrator.video_engine")),
+]
+PACKAGE_ROOTS = {"gateway", "orchestrator"}  # docstring-only __init__ files: no floor
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The module ``name`` names, or the nearest package above it that exists here."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """Every module of ours that ``module`` imports, anywhere in its source."""
+    out: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(r for a in node.names if (r := _resolve(a.name)))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join([*base, node.module] if node.module else base)
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                full = f"{source}.{alias.name}"  # ``from pkg import module`` imports the module
+                target = full if full in MODULES else _resolve(source)
+                if target:
+                    out.add(target)
+    out.discard(module)
+    return out
+
+
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def floor_of(module: str) -> int | None:
+    best: tuple[int, int] | None = None  # (prefix length, floor index)
+    for index, (_, prefixes) in enumerate(FLOORS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
+    return None if best is None else best[1]
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(GRAPH[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_import_graph_is_read_from_every_module() -> None:
+    # The reader itself: if it stopped seeing imports, every test below would pass.
+    assert len(MODULES) > 80
+    assert "gateway.hosting.host" in GRAPH["gateway.runtime"]
+    assert "gateway.transport.realtime" in GRAPH["gateway.runtime"]
+    assert "orchestrator.engines.cascade" in GRAPH["gateway.runtime"]  # a function-level import
+    assert "gateway.hosting.peer" in GRAPH["gateway.hosting.host"]
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    assert _cycles() == []
+
+
+def test_the_cycle_finder_finds_a_cycle(monkeypatch: pytest.MonkeyPatch) -> None:
+    looped = {**GRAPH, "gateway.store.base": GRAPH["gateway.store.base"] | {"gateway.store.writer"}}
+    monkeypatch.setitem(globals(), "GRAPH", looped)
+    assert ["gateway.store.base", "gateway.store.writer"] in _cycles()
+
+
+def test_every_module_has_a_floor() -> None:
+    ours = [m for m in MODULES if not m.startswith("client") and m not in PACKAGE_ROOTS]
+    assert [m for m in ours if floor_of(m) is None] == []
+
+
+def _upward() -> list[str]:
+    found = []
+    for module, targets in sorted(GRAPH.items()):
+        mine = floor_of(module)
+        if mine is None:
+            continue
+        for target in sorted(targets):
+            theirs = floor_of(target)
+            if theirs is not None and theirs < mine:
+                found.append(f"{module} ({FLOORS[mine][0]}) imports {target} ({FLOORS[theirs][0]})")
+    return found
+
+
+def test_no_floor_imports_a_higher_one() -> None:
+    assert _upward() == []
+
+
+def test_an_upward_import_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    looped = {**GRAPH, "gateway.session.core": GRAPH["gateway.session.core"] | {"gateway.hosting.host"}}
+    monkeypatch.setitem(globals(), "GRAPH", looped)
+    assert _upward() == ["gateway.session.core (session) imports gateway.hosting.host (hosting)"]
+
+
+def test_the_sdk_imports_nothing_of_the_gateway() -> None:
+    """``client/`` ships on its own (websockets + orjson only)."""
+    leaks = {m: sorted(t for t in GRAPH[m] if not t.startswith("client")) for m in MODULES if m.startswith("client")}
+    assert {m: t for m, t in leaks.items() if t} == {}

@@ -1,0 +1,73 @@
+"""``session.start`` as vLLM-Omni resolves it, and the fMP4 trailer (pure)."""
+
+from __future__ import annotations
+
+import struct
+
+import orjson
+import pytest
+
+from gateway.protocol import fmp4
+from gateway.protocol import video_events as ve
+from gateway.protocol.errors import Code, ProtocolError
+
+
+def start(**fields: object) -> ve.Start:
+    event = ve.decode(orjson.dumps({"type": "session.start", "prompt": "p", **fields}))
+    assert isinstance(event, ve.Start)
+    return event
+
+
+def test_top_level_fields_win_over_video_params_and_size_wins_over_both() -> None:
+    s = start(width=10, video_params={"width": 20, "height": 30, "fps": 8, "num_frames": 4})
+    assert (s.width, s.height, s.fps, s.num_frames) == (10, 30, 8, 4)
+    s = start(width=10, height=10, size="640x384", video_params={"width": 20})
+    assert (s.width, s.height) == (640, 384)
+    assert start(seconds="4").seconds == 4 and start(seconds=4).seconds == 4
+    assert start(size="64x48", seconds="2").echo == {"size": "64x48", "seconds": "2"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "code"),
+    [
+        ({"size": "640*384"}, "size", Code.INVALID_VALUE),
+        ({"size": "0x384"}, "size", Code.INVALID_VALUE),
+        ({"size": 640}, "size", Code.INVALID_VALUE),
+        ({"seconds": "0"}, "seconds", Code.INVALID_VALUE),
+        ({"seconds": "4.5"}, "seconds", Code.INVALID_VALUE),
+        ({"seconds": True}, "seconds", Code.INVALID_VALUE),
+        ({"video_params": [1]}, "video_params", Code.INVALID_TYPE),
+        ({"video_params": {"fps": "fast"}}, "video_params.fps", Code.INVALID_TYPE),
+        ({"video_params": {"num_frames": 0}}, "video_params.num_frames", Code.INVALID_VALUE),
+        ({"width": 0}, "width", Code.INVALID_VALUE),
+    ],
+)
+def test_a_bad_size_seconds_or_video_params_is_refused_with_its_param(
+    fields: dict[str, object], param: str, code: str
+) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        start(**fields)
+    assert (refused.value.param, refused.value.code) == (param, code)
+
+
+def test_session_playback_is_validated() -> None:
+    assert ve.decode(b'{"type": "session.playback", "position_seconds": 1.25}') == ve.Playback(1.25)
+    with pytest.raises(ProtocolError):
+        ve.decode(b'{"type": "session.playback", "position_seconds": -1}')
+
+
+def box(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", 8 + len(body)) + kind + body
+
+
+def test_the_trailer_indexes_fragments_by_time_and_offset() -> None:
+    tfhd = box(b"tfhd", b"\x00\x02\x00\x00" + struct.pack(">I", 7))
+    tfdt = box(b"tfdt", b"\x01\x00\x00\x00" + struct.pack(">Q", 9000))
+    frag = box(b"moof", box(b"mfhd", bytes(8)) + box(b"traf", tfhd + tfdt)) + box(b"mdat", b"xx")
+    assert fmp4.fragment_info(frag) == (0, 7, 9000)
+    assert fmp4.fragment_info(box(b"ftyp", b"isom") + frag) == (12, 7, 9000)
+    assert fmp4.fragment_info(box(b"mdat", b"")) is None
+    mfra = fmp4.mfra(7, [(0, 100), (9000, 400)])
+    assert mfra[4:8] == b"mfra" and int.from_bytes(mfra[:4], "big") == len(mfra)
+    assert mfra[-8:-4] == bytes(4) and int.from_bytes(mfra[-4:], "big") == len(mfra)  # mfro
+    assert int.from_bytes(mfra[20:24], "big") == 7 and int.from_bytes(mfra[28:32], "big") == 2
