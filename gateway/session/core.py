@@ -59,13 +59,15 @@ class VadStream(Protocol):
 class SessionLimits:
     """Per-session limits; each is enforced here with the error named beside it."""
 
-    max_append_ms: int = 10_000  # one append longer than this: audio_append_too_large, dropped
+    max_append_ms: int = 300_000  # one append longer than this: audio_append_too_large, dropped
     max_buffer_ms: int = 300_000  # uncommitted audio beyond this: input_audio_buffer_full (manual
     #   turns; the append is refused) or an automatic commit (server VAD)
     min_commit_ms: int = 100  # a commit of less audio: input_audio_buffer_commit_empty
     max_items: int = 1_000  # conversation longer than this: the oldest items are deleted
     #   (conversation.item.deleted is sent for each)
     lifetime_s: float = 3_600.0  # then error session_expired and close 4008 (enforced by the shell)
+    max_out_of_band: int = 4  # out-of-band responses (conversation "none") running at once, beside the
+    #   conversation's one; another: conversation_already_has_active_response
 
 
 @dataclass(slots=True)
@@ -156,8 +158,10 @@ class SessionCore:
         # (ms, engine-rate pcm) before speech: a few entries, a list is smaller than a deque
         self._prefix: list[tuple[float, bytes]] = []
         self._prefix_ms = 0.0
-        self._response: _Response | None = None
-        self._turn_stopped_at: float | None = None
+        self._response: _Response | None = None  # the conversation's (conversation "auto")
+        self._oob: dict[
+            str, _Response
+        ] = {}  # out-of-band responses (conversation "none"), by id        self._turn_stopped_at: float | None = None
         # idle_timeout_ms: session audio time from which silence counts (when the last
         # answer's audio has played out); None: not armed.
         self._idle_from_ms: float | None = None

@@ -315,10 +315,10 @@ class InputAudio(SessionCore):
                     "input_token_details": {"text_tokens": u.input_text_tokens, "audio_tokens": u.input_audio_tokens},
                 },
             )
-        resp = self._response
-        if resp is not None and item_id in resp.awaiting:
-            resp.awaiting.discard(item_id)
-            if text:
-                self.effects.append(Feed(resp.id, TextChunk(text)))
-            if not resp.awaiting:
-                self.effects.append(EndInput(resp.id))
+        for resp in (self._response, *self._oob.values()):
+            if resp is not None and item_id in resp.awaiting:
+                resp.awaiting.discard(item_id)
+                if text:
+                    self.effects.append(Feed(resp.id, TextChunk(text)))
+                if not resp.awaiting:
+                    self.effects.append(EndInput(resp.id))

@@ -83,11 +83,20 @@ class Responses(SessionCore):
                 "(set session.type to 'realtime' for responses).",
                 event_id=event_id,
             )
-        if self._response is not None:
+        in_conversation = params.conversation == "auto"
+        if in_conversation and self._response is not None:
             raise ProtocolError(
                 Code.RESPONSE_ACTIVE,
                 f"Conversation already has an active response {self._response.id!r}; "
-                "cancel it or wait for response.done.",
+                'cancel it or wait for response.done (an out-of-band response, conversation "none", '
+                "may run beside it).",
+                event_id=event_id,
+            )
+        if not in_conversation and len(self._oob) >= self.limits.max_out_of_band:
+            raise ProtocolError(
+                Code.RESPONSE_ACTIVE,
+                f"At most {self.limits.max_out_of_band} out-of-band responses run at once; "
+                "cancel one or wait for its response.done.",
                 event_id=event_id,
             )
         modalities = params.output_modalities or cfg.output_modalities
@@ -112,7 +121,7 @@ class Responses(SessionCore):
         context, awaiting = self._context(params, instructions, max_tokens)
         resp = _Response(
             id=self._new_id("resp"),
-            in_conversation=params.conversation == "auto",
+            in_conversation=in_conversation,
             modalities=modalities,
             output_format=out_fmt,
             voice=voice,
@@ -145,7 +154,10 @@ class Responses(SessionCore):
             tool_choice=engine_tool_choice(tool_choice),
             parallel_tool_calls=parallel,
         )
-        self._response = resp
+        if in_conversation:
+            self._response = resp
+        else:
+            self._oob[resp.id] = resp
         eager = not (request.calls_tools and self.lazy_message)
         if eager:
             self._new_message(resp)
@@ -245,9 +257,16 @@ class Responses(SessionCore):
             out["audio"] = {"output": {"format": ga_format(resp.output_format), "voice": resp.voice}}
         return out
 
-    def on_response(self, request_id: str, output: EngineOutput) -> None:
+    def _running(self, request_id: str) -> _Response | None:
+        """The running response ``request_id``: the conversation's, or an out-of-band one."""
         resp = self._response
-        if resp is None or resp.id != request_id:
+        if resp is not None and resp.id == request_id:
+            return resp
+        return self._oob.get(request_id)
+
+    def on_response(self, request_id: str, output: EngineOutput) -> None:
+        resp = self._running(request_id)
+        if resp is None:
             return  # output that raced a cancel
         if isinstance(output, AudioDelta):
             if "audio" in resp.modalities:
@@ -264,9 +283,9 @@ class Responses(SessionCore):
                 self._audio_delta(resp, resp.part, resp.resampler.flush())
             resp.usage = output.usage
             if output.reason == "length":
-                self._end_response("incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
+                self._end(resp, "incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
             else:
-                self._end_response("completed", None)
+                self._end(resp, "completed", None)
 
     def _text_delta(self, resp: _Response, part: Part, text: str) -> None:
         assert resp.message is not None
@@ -312,28 +331,41 @@ class Responses(SessionCore):
             )
 
     def on_response_failed(self, request_id: str, code: str, message: str) -> None:
-        resp = self._response
-        if resp is None or resp.id != request_id:
+        resp = self._running(request_id)
+        if resp is None:
             return
         self._fail(code, message, resp.event_id)
-        self._end_response(
-            "failed", {"type": "failed", "error": {"type": "server_error", "code": code, "message": message}}
+        self._end(
+            resp, "failed", {"type": "failed", "error": {"type": "server_error", "code": code, "message": message}}
         )
 
     def _cancel(self, event: ce.ResponseCancel) -> None:
-        resp = self._response
-        if resp is None or (event.response_id is not None and event.response_id != resp.id):
+        """The response named, or without a name the conversation's (else the latest out-of-band one)."""
+        if event.response_id is not None:
+            resp = self._running(event.response_id)
+        else:
+            resp = self._response or next(reversed(self._oob.values()), None)
+        if resp is None:
             raise ProtocolError(
                 Code.RESPONSE_NOT_ACTIVE,
                 "There is no active response to cancel"
                 + (f" with id {event.response_id!r}." if event.response_id else "."),
                 param="response_id" if event.response_id else None,
             )
-        self._end_response("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
+        self._end(resp, "cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
+
+    def _end(self, resp: _Response, status: str, details: dict[str, Any] | None, *, cancel: bool = False) -> None:
+        if resp is self._response:
+            self._end_response(status, details, cancel=cancel)
+        else:
+            self._finish(resp, status, details, cancel=cancel)
 
     def _end_response(self, status: str, details: dict[str, Any] | None, *, cancel: bool = False) -> None:
-        resp = self._response
-        assert resp is not None
+        """End the conversation's response (a dialect may add to this)."""
+        assert self._response is not None
+        self._finish(self._response, status, details, cancel=cancel)
+
+    def _finish(self, resp: _Response, status: str, details: dict[str, Any] | None, *, cancel: bool = False) -> None:
         if cancel:
             self.effects.append(Cancel(resp.id))
         for index, item in enumerate(resp.outputs):
@@ -361,9 +393,12 @@ class Responses(SessionCore):
             self._emit("response.output_item.done", response_id=resp.id, output_index=index, item=rendered)
             if resp.in_conversation and self.conversation.get(item.id) is not None:
                 self._emit("conversation.item.done", previous_item_id=None, item=rendered)
-        self._response = None
-        # idle_timeout_ms counts from when the client has played this answer's audio.
-        self._idle_from_ms = self.audio_ms + (resp.part.audio_ms if resp.part is not None else 0.0)
+        if resp is self._response:
+            self._response = None
+            # idle_timeout_ms counts from when the client has played this answer's audio.
+            self._idle_from_ms = self.audio_ms + (resp.part.audio_ms if resp.part is not None else 0.0)
+        else:
+            self._oob.pop(resp.id, None)
         self._emit("response.done", response=self._render_response(resp, status, details))
         if self._rate_limits is not None:
             self._emit("rate_limits.updated", rate_limits=self._rate_limits())

@@ -80,6 +80,9 @@ class RealtimeSession(InputAudio, Responses):
         if self._response is not None:
             self.effects.append(Cancel(self._response.id))
             self._response = None
+        for request_id in self._oob:
+            self.effects.append(Cancel(request_id))
+        self._oob.clear()
         if self._input is not None:
             self.effects.append(Cancel(self._input.request_id))
             self._input = None
@@ -273,7 +276,6 @@ class RealtimeSession(InputAudio, Responses):
 
     def snapshot_state(self) -> dict[str, Any]:
         """Everything another replica needs to carry the session on."""
-        resp = self._response
         return {
             "id": self.id,
             "beta": self.beta,
@@ -286,22 +288,8 @@ class RealtimeSession(InputAudio, Responses):
             "id_counter": self._id_counter,
             "audio_ms": self.audio_ms,
             "items": [snapshot.item_to_dict(it) for it in self.conversation],
-            "response": None
-            if resp is None
-            else {
-                "id": resp.id,
-                "outputs": [snapshot.item_to_dict(it) for it in resp.outputs],
-                "message": None if resp.message is None else resp.message.id,
-                "calls": {str(index): it.id for index, it in resp.calls.items()},
-                "overrides": resp.overrides,
-                "in_conversation": resp.in_conversation,
-                "modalities": list(resp.modalities),
-                "output_format": [resp.output_format.codec, resp.output_format.rate],
-                "voice": resp.voice,
-                "max_output_tokens": resp.max_output_tokens,
-                "metadata": resp.metadata,
-                "instructions": resp.instructions,
-            },
+            "response": None if self._response is None else _response_state(self._response),
+            "oob": [_response_state(resp) for resp in self._oob.values()],
         }
 
     @classmethod
@@ -324,39 +312,45 @@ class RealtimeSession(InputAudio, Responses):
         session._setup_input()
         for entry in state["items"]:
             session.conversation.insert(snapshot.item_from_dict(entry))
-        r = state["response"]
-        if r is not None:
-            outputs = [session.conversation.get(d["id"]) or snapshot.item_from_dict(d) for d in r["outputs"]]
-            by_id = {it.id: it for it in outputs}
-            message = by_id.get(r["message"]) if r["message"] else None
-            codec, rate = r["output_format"]
-            fmt = AudioFormat(codec, rate)
-            session._response = _Response(
-                id=r["id"],
-                outputs=outputs,
-                message=message,
-                part=message.content[0] if message is not None and message.content else None,
-                calls={int(index): by_id[item_id] for index, item_id in r["calls"].items()},
-                overrides=r["overrides"],
-                in_conversation=r["in_conversation"],
-                modalities=tuple(r["modalities"]),
-                output_format=fmt,
-                voice=r["voice"],
-                max_output_tokens=r["max_output_tokens"],
-                metadata=r["metadata"],
-                resampler=StreamResampler(engine.output_sample_rate, fmt.rate),
-                awaiting=set(),
-                instructions=r["instructions"],
-            )
+        if state["response"] is not None:
+            session._response = session._restore_response(state["response"])
+        for r in state.get("oob", ()):
+            resp = session._restore_response(r)
+            session._oob[resp.id] = resp
         session.dirty = False
         return session
+
+    def _restore_response(self, r: dict[str, Any]) -> _Response:
+        outputs = [self.conversation.get(d["id"]) or snapshot.item_from_dict(d) for d in r["outputs"]]
+        by_id = {it.id: it for it in outputs}
+        message = by_id.get(r["message"]) if r["message"] else None
+        codec, rate = r["output_format"]
+        fmt = AudioFormat(codec, rate)
+        return _Response(
+            id=r["id"],
+            outputs=outputs,
+            message=message,
+            part=message.content[0] if message is not None and message.content else None,
+            calls={int(index): by_id[item_id] for index, item_id in r["calls"].items()},
+            overrides=r["overrides"],
+            in_conversation=r["in_conversation"],
+            modalities=tuple(r["modalities"]),
+            output_format=fmt,
+            voice=r["voice"],
+            max_output_tokens=r["max_output_tokens"],
+            metadata=r["metadata"],
+            resampler=StreamResampler(self.engine.output_sample_rate, fmt.rate),
+            awaiting=set(),
+            instructions=r["instructions"],
+        )
 
     def recover(self, reason: str) -> None:
         """After a takeover: end what died with the old replica, explicitly.
 
-        A running response ends with status ``incomplete`` and ``reason`` and,
-        unless ``reissue_interrupted_responses`` is off, is created again from
-        the conversation. A transcription that was running is reported failed.
+        A running response (the conversation's and each out-of-band one) ends
+        with status ``incomplete`` and ``reason`` and, unless
+        ``reissue_interrupted_responses`` is off, is created again from the
+        conversation. A transcription that was running is reported failed.
         """
         self.epoch += 1
         for item in self.conversation:
@@ -366,24 +360,40 @@ class RealtimeSession(InputAudio, Responses):
                 self._report_transcription_failure(
                     item.id, "replica_lost", "The replica transcribing this audio was lost."
                 )
-        resp = self._response
-        if resp is None:
-            return
-        # The SDK's status_details.reason has no value for this: the gateway's own
-        # reason goes in the extension field gateway_reason.
-        self._end_response("incomplete", {"type": "incomplete", "gateway_reason": reason})
-        if self.config.reissue_interrupted_responses:
-            self.create_response(
-                ce.ResponseParams(
-                    output_modalities=resp.modalities,
-                    instructions=resp.instructions,
-                    voice=resp.voice,
-                    max_output_tokens=resp.max_output_tokens,
-                    conversation="auto" if resp.in_conversation else "none",
-                    metadata=resp.metadata,
-                    tools=resp.overrides.get("tools"),
-                    tool_choice=resp.overrides.get("tool_choice"),
-                    parallel_tool_calls=resp.overrides.get("parallel_tool_calls"),
-                ),
-                None,
-            )
+        for resp in [r for r in (self._response, *self._oob.values()) if r is not None]:
+            # The SDK's status_details.reason has no value for this: the gateway's own
+            # reason goes in the extension field gateway_reason.
+            self._end(resp, "incomplete", {"type": "incomplete", "gateway_reason": reason})
+            if self.config.reissue_interrupted_responses:
+                self.create_response(
+                    ce.ResponseParams(
+                        output_modalities=resp.modalities,
+                        instructions=resp.instructions,
+                        voice=resp.voice,
+                        max_output_tokens=resp.max_output_tokens,
+                        conversation="auto" if resp.in_conversation else "none",
+                        metadata=resp.metadata,
+                        tools=resp.overrides.get("tools"),
+                        tool_choice=resp.overrides.get("tool_choice"),
+                        parallel_tool_calls=resp.overrides.get("parallel_tool_calls"),
+                    ),
+                    None,
+                )
+
+
+def _response_state(resp: _Response) -> dict[str, Any]:
+    """A running response in a snapshot (its outputs so far, and what re-issuing it needs)."""
+    return {
+        "id": resp.id,
+        "outputs": [snapshot.item_to_dict(it) for it in resp.outputs],
+        "message": None if resp.message is None else resp.message.id,
+        "calls": {str(index): it.id for index, it in resp.calls.items()},
+        "overrides": resp.overrides,
+        "in_conversation": resp.in_conversation,
+        "modalities": list(resp.modalities),
+        "output_format": [resp.output_format.codec, resp.output_format.rate],
+        "voice": resp.voice,
+        "max_output_tokens": resp.max_output_tokens,
+        "metadata": resp.metadata,
+        "instructions": resp.instructions,
+    }

@@ -305,6 +305,24 @@ async def test_message_too_large() -> None:
             assert instructions == ""  # the dropped update applied nothing
 
 
+async def test_an_append_of_up_to_15_mib_is_accepted_and_a_larger_message_refused() -> None:
+    """OpenAI's limits, by default: a message of up to 15 MiB (an append of that much audio)."""
+    async with run_gateway(settings(), engine=PassthroughEngine(paced=False), vad_factory=None) as gw:
+        async with session(gw.url) as c:
+            limit = Settings().max_message_bytes
+            assert limit == 15 << 20
+            envelope = len(orjson.dumps({"type": "input_audio_buffer.append", "audio": ""}))
+            pcm = bytes((limit - envelope) // 4 * 3 // 2 * 2)  # the most whole PCM16 samples that fit
+            append = orjson.dumps({"type": "input_audio_buffer.append", "audio": b64(pcm)}).decode()
+            assert limit - 4 < len(append) <= limit
+            await c.ws.send(append)
+            await c.send({"type": "input_audio_buffer.commit"})
+            committed = await c.wait_for("input_audio_buffer.committed", timeout=30)
+            assert committed["item_id"]
+            await expect_error(c, append + " " * 5, Code.MESSAGE_TOO_LARGE, echo=False)
+            await still_works(c)
+
+
 async def test_binary_message_too_large() -> None:
     async with run_gateway(
         settings(max_message_bytes=2000), engine=PassthroughEngine(paced=False), vad_factory=None

@@ -534,3 +534,23 @@ async def test_an_engine_that_calls_no_function_fails_required_and_answers_auto(
         done = await c.wait_for("response.done")
         assert done["response"]["status"] == "failed"
         assert done["response"]["status_details"]["error"]["code"] == "tools_unsupported"
+
+
+async def test_an_out_of_band_response_streams_while_the_default_one_runs(paced_gw: RunningGateway) -> None:
+    async with connect(paced_gw.url) as c:
+        await c.wait_for("session.created")
+        await c.send({"type": "response.create"})
+        main = (await c.wait_for("response.created"))["response"]["id"]
+        await c.wait_for("response.output_audio.delta")
+        await c.send({"type": "response.create", "response": {"conversation": "none", "output_modalities": ["text"]}})
+        oob = (await c.wait_for("response.created"))["response"]["id"]
+        first = await c.wait_for(lambda e: e["type"] == "response.done")
+        second = await c.wait_for(lambda e: e["type"] == "response.done")
+        assert {first["response"]["id"], second["response"]["id"]} == {main, oob}
+        assert all(d["response"]["status"] == "completed" for d in (first, second))
+        types_by_response = [e.get("response_id") for e in c.events if e["type"].endswith(".delta")]
+        last_main = len(types_by_response) - 1 - types_by_response[::-1].index(main)
+        assert types_by_response.index(oob) < last_main  # their deltas interleaved: they ran together
+        assert "error" not in c.types()
+        out = next(d for d in (first, second) if d["response"]["id"] == oob)["response"]
+        assert out["conversation_id"] is None

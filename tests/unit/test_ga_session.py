@@ -331,3 +331,55 @@ def test_the_session_sends_the_engine_only_what_fits() -> None:
     assert len(request.messages) == 7
     assert len(d.session.conversation) == 11  # the conversation keeps every item (and the answer)
     assert any(isinstance(e, EndInput) for e in effects)
+
+
+# --- out-of-band responses ----------------------------------------------------------------
+
+
+def test_an_out_of_band_response_runs_beside_the_conversations_and_stays_out_of_it() -> None:
+    d = Driver(output_modalities=("text",))
+    d.user_text("hello")
+    main = d.respond()
+    oob = d.respond(conversation="none", metadata={"topic": "summary"})
+    assert d.session.active_response_id == main
+    d.output(oob, TextDelta("short summary"))
+    d.output(main, TextDelta("the answer"))
+    events = d.output(oob, Finished())
+    done = events[-2] if events[-1]["type"] == "rate_limits.updated" else events[-1]
+    assert done["response"]["id"] == oob and done["response"]["conversation_id"] is None
+    assert done["response"]["metadata"] == {"topic": "summary"}
+    assert d.session.active_response_id == main  # still running
+    events = d.output(main, Finished())
+    assert [e["response"]["status"] for e in events if e["type"] == "response.done"] == ["completed"]
+    texts = [p.content_text for it in d.session.conversation for p in it.content]
+    assert texts == ["hello", "the answer"]  # the out-of-band answer is not in the conversation
+
+
+def test_out_of_band_responses_are_bounded_and_cancelled_by_id() -> None:
+    d = Driver(output_modalities=("text",))
+    ids = [d.respond(conversation="none") for _ in range(d.session.limits.max_out_of_band)]
+    err = d.error({"type": "response.create", "event_id": "x", "response": {"conversation": "none"}})
+    assert (err["code"], err["event_id"]) == (Code.RESPONSE_ACTIVE, "x")
+    events, effects = d.send({"type": "response.cancel", "response_id": ids[1]})
+    done = next(e for e in events if e["type"] == "response.done")
+    assert (done["response"]["id"], done["response"]["status"]) == (ids[1], "cancelled")
+    assert d.respond(conversation="none")  # room again
+    d.respond()  # and the conversation's own response is independent of them
+
+
+def test_a_takeover_ends_and_reissues_out_of_band_responses_too() -> None:
+    from gateway.session import snapshot
+    from gateway.session.session import RealtimeSession
+
+    d = Driver(output_modalities=("text",))
+    oob = d.respond(conversation="none")
+    d.output(oob, TextDelta("part"))
+    state = snapshot.loads(snapshot.dumps(d.session.snapshot_state()))
+    other = RealtimeSession.restore(state, engine=d.session.engine, vad_factory=None)
+    other.recover("replica_lost")
+    events, effects = other.take()
+    done = next(e for e in events if e["type"] == "response.done")
+    assert (done["response"]["id"], done["response"]["status"]) == (oob, "incomplete")
+    assert done["response"]["status_details"] == {"type": "incomplete", "gateway_reason": "replica_lost"}
+    again = next(e for e in effects if isinstance(e, StartResponse)).request
+    assert again.request_id != oob and other.active_response_id is None  # re-issued out of band
