@@ -17,7 +17,7 @@ from gateway.protocol.errors import Code
 from gateway.protocol.session_config import TurnDetection
 from gateway.session.context import fit_context
 from gateway.session.conversation import Item, Part
-from gateway.session.effects import EndInput, StartResponse, StartTranscription
+from gateway.session.effects import Cancel, EndInput, StartResponse, StartTranscription
 from gateway.session.turns import SEMANTIC_WAITS, semantic_silence_ms
 from orchestrator.engine import AudioDelta, Finished, TextDelta, TokenLogprob
 from orchestrator.engines.passthrough import PassthroughEngine
@@ -361,6 +361,7 @@ def test_out_of_band_responses_are_bounded_and_cancelled_by_id() -> None:
     err = d.error({"type": "response.create", "event_id": "x", "response": {"conversation": "none"}})
     assert (err["code"], err["event_id"]) == (Code.RESPONSE_ACTIVE, "x")
     events, effects = d.send({"type": "response.cancel", "response_id": ids[1]})
+    assert any(isinstance(e, Cancel) and e.request_id == ids[1] for e in effects)  # the engine request aborted
     done = next(e for e in events if e["type"] == "response.done")
     assert (done["response"]["id"], done["response"]["status"]) == (ids[1], "cancelled")
     assert d.respond(conversation="none")  # room again
