@@ -6,7 +6,8 @@ until ``rate_limits.updated``. Per turn it counts the gateway's Redis round trip
 (``RedisStore.round_trips``: every journal commit, lease call and trim is one) and
 times, on the client, item.create -> ``conversation.item.added``, response.create ->
 ``response.created``, and the last delta -> ``response.done`` (each of these waits for
-one commit under write-ahead). A Redis ``PING`` from the client is timed too: the
+one commit under write-ahead; the passthrough's last figure also holds its pacing,
+20 ms after the last chunk). A Redis ``PING`` from the client is timed too: the
 floor of one round trip.
 
 Engines: ``passthrough`` (a 1 s spoken answer: 50 paced chunks of 20 ms, a word and

@@ -72,8 +72,8 @@ proxy_send_timeout 3600s;
 proxy_next_upstream error timeout;
 proxy_next_upstream_timeout 10s;
 """
-# A connect that fails marks a replica down for this long; then it is tried again.
-UPSTREAM_SERVER_PARAMS = "max_fails=1 fail_timeout=3s"
+# Never mark a replica failed (deploy/README.md, "The balancer"): a refused connect is retried on the next.
+UPSTREAM_SERVER_PARAMS = "max_fails=0"  # see deploy/README.md: why no server is ever marked failed
 
 
 class ClusterError(RuntimeError):

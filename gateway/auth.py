@@ -7,8 +7,9 @@ as the WebSocket subprotocol ``openai-insecure-api-key.<value>``.
 
 Keys are compared in constant time and never logged: a caller is known by its
 *principal*, ``key:<first 12 hex of sha256(key)>``. Client secrets are random
-``ek_`` tokens, stored only as their sha256, valid for ``ttl`` seconds and for
-one connection (taken atomically on use).
+``ek_`` tokens, kept in the session store (so a secret minted on one replica
+connects on any), only as their sha256, valid for ``ttl`` seconds and for one
+connection (taken atomically on use: ``SessionStore.take_token``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
+
+from gateway.store.base import SessionStore
+from gateway.store.memory import MemoryStore
 
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 SECRET_PREFIX = "ek_"
@@ -44,33 +50,33 @@ class Grant:
 
 
 class SecretBox:
-    """Single-use client secrets held in process memory (hashes only).
+    """Single-use client secrets in the session store (hashes only).
 
-    Expired entries are swept on every mint, so the box holds at most the
-    secrets minted within one TTL.
+    The store drops a secret ``ttl`` seconds after it was minted (its own TTL)
+    and hands it out once (``take_token``); ``take`` also checks the expiry the
+    secret was minted with. Store failures raise ``StoreError``.
     """
 
-    def __init__(self) -> None:
-        self._secrets: dict[str, tuple[float, Grant]] = {}
+    def __init__(self, store: SessionStore | None = None) -> None:
+        self.store = store or MemoryStore()  # default: this process only
 
-    def mint(self, grant: Grant, ttl_s: int, now: float | None = None) -> tuple[str, int]:
+    async def mint(self, grant: Grant, ttl_s: int, now: float | None = None) -> tuple[str, int]:
         now = time.time() if now is None else now
-        self._sweep(now)
         token = SECRET_PREFIX + secrets.token_urlsafe(32)
         expires_at = int(now + ttl_s)
-        self._secrets[_digest(token)] = (expires_at, grant)
+        payload = orjson.dumps({"principal": grant.principal, "session": grant.session, "expires_at": expires_at})
+        await self.store.put_token(_digest(token), payload, ttl_s)
         return token, expires_at
 
-    def take(self, token: str, now: float | None = None) -> Grant | None:
+    async def take(self, token: str, now: float | None = None) -> Grant | None:
         now = time.time() if now is None else now
-        entry = self._secrets.pop(_digest(token), None)
-        if entry is None or entry[0] < now:
+        payload = await self.store.take_token(_digest(token))
+        if payload is None:
             return None
-        return entry[1]
-
-    def _sweep(self, now: float) -> None:
-        for digest in [d for d, (exp, _) in self._secrets.items() if exp < now]:
-            del self._secrets[digest]
+        entry = orjson.loads(payload)
+        if entry["expires_at"] < now:
+            return None
+        return Grant(entry["principal"], entry["session"])
 
 
 class Authenticator:
@@ -87,8 +93,9 @@ class Authenticator:
             matched |= hmac.compare_digest(candidate, key)
         return principal_of_key(value) if matched else None
 
-    def authenticate(self, headers: Mapping[str, str], subprotocols: Iterable[str]) -> Grant | None:
-        """The caller's grant, or None when refused. Consumes a client secret."""
+    async def authenticate(self, headers: Mapping[str, str], subprotocols: Iterable[str]) -> Grant | None:
+        """The caller's grant, or None when refused. Consumes a client secret (from the
+        store: raises ``StoreError`` when the store cannot say)."""
         credential = None
         auth = headers.get("authorization", "")
         if auth[:7].lower() == "bearer ":
@@ -98,7 +105,7 @@ class Authenticator:
                 credential = proto[len(KEY_SUBPROTOCOL_PREFIX) :]
         if credential:
             if credential.startswith(SECRET_PREFIX):
-                grant = self.secrets.take(credential)
+                grant = await self.secrets.take(credential)
                 if grant is not None:
                     return grant
             else:

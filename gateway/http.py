@@ -109,7 +109,10 @@ class HttpApi:
             return _error(400, err.code, err.message, err.param)
         if self.rt.vad_factory is None:
             config = replace(config, turn_detection=None)  # what the session will really get here
-        token, expires_at = self.rt.auth.secrets.mint(Grant(grant.principal, session or None), ttl)
+        try:
+            token, expires_at = await self.rt.auth.secrets.mint(Grant(grant.principal, session or None), ttl)
+        except StoreError:
+            return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
         rendered = render(config, session_id="sess_pending", expires_at=expires_at, beta=False)
         return JSONResponse({"value": token, "expires_at": expires_at, "session": rendered})
 

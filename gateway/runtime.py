@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from gateway.auth import Authenticator
+from gateway.auth import Authenticator, SecretBox
 from gateway.hosting.bus import listen_bus
 from gateway.hosting.host import HostContext, SessionHost
 from gateway.hosting.leases import renew_leases
@@ -139,7 +139,6 @@ class Runtime:
             raise RoutingError(f"the default model {settings.model!r} has no route")
         self.engine = default[1]
         self.orchestrator = self.orchestrator_for(self.engine)  # the default route's; also runs video
-        self.auth = Authenticator(settings.api_keys, required=settings.requires_auth)
         self.session_limits = SessionLimits(
             max_append_ms=settings.max_append_ms,
             max_buffer_ms=settings.max_buffer_ms,
@@ -154,6 +153,8 @@ class Runtime:
             max_bytes=settings.journal_max_bytes,
             flush_interval_ms=settings.journal_flush_ms,
         )
+        # Client secrets live in the store: minted on one replica, good (once) on any.
+        self.auth = Authenticator(settings.api_keys, required=settings.requires_auth, secrets_box=SecretBox(self.store))
         self.replica_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.lease_ttl_ms = int(settings.lease_ttl_s * 1000)
         self.hosting = HostContext(

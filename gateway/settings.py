@@ -55,6 +55,11 @@ class Settings:
     max_conversation_items: int = 1_000  # beyond: oldest items deleted (conversation.item.deleted)
     session_lifetime_s: float = 3_600.0  # then error session_expired and close 4008
     outbound_queue_bytes: int = 16 << 20  # unsent bytes per socket; more: close 4010 slow_consumer
+    outbound_stall_s: float = 10.0  # a send the socket has not taken for this long while more events
+    #   come (the client stopped reading): close 4010 slow_consumer
+    socket_send_buffer_bytes: int = 256 << 10  # the kernel's send buffer per realtime socket (SO_SNDBUF;
+    #   0: the kernel's autotuning, up to 4 MiB): what a client that stops reading can hold unacked
+    #   before outbound_stall_s starts counting; 2.5 s of base64 audio at 256 KiB
     max_transcriptions: int = 1_024  # running transcription requests per process
     max_responses: int = 256  # running response requests per process
     admission_timeout_s: float = 10.0  # wait for a slot; then the request fails with server_busy

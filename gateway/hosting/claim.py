@@ -43,10 +43,14 @@ class Claim:
     _after: int
 
     async def read(self) -> JournalRead:
-        """The journal after the client's seq. For a session live here, call it once
-        the peer is attached: what is pending is committed first, then read."""
+        """Commit the host's snapshot (with the resume token just rotated: the client
+        must be able to use it anywhere before it learns it) and, for a session live
+        here, what is pending; then the journal after the client's seq. Call it once
+        the peer is attached."""
+        writer = self.host.writer
+        writer.set_snapshot(self.host.snapshot_bytes())
+        await writer.flush()
         if self._read is None:
-            await self.host.writer.flush()
             self._read = await self.host.ctx.store.read_events(self.host.id, after_seq=self._after)
         return self._read
 
@@ -62,8 +66,7 @@ async def claim(
         held = Held(host.token_hash, host.principal, host.session.seq, live=True)
         _raise(admit(held, event, principal), event)
         return Claim(host, held, recovered=False, _read=None, _after=last)
-    data = await ctx.store.load_snapshot(sid)
-    state = snapshot.loads(data) if data is not None else None
+    state = realtime_state(await ctx.store.load_snapshot(sid))
     found = Held.from_snapshot(state) if state is not None else None
     _raise(admit(found, event, principal), event)
     assert state is not None and found is not None
@@ -83,6 +86,17 @@ async def claim(
         ctx, session, orchestrator=orchestrator, principal=found.principal, token_hash=found.token_hash, fence=fence
     )
     return Claim(host, found, recovered=True, _read=read, _after=last)
+
+
+def realtime_state(data: bytes | None) -> dict[str, Any] | None:
+    """The snapshot of a realtime session, or None: nothing stored, or the snapshot of
+    something else under that id (a video session's registration)."""
+    if data is None:
+        return None
+    try:
+        return snapshot.loads(data)
+    except ValueError:  # not JSON, or not a realtime snapshot (no "v", another version)
+        return None
 
 
 def _raise(refusal: Refusal | None, event: ce.SessionResume) -> None:

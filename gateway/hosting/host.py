@@ -107,7 +107,17 @@ class SessionHost:
         return self.session.id
 
     def _new_writer(self, fence: int) -> JournalWriter:
-        return JournalWriter(self.ctx.store, self.session.id, fence, on_fenced=self._on_fenced)
+        return JournalWriter(
+            self.ctx.store, self.session.id, fence, on_fenced=self._on_fenced, on_flushed=self._on_flushed
+        )
+
+    def _on_flushed(self, seq: int, committed: bool) -> None:
+        """The store took (or failed to take) the journal up to ``seq``: a peer that
+        sends events only once committed may send them now. After a failure they go
+        out anyway: the client must not wait on the store (a resume elsewhere then
+        finds it ahead of the store and resyncs it)."""
+        if self.conn is not None:
+            self.conn.committed(seq)
 
     def ack(self, seq: int) -> None:
         """The client holds events up to ``seq``: trim the journal, at most once per
@@ -140,6 +150,7 @@ class SessionHost:
             self._detach_timer = None
         old = self.conn
         self.conn = conn
+        conn.committed(self.writer.committed_seq)
         if old is not None and old is not conn:
             old.replaced(self.session.id)
 
@@ -158,11 +169,11 @@ class SessionHost:
     def flush(self) -> None:
         """Journal and send what the session produced; run its effects.
 
-        Write-ahead: from the first event that changes session state
-        (``STATE_EVENTS``), the peer holds what it is sent until the store has
-        committed the batch that holds the event and the snapshot with its state,
-        one commit for the whole flush. A replica that takes the session over then
-        knows everything the client saw begin. Deltas alone wait for nothing: they
+        Write-ahead: when the events of a flush change session state (one of them
+        is in ``STATE_EVENTS``), the peer holds them all until the store has
+        committed the batch that holds them and the snapshot with their state: one
+        commit for the flush. A replica that takes the session over then knows
+        everything the client saw begin. A flush of deltas waits for nothing: they
         are journaled in the writer's batches."""
         session = self.session
         if not (session.outbox or session.effects or session.dirty):
@@ -170,7 +181,9 @@ class SessionHost:
         events, effects = session.take()
         encode, conn, writer = dialect_encoder(session.dialect), self.conn, self.writer
         journal = True
-        held = False
+        held = conn is not None and any(event["type"] in STATE_EVENTS for event in events)
+        if held and conn is not None:
+            conn.hold()  # until the commit (below)
         try:
             for event in events:
                 data = encode(event)
@@ -187,9 +200,6 @@ class SessionHost:
                 kind = event["type"]
                 if kind == "error":
                     self.ctx.metrics.errors.labels(event["error"]["code"]).inc()
-                elif kind in STATE_EVENTS and conn is not None and not held:
-                    conn.hold()  # this event and what follows wait for the commit
-                    held = True
                 if conn is not None:
                     conn.send(event, data)
             if session.dirty and journal:

@@ -29,3 +29,7 @@ class Peer(Protocol):
 
     def close(self, code: int, reason: str) -> None:
         """Close after what is queued."""
+
+    def committed(self, seq: int) -> None:
+        """The store holds the session's events up to ``seq`` (a peer that sends only
+        committed events, the duplex dialect's, may send those now)."""

@@ -36,8 +36,10 @@ VAD_RATE = 16000
 # Events that announce a change of session state a replica taking the session over
 # must know: each marks the session for a snapshot, and the host sends it only once
 # the store holds that snapshot (write-ahead; tests/unit/test_state_events.py).
+# session.created is one: its resume token must resume the session anywhere.
 STATE_EVENTS = frozenset(
     {
+        "session.created",
         "session.updated",
         "input_audio_buffer.committed",
         "conversation.item.added",

@@ -61,6 +61,9 @@ class JournalWriter:
         max_pending_bytes: int | None = None,
         # Called once, from the flusher, when another replica took the session.
         on_fenced: Callable[[FencedError], None] | None = None,
+        # Called after each commit attempt with the highest seq it carried and whether
+        # it was committed (False: the store failed; the batch is kept for a retry).
+        on_flushed: Callable[[int, bool], None] | None = None,
     ) -> None:
         limits = store.limits
         self.store = store
@@ -71,6 +74,8 @@ class JournalWriter:
         self.max_pending_events = max_pending_events or limits.max_events
         self.max_pending_bytes = max_pending_bytes or limits.max_bytes
         self.on_fenced = on_fenced
+        self.on_flushed = on_flushed
+        self.committed_seq = 0  # the highest seq the store holds from this writer
 
         self._events: deque[tuple[int, bytes]] = deque()
         self._bytes = 0
@@ -168,6 +173,8 @@ class JournalWriter:
         except StoreError as exc:
             self.last_error = exc
             self._restore(events, snapshot, lost)
+            if self.on_flushed is not None and events:
+                self.on_flushed(events[-1][0], False)
             raise
         except asyncio.CancelledError:
             self._restore(events, snapshot, lost)
@@ -175,6 +182,10 @@ class JournalWriter:
         self.last_error = None
         self.flushes += 1
         self.flush_seconds += loop.time() - started
+        if events:
+            self.committed_seq = max(self.committed_seq, events[-1][0])
+        if self.on_flushed is not None:
+            self.on_flushed(self.committed_seq, True)
 
     def _restore(self, events: list[tuple[int, bytes]], snapshot: bytes | None, lost: int) -> None:
         # Put the batch back in front of what arrived meanwhile (it may or may

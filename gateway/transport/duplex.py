@@ -53,6 +53,7 @@ class DuplexConnection(Connection):
         self.model = model  # the default model (``?model=`` or the gateway's)
         self.resume_only = resume_only
         self.generation = 0  # the attachment generation of the session on this socket
+        self.gated = True  # upstream's client ends its session on a resync: never be ahead of the store
         self._last_event = 0.0
         self._idle: asyncio.TimerHandle | None = None
 

@@ -13,6 +13,7 @@ from urllib.parse import parse_qs
 
 from gateway.auth import Grant
 from gateway.protocol.errors import CloseCode, Code
+from gateway.store.base import StoreError
 from gateway.transport.services import Services
 
 Refusal = tuple[str, str, int]  # code, message, close code
@@ -24,6 +25,7 @@ class Handshake:
     offered: list[str]  # subprotocols the client offered
     query: dict[str, list[str]]
     grant: Grant | None  # None: refused credentials
+    store_down: bool = False  # a client secret could not be checked: the store is unavailable
 
     def param(self, name: str) -> str | None:
         values = self.query.get(name)
@@ -42,15 +44,24 @@ async def accept(
     offered = [name.strip() for entry in scope.get("subprotocols") or [] for name in entry.split(",") if name.strip()]
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
     await send({"type": "websocket.accept", "subprotocol": choose(offered)})
-    grant = runtime.auth.authenticate(headers, offered)
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    try:
+        grant = await runtime.auth.authenticate(headers, offered)
+    except StoreError:
+        return Handshake(headers, offered, query, None, store_down=True)
     if grant is None:
         runtime.metrics.auth_failures.inc()
-    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     return Handshake(headers, offered, query, grant)
 
 
 def common_refusal(runtime: Services, hs: Handshake) -> Refusal | None:
     """What refuses any session here: credentials, a drain, the session limit."""
+    if hs.store_down:
+        return (
+            Code.STORE_UNAVAILABLE,
+            "Client secrets cannot be checked now (session state is unavailable); try again shortly.",
+            CloseCode.TRY_AGAIN_LATER,
+        )
     if hs.grant is None:
         return (
             Code.UNAUTHORIZED,

@@ -1,9 +1,15 @@
 """The outbound queue of one socket: a single writer task drains it in order.
 
 Producers (the reader, engine callbacks) never await: they ``put`` and go on,
-so a slow client cannot stall an engine. The queue is bounded by bytes; past
-``max_bytes`` the client is a slow consumer and the connection is closed with
-4010 (``SLOW_CONSUMER``) instead of growing memory without bound.
+so a slow client cannot stall an engine. A client is a slow consumer, and the
+connection is closed with 4010 (``SLOW_CONSUMER``) instead of growing memory
+without bound, when either
+
+- more than ``max_bytes`` wait unsent, or
+- one send has been blocked (the socket accepts no byte) for ``stall_s``
+  seconds while more events come: a client that stopped reading, found long
+  before ``max_bytes`` fill on a slow stream (binary audio: 48 kB/s) and
+  before the server's keepalive would (1011 after 40 s).
 """
 
 from __future__ import annotations
@@ -21,9 +27,12 @@ class SlowConsumer(Exception):
 
 
 class Outbox:
-    def __init__(self, send: Send, max_bytes: int) -> None:
+    def __init__(self, send: Send, max_bytes: int, stall_s: float = 10.0) -> None:
         self._send = send
         self.max_bytes = max_bytes
+        self.stall_s = stall_s
+        self._loop = asyncio.get_running_loop()
+        self._sending_since = 0.0  # loop time the send under way began; 0: none
         self._queue: deque[tuple[dict[str, Any], int]] = deque()
         self._bytes = 0
         self._wakeup = asyncio.Event()
@@ -45,6 +54,9 @@ class Outbox:
             return
         if self._bytes + size > self.max_bytes:
             raise SlowConsumer(f"{self._bytes + size} bytes queued for a client that is not reading")
+        since = self._sending_since
+        if since and self._loop.time() - since > self.stall_s:
+            raise SlowConsumer(f"the socket took no byte for {self.stall_s:.0f} s")
         self._queue.append((message, size))
         self._bytes += size
         self._wakeup.set()
@@ -72,7 +84,9 @@ class Outbox:
                 while queue:
                     message, size = queue.popleft()
                     self._bytes -= size
+                    self._sending_since = self._loop.time()
                     await send(message)
+                    self._sending_since = 0.0
                 if self._closing is not None:
                     await send(self._closing)
                     return

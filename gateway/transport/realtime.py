@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
@@ -42,9 +43,10 @@ from gateway.protocol.session_config import ConfigLimits, SessionConfig, TurnDet
 from gateway.session.session import RealtimeSession, VadStream
 from gateway.store.base import StoreError
 from gateway.transport.handshake import accept, common_refusal, refuse
+from gateway.transport.lifecycle import bound_send_buffer, drop, settle
 from gateway.transport.outbox import Outbox, SlowConsumer
 from gateway.transport.services import Services
-from gateway.transport.ws_server import DIRECT_EXTENSION
+from gateway.transport.ws_server import ABORT_EXTENSION, DIRECT_EXTENSION
 from orchestrator.engine import Engine
 from orchestrator.orchestrator import Orchestrator
 
@@ -53,6 +55,7 @@ log = logging.getLogger("omni.realtime")
 BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
 SLOW_CLOSE_GRACE_S = 5.0  # after the 4010 decision, how long the close frame may wait behind a full
 #   socket before the connection is dropped without it
+GATE_CLOSE_WAIT_S = 1.0  # a commit-gated socket's close waits this long at most for its last events' commit
 _ECHO_ORDER = (BINARY_SUBPROTOCOL, "realtime", BETA_SUBPROTOCOL)
 
 
@@ -135,6 +138,8 @@ class RealtimeEndpoint:
             dconn = self.duplex(rt, receive, send, principal=hs.grant.principal, model=model,
                                      resume_only=resume_only)  # fmt: skip
             dconn.direct = scope.get("extensions", {}).get(DIRECT_EXTENSION)
+            dconn.abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
+            bound_send_buffer(scope, rt.settings.socket_send_buffer_bytes)
             opens_now = hs.param("model") is not None and not resume_only
             await dconn.run(default_session_config(model) if opens_now else None)
             return
@@ -152,6 +157,8 @@ class RealtimeEndpoint:
         binary = BINARY_SUBPROTOCOL in hs.offered
         conn = Connection(rt, receive, send, beta=beta, binary=binary, principal=hs.grant.principal)
         conn.direct = scope.get("extensions", {}).get(DIRECT_EXTENSION)
+        conn.abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
+        bound_send_buffer(scope, rt.settings.socket_send_buffer_bytes)
         await conn.run(config)
 
 
@@ -166,7 +173,7 @@ class Connection:
         self.binary = binary
         self.beta = beta
         self._receive = receive
-        self.outbox = Outbox(send, runtime.settings.outbound_queue_bytes)
+        self.outbox = Outbox(send, runtime.settings.outbound_queue_bytes, runtime.settings.outbound_stall_s)
         self.host: SessionHost | None = None
         self._held: list[tuple[dict[str, Any], bytes]] | None = None  # live events held back
         self._holds = 0
@@ -177,8 +184,15 @@ class Connection:
         self._resumed = False  # this client sent session.resume: it speaks the gateway's extensions
         self._busy = False  # the read loop is handling a message (the direct path must wait)
         self.direct: Callable[[Callable[[dict[str, Any]], bool]], None] | None = None  # the server's hook
+        self.abort: Callable[[], None] | None = None  # the server's way to drop the TCP connection
         self._binary_counter = runtime.metrics.client_event_counter("binary.append")
         self._opened = False  # a session was opened or resumed on this socket
+        # Commit-gated (the duplex dialect): session events go out only once the store
+        # holds them, so a replica's crash never leaves this client ahead of the store.
+        self.gated = False
+        self._gate: deque[tuple[dict[str, Any], bytes]] = deque()
+        self._committed = 0  # the store holds this session's events up to this seq
+        self._close_after_gate: tuple[int, str] | None = None
 
     # --- main loop -----------------------------------------------------------
 
@@ -198,27 +212,19 @@ class Connection:
                 return
             reader = self._reader_task = loop.create_task(self._read_loop())
             await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
-            if not reader.done():
-                # We closed first: give the peer a moment to answer the close frame.
-                try:
-                    await asyncio.wait_for(reader, timeout=2.0)
-                except (TimeoutError, Exception):
-                    reader.cancel()
+            await settle(reader, 2.0)  # we closed first: give the peer a moment to answer the close frame
         finally:
+            # Whatever ended the socket (the client, a close, a slow consumer dropped, a
+            # bug), the connection is released and its session detached.
+            rt.connections.discard(self)
+            rt.metrics.sessions.dec()
             if reader is not None and not reader.done():
                 reader.cancel()
-            if reader is not None and reader.done() and not reader.cancelled() and reader.exception():
-                log.debug("reader ended with %r", reader.exception())
             if self.host is not None:
                 self.host.detach(self)
                 self.host = None
             self.outbox.close(CloseCode.NORMAL, "")
-            try:
-                await asyncio.wait_for(writer, timeout=1.0)
-            except (TimeoutError, Exception):
-                writer.cancel()
-            rt.connections.discard(self)
-            rt.metrics.sessions.dec()
+            await settle(writer, 1.0)
 
     async def _open(self, config: SessionConfig, **start: Any) -> bool:
         """A new session for this socket; False (the socket is closing) if the store is down."""
@@ -306,11 +312,11 @@ class Connection:
         text = message.get("text")
         try:
             if text is not None:
-                if len(text) > limit:
+                # Bytes, not characters (é is 2): a text of n characters is at most 4n bytes.
+                if len(text) * 4 > limit and (size := len(text.encode())) > limit:
                     raise ProtocolError(
                         Code.MESSAGE_TOO_LARGE,
-                        f"A message may be at most {limit} bytes; this one has {len(text)}. "
-                        "Send audio in smaller appends.",
+                        f"A message may be at most {limit} bytes; this one has {size}. Send audio in smaller appends.",
                     )
                 event = self._decode(text)
                 if isinstance(event, ce.SessionResume):
@@ -470,7 +476,23 @@ class Connection:
             return
         self._deliver(event, data)
 
+    def committed(self, seq: int) -> None:
+        if seq <= self._committed:
+            return
+        self._committed = seq
+        gate = self._gate
+        while gate and gate[0][0]["server_event_seq"] <= seq:
+            self._write(*gate.popleft())
+        if not gate and self._close_after_gate is not None:
+            self.outbox.close(*self._close_after_gate)
+
     def _deliver(self, event: dict[str, Any], data: bytes) -> None:
+        if self.gated and (self._gate or event["server_event_seq"] > self._committed):
+            self._gate.append((event, data))  # order holds: nothing passes what waits
+            return
+        self._write(event, data)
+
+    def _write(self, event: dict[str, Any], data: bytes) -> None:
         try:
             if self.binary and event["type"] == AUDIO_DELTA:
                 self.outbox.put_bytes(encode_audio_frame(event))
@@ -494,9 +516,7 @@ class Connection:
         asyncio.get_running_loop().call_later(SLOW_CLOSE_GRACE_S, self._abandon)
 
     def _abandon(self) -> None:
-        for task in (self._writer_task, self._reader_task):
-            if task is not None and not task.done():
-                task.cancel()
+        drop(self.abort, (self._writer_task, self._reader_task))
 
     def hold(self) -> None:
         """Hold live events (a replay is being read, or an answer's end is being
@@ -523,7 +543,7 @@ class Connection:
         if self.binary and b'"response.output_audio.delta"' in data[:64]:
             event = orjson.loads(data)
             event["delta"] = base64.b64decode(event["delta"])
-            self._deliver(event, data)  # replayed now, not held like live events
+            self._write(event, data)  # replayed now (it is journaled): not held nor gated like live events
         else:
             self.send_raw(data)
 
@@ -537,7 +557,14 @@ class Connection:
         self.outbox.close(CloseCode.SESSION_REPLACED, "session replaced")
 
     def close(self, code: int, reason: str) -> None:
-        """Close from outside (drain, shutdown): queued events go out first."""
+        """Close from outside (drain, shutdown, expiry): queued events go out first, and
+        on a commit-gated socket the events waiting for their commit too."""
+        if self._gate:
+            self._close_after_gate = (code, reason)
+            # No commit in time (the session ended without one): what waits goes out anyway.
+            last = self._gate[-1][0]["server_event_seq"]
+            asyncio.get_running_loop().call_later(GATE_CLOSE_WAIT_S, self.committed, last)
+            return
         self.outbox.close(code, reason)
 
 

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import secrets
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
@@ -34,7 +35,9 @@ from gateway.protocol.video_events import error_event
 from gateway.session.video_session import CloseVideo, Interact, StartVideo, StopVideo, VideoSession
 from gateway.store.base import SessionStore, StoreError
 from gateway.transport.handshake import accept, common_refusal, refuse
+from gateway.transport.lifecycle import drop, settle
 from gateway.transport.services import Services
+from gateway.transport.ws_server import ABORT_EXTENSION
 from orchestrator.engine import EngineError
 from orchestrator.orchestrator import Orchestrator, RequestHandle
 from orchestrator.video_engine import Interaction, VideoChunk, VideoEngine
@@ -90,7 +93,9 @@ class VideoEndpoint:
             await refuse(rt, send, refusal, orjson.dumps(error_event(refusal[0], refusal[1])))
             return
         assert hs.grant is not None
-        await VideoConnection(rt, receive, send, principal=hs.grant.principal).run()
+        conn = VideoConnection(rt, receive, send, principal=hs.grant.principal)
+        conn.abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
+        await conn.run()
 
 
 def choose_subprotocol(offered: list[str]) -> str | None:
@@ -105,6 +110,7 @@ class VideoConnection:
         self.principal = principal
         self._receive = receive
         self._send = send
+        self.abort: Callable[[], None] | None = None  # the server's way to drop the TCP connection
         self.session = VideoSession(session_id="vsess_" + secrets.token_hex(10), info=runtime.video_engine.info)
         self.handle: RequestHandle | None = None
         # ("json", event) | ("chunk", metadata, media, init_segment)
@@ -144,11 +150,7 @@ class VideoConnection:
         await self._register()
         try:
             await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
-            if not reader.done():
-                try:
-                    await asyncio.wait_for(reader, timeout=2.0)
-                except (TimeoutError, Exception):
-                    reader.cancel()
+            await settle(reader, 2.0)
         finally:
             for task in (reader, writer, *self._tasks):
                 task.cancel()
@@ -373,9 +375,7 @@ class VideoConnection:
         self._sent_chunks += 1
 
     def _abandon(self) -> None:
-        for task in (self._writer, self._reader):
-            if task is not None and not task.done():
-                task.cancel()
+        drop(self.abort, (self._writer, self._reader))
 
     async def _write_loop(self) -> None:
         send, queue = self._send, self._queue

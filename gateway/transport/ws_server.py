@@ -32,6 +32,11 @@ websockets:
   callback returns False to decline one (it is queued, with what follows,
   for the app's ``receive``), so the order holds. Apps that ignore the
   extension see plain ASGI.
+- **A connection can be dropped**: the extension ``omni.websocket.abort`` (a
+  function) aborts the transport, for a client that stopped reading: closing
+  it would wait for the unsent bytes for as long as the peer's TCP lives; and
+  ``omni.websocket.send_buffer`` (a function of a size) bounds the socket's
+  kernel send buffer, so such a client is noticed in seconds, not minutes.
 - **Whole data frames are written here** (a server frame is a 2-10 byte header
   and the payload, unmasked) while the connection is open with no extension;
   the rest of ``send`` (accept, close, a closing connection) is uvicorn's.
@@ -46,7 +51,9 @@ Measured with ``bench/voice_load.py`` (see bench/README.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import socket
 import struct
 from collections import deque
 from collections.abc import Callable
@@ -57,6 +64,8 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from gateway.transport.ws_compat import apply_mask, choose
 
 DIRECT_EXTENSION = "omni.websocket.direct"
+ABORT_EXTENSION = "omni.websocket.abort"  # drop the TCP connection now, unsent bytes and all
+SEND_BUFFER_EXTENSION = "omni.websocket.send_buffer"  # bound the kernel's send buffer of the socket
 MAX_QUEUED_MESSAGES = 64  # messages read from the socket but not yet by the app: pause reading at this many
 MAX_QUEUED_BYTES = 16 << 20  # ... or at this many bytes of them (a 15 MiB message is the API's largest)
 RESUME_BELOW = 16  # ... and resume once fewer than this are left (and under half the bytes)
@@ -139,6 +148,23 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
         scope = getattr(self, "scope", None)
         if scope is not None:
             scope["extensions"][DIRECT_EXTENSION] = self._set_direct
+            scope["extensions"][ABORT_EXTENSION] = self._abort
+            scope["extensions"][SEND_BUFFER_EXTENSION] = self._set_send_buffer
+
+    def _abort(self) -> None:
+        """For a client that reads nothing: ``transport.close()`` would wait for the
+        unsent bytes forever (the socket stays ESTABLISHED); this drops it at once."""
+        if not self._lost:
+            self.transport.abort()
+
+    def _set_send_buffer(self, size: int) -> None:
+        """SO_SNDBUF for this socket (Linux then stops growing it up to tcp_wmem's 4 MiB):
+        a client that stops reading fills a small buffer in seconds, so the app sees
+        the stall, and an idle session's kernel memory stays bounded."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
 
     def _set_direct(self, callback: Callable[[dict[str, Any]], bool]) -> None:
         self._direct = callback

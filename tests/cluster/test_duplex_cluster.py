@@ -6,8 +6,10 @@ The client is ``support.duplex_client.DocDuplexClient``: it behaves as the
 document's ``DuplexClient`` does (an ack after every event with a seq, a
 heartbeat, playback acks, a barge-in, ``session.resume`` with its last seq on
 a new ``?autostart=0`` socket after a drop, upstream's backoff). The replica
-holding the session's lease is SIGKILLed in the middle of an answer; the
-client reconnects through nginx to a live replica, which takes the session
+holding the session's lease is SIGKILLed in the middle of an answer, at
+whatever moment (a duplex socket is sent only what the store has committed,
+so the client is never ahead of the journal and never resynced); the client
+reconnects through nginx to a live replica, which takes the session
 over from Redis (the duplex dialect's resume is the same takeover as every
 dialect's). Proved, every time:
 
@@ -58,6 +60,8 @@ async def kill_once(harness: Harness, *, kill_after_ms: int) -> str:
         first = await answer(dc)
         await dc.wait(lambda: first.audio_ms >= kill_after_ms, 20)
         await dc.ack_playback(first.audio_ms, response_id=first.response_id)
+        # The journal holds everything the client has, whenever the kill comes.
+        assert await harness.journal_last(dc.session_id) >= (dc.last_seq or 0)
         harness.cluster.kill_replica(owner, signal.SIGKILL)
         await dc.wait(lambda: dc.resumes == 1, 30)
         await dc.wait(lambda: completed(dc) is not None, 30)

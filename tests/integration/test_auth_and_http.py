@@ -201,7 +201,7 @@ async def test_client_secret_works_as_bearer_too(gw: RunningGateway, http: httpx
 
 async def test_expired_client_secret_is_refused(gw: RunningGateway) -> None:
     # Minted a minute ago with a 10 s lifetime (the HTTP endpoint's shortest).
-    secret, _ = gw.runtime.auth.secrets.mint(Grant(principal_of_key(K1)), 10, now=time.time() - 60)
+    secret, _ = await gw.runtime.auth.secrets.mint(Grant(principal_of_key(K1)), 10, now=time.time() - 60)
     await assert_refused(gw, subprotocols=[KEY_PROTO + secret])
 
 

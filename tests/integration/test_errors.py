@@ -323,6 +323,18 @@ async def test_an_append_of_up_to_15_mib_is_accepted_and_a_larger_message_refuse
             await still_works(c)
 
 
+async def test_message_size_counts_bytes_not_characters() -> None:
+    async with run_gateway(
+        settings(max_message_bytes=2000), engine=PassthroughEngine(paced=False), vad_factory=None
+    ) as gw:
+        async with session(gw.url) as c:
+            two_byte = {"type": "session.update", "event_id": "wide", "session": {"instructions": "é" * 1200}}
+            assert len(orjson.dumps(two_byte).decode()) < 2000 < len(orjson.dumps(two_byte))
+            error = await expect_error(c, orjson.dumps(two_byte).decode(), Code.MESSAGE_TOO_LARGE, echo=False)
+            assert "at most 2000 bytes" in error["message"]
+            await still_works(c)
+
+
 async def test_binary_message_too_large() -> None:
     async with run_gateway(
         settings(max_message_bytes=2000), engine=PassthroughEngine(paced=False), vad_factory=None

@@ -4,10 +4,13 @@ real processes killed, are in tests/cluster.)"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+import httpx
 import pytest
+import websockets
 from support.gateway import RunningGateway, connect, run_gateway
 from support.redis_server import REDIS_BINARY, RedisServer
 
@@ -27,7 +30,8 @@ async def replicas() -> AsyncIterator[tuple[RunningGateway, RunningGateway]]:
         base = Settings(engine="passthrough", redis_url=server.url, api_keys=("k",), video_engine="none")
         engine = PassthroughEngine(audio_chunks=5, paced=False)
         async with (
-            run_gateway(replace(base, replica_id="ra"), engine=engine, vad_factory=None) as a,
+            # A serves streaming video too (the CPU engine), B does not.
+            run_gateway(replace(base, replica_id="ra", video_engine="cpu"), engine=engine, vad_factory=None) as a,
             run_gateway(replace(base, replica_id="rb"), engine=engine, vad_factory=None) as b,
         ):
             yield a, b
@@ -67,3 +71,51 @@ async def test_a_client_ahead_of_the_store_is_resynced_with_the_state_it_saw(
         done = await c2.wait_for("response.done")
         assert done["server_event_seq"] > claimed
         assert done["response"]["status"] == "completed"
+
+
+async def test_a_client_secret_minted_on_one_replica_connects_once_on_any(
+    replicas: tuple[RunningGateway, RunningGateway],
+) -> None:
+    a, b = replicas
+    async with httpx.AsyncClient(base_url=a.http) as http:
+        minted = await http.post("/v1/realtime/client_secrets", headers=KEY, json={"session": {"instructions": "x"}})
+    assert minted.status_code == 200, minted.text
+    secret = minted.json()["value"]
+    credential = ["realtime", "openai-insecure-api-key." + secret]
+    async with connect(b.url, subprotocols=credential) as c:  # minted on A, used on B
+        created = await c.wait_for("session.created")
+        assert created["session"]["instructions"] == "x"  # the settings it was minted with
+    for gw in (a, b):  # and used up, everywhere
+        async with connect(gw.url, subprotocols=credential) as c:
+            refused = await c.recv()
+            assert refused["type"] == "error" and refused["error"]["code"] == "unauthorized", refused
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(c.ws.recv(), 5)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4001
+
+
+async def test_a_realtime_resume_naming_a_video_session_is_session_not_found(
+    replicas: tuple[RunningGateway, RunningGateway],
+) -> None:
+    """The id of a streaming video session (registered in the store by replica A) is no
+    realtime session: a resume naming it, on either replica, is refused as unknown."""
+    a, b = replicas
+    async with websockets.connect(a.url + "/video", additional_headers=KEY, open_timeout=10) as video:
+        async with asyncio.timeout(10):  # polling: the replica signals nothing a test can wait on
+            while not a.runtime.video_sessions:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+            (vid,) = a.runtime.video_sessions
+            while await a.runtime.store.load_snapshot(vid) is None:  # noqa: ASYNC110 (until registered)
+                await asyncio.sleep(0.01)
+        for gw in (a, b):
+            async with connect(gw.url, headers=KEY) as c:
+                await c.wait_for("session.created")
+                await c.send({"type": "session.resume", "session_id": vid, "resume_token": "rt_guess",
+                              "last_received_server_event_seq": 0, "event_id": "ev_r"})  # fmt: skip
+                err = await c.wait_for("error")
+                assert err["error"]["code"] == "session_not_found", err
+                assert err["error"]["event_id"] == "ev_r"
+                # The connection's own session goes on.
+                await c.send({"type": "conversation.item.create", "item": TEXT})
+                await c.wait_for("conversation.item.done")
+        await video.close()

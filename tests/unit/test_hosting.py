@@ -103,6 +103,9 @@ class RecordingPeer:
     def close(self, code: int, reason: str) -> None:
         pass
 
+    def committed(self, seq: int) -> None:
+        self.committed_through = max(getattr(self, "committed_through", 0), seq)
+
     def _deliver(self, event: dict[str, Any]) -> None:
         self.delivered.append(event)
         self.arrived.set()

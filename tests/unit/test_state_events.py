@@ -33,8 +33,6 @@ class Steps:
             engine=INFO,
             vad_factory=None,
         )
-        self.session.start()
-        self.session.take()
         self.seen: set[str] = set()
 
     def step(self, action: Any) -> tuple[list[dict[str, Any]], RealtimeSession]:
@@ -64,6 +62,9 @@ def _items(session: RealtimeSession) -> list[tuple[str, str, str]]:
 
 def test_every_state_event_marks_a_snapshot_that_holds_what_it_announces() -> None:
     t = Steps()
+
+    events, restored = t.step(lambda s: s.start(resume_token="rt_x"))
+    assert restored.id == "sess_state" and restored.render_config() == events[0]["session"]
 
     update = {"type": "realtime", "instructions": "be brief", "audio": {"output": {"voice": "tone"}}}
     events, restored = t.step(t.client({"type": "session.update", "session": update}))
@@ -116,6 +117,7 @@ def test_every_state_event_marks_a_snapshot_that_holds_what_it_announces() -> No
 def test_the_state_events_are_the_ones_the_readme_names() -> None:
     # README, "Sessions that survive": the events that reach the client only once stored.
     assert STATE_EVENTS == {
+        "session.created",
         "session.updated",
         "input_audio_buffer.committed",
         "conversation.item.added",

@@ -1,0 +1,88 @@
+"""A seeded socket-level fuzzer against a real gateway: hostile frames of every client
+event type (tests/support/fuzz.py) mixed with probes that must still be answered.
+
+It fails on any ERROR record or traceback in the gateway's log, on an error event
+without a code, on a close code the README does not document, on a probe left
+unanswered on a socket that stayed open, and on memory that keeps growing. The long
+version is bench/fuzz_long.py (100,000+ inputs, with figures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+from collections.abc import Iterator
+
+import psutil
+import pytest
+from support.fuzz import DOCUMENTED_CLOSES, FuzzStats, fuzz_worker
+from support.gateway import run_gateway
+
+from gateway.settings import Settings
+from orchestrator.engines.passthrough import PassthroughEngine
+
+pytestmark = pytest.mark.timeout(240)
+
+WORKERS = 8
+INPUTS_PER_WORKER = 400
+
+
+class Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.bad: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR or record.exc_info:
+            self.bad.append(record)
+
+
+@contextlib.contextmanager
+def server_log() -> Iterator[Collect]:
+    """Attached once the server runs (uvicorn's logging config replaces its loggers' handlers)."""
+    handler = Collect()
+    loggers = [logging.getLogger(), logging.getLogger("uvicorn")]  # uvicorn's does not propagate
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+async def test_hostile_input_gets_coded_errors_and_leaves_sessions_answering() -> None:
+    settings = Settings(engine="passthrough", video_engine="none", max_frame_bytes=2 << 20, detach_grace_s=0.5)
+    engine = PassthroughEngine(audio_chunks=3, paced=False)
+    async with run_gateway(settings, engine=engine, vad_factory=None) as gw:
+        with server_log() as log:
+            process = psutil.Process(os.getpid())
+            warm = await fuzz_worker(gw.port, seed=1000, inputs=200)  # warm up allocator pools and caches
+            gc.collect()
+            rss_before = process.memory_info().rss
+            workers = (fuzz_worker(gw.port, seed=s, inputs=INPUTS_PER_WORKER) for s in range(WORKERS))
+            results = await asyncio.gather(*workers)
+            stats = FuzzStats()
+            for r in (warm, *results):
+                stats.merge(r)
+            await asyncio.sleep(1.0)  # the dropped sockets' sessions end (detach_grace_s)
+            gc.collect()
+            rss_after = process.memory_info().rss
+            sessions_left = gw.runtime.session_count()
+    summary = (
+        f"{stats.inputs} inputs over {stats.sockets} sockets: {stats.errors} coded errors "
+        f"{dict(sorted(stats.errors_by_code.items()))}, closes {stats.closes}, "
+        f"probes {stats.probes_answered}/{stats.probes_sent}, RSS {rss_before >> 20} -> {rss_after >> 20} MiB"
+    )
+    print(summary)
+    assert not log.bad, [r.getMessage() for r in log.bad[:5]]
+    assert stats.errors_without_code == 0, summary
+    assert not stats.unreadable, stats.unreadable[:5]
+    assert set(stats.closes) <= DOCUMENTED_CLOSES | {1006}, summary  # 1006: our own abort of the socket
+    assert not stats.unanswered, (stats.unanswered[:5], summary)
+    assert stats.errors > stats.inputs // 3, summary
+    assert sessions_left == 0, "sessions were not released"
+    assert rss_after - rss_before < 64 << 20, summary
