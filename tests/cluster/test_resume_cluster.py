@@ -10,7 +10,7 @@ What is proved (README, "Sessions that survive"):
   held deltas the dead replica never committed, it gets
   ``session.resync_required`` (reason ``client_ahead``) and the stream goes on
   from there; the interrupted answer ends ``response.done`` ``incomplete``
-  (reason ``replica_lost``) and is re-issued, and the new answer completes; or,
+  (``gateway_reason`` ``replica_lost``) and is re-issued, and the new answer completes; or,
   when the kill came after the answer was complete in the journal, it simply
   completed (and resumes: the client is never ahead then). Repeated 20 times.
   Every moment of a crash, one event at a time: tests/cluster/test_kill_at_every_event.py.
