@@ -598,3 +598,15 @@ async def test_healthy_follows_the_upstreams_readyz() -> None:
             with pytest.raises(EngineError) as err:
                 await answers(f"resp_down_{round_}")
             assert err.value.code == "upstream_unavailable"
+
+
+def test_a_route_may_map_transcription_model_names_for_its_upstream() -> None:
+    """Any name a client gives reaches the upstream's speech-to-text: mapped when the
+    route says how, else as given (a mapping) or the upstream's first (a list)."""
+    mapped = RemoteEngine(["http://127.0.0.1:9"], transcription_models={"gpt-4o-transcribe": "qwen3-asr", "*": "asr"})
+    assert mapped.transcription_model("gpt-4o-transcribe") == "qwen3-asr"
+    assert mapped.transcription_model("gpt-realtime-whisper") == "asr"
+    assert mapped.transcription_model(None) == "qwen3-asr"
+    listed = RemoteEngine(["http://127.0.0.1:9"], transcription_models=("whisper-1", "large-v3"))
+    assert listed.transcription_model("large-v3") == "large-v3"
+    assert listed.transcription_model("gpt-realtime-whisper") == "whisper-1"
