@@ -41,6 +41,8 @@ class Code:
     RATE_LIMITED = "rate_limited"
     SLOW_CONSUMER = "slow_consumer"
     INTERNAL = "internal_error"
+    UNSUPPORTED = "unsupported"  # a valid request this session cannot serve (a response in a transcription
+    #   session, a WebRTC-only event); the engines use the same code for what they cannot do
     # resume
     SESSION_NOT_FOUND = "session_not_found"  # unknown or expired session
     RESUME_TOKEN_INVALID = "resume_token_invalid"
