@@ -11,13 +11,14 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 VENV="${CLIENTS_VENV:-.venv-clients}"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip 2> >(grep -v '^WARNING: Location' >&2)
 # numpy: the client scripts write and read PCM; soxr: pipecat's resampler.
-"$VENV/bin/python" -m pip install -q \
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check \
     'openai-agents>=0.20' \
     'pipecat-ai[openai]>=1.10' \
     'livekit-plugins-openai>=1.8' \
-    'numpy>=1.26'
+    'numpy>=1.26' \
+    2> >(grep -v '^WARNING: Location' >&2)
 "$VENV/bin/python" - <<'PYEOF'
 import importlib.metadata as m
 for name in ("openai-agents", "pipecat-ai", "livekit-plugins-openai", "openai", "websockets"):
