@@ -181,7 +181,10 @@ class Session:
                 turn.audio[event["response_id"]] = turn.audio.get(event["response_id"], 0) + len(event["delta"])
             elif kind == "response.done":
                 r = event["response"]
-                if r["status"] == "incomplete" and (r.get("status_details") or {}).get("reason") == "replica_lost":
+                if (
+                    r["status"] == "incomplete"
+                    and (r.get("status_details") or {}).get("gateway_reason") == "replica_lost"
+                ):
                     turn.reissued = True
                 elif r["status"] == "completed":
                     if turn.words.get(r["id"]) != [f"w{i} " for i in range(WORDS)] or (

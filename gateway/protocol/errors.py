@@ -44,6 +44,8 @@ class Code:
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"  # a tenant limit (sessions, starts, audio, events)
     SLOW_CONSUMER = "slow_consumer"
     INTERNAL = "internal_error"
+    UNSUPPORTED = "unsupported"  # a valid request this session cannot serve (a response in a transcription
+    #   session, a WebRTC-only event); the engines use the same code for what they cannot do
     # resume
     SESSION_NOT_FOUND = "session_not_found"  # unknown or expired session, or another principal's
     RESUME_TOKEN_INVALID = "resume_token_invalid"

@@ -1,6 +1,8 @@
 """Conversation items: the session's memory of the dialogue (pure data).
 
-Items render in the GA shape, or the beta shape for beta clients. Input audio
+Items render in the GA shape, or the beta shape for beta clients: messages
+(content parts), function calls the assistant made (``function_call``: name,
+JSON arguments) and their results (``function_call_output``). Input audio
 is not kept once it has been transcribed: an ``input_audio`` part holds its
 transcript only (documented in the README), so a long session's memory stays
 proportional to its text.
@@ -8,13 +10,14 @@ proportional to its text.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from orchestrator.engine import Message
+from orchestrator.engine import Message, ToolCall
 
 PartType = Literal["input_text", "input_audio", "output_text", "output_audio"]
+ItemType = Literal["message", "function_call", "function_call_output"]
 _BETA_PART = {"output_text": "text", "output_audio": "audio"}
 
 
@@ -29,10 +32,19 @@ class Part:
     marks: list[tuple[float, int]] = field(default_factory=list)
 
     def render(self, beta: bool) -> dict[str, Any]:
+        """As content of a conversation item (GA ``output_audio``, beta ``audio``)."""
         kind = _BETA_PART.get(self.type, self.type) if beta else self.type
         if self.type in ("input_text", "output_text"):
             return {"type": kind, "text": self.text or ""}
         return {"type": kind, "transcript": self.transcript}
+
+    def render_part(self) -> dict[str, Any]:
+        """As the ``part`` of ``response.content_part.added/done``: both dialects
+        name a response's content part ``text`` or ``audio`` (the SDK's models
+        allow nothing else there)."""
+        if self.type == "output_audio":
+            return {"type": "audio", "transcript": self.transcript or ""}
+        return {"type": "text", "text": self.text or ""}
 
     @property
     def content_text(self) -> str:
@@ -46,11 +58,35 @@ class Item:
     content: list[Part]
     status: Literal["completed", "in_progress", "incomplete"] = "completed"
     pending_transcription: bool = False  # an input_audio part still being transcribed
+    type: ItemType = "message"
+    call_id: str | None = None  # function_call, function_call_output
+    name: str | None = None  # function_call: the function
+    arguments: str = ""  # function_call: JSON text, as the model wrote it
+    output: str = ""  # function_call_output: the result, as the client gave it
     # as_message()'s result, kept until the session says the item changed (forget()):
     # a response's context then costs one lookup per item, not a walk of every part.
     _message: Message | None = field(default=None, repr=False, compare=False)
 
     def render(self, beta: bool) -> dict[str, Any]:
+        if self.type == "function_call":
+            return {
+                "id": self.id,
+                "object": "realtime.item",
+                "type": "function_call",
+                "status": self.status,
+                "call_id": self.call_id,
+                "name": self.name,
+                "arguments": self.arguments,
+            }
+        if self.type == "function_call_output":
+            return {
+                "id": self.id,
+                "object": "realtime.item",
+                "type": "function_call_output",
+                "status": self.status,
+                "call_id": self.call_id,
+                "output": self.output,
+            }
         return {
             "id": self.id,
             "object": "realtime.item",
@@ -119,4 +155,23 @@ class Conversation:
         return self._items[0] if self._items else None
 
     def messages(self) -> list[Message]:
-        return [it.as_message() for it in self._items]
+        return to_messages(self._items)
+
+
+def to_messages(items: Iterable[Item]) -> list[Message]:
+    """The engine's view of ``items``: a function call joins the assistant turn
+    before it (as chat templates expect: one assistant message with its calls),
+    a function call output becomes a ``tool`` turn."""
+    out: list[Message] = []
+    for item in items:
+        if item.type == "function_call":
+            call = ToolCall(item.call_id or item.id, item.name or "", item.arguments)
+            if out and out[-1].role == "assistant":
+                out[-1] = replace(out[-1], tool_calls=(*out[-1].tool_calls, call))
+            else:
+                out.append(Message("assistant", "", tool_calls=(call,)))
+        elif item.type == "function_call_output":
+            out.append(Message("tool", item.output, tool_call_id=item.call_id))
+        else:
+            out.append(item.as_message())
+    return out

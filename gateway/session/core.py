@@ -22,10 +22,12 @@ from gateway.protocol.session_config import (
     ConfigLimits,
     SessionConfig,
 )
+from gateway.protocol.session_fields import LOGPROBS_INCLUDE
 from gateway.session.conversation import Conversation, Item, Part
 from gateway.session.effects import Effect
 from orchestrator.engine import (
     EngineInfo,
+    TranscriptionRequest,
     Usage,
 )
 
@@ -63,7 +65,7 @@ class VadStream(Protocol):
 class SessionLimits:
     """Per-session limits; each is enforced here with the error named beside it."""
 
-    max_append_ms: int = 10_000  # one append longer than this: audio_append_too_large, dropped
+    max_append_ms: int = 300_000  # one append longer than this: audio_append_too_large, dropped
     max_buffer_ms: int = 300_000  # uncommitted audio beyond this: input_audio_buffer_full (manual
     #   turns; the append is refused) or an automatic commit (server VAD)
     min_commit_ms: int = 100  # a commit of less audio: input_audio_buffer_commit_empty
@@ -72,6 +74,8 @@ class SessionLimits:
     max_conversation_bytes: int = 4 << 20  # the conversation's text (each item counted as it was
     #   added, in UTF-8 bytes) beyond this: the oldest items are deleted the same way
     lifetime_s: float = 3_600.0  # then error session_expired and close 4008 (enforced by the shell)
+    max_out_of_band: int = 4  # out-of-band responses (conversation "none") running at once, beside the
+    #   conversation's one; another: conversation_already_has_active_response
 
 
 @dataclass(slots=True)
@@ -83,13 +87,18 @@ class _OpenInput:
     announced: bool  # the client has seen item_id (speech_started)
     held: list[str] = field(default_factory=list)  # deltas not yet sendable
     failed: bool = False
+    text: str = ""  # the transcript so far (semantic VAD reads it)
 
 
 @dataclass(slots=True)
 class _Response:
+    """A running response. Its outputs, in ``output_index`` order, are at most one
+    assistant message (``message``, with its one content ``part``) and the
+    function calls the engine makes (``calls``, by the engine's call index). A
+    response that may call tools opens its message on the first text or audio;
+    one that cannot, at once (its first delta then needs no announcement)."""
+
     id: str
-    item: Item
-    part: Part
     in_conversation: bool
     modalities: tuple[Literal["text", "audio"], ...]
     output_format: AudioFormat
@@ -101,6 +110,15 @@ class _Response:
     instructions: str | None = None  # the response's own override, kept to re-issue it
     event_id: str | None = None  # the response.create that asked for it (echoed in its errors)
     usage: Usage | None = None
+    outputs: list[Item] = field(default_factory=list)
+    message: Item | None = None
+    part: Part | None = None
+    calls: dict[int, Item] = field(default_factory=dict)
+    # The response.create's own tools, tool_choice, parallel_tool_calls (kept to re-issue it).
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def index_of(self, item: Item) -> int:
+        return next(i for i, out in enumerate(self.outputs) if out is item)
 
 
 class SessionCore:
@@ -145,6 +163,7 @@ class SessionCore:
         self.created_at = created_at if created_at is not None else time.time()
         self.expires_at = int(self.created_at + self.limits.lifetime_s)
         self._config_limits = ConfigLimits(voices=engine.voices, ignored_fields=engine.ignored_fields)
+        self._warned: set[str] = set()  # ignored fields already reported (session.warning)
         # input audio state
         self.audio_ms = 0.0  # all audio ever appended: the clock of audio_start/end_ms
         self._buffer_ms = 0.0
@@ -153,8 +172,13 @@ class SessionCore:
         # (ms, engine-rate pcm) before speech: a few entries, a list is smaller than a deque
         self._prefix: list[tuple[float, bytes]] = []
         self._prefix_ms = 0.0
-        self._response: _Response | None = None
+        self._response: _Response | None = None  # the conversation's (conversation "auto")
+        self._oob: dict[str, _Response] = {}  # out-of-band responses (conversation "none"), by id
         self._turn_stopped_at: float | None = None
+        # idle_timeout_ms: session audio time from which silence counts (when the last
+        # answer's audio has played out); None: not armed.
+        self._idle_from_ms: float | None = None
+        self._logprobs: dict[str, list[dict[str, Any]]] = {}  # item id -> transcription logprobs so far
         self.audio_out_ms = 0.0  # output audio made on this replica (the host meters it per tenant)
         self._setup_input()
 
@@ -206,6 +230,21 @@ class SessionCore:
         self.changed_items, self.dropped_items = set(), set()
         return changed, dropped
 
+    def _transcription_request(self, request_id: str) -> TranscriptionRequest:
+        """What the session's ``transcription`` asks of the engine's speech-to-text."""
+        tr = self.config.transcription
+        if tr is None:
+            return TranscriptionRequest(request_id)
+        return TranscriptionRequest(
+            request_id,
+            model=tr.model,
+            language=tr.language,
+            prompt=tr.prompt,
+            keywords=tr.keywords or (),
+            languages=tr.languages or (),
+            logprobs=LOGPROBS_INCLUDE in self.config.include,
+        )
+
     def _new_id(self, prefix: str) -> str:
         self._id_counter += 1
         return f"{prefix}_{self._id_base}{self._id_counter:04x}"
@@ -239,7 +278,7 @@ class SessionCore:
         while len(self.conversation) > limits.max_items or self._conversation_bytes > limits.max_conversation_bytes:
             oldest = self.conversation.oldest()
             assert oldest is not None
-            if oldest is item or (self._response is not None and oldest is self._response.item):
+            if oldest is item or (self._response is not None and any(oldest is out for out in self._response.outputs)):
                 break
             self._remove(oldest.id)
             self._emit("conversation.item.deleted", item_id=oldest.id)

@@ -66,6 +66,12 @@ class DuplexSession(DuplexCore):
     def dialect(self) -> str:
         return "duplex"
 
+    @property
+    def sends_gateway_events(self) -> bool:
+        return True  # the duplex dialect's clients get session.warning (no opt-in there)
+
+    lazy_message = False  # a response's message exists from response.created (its playback ledger)
+
     # --- lifecycle and config ------------------------------------------------------
 
     def configure(self, update: Any) -> list[tuple[str, str]]:
@@ -187,7 +193,8 @@ class DuplexSession(DuplexCore):
             self._spoken = resp.id  # the answer speaks: said once, before its first delta
             self.turn_state = "assistant_playing"
             meta = {"session_id": self.id, "epoch": self.epoch, "model_speak": True}
-            where = {"response_id": resp.id, "item_id": resp.item.id, "output_index": 0, "content_index": 0}
+            assert resp.message is not None
+            where = {"response_id": resp.id, "item_id": resp.message.id, "output_index": 0, "content_index": 0}
             super()._emit("response.speak", **where, metadata=meta)
         if type_ == "response.output_audio.delta" and resp is not None:
             self._audio_metadata(resp, fields)
@@ -208,7 +215,8 @@ class DuplexSession(DuplexCore):
         elif type_ == "response.created" and resp is not None:
             self.turn_state = "assistant_generating"
             self._overlap_ms, self._overlap_decided = 0.0, False
-            self.ledgers[resp.id] = Ledger(resp.id, resp.item.id)
+            assert resp.message is not None
+            self.ledgers[resp.id] = Ledger(resp.id, resp.message.id)
             while len(self.ledgers) > MAX_LEDGERS:
                 del self.ledgers[next(iter(self.ledgers))]
         return event
@@ -230,6 +238,7 @@ class DuplexSession(DuplexCore):
 
     def _audio_metadata(self, resp: Any, fields: dict[str, Any]) -> None:
         """Upstream's audio delta extensions: format, rate, and the metadata of the answer so far."""
+        assert resp.part is not None
         ledger = self.ledgers.get(resp.id)
         if ledger is not None:
             ledger.generated_ms = resp.part.audio_ms

@@ -260,7 +260,7 @@ class DuplexCore(RealtimeSession):
     def _playback_ack(self, event: de.PlaybackAck) -> None:
         ledger = self._ledger(event)
         resp = self._response if self._response is not None and self._response.id == ledger.response_id else None
-        if resp is not None:
+        if resp is not None and resp.part is not None:
             ledger.capture(resp.part)
         ledger.ack(event.played_ms, event.committed_ms, truncate=event.truncate)
         item = self.conversation.get(ledger.item_id)
@@ -299,16 +299,18 @@ class DuplexCore(RealtimeSession):
         resp = self._response
         assert resp is not None
         ledger = self.ledgers.get(resp.id)
-        audio = resp.part.type == "output_audio"
+        part = resp.part
+        assert part is not None  # the duplex dialect opens a response's message at once
+        audio = part.type == "output_audio"
         if ledger is not None:
-            ledger.capture(resp.part)
+            ledger.capture(part)
             if audio and status == "cancelled" and (ledger.acked or self.duplex.playback_commit_policy == "ack_only"):
-                ledger.cut(resp.part)  # history holds what the user heard
+                ledger.cut(part)  # history holds what the user heard
         super()._end_response(status, details, cancel=cancel)
         if ledger is not None:
             ledger.done = True
             if audio and status != "cancelled" and self.duplex.playback_commit_policy == "ack_only":
-                ledger.cut(resp.part)  # only what is acknowledged enters the history
+                ledger.cut(part)  # only what is acknowledged enters the history
         self.turn_state = "idle"
         if self._deferred is not None:
             params, self._deferred = self._deferred, None

@@ -9,21 +9,24 @@ before it) and is committed when speech stops.
 
 from __future__ import annotations
 
+from typing import Any
+
 from gateway.audio.codecs import decode_to_pcm16
 from gateway.audio.resample import StreamResampler
 from gateway.protocol import client_events as ce
 from gateway.protocol.errors import Code, ProtocolError
+from gateway.protocol.session_config import TurnDetection
+from gateway.protocol.session_fields import LOGPROBS_INCLUDE
 from gateway.session.conversation import Item, Part
 from gateway.session.core import VAD_RATE, SessionCore, VadStream, _OpenInput
 from gateway.session.effects import Cancel, EndInput, Feed, StartTranscription
-from gateway.session.turns import SpeechStarted, TurnDetector
+from gateway.session.turns import SpeechStarted, TurnDetector, make_detector, semantic_silence_ms
 from orchestrator.engine import (
     AudioChunk,
     EngineOutput,
     Finished,
     TextChunk,
     TextDelta,
-    TranscriptionRequest,
     Usage,
 )
 
@@ -48,9 +51,7 @@ class InputAudio(SessionCore):
             if self.engine.input_sample_rate != VAD_RATE:
                 self._vad_resampler = StreamResampler(fmt.rate, VAD_RATE)
             self._vad = self._vad_factory()
-            self._turns = TurnDetector(
-                td.threshold, td.prefix_padding_ms, td.silence_duration_ms, origin_ms=self.audio_ms
-            )
+            self._turns = make_detector(td, origin_ms=self.audio_ms)
         return resampler
 
     def append_audio(self, audio: bytes, event_id: str | None) -> None:
@@ -113,13 +114,47 @@ class InputAudio(SessionCore):
                 item_id = self._input.item_id if self._input else None
                 self._emit("input_audio_buffer.speech_stopped", audio_end_ms=ev.audio_end_ms, item_id=item_id)
                 self._turn_stopped_at = self._clock()
-                if self._commit(event_id, manual=False) and td.create_response:
+                if self._commit(event_id, manual=False) and self._answers_turns(td):
                     self.create_response(ce.ResponseParams(), None, turn_started_at=self._turn_stopped_at)
         if self._input is not None and self._buffer_ms >= self.limits.max_buffer_ms:
             # A turn that never pauses is committed at the limit rather than refused.
             self._commit(event_id, manual=False)
+        self._check_idle(td)
+
+    def _answers_turns(self, td: TurnDetection) -> bool:
+        """A VAD turn gets a response (never in a transcription session)."""
+        return td.create_response and self.config.type == "realtime"
+
+    def _check_idle(self, td: TurnDetection) -> None:
+        """``idle_timeout_ms`` (server VAD): when the user has said nothing for that long
+        after the last answer's audio played out, measured on the input audio stream
+        (a client that stops sending audio stops this clock), the turn is taken
+        as an empty one: ``input_audio_buffer.timeout_triggered``, an empty user
+        item, and a response that prompts the user (with ``create_response``)."""
+        start = self._idle_from_ms
+        if td.type != "server_vad" or td.idle_timeout_ms is None or start is None:
+            return
+        if self._input is not None or self._response is not None or self.audio_ms - start < td.idle_timeout_ms:
+            return
+        self._idle_from_ms = None  # armed again when the next answer ends
+        item = Item(self._new_id("item"), "user", [Part("input_audio", transcript="")])
+        self._emit(
+            "input_audio_buffer.timeout_triggered",
+            audio_start_ms=int(start),
+            audio_end_ms=int(self.audio_ms),
+            item_id=item.id,
+        )
+        self._prefix.clear()
+        self._prefix_ms = 0.0
+        prev = self._insert(item, None)
+        self._emit("input_audio_buffer.committed", previous_item_id=prev, item_id=item.id)
+        self._emit("conversation.item.added", previous_item_id=prev, item=item.render(self.beta))
+        self._emit("conversation.item.done", previous_item_id=prev, item=item.render(self.beta))
+        if self._answers_turns(td):
+            self.create_response(ce.ResponseParams(), None, turn_started_at=self._clock())
 
     def _speech_started(self, audio_start_ms: int) -> None:
+        self._idle_from_ms = None  # the user spoke: no idle timeout until the next answer ends
         self._open_input(announced=True)
         assert self._input is not None
         self._emit("input_audio_buffer.speech_started", audio_start_ms=audio_start_ms, item_id=self._input.item_id)
@@ -143,17 +178,7 @@ class InputAudio(SessionCore):
         item_id = self._new_id("item")
         request_id = f"input_{item_id}"
         self._input = _OpenInput(item_id, request_id, announced)
-        tr = self.config.transcription
-        self.effects.append(
-            StartTranscription(
-                TranscriptionRequest(
-                    request_id,
-                    model=None,
-                    language=tr.language if tr else None,
-                    prompt=tr.prompt if tr else None,
-                )
-            )
-        )
+        self.effects.append(StartTranscription(self._transcription_request(request_id)))
 
     def _feed_input(self, engine_pcm: bytes) -> None:
         if self._input is None:
@@ -211,8 +236,11 @@ class InputAudio(SessionCore):
 
     # --- transcription outputs ---------------------------------------------
 
-    def _transcription_delta(self, item_id: str, delta: str) -> None:
-        self._emit("conversation.item.input_audio_transcription.delta", item_id=item_id, content_index=0, delta=delta)
+    def _transcription_delta(self, item_id: str, delta: str, logprobs: list[dict[str, Any]] | None = None) -> None:
+        fields: dict[str, Any] = {"item_id": item_id, "content_index": 0, "delta": delta}
+        if logprobs is not None:
+            fields["logprobs"] = logprobs
+        self._emit("conversation.item.input_audio_transcription.delta", **fields)
 
     def on_transcription(self, request_id: str, output: EngineOutput) -> None:
         inp = self._input if self._input and self._input.request_id == request_id else None
@@ -220,12 +248,25 @@ class InputAudio(SessionCore):
         if item_id is None:
             return  # cancelled or deleted: late output is dropped
         if isinstance(output, TextDelta):
-            if self.config.transcription is None or not output.text:
+            if not output.text:
                 return
+            if inp is not None:
+                inp.text += output.text
+                td = self.config.turn_detection
+                if td is not None and td.type == "semantic_vad" and self._turns is not None:
+                    self._turns.silence_duration_ms = semantic_silence_ms(inp.text, td.eagerness)
+            if self.config.transcription is None:
+                return
+            logprobs = None
+            if output.logprobs is not None and LOGPROBS_INCLUDE in self.config.include:
+                logprobs = [
+                    {"token": lp.token, "logprob": lp.logprob, "bytes": list(lp.bytes)} for lp in output.logprobs
+                ]
+                self._logprobs.setdefault(item_id, []).extend(logprobs)
             if inp is not None and not inp.announced:
                 inp.held.append(output.text)
             else:
-                self._transcription_delta(item_id, output.text)
+                self._transcription_delta(item_id, output.text, logprobs)
         elif isinstance(output, Finished):
             self._committed.pop(request_id, None)
             self._transcribed(item_id, output.text, output.usage, None)
@@ -260,11 +301,13 @@ class InputAudio(SessionCore):
             self._report_transcription_failure(item_id, *failure)
         elif self.config.transcription is not None:
             u = usage or Usage()
+            logprobs = self._logprobs.pop(item_id, None)
             self._emit(
                 "conversation.item.input_audio_transcription.completed",
                 item_id=item_id,
                 content_index=0,
                 transcript=text,
+                **({} if logprobs is None else {"logprobs": logprobs}),
                 usage={
                     "type": "tokens",
                     "total_tokens": u.input_tokens + u.output_tokens,
@@ -273,10 +316,10 @@ class InputAudio(SessionCore):
                     "input_token_details": {"text_tokens": u.input_text_tokens, "audio_tokens": u.input_audio_tokens},
                 },
             )
-        resp = self._response
-        if resp is not None and item_id in resp.awaiting:
-            resp.awaiting.discard(item_id)
-            if text:
-                self.effects.append(Feed(resp.id, TextChunk(text)))
-            if not resp.awaiting:
-                self.effects.append(EndInput(resp.id))
+        for resp in (self._response, *self._oob.values()):
+            if resp is not None and item_id in resp.awaiting:
+                resp.awaiting.discard(item_id)
+                if text:
+                    self.effects.append(Feed(resp.id, TextChunk(text)))
+                if not resp.awaiting:
+                    self.effects.append(EndInput(resp.id))

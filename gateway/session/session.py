@@ -24,12 +24,7 @@ from gateway.audio.codecs import AudioFormat, decode_to_pcm16
 from gateway.audio.resample import StreamResampler
 from gateway.protocol import client_events as ce
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
-from gateway.protocol.session_config import (
-    OPENAI_TRANSCRIPTION_MODELS,
-    SessionConfig,
-    apply_update,
-    render,
-)
+from gateway.protocol.session_config import SessionConfig, apply_update, render
 from gateway.session import snapshot
 from gateway.session.conversation import Item, Part
 from gateway.session.core import VAD_RATE, SessionCore, SessionLimits, VadStream, _Response
@@ -39,7 +34,6 @@ from gateway.session.responses import Responses
 from orchestrator.engine import (
     AudioChunk,
     EngineInfo,
-    TranscriptionRequest,
 )
 
 __all__ = ["VAD_RATE", "RealtimeSession", "SessionCore", "SessionLimits", "VadStream"]
@@ -62,6 +56,13 @@ class RealtimeSession(InputAudio, Responses):
         """How the session's events are spelled on the wire (``server_events.dialect_encoder``)."""
         return "beta" if self.beta else "ga"
 
+    @property
+    def sends_gateway_events(self) -> bool:
+        """Whether the gateway's own events (``session.warning``, ``session.replaced``) go
+        to this client: the OpenAI SDKs cannot parse them, so only once it opted in
+        (``gateway_events``)."""
+        return self.config.gateway_events
+
     def render_config(self) -> dict[str, Any]:
         return render(self.config, session_id=self.id, expires_at=self.expires_at, beta=self.beta)
 
@@ -79,6 +80,9 @@ class RealtimeSession(InputAudio, Responses):
         if self._response is not None:
             self.effects.append(Cancel(self._response.id))
             self._response = None
+        for request_id in self._oob:
+            self.effects.append(Cancel(request_id))
+        self._oob.clear()
         if self._input is not None:
             self.effects.append(Cancel(self._input.request_id))
             self._input = None
@@ -111,6 +115,13 @@ class RealtimeSession(InputAudio, Responses):
                     self.create_response(event.response, event.event_id)
                 case ce.ResponseCancel():
                     self._cancel(event)
+                case ce.OutputAudioClear():
+                    raise ProtocolError(
+                        Code.UNSUPPORTED,
+                        "output_audio_buffer.clear is for WebRTC and SIP: over a WebSocket the client holds "
+                        "the output audio; stop playing it and send conversation.item.truncate.",
+                        param="type",
+                    )
         except ProtocolError as err:
             if err.event_id is None:
                 err.event_id = event.event_id
@@ -128,27 +139,32 @@ class RealtimeSession(InputAudio, Responses):
         if new.input_format != old.input_format or new.turn_detection != old.turn_detection:
             self._setup_input()
         self._emit("session.updated", session=self.render_config())
+        if not self.sends_gateway_events:
+            return  # the SDKs have no type for session.warning: only for clients that opted in
         for param, message in warnings:
+            if param in self._warned:
+                continue  # each ignored field is reported once per session
+            self._warned.add(param)
             # Not an error: the update applied; the client learns what has no effect here.
             self._emit("session.warning", code="unsupported_field", message=message, param=param)
 
     def _check_config(self, new: SessionConfig) -> None:
-        """What a configuration needs of the engine (a transcription model, a speech detector)."""
+        """What a configuration needs of the engine and of the session (a speech
+        detector; no running response to become a transcription session)."""
         old_td = self.config.turn_detection
-        tr = new.transcription
-        known = OPENAI_TRANSCRIPTION_MODELS + self.engine.transcription_models
-        if tr is not None and tr.model not in known:
-            raise ProtocolError(
-                Code.INVALID_VALUE,
-                f"Unknown transcription model {tr.model!r}; use one of: {', '.join(known)}.",
-                param="session.audio.input.transcription.model",
-            )
         if new.turn_detection is not None and new.turn_detection != old_td and self._vad_factory is None:
             raise ProtocolError(
                 Code.INVALID_VALUE,
                 "Server VAD is not available on this gateway (no speech detector); "
                 "set turn_detection to null and commit turns yourself.",
                 param="session.audio.input.turn_detection",
+            )
+        if new.type == "transcription" and self._response is not None:
+            raise ProtocolError(
+                Code.RESPONSE_ACTIVE,
+                "A session becomes a transcription session only with no response running; "
+                "cancel it or wait for response.done.",
+                param="session.type",
             )
 
     # --- conversation items -------------------------------------------------
@@ -175,6 +191,17 @@ class RealtimeSession(InputAudio, Responses):
 
     def _item_from_spec(self, spec: ce.ItemSpec, param: str) -> Item:
         """Build an item; validates every part before asking for any work."""
+        if spec.type != "message":
+            return Item(
+                spec.id or self._new_id("item"),
+                spec.role,
+                [],
+                type=spec.type,
+                call_id=spec.call_id or self._new_id("call"),
+                name=spec.name,
+                arguments=spec.arguments,
+                output=spec.output,
+            )
         item = Item(spec.id or self._new_id("item"), spec.role, [])
         fmt = self.config.input_format
         audio: bytes | None = None
@@ -196,7 +223,7 @@ class RealtimeSession(InputAudio, Responses):
             request_id = f"input_{item.id}"
             pcm = decode_to_pcm16(fmt, audio)
             resampler = StreamResampler(fmt.rate, self.engine.input_sample_rate)
-            self.effects.append(StartTranscription(TranscriptionRequest(request_id)))
+            self.effects.append(StartTranscription(self._transcription_request(request_id)))
             self.effects.append(Feed(request_id, AudioChunk(resampler.process(pcm) + resampler.flush())))
             self.effects.append(EndInput(request_id))
             self._committed[request_id] = item.id
@@ -221,7 +248,7 @@ class RealtimeSession(InputAudio, Responses):
                 param="audio_end_ms",
             )
         resp = self._response
-        if resp is not None and resp.item is item:
+        if resp is not None and resp.message is item:
             # The client stopped playing this answer: stop generating it too.
             self._end_response("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
         kept = 0
@@ -240,7 +267,7 @@ class RealtimeSession(InputAudio, Responses):
 
     def _delete(self, event: ce.ItemDelete) -> None:
         item = self._item(event)
-        if self._response is not None and self._response.item is item:
+        if self._response is not None and any(item is out for out in self._response.outputs):
             self._end_response("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
         self._remove(item.id)
         self._emit("conversation.item.deleted", item_id=item.id)
@@ -251,7 +278,6 @@ class RealtimeSession(InputAudio, Responses):
         """Everything another replica needs to carry the session on. ``with_items``
         False: the conversation's items are left out (stored one record each, see
         ``take_item_changes``); ``item_ids`` keeps their order either way."""
-        resp = self._response
         return {
             "id": self.id,
             "beta": self.beta,
@@ -265,19 +291,8 @@ class RealtimeSession(InputAudio, Responses):
             "audio_ms": self.audio_ms,
             "item_ids": [it.id for it in self.conversation],
             **({"items": [snapshot.item_to_dict(it) for it in self.conversation]} if with_items else {}),
-            "response": None
-            if resp is None
-            else {
-                "id": resp.id,
-                "item": snapshot.item_to_dict(resp.item),
-                "in_conversation": resp.in_conversation,
-                "modalities": list(resp.modalities),
-                "output_format": [resp.output_format.codec, resp.output_format.rate],
-                "voice": resp.voice,
-                "max_output_tokens": resp.max_output_tokens,
-                "metadata": resp.metadata,
-                "instructions": resp.instructions,
-            },
+            "response": None if self._response is None else _response_state(self._response),
+            "oob": [_response_state(resp) for resp in self._oob.values()],
         }
 
     @classmethod
@@ -303,34 +318,45 @@ class RealtimeSession(InputAudio, Responses):
             session.conversation.insert(item)
             session._item_bytes[item.id] = size = item.text_bytes()
             session._conversation_bytes += size
-        r = state["response"]
-        if r is not None:
-            item = session.conversation.get(r["item"]["id"]) or snapshot.item_from_dict(r["item"])
-            codec, rate = r["output_format"]
-            fmt = AudioFormat(codec, rate)
-            session._response = _Response(
-                id=r["id"],
-                item=item,
-                part=item.content[0] if item.content else Part("output_audio", transcript=""),
-                in_conversation=r["in_conversation"],
-                modalities=tuple(r["modalities"]),
-                output_format=fmt,
-                voice=r["voice"],
-                max_output_tokens=r["max_output_tokens"],
-                metadata=r["metadata"],
-                resampler=StreamResampler(engine.output_sample_rate, fmt.rate),
-                awaiting=set(),
-                instructions=r["instructions"],
-            )
+        if state["response"] is not None:
+            session._response = session._restore_response(state["response"])
+        for r in state.get("oob", ()):
+            resp = session._restore_response(r)
+            session._oob[resp.id] = resp
         session.dirty = False
         return session
+
+    def _restore_response(self, r: dict[str, Any]) -> _Response:
+        outputs = [self.conversation.get(d["id"]) or snapshot.item_from_dict(d) for d in r["outputs"]]
+        by_id = {it.id: it for it in outputs}
+        message = by_id.get(r["message"]) if r["message"] else None
+        codec, rate = r["output_format"]
+        fmt = AudioFormat(codec, rate)
+        return _Response(
+            id=r["id"],
+            outputs=outputs,
+            message=message,
+            part=message.content[0] if message is not None and message.content else None,
+            calls={int(index): by_id[item_id] for index, item_id in r["calls"].items()},
+            overrides=r["overrides"],
+            in_conversation=r["in_conversation"],
+            modalities=tuple(r["modalities"]),
+            output_format=fmt,
+            voice=r["voice"],
+            max_output_tokens=r["max_output_tokens"],
+            metadata=r["metadata"],
+            resampler=StreamResampler(self.engine.output_sample_rate, fmt.rate),
+            awaiting=set(),
+            instructions=r["instructions"],
+        )
 
     def recover(self, reason: str) -> None:
         """After a takeover: end what died with the old replica, explicitly.
 
-        A running response ends with status ``incomplete`` and ``reason`` and,
-        unless ``reissue_interrupted_responses`` is off, is created again from
-        the conversation. A transcription that was running is reported failed.
+        A running response (the conversation's and each out-of-band one) ends
+        with status ``incomplete`` and ``reason`` and, unless
+        ``reissue_interrupted_responses`` is off, is created again from the
+        conversation. A transcription that was running is reported failed.
         """
         self.epoch += 1
         for item in self.conversation:
@@ -340,19 +366,40 @@ class RealtimeSession(InputAudio, Responses):
                 self._report_transcription_failure(
                     item.id, "replica_lost", "The replica transcribing this audio was lost."
                 )
-        resp = self._response
-        if resp is None:
-            return
-        self._end_response("incomplete", {"type": "incomplete", "reason": reason})
-        if self.config.reissue_interrupted_responses:
-            self.create_response(
-                ce.ResponseParams(
-                    output_modalities=resp.modalities,
-                    instructions=resp.instructions,
-                    voice=resp.voice,
-                    max_output_tokens=resp.max_output_tokens,
-                    conversation="auto" if resp.in_conversation else "none",
-                    metadata=resp.metadata,
-                ),
-                None,
-            )
+        for resp in [r for r in (self._response, *self._oob.values()) if r is not None]:
+            # The SDK's status_details.reason has no value for this: the gateway's own
+            # reason goes in the extension field gateway_reason.
+            self._end(resp, "incomplete", {"type": "incomplete", "gateway_reason": reason})
+            if self.config.reissue_interrupted_responses:
+                self.create_response(
+                    ce.ResponseParams(
+                        output_modalities=resp.modalities,
+                        instructions=resp.instructions,
+                        voice=resp.voice,
+                        max_output_tokens=resp.max_output_tokens,
+                        conversation="auto" if resp.in_conversation else "none",
+                        metadata=resp.metadata,
+                        tools=resp.overrides.get("tools"),
+                        tool_choice=resp.overrides.get("tool_choice"),
+                        parallel_tool_calls=resp.overrides.get("parallel_tool_calls"),
+                    ),
+                    None,
+                )
+
+
+def _response_state(resp: _Response) -> dict[str, Any]:
+    """A running response in a snapshot (its outputs so far, and what re-issuing it needs)."""
+    return {
+        "id": resp.id,
+        "outputs": [snapshot.item_to_dict(it) for it in resp.outputs],
+        "message": None if resp.message is None else resp.message.id,
+        "calls": {str(index): it.id for index, it in resp.calls.items()},
+        "overrides": resp.overrides,
+        "in_conversation": resp.in_conversation,
+        "modalities": list(resp.modalities),
+        "output_format": [resp.output_format.codec, resp.output_format.rate],
+        "voice": resp.voice,
+        "max_output_tokens": resp.max_output_tokens,
+        "metadata": resp.metadata,
+        "instructions": resp.instructions,
+    }

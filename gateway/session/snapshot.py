@@ -25,19 +25,28 @@ def config_from_dict(d: dict[str, Any]) -> SessionConfig:
     d["output_format"] = AudioFormat(**d["output_format"])
     d["output_modalities"] = tuple(d["output_modalities"])
     d["tools"] = tuple(d["tools"])
-    d["transcription"] = Transcription(**d["transcription"]) if d["transcription"] else None
+    d["include"] = tuple(d.get("include") or ())
+    tr = d["transcription"]
+    if tr:
+        for key in ("languages", "keywords"):
+            if tr.get(key) is not None:
+                tr[key] = tuple(tr[key])
+    d["transcription"] = Transcription(**tr) if tr else None
     d["turn_detection"] = TurnDetection(**d["turn_detection"]) if d["turn_detection"] else None
     return SessionConfig(**d)
 
 
 def item_to_dict(item: Item) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "id": item.id,
         "role": item.role,
         "status": item.status,
         "pending": item.pending_transcription,
         "content": item.content,  # orjson writes each Part as {type, text, transcript, audio_ms, marks}
     }
+    if item.type != "message":
+        out.update(type=item.type, call_id=item.call_id, name=item.name, arguments=item.arguments, output=item.output)
+    return out
 
 
 def item_from_dict(d: dict[str, Any]) -> Item:
@@ -51,7 +60,12 @@ def item_from_dict(d: dict[str, Any]) -> Item:
         )
         for p in d["content"]
     ]
-    return Item(d["id"], d["role"], parts, status=d["status"], pending_transcription=d["pending"])
+    item = Item(d["id"], d["role"], parts, status=d["status"], pending_transcription=d["pending"])
+    if d.get("type", "message") != "message":
+        item.type = d["type"]
+        item.call_id, item.name = d["call_id"], d["name"]
+        item.arguments, item.output = d["arguments"], d["output"]
+    return item
 
 
 def item_bytes(item: Item) -> bytes:

@@ -6,11 +6,17 @@ probability has stayed below ``threshold - HYSTERESIS`` for
 ``silence_duration_ms``; the reported start is moved back by
 ``prefix_padding_ms`` (never before the session's audio began) so that the
 committed audio keeps the onset of the first word.
+
+``semantic_vad`` uses the same detector with a silence that follows the live
+transcript of the turn (``semantic_silence_ms``): shorter once what was said
+sounds finished, longer while it trails off, bounded by ``eagerness``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from gateway.protocol.session_config import TurnDetection
 
 FRAME_MS = 32.0  # silero's frame: 512 samples at 16 kHz
 HYSTERESIS = 0.15  # a dip just under threshold inside a word is not silence
@@ -76,3 +82,49 @@ class TurnDetector:
             else:
                 self._silence_since_ms = None
         return events
+
+
+# --- semantic VAD ---------------------------------------------------------------------
+
+# eagerness -> (silence after a complete-sounding phrase, before any words are
+# recognised, after a phrase that trails off), in ms. The last is OpenAI's
+# documented maximum wait (low 8 s, medium 4 s, high 2 s; auto is medium).
+SEMANTIC_WAITS = {
+    "low": (1200, 2400, 8000),
+    "medium": (600, 1200, 4000),
+    "auto": (600, 1200, 4000),
+    "high": (300, 600, 2000),
+}
+# A phrase ending in one of these is not finished: a filler, or a word that needs what follows.
+TRAILING = frozenset(
+    """um umm uh uhm uhh er erm hmm mm and or but so because cause if when while that which who whose
+    than then to of for with without from into onto about at by in on the a an my your his her its our
+    their this these those is are was were be been am do does did can could will would should shall may
+    might must have has had not no very really just like also plus whether although though unless until""".split()
+)
+
+
+def semantic_silence_ms(transcript: str, eagerness: str) -> int:
+    """How long a pause must last to end the turn, given what was said so far.
+
+    What it computes: a rule on the live transcript, not a language model. A
+    phrase that ends in a filler ("um") or in a word that needs a continuation
+    ("and", "the", "to", ...) waits the longest; a phrase that ends otherwise
+    (or with . ? !) waits the shortest; before any word is recognised, the
+    middle value."""
+    complete, unknown, trailing = SEMANTIC_WAITS.get(eagerness, SEMANTIC_WAITS["auto"])
+    text = transcript.strip()
+    if not text:
+        return unknown
+    if text[-1] in ".?!":
+        return complete
+    last = text.split()[-1].strip(",;:-").lower()
+    return trailing if last in TRAILING or text[-1] in ",;:-" else complete
+
+
+def make_detector(td: TurnDetection, origin_ms: float) -> TurnDetector:
+    """A detector for ``td``: ``server_vad`` waits ``silence_duration_ms``; ``semantic_vad``
+    starts at the middle wait and follows the transcript (``semantic_silence_ms``)."""
+    if td.type == "semantic_vad":
+        return TurnDetector(0.5, 300, semantic_silence_ms("", td.eagerness), origin_ms=origin_ms)
+    return TurnDetector(td.threshold, td.prefix_padding_ms, td.silence_duration_ms, origin_ms=origin_ms)

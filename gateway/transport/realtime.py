@@ -191,6 +191,7 @@ class Connection:
         self._reader_task: asyncio.Task[None] | None = None
         self._writer_task: asyncio.Task[None] | None = None
         self._client_events = 0
+        self._resumed = False  # this client sent session.resume: it speaks the gateway's extensions
         self._busy = False  # the read loop is handling a message (the direct path must wait)
         self.direct: Callable[[Callable[[dict[str, Any]], bool]], None] | None = None  # the server's hook
         self.abort: Callable[[], None] | None = None  # the server's way to drop the TCP connection
@@ -401,6 +402,7 @@ class Connection:
         return self.runtime.metrics.client_event_counter(_EVENT_NAMES.get(event_type, "other"))
 
     async def _resume(self, event: ce.SessionResume) -> None:
+        self._resumed = True
         if self._client_events:
             raise ProtocolError(
                 Code.RESUME_NOT_FIRST,
@@ -587,9 +589,11 @@ class Connection:
             self.send_raw(data)
 
     def replaced(self, session_id: str) -> None:
-        """Another connection resumed our session: say so and close (4009)."""
-        self.host = None
-        self.send_raw(self._replaced_message(session_id))
+        """Another connection resumed our session: say so (to a client that knows
+        the gateway's events: it resumed, or opted in) and close (4009)."""
+        host, self.host = self.host, None
+        if self._resumed or (host is not None and host.session.sends_gateway_events):
+            self.send_raw(self._replaced_message(session_id))
         self.runtime.metrics.closes.labels(str(int(CloseCode.SESSION_REPLACED))).inc()
         self.outbox.close(CloseCode.SESSION_REPLACED, "session replaced")
 

@@ -18,10 +18,12 @@ websockets:
   unchanged. The state this needs (a fragmented message under way, a close
   frame seen, bytes pipelined behind the upgrade request) is tracked here from
   the frame headers, not read from websockets' internals.
-- **Reading pauses only when ``MAX_QUEUED_MESSAGES`` messages wait** for the
-  app (resuming below ``RESUME_BELOW``), instead of after every message. A
-  session that stops reading still cannot buffer more than that many
-  messages here, plus the kernel's socket buffer. The messages wait in a
+- **Reading pauses only when ``MAX_QUEUED_MESSAGES`` messages, or
+  ``MAX_QUEUED_BYTES`` of them, wait** for the app (resuming below
+  ``RESUME_BELOW`` messages and half the bytes), instead of after every
+  message. A session that stops reading still cannot buffer more than that
+  here (plus the message being read, up to ``ws_max_size``, and the kernel's
+  socket buffer): 64 small appends, or one 15 MiB message. The messages wait in a
   deque with one waiter (the app's one reader), not an ``asyncio.Queue``.
 - **Messages can skip the queue**: the protocol offers the ASGI extension
   ``omni.websocket.direct`` (a function taking a callback). An app that
@@ -65,7 +67,8 @@ DIRECT_EXTENSION = "omni.websocket.direct"
 ABORT_EXTENSION = "omni.websocket.abort"  # drop the TCP connection now, unsent bytes and all
 SEND_BUFFER_EXTENSION = "omni.websocket.send_buffer"  # bound the kernel's send buffer of the socket
 MAX_QUEUED_MESSAGES = 64  # messages read from the socket but not yet by the app: pause reading at this many
-RESUME_BELOW = 16  # ... and resume once fewer than this are left
+MAX_QUEUED_BYTES = 16 << 20  # ... or at this many bytes of them (a 15 MiB message is the API's largest)
+RESUME_BELOW = 16  # ... and resume once fewer than this are left (and under half the bytes)
 FAST_FRAME_MAX = 1 << 16  # a larger frame is streamed to websockets' parser rather than assembled here
 
 _CONT, _TEXT, _BINARY, _CLOSE = 0x0, 0x1, 0x2, 0x8
@@ -76,14 +79,16 @@ class Inbox:
     ``get``, ``qsize``, ``empty``) for one reader: a deque, and a future only
     while the reader waits."""
 
-    __slots__ = ("_items", "_waiter")
+    __slots__ = ("_items", "_waiter", "bytes")
 
     def __init__(self) -> None:
         self._items: deque[Any] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self.bytes = 0  # payload bytes waiting (text counted in characters)
 
     def put_nowait(self, item: Any) -> None:
         self._items.append(item)
+        self.bytes += _payload_size(item)
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
@@ -94,13 +99,20 @@ class Inbox:
         while not self._items:
             waiter = self._waiter = asyncio.get_running_loop().create_future()
             await waiter
-        return self._items.popleft()
+        item = self._items.popleft()
+        self.bytes -= _payload_size(item)
+        return item
 
     def qsize(self) -> int:
         return len(self._items)
 
     def empty(self) -> bool:
         return not self._items
+
+
+def _payload_size(message: Any) -> int:
+    payload = message.get("text") or message.get("bytes") if isinstance(message, dict) else None
+    return len(payload) if payload else 0
 
 
 def _header(opcode_byte: int, n: int) -> bytes:
@@ -116,7 +128,8 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.queue = Inbox()  # type: ignore[assignment]
+        self.inbox = Inbox()
+        self.queue = self.inbox  # type: ignore[assignment]
         self._direct: Callable[[dict[str, Any]], bool] | None = None  # the app's on-message callback
         self._fast: bool | None = None  # None until the handshake is done; False: parser only
         self._partial = b""  # the start of a frame not yet complete
@@ -269,7 +282,8 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
         if direct is not None and not self.queue.qsize() and direct(message):
             return
         self.queue.put_nowait(message)  # type: ignore[arg-type]  # a websocket.receive event
-        if not self.read_paused and self.queue.qsize() >= MAX_QUEUED_MESSAGES:
+        queue = self.inbox
+        if not self.read_paused and (queue.qsize() >= MAX_QUEUED_MESSAGES or queue.bytes >= MAX_QUEUED_BYTES):
             self.read_paused = True
             self.transport.pause_reading()
 
@@ -297,8 +311,9 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
             self.handshake_complete = True
 
     async def receive(self) -> Any:
-        message = await self.queue.get()
-        if self.read_paused and self.queue.qsize() < RESUME_BELOW:
+        queue = self.inbox
+        message = await queue.get()
+        if self.read_paused and queue.qsize() < RESUME_BELOW and queue.bytes < MAX_QUEUED_BYTES // 2:
             self.read_paused = False
             self.transport.resume_reading()
         return message

@@ -8,7 +8,9 @@ It computes nothing a person would call an answer, and says so:
   latency. ``Finished.text`` is all the deltas joined.
 - ``respond`` streams ``audio_chunks`` chunks of ``chunk_ms`` ms of a quiet
   440 Hz tone, paced in real time (``chunk_ms`` apart), each preceded every
-  ``words_every`` chunks by a transcript word, then finishes.
+  ``words_every`` chunks by a transcript word, then finishes. It calls no
+  function: ``tool_choice`` ``auto`` is answered as always, ``required`` or a
+  named function fails with ``tools_unsupported``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from orchestrator.engine import (
     AudioChunk,
     AudioDelta,
+    EngineError,
     EngineInfo,
     EngineInput,
     EngineOutput,
@@ -46,7 +49,17 @@ class PassthroughEngine:
             voices=("tone",),
             default_voice="tone",
             transcription_models=("passthrough",),
-            ignored_fields=("temperature", "tools", "tool_choice", "noise_reduction", "speed"),
+            ignored_fields=(
+                "temperature",
+                "tools",
+                "tool_choice",
+                "parallel_tool_calls",
+                "speed",
+                "include",
+                "transcription.language",
+                "transcription.prompt",
+                "transcription.keywords",
+            ),
         )
         self.audio_chunks = audio_chunks
         self.chunk_ms = chunk_ms
@@ -85,6 +98,8 @@ class PassthroughEngine:
     async def respond(
         self, request: ResponseRequest, inputs: AsyncIterator[EngineInput]
     ) -> AsyncIterator[EngineOutput]:
+        if request.calls_tools and request.tool_choice.mode in ("required", "function"):
+            raise EngineError("tools_unsupported", "the passthrough engine calls no function (it has no model)")
         self.active.add(request.request_id)
         try:
             heard = " ".join(m.text for m in request.messages if m.role == "user")

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any, Literal
@@ -59,17 +60,21 @@ from orchestrator.engine import (
     EngineInput,
     EngineOutput,
     Finished,
+    FunctionTool,
     Message,
     ResponseRequest,
     TextChunk,
     TextDelta,
+    ToolCallDelta,
+    ToolChoice,
     TranscriptionRequest,
     Usage,
 )
+from orchestrator.engines.vllm_tools import ToolCalling, chat_messages
 
 log = logging.getLogger("omni.engines.vllm")
 
-IGNORED_FIELDS = ("voice", "speed", "tools", "tool_choice", "noise_reduction")
+IGNORED_FIELDS = ("voice", "speed", "noise_reduction", "include")
 _UNSUPPORTED = "unsupported_sampling_param"
 
 
@@ -122,20 +127,26 @@ def make_sampling(defaults: Mapping[str, Any], *, streaming: bool = True, **over
 # --- prompts -------------------------------------------------------------------
 
 
-def render_conversation(tokenizer: Any, messages: Sequence[Message], instructions: str) -> list[int]:
+def render_conversation(
+    tokenizer: Any, messages: Sequence[Message], instructions: str, tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     """Token ids of the conversation, ready for the assistant's answer.
 
-    With a chat template: the template (``add_generation_prompt=True``),
-    tokenized without adding special tokens again. Without one: a
-    ``role: text`` line per turn and a final ``assistant:``, tokenized with
-    the tokenizer's own special tokens (BOS)."""
-    chat = [{"role": "system", "content": instructions}] if instructions else []
-    chat += [{"role": m.role, "content": m.text} for m in messages]
+    With a chat template: the template (``add_generation_prompt=True``, and
+    ``tools`` for a template that renders them), tokenized without adding
+    special tokens again. Without one: a ``role: text`` line per turn (calls
+    as ``<tool_call>`` JSON) and a final ``assistant:``, tokenized with the
+    tokenizer's own special tokens (BOS)."""
+    chat = chat_messages(messages, instructions)
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        kwargs = {"tools": tools} if tools else {}
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **kwargs)
         return list(tokenizer.encode(text, add_special_tokens=False))
-    transcript = "".join(f"{turn['role']}: {turn['content']}\n" for turn in chat) + "assistant:"
-    return list(tokenizer.encode(transcript))
+    lines = []
+    for turn in chat:
+        calls = "".join(f"<tool_call>{json.dumps(c['function'])}</tool_call>" for c in turn.get("tool_calls", ()))
+        lines.append(f"{turn['role']}: {turn['content']}{calls}\n")
+    return list(tokenizer.encode("".join(lines) + "assistant:"))
 
 
 async def _failing(exc: BaseException) -> AsyncIterator[EngineOutput]:
@@ -179,7 +190,9 @@ class VllmEngine:
     streamed chunk's generation (vLLM's semantics); ``max_output_tokens`` the
     whole response.
     ``llm``: an ``AsyncLLM`` already started, to share (this engine then
-    neither builds nor shuts it down). Other keyword arguments go to vLLM's
+    neither builds nor shuts it down). ``tool_parser``: the vLLM tool parser
+    that reads this model's calls for ``tool_choice: "auto"`` (see
+    ``vllm_tools``; ``required`` and a named function need none). Other keyword arguments go to vLLM's
     ``AsyncEngineArgs`` (``enforce_eager``, ``max_num_seqs``, ...).
     """
 
@@ -191,9 +204,11 @@ class VllmEngine:
         max_model_len: int | None = None,
         sampling: Mapping[str, Any] | None = None,
         llm: Any = None,
+        tool_parser: str | None = None,
         **engine_args: Any,
     ) -> None:
         self.model = model
+        self.tool_parser = tool_parser  # vLLM's --tool-call-parser name, for tool_choice auto
         self.engine_args: dict[str, Any] = {"model": model, "dtype": dtype, "max_model_len": max_model_len}
         self.engine_args.update(engine_args)
         self.sampling: dict[str, Any] = dict(sampling or {})
@@ -241,6 +256,15 @@ class VllmEngine:
                 from vllm.v1.engine.async_llm import AsyncLLM
 
                 args = {"disable_log_stats": True, **self.engine_args}
+                if "structured_outputs_config" not in args:
+                    from vllm.config.structured_outputs import StructuredOutputsConfig
+
+                    # Tool calls are generated compact (vllm_tools): whitespace outside
+                    # strings is never sampled. vLLM's xgrammar backend reads this
+                    # engine-wide setting (with an explicit backend), not the request's.
+                    args["structured_outputs_config"] = StructuredOutputsConfig(
+                        backend="xgrammar", disable_any_whitespace=True
+                    )
                 log.info("starting vLLM: %s", args)
                 try:
                     self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
@@ -301,6 +325,9 @@ class VllmEngine:
             params = self.sampling_params(request)
             if request.request_id in self.active:
                 raise EngineError("duplicate_request", f"request {request.request_id!r} is already running")
+            if request.calls_tools:
+                tools = ToolCalling(request, self._tokenizer, self.tool_parser)
+                return self._respond_with_tools(request, params, tools, inputs)
         except EngineError as exc:
             return _failing(exc)
         return self._respond(request, params, inputs)
@@ -388,6 +415,69 @@ class VllmEngine:
             usage=Usage(input_text_tokens=counts["input"], output_text_tokens=counts["output"]),
         )
 
+    async def _respond_with_tools(
+        self, request: ResponseRequest, params: Any, tools: ToolCalling, inputs: AsyncIterator[EngineInput]
+    ) -> AsyncIterator[EngineOutput]:
+        """A response that may call tools: one ordinary vLLM request, started once
+        the input is complete (the structured output and the tool parser read
+        one whole answer; streamed text is joined to the last user turn first)."""
+        messages = list(request.messages)
+        async for chunk in inputs:
+            if isinstance(chunk, TextChunk) and chunk.text:
+                last = messages[-1] if messages else None
+                if last is not None and last.role == "user":
+                    messages[-1] = Message("user", f"{last.text} {chunk.text}".strip())
+                else:
+                    messages.append(Message("user", chunk.text))
+        params = params.clone()
+        params.structured_outputs = tools.structured_outputs
+        params.skip_special_tokens = tools.skip_special_tokens
+        prompt = render_conversation(self._tokenizer, messages, request.instructions, tools.chat_tools or None)
+        async for out in self._generate(request.request_id, prompt, params, tools.feed):
+            yield out
+
+    async def _generate(self, rid: str, prompt: list[int], params: Any, read: Any) -> AsyncIterator[EngineOutput]:
+        """One ordinary request: ``read(delta_text, token_ids)`` turns each piece into outputs."""
+        from vllm.exceptions import VLLMClientError
+        from vllm.inputs import tokens_input
+        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+        text: list[str] = []
+        output_tokens = 0
+        reason: Literal["stop", "length"] = "stop"
+        done = False
+        self.active.add(rid)
+        try:
+            async with contextlib.aclosing(self._llm.generate(tokens_input(prompt), params, rid)) as outputs:
+                async for out in outputs:
+                    completion = out.outputs[0]
+                    output_tokens += len(completion.token_ids)
+                    reason = "length" if completion.finish_reason == "length" else "stop"
+                    for piece in read(completion.text, completion.token_ids):
+                        if isinstance(piece, TextDelta):
+                            text.append(piece.text)
+                        yield piece
+            done = True
+        except EngineDeadError as exc:
+            self._dead = True
+            raise _dead(exc) from exc
+        except VLLMClientError as exc:
+            raise EngineError("invalid_request", str(exc)) from exc
+        except EngineGenerateError as exc:
+            if self._failed():
+                raise _dead(exc) from exc
+            cause = exc.__cause__
+            raise EngineError("engine_error", f"vLLM failed: {type(cause or exc).__name__}: {cause or exc}") from exc
+        finally:
+            self.active.discard(rid)
+            if not done:
+                await self.abort(rid)
+        yield Finished(
+            reason=reason,
+            text="".join(text),
+            usage=Usage(input_text_tokens=len(prompt), output_text_tokens=output_tokens),
+        )
+
 
 # --- the cascade's thinker -------------------------------------------------------
 
@@ -403,8 +493,13 @@ class VllmThinker:
     on first use if nobody started it, which blocks the event loop while the
     model loads: an owner should call ``start`` up front (and ``close``).
     A dead engine core fails the answer with ``EngineError("engine_dead",
-    fatal=True)``, which the cascade passes on.
+    fatal=True)``, which the cascade passes on. It calls tools as the ``vllm``
+    engine does (``vllm_tools``: the engine's ``tool_parser`` for ``auto``); a
+    call under structured outputs is not bounded by ``max_tokens`` (its schema
+    ends it; a call cut short would be none).
     """
+
+    calls_tools = True
 
     def __init__(self, engine: VllmEngine, *, max_tokens: int = 256, **sampling: Any) -> None:
         self.engine = engine
@@ -422,7 +517,15 @@ class VllmThinker:
     def healthy(self) -> bool:
         return self.engine.healthy()
 
-    async def think(self, messages: tuple[Message, ...], instructions: str) -> AsyncIterator[str]:
+    async def think(
+        self,
+        messages: tuple[Message, ...],
+        instructions: str,
+        *,
+        tools: tuple[FunctionTool, ...] = (),
+        tool_choice: ToolChoice | None = None,
+        parallel_tool_calls: bool = True,
+    ) -> AsyncIterator[str | ToolCallDelta]:
         from vllm.inputs import tokens_input
         from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -431,9 +534,25 @@ class VllmThinker:
         engine._check_ready()
         defaults = {**engine._model_sampling, "max_tokens": self.max_tokens, **self.sampling}
         params = make_sampling(defaults, streaming=False)  # one prompt: stop strings are fine here
-        prompt = render_conversation(engine.tokenizer, messages, instructions)
         self._n += 1
         rid = f"think-{id(self):x}-{self._n}"
+        request = ResponseRequest(
+            rid, messages, tools=tools, tool_choice=tool_choice or ToolChoice(), parallel_tool_calls=parallel_tool_calls
+        )
+        if request.calls_tools:
+            calling = ToolCalling(request, engine.tokenizer, engine.tool_parser)
+            if calling.structured_outputs is not None:
+                params.max_tokens = None  # a call cut short is no call: the schema's end ends it
+            params.structured_outputs = calling.structured_outputs
+            params.skip_special_tokens = calling.skip_special_tokens
+            prompt = render_conversation(engine.tokenizer, messages, instructions, calling.chat_tools or None)
+            async for out in engine._generate(rid, prompt, params, calling.feed):
+                if isinstance(out, TextDelta):
+                    yield out.text
+                elif isinstance(out, ToolCallDelta):
+                    yield out
+            return
+        prompt = render_conversation(engine.tokenizer, messages, instructions)
         try:
             async with contextlib.aclosing(engine.llm.generate(tokens_input(prompt), params, rid)) as outputs:
                 async for out in outputs:

@@ -68,7 +68,7 @@ async def kill_once(harness: Harness, *, kill_after_ms: int) -> str:
         done = first.done
         assert done is not None, "the interrupted answer never ended"
         status = done["response"]["status"]
-        assert status == "completed" or done["response"]["status_details"]["reason"] == "replica_lost"
+        assert status == "completed" or done["response"]["status_details"]["gateway_reason"] == "replica_lost"
         whole = completed(dc)
         assert whole is not None and whole.transcript == FULL and whole.audio_ms == 1000
         new_owner = await harness.wait_owner(dc.session_id)

@@ -302,7 +302,7 @@ def judge(case: Case) -> str:
     assert len(finished) == 1, f"completed answers: {[r['id'] for r in finished]}"
     others = [r for r in done if r["status"] != "completed"]
     for r in others:
-        assert r["status"] == "incomplete" and r["status_details"]["reason"] == "replica_lost", r
+        assert r["status"] == "incomplete" and r["status_details"]["gateway_reason"] == "replica_lost", r
     assert len(others) <= 1 and done[-1]["status"] == "completed", done
     check_whole(view, finished[0])
     if view.of("session.resync_required"):

@@ -10,7 +10,7 @@ What is proved (README, "Sessions that survive"):
   held deltas the dead replica never committed, it gets
   ``session.resync_required`` (reason ``client_ahead``) and the stream goes on
   from there; the interrupted answer ends ``response.done`` ``incomplete``
-  (reason ``replica_lost``) and is re-issued, and the new answer completes; or,
+  (``gateway_reason`` ``replica_lost``) and is re-issued, and the new answer completes; or,
   when the kill came after the answer was complete in the journal, it simply
   completed (and resumes: the client is never ahead then). Repeated 20 times.
   Every moment of a crash, one event at a time: tests/cluster/test_kill_at_every_event.py.
@@ -173,7 +173,9 @@ async def answer(rt: RealtimeClient, tape: Tape, hook: Hook | None = None) -> No
             await hook(event)
         if event["type"] == "response.done":
             r = event["response"]
-            if not (r["status"] == "incomplete" and (r.get("status_details") or {}).get("reason") == "replica_lost"):
+            if not (
+                r["status"] == "incomplete" and (r.get("status_details") or {}).get("gateway_reason") == "replica_lost"
+            ):
                 return
 
 
@@ -227,7 +229,7 @@ def assert_answered(tape: Tape, responses_before: int = 0) -> str:
     else:
         outcome = "reissued"
         assert first["status"] == "incomplete", first
-        assert (first.get("status_details") or {}).get("reason") == "replica_lost", first
+        assert (first.get("status_details") or {}).get("gateway_reason") == "replica_lost", first
         got = tape.words(first["id"])
         assert got == FULL_WORDS[: len(got)], f"the interrupted answer's words are not a prefix: {got}"
         assert len(done) == 2, f"expected the interrupted answer then its re-issue: {done}"

@@ -20,7 +20,7 @@ import asyncio
 import enum
 import io
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -31,10 +31,12 @@ from orchestrator.engine import (
     AudioDelta,
     EngineError,
     Finished,
+    FunctionTool,
     Message,
     ResponseRequest,
     TextChunk,
     TextDelta,
+    ToolChoice,
     TranscriptionRequest,
 )
 from orchestrator.engines.omni import OmniEngine, OmniVideoEngine, pcm16
@@ -334,6 +336,24 @@ async def test_text_only_request_asks_for_text_and_ignores_audio() -> None:
     assert fake.calls[0].output_modalities == ["text"]
     assert not any(isinstance(o, AudioDelta) for o in outs)
     assert isinstance(outs[-1], Finished) and outs[-1].reason == "length"
+
+
+async def test_required_tool_calls_are_refused_and_auto_answers_as_always() -> None:
+    async def script(call: Call) -> AsyncIterator[Output]:
+        yield text("ok", finish="stop")
+
+    fake = FakeAsyncOmni(script)
+    engine = await started(fake)
+    tool = FunctionTool("f")
+    required = replace(
+        request(Message("user", "x"), modalities=("text",)), tools=(tool,), tool_choice=ToolChoice("required")
+    )
+    with pytest.raises(EngineError) as info:
+        await collect(engine.respond(required, inputs_of()))
+    assert info.value.code == "tools_unsupported" and not fake.calls
+    auto = replace(required, tool_choice=ToolChoice("auto"))
+    outs = await collect(engine.respond(auto, inputs_of()))
+    assert isinstance(outs[-1], Finished)
 
 
 async def test_cumulative_waveforms_and_growing_chunk_lists_are_not_duplicated() -> None:

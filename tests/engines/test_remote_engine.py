@@ -43,9 +43,12 @@ from orchestrator.engine import (
     AudioDelta,
     EngineError,
     Finished,
+    FunctionTool,
     Message,
     ResponseRequest,
     TextDelta,
+    ToolCall,
+    ToolChoice,
     TranscriptionRequest,
 )
 from orchestrator.engines.passthrough import PassthroughEngine
@@ -284,6 +287,42 @@ async def engine_transcribes_and_answers(up: RunningGateway, speech: bytes, *, b
         assert isinstance(outs[-1], Finished) and outs[-1].text == "You said: hello"
     finally:
         await engine.close()
+
+
+async def test_tools_tool_choice_and_call_items_reach_the_upstream() -> None:
+    """The upstream (a gateway on the cascade, whose echo thinker cannot call tools)
+    is given the tools and tool_choice: it refuses ``required`` with its own code,
+    answers ``auto``, and a later request without tools clears them on the kept session."""
+    async with run_gateway(upstream_settings(), vad_factory=None) as up:
+        engine = RemoteEngine([up.http])
+        await engine.start()
+        tool = FunctionTool("get_weather", "weather", {"type": "object", "properties": {"city": {"type": "string"}}})
+        history = (
+            Message("user", "weather in Oslo"),
+            Message("assistant", "", tool_calls=(ToolCall("call_1", "get_weather", '{"city": "Oslo"}'),)),
+            Message("tool", "rain", tool_call_id="call_1"),
+            Message("user", "thanks"),
+        )
+        try:
+            required = ResponseRequest(
+                "r1", history, modalities=("text",), tools=(tool,), tool_choice=ToolChoice("required")
+            )
+            with pytest.raises(EngineError) as info:
+                await collect(engine.respond(required, inputs_of()))
+            assert info.value.code == "tools_unsupported"
+            outs = await collect(
+                engine.respond(ResponseRequest("r2", history, modalities=("text",), tools=(tool,)), inputs_of())
+            )
+            assert isinstance(outs[-1], Finished) and outs[-1].text == "You said: thanks"
+            conn = engine.pool.upstreams[0]
+            await eventually(lambda: conn.idle.get("respond"))
+            assert conn.idle["respond"][0].tools
+            outs = await collect(engine.respond(ResponseRequest("r3", history, modalities=("text",)), inputs_of()))
+            assert isinstance(outs[-1], Finished)
+            await eventually(lambda: conn.idle.get("respond"))
+            assert not conn.idle["respond"][0].tools  # cleared upstream
+        finally:
+            await engine.close()
 
 
 # --- video through the chain ------------------------------------------------------------
@@ -559,3 +598,15 @@ async def test_healthy_follows_the_upstreams_readyz() -> None:
             with pytest.raises(EngineError) as err:
                 await answers(f"resp_down_{round_}")
             assert err.value.code == "upstream_unavailable"
+
+
+def test_a_route_may_map_transcription_model_names_for_its_upstream() -> None:
+    """Any name a client gives reaches the upstream's speech-to-text: mapped when the
+    route says how, else as given (a mapping) or the upstream's first (a list)."""
+    mapped = RemoteEngine(["http://127.0.0.1:9"], transcription_models={"gpt-4o-transcribe": "qwen3-asr", "*": "asr"})
+    assert mapped.transcription_model("gpt-4o-transcribe") == "qwen3-asr"
+    assert mapped.transcription_model("gpt-realtime-whisper") == "asr"
+    assert mapped.transcription_model(None) == "qwen3-asr"
+    listed = RemoteEngine(["http://127.0.0.1:9"], transcription_models=("whisper-1", "large-v3"))
+    assert listed.transcription_model("large-v3") == "large-v3"
+    assert listed.transcription_model("gpt-realtime-whisper") == "whisper-1"

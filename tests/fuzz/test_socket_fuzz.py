@@ -92,6 +92,6 @@ async def test_hostile_input_gets_coded_errors_and_leaves_sessions_answering() -
     assert not stats.unreadable, stats.unreadable[:5]
     assert set(stats.closes) <= DOCUMENTED_CLOSES | {1006}, summary  # 1006: our own abort of the socket
     assert not stats.unanswered, (stats.unanswered[:5], summary)
-    assert stats.errors > stats.inputs // 3, summary
+    assert stats.errors > stats.inputs // 5 and len(stats.errors_by_code) >= 8, summary  # the hostile inputs were read
     assert sessions_left == 0, "sessions were not released"
     assert rss_after - rss_warm < 32 << 20, summary  # a second round as hostile as the first keeps nothing

@@ -157,16 +157,34 @@ DECODE_ERRORS: list[tuple[str, dict[str, Any], str, str | None]] = [
         "session.audio.output.voice",
     ),
     (
+        "unsupported_output_audio_buffer_clear",
+        {"type": "output_audio_buffer.clear"},
+        Code.UNSUPPORTED,
+        "type",
+    ),
+    (
+        "invalid_value_tool_choice_names_no_tool",
+        {"type": "session.update", "session": {"tool_choice": {"type": "function", "name": "nowhere"}}},
+        Code.INVALID_VALUE,
+        "session.tool_choice.name",
+    ),
+    (
+        "invalid_value_noise_reduction",
+        {"type": "session.update", "session": {"audio": {"input": {"noise_reduction": {"type": "loud"}}}}},
+        Code.INVALID_VALUE,
+        "session.audio.input.noise_reduction.type",
+    ),
+    (
         "invalid_value_vad",
         {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "server_vad"}}}}},
         Code.INVALID_VALUE,
         "session.audio.input.turn_detection",
     ),
     (
-        "invalid_value_transcription_model",
-        {"type": "session.update", "session": {"audio": {"input": {"transcription": {"model": "x-1"}}}}},
+        "invalid_value_transcription_delay",
+        {"type": "session.update", "session": {"audio": {"input": {"transcription": {"delay": "soon"}}}}},
         Code.INVALID_VALUE,
-        "session.audio.input.transcription.model",
+        "session.audio.input.transcription.delay",
     ),
     ("input_audio_buffer_commit_empty", {"type": "input_audio_buffer.commit"}, Code.BUFFER_TOO_SMALL, None),
     ("response_cancel_not_active", {"type": "response.cancel"}, Code.RESPONSE_NOT_ACTIVE, None),
@@ -285,6 +303,24 @@ async def test_message_too_large() -> None:
             await still_works(c)
             instructions = next(e for e in c.events if e["type"] == "session.created")["session"]["instructions"]
             assert instructions == ""  # the dropped update applied nothing
+
+
+async def test_an_append_of_up_to_15_mib_is_accepted_and_a_larger_message_refused() -> None:
+    """OpenAI's limits, by default: a message of up to 15 MiB (an append of that much audio)."""
+    async with run_gateway(settings(), engine=PassthroughEngine(paced=False), vad_factory=None) as gw:
+        async with session(gw.url) as c:
+            limit = Settings().max_message_bytes
+            assert limit == 15 << 20
+            envelope = len(orjson.dumps({"type": "input_audio_buffer.append", "audio": ""}))
+            pcm = bytes((limit - envelope) // 4 * 3 // 2 * 2)  # the most whole PCM16 samples that fit
+            append = orjson.dumps({"type": "input_audio_buffer.append", "audio": b64(pcm)}).decode()
+            assert limit - 4 < len(append) <= limit
+            await c.ws.send(append)
+            await c.send({"type": "input_audio_buffer.commit"})
+            committed = await c.wait_for("input_audio_buffer.committed", timeout=30)
+            assert committed["item_id"]
+            await expect_error(c, append + " " * 5, Code.MESSAGE_TOO_LARGE, echo=False)
+            await still_works(c)
 
 
 async def test_message_size_counts_bytes_not_characters() -> None:

@@ -1,12 +1,15 @@
 """An unmodified OpenAI client (the official ``openai`` Python SDK, GA realtime
-API) holds a spoken conversation with the gateway: only its base URL changes."""
+API) holds a spoken conversation with the gateway: only its base URL changes.
+Every event it receives validates strictly against the SDK's own models."""
 
 from __future__ import annotations
 
 import base64
 
+import orjson
 import pytest
 from support.gateway import run_gateway
+from support.sdk_shapes import check_event
 from support.speech import chunks, silence, speak
 
 from gateway.settings import Settings
@@ -40,7 +43,10 @@ async def test_openai_sdk_holds_a_spoken_conversation() -> None:
             audio = bytearray()
             transcript = ""
             heard = ""
-            async for event in conn:
+            while True:
+                raw = await conn.recv_bytes()
+                check_event(orjson.loads(raw))  # no validation error: strictly the SDK's shapes
+                event = conn.parse_event(raw)
                 seen.append(event.type)
                 if event.type == "response.output_audio.delta":
                     audio += base64.b64decode(event.delta)

@@ -517,3 +517,40 @@ async def test_two_sessions_are_independent(gw: RunningGateway) -> None:
         await text_item(b, "only in b", item_id="shared_id")  # no item_already_exists across sessions
         await a.send({"type": "conversation.item.retrieve", "item_id": "shared_id"})
         assert (await a.wait_for("conversation.item.retrieved"))["item"]["content"][0]["text"] == "only in a"
+
+
+async def test_an_engine_that_calls_no_function_fails_required_and_answers_auto(gw: RunningGateway) -> None:
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+    async with connect(gw.url) as c:
+        await c.wait_for("session.created")
+        await c.send({"type": "session.update", "session": {"type": "realtime", "tools": [tool]}})
+        await c.wait_for("session.updated")
+        await c.send({"type": "response.create"})
+        done = await c.wait_for("response.done")
+        assert done["response"]["status"] == "completed"  # auto: the passthrough answers as always
+        await c.send({"type": "response.create", "event_id": "req", "response": {"tool_choice": "required"}})
+        error = await c.wait_for("error")
+        assert (error["error"]["code"], error["error"]["event_id"]) == ("tools_unsupported", "req")
+        done = await c.wait_for("response.done")
+        assert done["response"]["status"] == "failed"
+        assert done["response"]["status_details"]["error"]["code"] == "tools_unsupported"
+
+
+async def test_an_out_of_band_response_streams_while_the_default_one_runs(paced_gw: RunningGateway) -> None:
+    async with connect(paced_gw.url) as c:
+        await c.wait_for("session.created")
+        await c.send({"type": "response.create"})
+        main = (await c.wait_for("response.created"))["response"]["id"]
+        await c.wait_for("response.output_audio.delta")
+        await c.send({"type": "response.create", "response": {"conversation": "none", "output_modalities": ["text"]}})
+        oob = (await c.wait_for("response.created"))["response"]["id"]
+        first = await c.wait_for(lambda e: e["type"] == "response.done")
+        second = await c.wait_for(lambda e: e["type"] == "response.done")
+        assert {first["response"]["id"], second["response"]["id"]} == {main, oob}
+        assert all(d["response"]["status"] == "completed" for d in (first, second))
+        types_by_response = [e.get("response_id") for e in c.events if e["type"].endswith(".delta")]
+        last_main = len(types_by_response) - 1 - types_by_response[::-1].index(main)
+        assert types_by_response.index(oob) < last_main  # their deltas interleaved: they ran together
+        assert "error" not in c.types()
+        out = next(d for d in (first, second) if d["response"]["id"] == oob)["response"]
+        assert out["conversation_id"] is None

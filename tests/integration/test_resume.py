@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import websockets
 from support.gateway import Client, RunningGateway, connect, run_gateway
 from support.redis_server import REDIS_BINARY, RedisServer
 
@@ -139,6 +140,8 @@ async def test_bad_resume_attempts_get_coded_errors_and_no_data(gateway: Running
 async def test_old_socket_is_told_it_was_replaced_and_closed_4009(gateway: RunningGateway) -> None:
     async with connect(gateway.url, headers=ALICE) as old:
         created = await old.wait_for("session.created")
+        await old.send({"type": "session.update", "session": {"type": "realtime", "gateway_events": True}})
+        await old.wait_for("session.updated")
         async with connect(gateway.url, headers=ALICE) as new:
             await new.wait_for("session.created")
             await new.send({"type": "session.resume", "session_id": created["session"]["id"],
@@ -152,6 +155,22 @@ async def test_old_socket_is_told_it_was_replaced_and_closed_4009(gateway: Runni
             # The session lives on on the new socket.
             await new.send({"type": "response.create"})
             assert (await new.wait_for("response.done"))["response"]["status"] == "completed"
+
+
+async def test_a_replaced_socket_that_did_not_opt_in_only_sees_the_close_4009(gateway: RunningGateway) -> None:
+    """session.replaced is a gateway event the SDKs cannot parse: a plain client gets the close alone."""
+    async with connect(gateway.url, headers=ALICE) as old:
+        created = await old.wait_for("session.created")
+        async with connect(gateway.url, headers=ALICE) as new:
+            await new.wait_for("session.created")
+            await new.send({"type": "session.resume", "session_id": created["session"]["id"],
+                            "resume_token": created["resume_token"], "last_received_server_event_seq": 1})  # fmt: skip
+            await new.wait_for("session.resumed")
+            with pytest.raises(websockets.ConnectionClosed):
+                while True:
+                    await old.recv(timeout=5)  # check_event refuses session.replaced here
+            assert old.ws.close_code == 4009
+            assert "session.replaced" not in old.types()
 
 
 async def test_trimmed_gap_gets_resync_required_with_the_current_state(gateway: RunningGateway) -> None:
@@ -203,6 +222,8 @@ async def test_lease_loop_lets_go_of_a_session_another_replica_took(backend: str
         async with run_gateway(settings, vad_factory=None) as gw, connect(gw.url) as a, connect(gw.url) as b:
             sid_a = (await a.wait_for("session.created"))["session"]["id"]
             sid_b = (await b.wait_for("session.created"))["session"]["id"]
+            await a.send({"type": "session.update", "session": {"type": "realtime", "gateway_events": True}})
+            await a.wait_for("session.updated")
             store = gw.runtime.store
             await asyncio.sleep(0.5)  # several renewal rounds: both leases held all along
             assert (await store.owner_of(sid_a)).owner == gw.runtime.replica_id  # type: ignore[union-attr]

@@ -139,7 +139,7 @@ async def test_sessions_on_a_sigkilled_worker_resume_on_a_sibling_and_the_worker
             # The interrupted answer: ended incomplete (replica_lost) and re-issued whole.
             done = await c.wait_for("response.done")
             if done["response"]["status"] == "incomplete":
-                assert done["response"]["status_details"]["reason"] == "replica_lost", done
+                assert done["response"]["status_details"]["gateway_reason"] == "replica_lost", done
                 done = await c.wait_for("response.done")
             seen = s.client.events + c.events[c.events.index(first) :]  # not the provisional session's
             assert done["response"]["status"] == "completed", done

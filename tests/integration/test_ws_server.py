@@ -197,6 +197,41 @@ async def test_messages_queue_behind_one_the_read_loop_takes_and_reading_pauses_
     assert taken == [False, True]
 
 
+async def test_reading_also_pauses_at_the_byte_bound_of_queued_messages(
+    gw: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind a ``session.resume``, a few large messages pause the socket long before
+    MAX_QUEUED_MESSAGES: what waits for the session is bounded in bytes too."""
+    pauses: list[tuple[int, int]] = []
+    original = ws_server.StreamingWebSocketProtocol._deliver
+
+    def deliver(self: ws_server.StreamingWebSocketProtocol, message: dict[str, Any]) -> None:
+        before = self.read_paused
+        original(self, message)
+        if self.read_paused and not before:
+            pauses.append((self.inbox.qsize(), self.inbox.bytes))
+
+    monkeypatch.setattr(ws_server.StreamingWebSocketProtocol, "_deliver", deliver)
+    monkeypatch.setattr(ws_server, "MAX_QUEUED_BYTES", 1 << 20)
+    slow_resume = Connection._resume
+
+    async def resume_slowly(self: Connection, event: Any) -> None:
+        await asyncio.sleep(0.5)  # a slow store: the read loop is busy while the messages arrive
+        await slow_resume(self, event)
+
+    monkeypatch.setattr(Connection, "_resume", resume_slowly)
+    c = await connect(gw)
+    resume = {"type": "session.resume", "session_id": "sess_nope", "resume_token": "rt_x",
+              "last_received_server_event_seq": 0, "event_id": "resume"}  # fmt: skip
+    big = [{"type": "conversation.item.retrieve", "item_id": f"item_{i}", "event_id": f"item_{i}",
+            "pad": "x" * 60_000} for i in range(40)]  # fmt: skip
+    await c.send(frame(TEXT, orjson.dumps(resume)) + b"".join(frame(TEXT, orjson.dumps(e)) for e in big))
+    assert await c.errors(len(big) + 1) == ["resume"] + [e["event_id"] for e in big]  # nothing lost, in order
+    assert pauses, "reading never paused"
+    count, queued = pauses[0]
+    assert count < ws_server.MAX_QUEUED_MESSAGES and queued >= 1 << 20
+
+
 async def test_the_gateway_works_on_uvicorns_own_protocol_too() -> None:
     """No ``omni.websocket.direct`` extension: every message comes through ``receive``."""
     async with run_gateway(Settings(engine="passthrough"), ws="websockets-sansio") as gw:

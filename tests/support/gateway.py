@@ -9,10 +9,12 @@ import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import orjson
 import uvicorn
 import websockets
+from support.sdk_shapes import check_event
 
 from gateway.app import create_app
 from gateway.runtime import Runtime
@@ -76,14 +78,31 @@ async def run_gateway(
 
 
 class Client:
-    """A minimal realtime client for tests: JSON events in, events out."""
+    """A minimal realtime client for tests: JSON events in, events out.
 
-    def __init__(self, ws: Any) -> None:
+    On ``/v1/realtime`` (OpenAI's dialects, not ``?duplex=1``) every JSON event received is checked strictly against the
+    official SDK's models (``support.sdk_shapes.check_event``, in the client's
+    dialect): a shape the SDK would reject fails the test that received it.
+    Gateway extension events are accepted once the client opted in (it sent
+    ``session.resume``, or ``session.update`` with ``gateway_events: true``, or
+    was connected with ``extensions=True``). Binary audio frames are not JSON
+    events and are not checked."""
+
+    def __init__(self, ws: Any, *, realtime: bool = False, beta: bool = False, extensions: bool = False) -> None:
         self.ws = ws
         self.events: list[dict[str, Any]] = []
         self.binary: list[bytes] = []
+        self.check_shapes = realtime
+        self.beta = beta
+        self.extensions = extensions
 
     async def send(self, event: dict[str, Any]) -> None:
+        if event.get("type") == "session.resume" or (
+            event.get("type") == "session.update"
+            and isinstance(event.get("session"), dict)
+            and event["session"].get("gateway_events") is True
+        ):
+            self.extensions = True
         await self.ws.send(orjson.dumps(event).decode())
 
     async def append(self, pcm: bytes) -> None:
@@ -101,6 +120,8 @@ class Client:
                 return event
             event = orjson.loads(msg)
             self.events.append(event)
+            if self.check_shapes and isinstance(event, dict):
+                check_event(event, beta=self.beta, extensions=self.extensions)
             return event
 
     async def wait_for(self, type_: str | Callable[[dict[str, Any]], bool], timeout: float = 20.0) -> dict[str, Any]:
@@ -121,11 +142,20 @@ class Client:
 
 
 @contextlib.asynccontextmanager
-async def connect(url: str, *, subprotocols: list[str] | None = None,
-                  headers: dict[str, str] | None = None) -> AsyncIterator[Client]:  # fmt: skip
+async def connect(
+    url: str, *, subprotocols: list[str] | None = None, headers: dict[str, str] | None = None, extensions: bool = False
+) -> AsyncIterator[Client]:
+    """``extensions``: the client opted in to gateway extension events by other means
+    (a client secret minted with ``gateway_events``)."""
+    parts = urlsplit(url)
+    duplex = parse_qs(parts.query).get("duplex", ["0"])[0] not in ("0", "false", "")  # vLLM-Omni's dialect
+    realtime = parts.path.rstrip("/").endswith("/v1/realtime") and not duplex
+    beta = "openai-beta.realtime-v1" in (subprotocols or []) or "realtime=v1" in " ".join(
+        v for k, v in (headers or {}).items() if k.lower() == "openai-beta"
+    )
     async with websockets.connect(
         url, subprotocols=subprotocols, additional_headers=headers, max_size=None, compression=None,
         open_timeout=10,
         close_timeout=1,
     ) as ws:  # fmt: skip
-        yield Client(ws)
+        yield Client(ws, realtime=realtime, beta=beta, extensions=extensions)

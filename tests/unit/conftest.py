@@ -36,7 +36,8 @@ def incremental_snapshots_stay_exact(request: pytest.FixtureRequest, monkeypatch
             item = self.conversation.get(item_id)
             if item is not None:
                 stored[item_id] = snapshot.item_bytes(item)
-        streaming = {self._response.item.id} if getattr(self, "_response", None) is not None else set()
+        response = getattr(self, "_response", None)
+        streaming = {out.id for out in response.outputs} if response is not None else set()
         for item in self.conversation:
             if item.id in streaming or item.pending_transcription:
                 continue

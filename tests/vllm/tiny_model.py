@@ -2,7 +2,8 @@
 
 No weights can be downloaded here, so the model is made: a byte-level BPE
 tokenizer trained with ``tokenizers`` on generated English-like text, saved as
-a ``PreTrainedTokenizerFast`` with a small chat template, and a
+a ``PreTrainedTokenizerFast`` with a small chat template (which renders tools
+and tool calls), and a
 ``LlamaForCausalLM`` with random weights (seeded, so runs repeat). Its output is
 random words: only whole-word tokens keep LM-head rows (and the model's
 sampling defaults keep the top 20 tokens), and the rows of "." and of the
@@ -20,8 +21,15 @@ import random
 from pathlib import Path
 
 SPECIAL = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+# Tools render as a system turn listing them (Hermes-style), an assistant's calls as
+# <tool_call> JSON, a call's result as a "tool" turn: what tool-calling templates do.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if tools %}<|system|>\nYou may call these functions:\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}"
+    "{% for c in m.get('tool_calls') or [] %}<tool_call>"
+    '{"name": {{ c["function"]["name"] | tojson }}, "arguments": {{ c["function"]["arguments"] | tojson }}}'
+    "</tool_call>{% endfor %}{{ '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 _WORDS = (

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from orchestrator.engine import (
     AudioChunk,
@@ -29,6 +29,7 @@ from orchestrator.engine import (
     ResponseRequest,
     TextChunk,
     TextDelta,
+    ToolCallDelta,
     TranscriptionRequest,
     Usage,
 )
@@ -41,7 +42,7 @@ from orchestrator.engines.cascade.segment import (
     new_stable_words,
 )
 from orchestrator.engines.cascade.stt import SAMPLE_RATE, PocketsphinxRecognizer, Utterance
-from orchestrator.engines.cascade.thinker import EchoThinker, Thinker
+from orchestrator.engines.cascade.thinker import EchoThinker, Thinker, ToolThinker
 from orchestrator.engines.cascade.tts import DEFAULT_VOICE, EspeakSynthesizer, TtsError
 
 T = TypeVar("T")
@@ -49,12 +50,14 @@ AUDIO_TOKENS_PER_SECOND = 10
 
 IGNORED_FIELDS = (
     "temperature",
-    "tools",
-    "tool_choice",
     "noise_reduction",
+    "include",  # pocketsphinx gives no token log probabilities
     "transcription.language",  # the bundled model is en-us only
+    "transcription.languages",
     "transcription.prompt",
+    "transcription.keywords",
 )
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # ignored unless the thinker calls tools
 
 
 def _words(text: str) -> int:
@@ -82,6 +85,7 @@ class CascadeEngine:
         audio_chunk_ms: int = 40,
     ) -> None:
         self._thinker: Thinker = thinker if thinker is not None else EchoThinker()
+        self._calls_tools = bool(getattr(self._thinker, "calls_tools", False))
         self._stt = PocketsphinxRecognizer(stt_pool_size)
         self._warm = min(warm_decoders, stt_pool_size)
         self._tts = EspeakSynthesizer()
@@ -101,7 +105,7 @@ class CascadeEngine:
             default_voice=DEFAULT_VOICE,
             transcription_models=("pocketsphinx",),
             modalities=("text", "audio"),
-            ignored_fields=IGNORED_FIELDS,
+            ignored_fields=IGNORED_FIELDS + (() if self._calls_tools else TOOL_FIELDS),
         )
         # At most one worker per decoder: each utterance runs one call at a time.
         self._stt_executor: ThreadPoolExecutor | None = None
@@ -296,6 +300,15 @@ class CascadeEngine:
         if voice not in self.info.voices:
             msg = f"unknown voice {voice!r}; one of {', '.join(self.info.voices)}"
             return failing(EngineError("invalid_voice", msg))
+        if request.calls_tools and request.tool_choice.mode in ("required", "function") and not self._calls_tools:
+            thinker = getattr(self._thinker, "description", type(self._thinker).__name__)
+            return failing(
+                EngineError(
+                    "tools_unsupported",
+                    f"this cascade's thinker cannot call tools ({thinker}), so tool_choice "
+                    f"{request.tool_choice.mode!r} cannot be met; use a route whose thinker can (thinker: vllm)",
+                )
+            )
         try:
             req = self._register(request.request_id)
         except EngineError as exc:
@@ -316,7 +329,16 @@ class CascadeEngine:
             splitter = SentenceSplitter()
             text: list[str] = []
             samples = [0]
-            thoughts = self._thinker.think(messages, request.instructions)
+            if self._calls_tools:
+                thoughts = cast(ToolThinker, self._thinker).think(
+                    messages,
+                    request.instructions,
+                    tools=request.tools if request.calls_tools else (),
+                    tool_choice=request.tool_choice,
+                    parallel_tool_calls=request.parallel_tool_calls,
+                )
+            else:
+                thoughts = self._thinker.think(messages, request.instructions)
             try:
                 while not req.aborted.is_set() and not budget.exhausted:
                     try:
@@ -327,6 +349,9 @@ class CascadeEngine:
                         raise EngineError("thinker_failed", f"thinker failed: {exc}") from exc
                     if delta is END or delta is ABORTED:
                         break
+                    if isinstance(delta, ToolCallDelta):
+                        yield delta  # a function call: nothing to speak
+                        continue
                     assert isinstance(delta, str)
                     piece = budget.take(delta)
                     if not piece:

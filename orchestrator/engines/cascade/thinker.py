@@ -1,9 +1,10 @@
 """The cascade's text brain: conversation in, text deltas out.
 
 A ``Thinker`` is anything that turns the conversation into a stream of text
-deltas. The cascade ships only ``EchoThinker``, which does no thinking at
-all; plug a language model in by passing another ``Thinker`` to
-``CascadeEngine``.
+deltas (and, if it ``calls_tools``, of ``ToolCallDelta``s for the functions it
+calls). The cascade ships only ``EchoThinker``, which does no thinking at
+all and cannot call tools; plug a language model in by passing another
+``Thinker`` to ``CascadeEngine`` (``VllmThinker`` calls tools).
 """
 
 from __future__ import annotations
@@ -11,15 +12,33 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from orchestrator.engine import Message
+from orchestrator.engine import FunctionTool, Message, ToolCallDelta, ToolChoice
 
 NOTHING_HEARD = "I did not catch that."
 
 
 class Thinker(Protocol):
-    def think(self, messages: tuple[Message, ...], instructions: str) -> AsyncIterator[str]:
+    def think(self, messages: tuple[Message, ...], instructions: str, /) -> AsyncIterator[str | ToolCallDelta]:
         """Text deltas of the assistant's answer; they concatenate to the answer."""
         ...
+
+
+class ToolThinker(Protocol):
+    """A thinker that can call functions (its ``calls_tools`` is true): it is given
+    the response's tools and may yield ``ToolCallDelta``s for the calls it makes."""
+
+    calls_tools: bool
+
+    def think(
+        self,
+        messages: tuple[Message, ...],
+        instructions: str,
+        /,
+        *,
+        tools: tuple[FunctionTool, ...],
+        tool_choice: ToolChoice,
+        parallel_tool_calls: bool,
+    ) -> AsyncIterator[str | ToolCallDelta]: ...
 
 
 class EchoThinker:
@@ -30,9 +49,10 @@ class EchoThinker:
     in the conversation it answers "I did not catch that."
     """
 
-    description = "EchoThinker (repeats the last user message; not a language model)"
+    description = "EchoThinker (repeats the last user message; not a language model; cannot call tools)"
+    calls_tools = False  # tools are ignored with tool_choice auto; required or a named function fail
 
-    async def think(self, messages: tuple[Message, ...], instructions: str) -> AsyncIterator[str]:
+    async def think(self, messages: tuple[Message, ...], instructions: str) -> AsyncIterator[str | ToolCallDelta]:
         heard = ""
         for message in reversed(messages):
             if message.role == "user":

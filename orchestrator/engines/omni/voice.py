@@ -413,6 +413,9 @@ class OmniEngine:
         return prompt
 
     def respond(self, request: ResponseRequest, inputs: AsyncIterator[EngineInput]) -> AsyncIterator[EngineOutput]:
+        if request.calls_tools and request.tool_choice.mode in ("required", "function"):
+            # Not wired to vLLM-Omni's tool calling: auto answers as always (the fields are reported).
+            return failing(EngineError("tools_unsupported", "the omni engine does not call functions"))
         try:
             entry = self._register(request.request_id)
         except EngineError as exc:

@@ -171,6 +171,7 @@ class Connection:
         self.binary = ws.subprotocol == BINARY_SUBPROTOCOL
         self.idle_since = time.monotonic()
         self.epoch = 0  # one per request; our events are tagged with it
+        self.tools = False  # this upstream session was given tools (a later request must clear them)
         # On /v1/realtime: "openai", or "duplex" (vLLM-Omni's ?duplex=1 dialect: every event has a
         # server_event_seq, acknowledged every DUPLEX_ACK_EVERY events); None until the handshake.
         self.dialect = dialect

@@ -8,7 +8,14 @@ respond
     after the response started) become further user items as they come, so
     the upstream holds the conversation while the transcript finishes; once
     the input ends, ``response.create`` (instructions, modalities,
-    ``max_output_tokens``, temperature). The Realtime API cannot extend a
+    ``max_output_tokens``, temperature). Function calling: ``tools``,
+    ``tool_choice`` and ``parallel_tool_calls`` go in the ``session.update``
+    (only when there are tools, or to clear those of an earlier request on a
+    kept session; in the duplex dialect's session object as the beta API
+    spelled them); a message's calls become ``function_call`` items and a
+    call's result a ``function_call_output`` item; the upstream's
+    ``function_call`` output items and ``response.function_call_arguments``
+    deltas become ``ToolCallDelta``s. The Realtime API cannot extend a
     running response, so the answer starts at the final marker.
     ``response.output_audio.delta`` (base64, or binary frames on
     ``omni-binary.v1``) -> ``AudioDelta`` (PCM16 24 kHz, the Realtime API's
@@ -21,7 +28,9 @@ transcribe
     with ``input_audio_buffer.append`` as it comes, committed at the final
     marker (cleared when under 100 ms, the commit minimum);
     ``conversation.item.input_audio_transcription.delta`` / ``.completed`` ->
-    ``TextDelta`` / ``Finished``, ``.failed`` -> ``transcription_failed``.
+    ``TextDelta`` (with ``logprobs`` when asked) / ``Finished``, ``.failed`` ->
+    ``transcription_failed``. The model name, language, prompt, keywords and
+    languages go upstream (``transcription_models`` may map the names).
     An upstream whose ``session.updated`` shows no transcription (vLLM-Omni's
     realtime endpoint does not transcribe) -> ``EngineError("unsupported")``.
 
@@ -51,7 +60,7 @@ import asyncio
 import base64
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from orchestrator.engine import (
@@ -62,9 +71,12 @@ from orchestrator.engine import (
     EngineInput,
     EngineOutput,
     Finished,
+    Message,
     ResponseRequest,
     TextChunk,
     TextDelta,
+    TokenLogprob,
+    ToolCallDelta,
     TranscriptionRequest,
     Usage,
 )
@@ -106,6 +118,16 @@ def upstream_error(event: dict[str, Any], default: str = "upstream_error") -> En
     code = err.get("code") if isinstance(err.get("code"), str) and err.get("code") else default
     message = err.get("message") or "the upstream refused the request"
     return EngineError(str(code), f"upstream: {message}")
+
+
+def _logprobs(raw: Any) -> tuple[TokenLogprob, ...] | None:
+    if not isinstance(raw, list):
+        return None
+    return tuple(
+        TokenLogprob(str(lp.get("token", "")), float(lp.get("logprob", 0.0)), tuple(lp.get("bytes") or ()))
+        for lp in raw
+        if isinstance(lp, dict)
+    )
 
 
 def usage_of(raw: Any) -> Usage:
@@ -202,6 +224,10 @@ class RemoteEngine(PooledEngine):
     names by default: every upstream maps them). ``binary``: offer
     ``omni-binary.v1`` (audio as binary frames when the upstream accepts).
     ``retries``: re-runs of a request lost before any output (1).
+    ``transcription_models``: the speech-to-text names the upstreams know
+    (the first is used for a client that names another), or a mapping from
+    the names clients use to the upstream's (``"*"``: every other name; a
+    name the mapping lacks goes upstream as it is).
     ``dialect``: "auto" (vLLM-Omni's duplex dialect where an upstream advertises it, else
     OpenAI's), "openai" or "duplex" (``pool``, "dialect"). ``probe_s``: how long a new
     connection waits for a session the upstream opens at connect (the sign of OpenAI's dialect).
@@ -215,7 +241,7 @@ class RemoteEngine(PooledEngine):
         model: str | None = None,
         voices: Sequence[str] = OPENAI_VOICES,
         default_voice: str | None = "alloy",
-        transcription_models: Sequence[str] = ("whisper-1",),
+        transcription_models: Sequence[str] | Mapping[str, str] = ("whisper-1",),
         binary: bool = True,
         retries: int = 1,
         event_timeout_s: float = 60.0,
@@ -239,9 +265,12 @@ class RemoteEngine(PooledEngine):
             output_sample_rate=RATE,
             voices=tuple(voices),
             default_voice=default_voice,
-            transcription_models=tuple(transcription_models),
+            transcription_models=tuple(transcription_models),  # a mapping: the names clients may use
             modalities=("text", "audio"),
-            ignored_fields=("tools", "tool_choice", "noise_reduction"),
+            ignored_fields=(),  # everything is passed upstream, which reports what it ignores
+        )
+        self._stt_names: Mapping[str, str] | None = (
+            dict(transcription_models) if isinstance(transcription_models, Mapping) else None
         )
         self.retries = retries
         self.event_timeout_s = event_timeout_s
@@ -412,11 +441,42 @@ class RemoteEngine(PooledEngine):
     # --- respond ------------------------------------------------------------------
 
     async def _add_item(self, lease: Lease, role: str, text: str) -> None:
+        kind = "output_text" if role == "assistant" else "input_text"
+        await self._create(lease, {"type": "message", "role": role, "content": [{"type": kind, "text": text}]})
+
+    async def _create(self, lease: Lease, item: dict[str, Any]) -> None:
         item_id = f"item_rmt{secrets.token_hex(8)}"
         lease.add_item(item_id)  # known before it exists: a cancelled request still deletes it
-        kind = "output_text" if role == "assistant" else "input_text"
-        await lease.conn.send({"type": "conversation.item.create", "item": {
-            "id": item_id, "type": "message", "role": role, "content": [{"type": kind, "text": text}]}})  # fmt: skip
+        await lease.conn.send({"type": "conversation.item.create", "item": {"id": item_id, **item}})
+
+    @staticmethod
+    def _tool_fields(conn: Connection, request: ResponseRequest) -> dict[str, Any]:
+        """The request's tools in the Realtime API's session shape. Sent only when there
+        are tools, or to clear those an earlier request left on a reused session (an
+        upstream without function calling is never sent the fields)."""
+        if not request.tools and not conn.tools:
+            return {}
+        conn.tools = bool(request.tools)
+        choice = request.tool_choice
+        tool_choice: Any = {"type": "function", "name": choice.name} if choice.mode == "function" else choice.mode
+        tools = [
+            {"type": "function", "name": t.name, "description": t.description, "parameters": dict(t.parameters)}
+            for t in request.tools
+        ]
+        return {"tools": tools, "tool_choice": tool_choice if tools else "auto",
+                "parallel_tool_calls": request.parallel_tool_calls}  # fmt: skip
+
+    async def _add_message(self, lease: Lease, message: Message) -> None:
+        """A message as upstream items: its text, the calls it made, or a call's output."""
+        if message.role == "tool":
+            await self._create(lease, {"type": "function_call_output", "call_id": message.tool_call_id or "",
+                                       "output": message.text})  # fmt: skip
+            return
+        if message.text:
+            await self._add_item(lease, message.role, message.text)
+        for call in message.tool_calls:
+            await self._create(lease, {"type": "function_call", "call_id": call.call_id, "name": call.name,
+                                       "arguments": call.arguments})  # fmt: skip
 
     async def _respond(self, lease: Lease, request: ResponseRequest, tap: _Tap) -> AsyncIterator[EngineOutput]:
         conn = lease.conn
@@ -426,15 +486,20 @@ class RemoteEngine(PooledEngine):
             output["voice"] = request.voice
         if request.speed != 1.0:
             output["speed"] = request.speed
+        tools = self._tool_fields(lease.conn, request)
+        duplex = self._duplex_session(modalities=["audio", "text"] if audio else ["text"], transcription=None,
+                                      voice=request.voice, speed=request.speed)  # fmt: skip
+        if tools:  # the duplex session object takes them as the beta API did: a forced function by its name
+            choice = tools["tool_choice"]
+            duplex.update(tools=tools["tools"], tool_choice=choice["name"] if isinstance(choice, dict) else choice)
         await self._open(lease, {
             "output_modalities": ["audio"] if audio else ["text"],
             "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE}, "turn_detection": None,
                                 "transcription": None}, "output": output},
-        }, self._duplex_session(modalities=["audio", "text"] if audio else ["text"], transcription=None,
-                                voice=request.voice, speed=request.speed))  # fmt: skip
+            **tools,
+        }, duplex)  # fmt: skip
         for message in request.messages:
-            if message.text:
-                await self._add_item(lease, message.role, message.text)
+            await self._add_message(lease, message)
         appended = 0
         async for chunk in tap.stream():
             if isinstance(chunk, TextChunk) and chunk.text:
@@ -461,6 +526,8 @@ class RemoteEngine(PooledEngine):
         lease.expect([{"type": "response.cancel"}], "response.done", "error")
         await conn.send({"type": "response.create", "response": params})
         text: list[str] = []
+        calls: dict[str, int] = {}  # upstream function_call item id -> our call index
+        streamed: set[str] = set()  # calls whose arguments came as deltas
         while True:
             event = await conn.recv(self.event_timeout_s)
             if isinstance(event, bytes):
@@ -478,6 +545,16 @@ class RemoteEngine(PooledEngine):
                 if delta:
                     text.append(delta)
                     yield TextDelta(delta)
+            elif kind == "response.output_item.added" and (event.get("item") or {}).get("type") == "function_call":
+                item = event["item"]
+                calls[item.get("id")] = len(calls)
+                yield ToolCallDelta(calls[item.get("id")], "", call_id=item.get("call_id"), name=item.get("name"))
+            elif kind == "response.function_call_arguments.delta" and event.get("item_id") in calls:
+                streamed.add(event["item_id"])
+                yield ToolCallDelta(calls[event["item_id"]], event.get("delta") or "")
+            elif kind == "response.function_call_arguments.done" and event.get("item_id") in calls:
+                if event["item_id"] not in streamed:  # an upstream that sends the arguments whole
+                    yield ToolCallDelta(calls[event["item_id"]], event.get("arguments") or "")
             elif kind in _ITEM_ADDED:
                 lease.add_item((event.get("item") or {}).get("id"))
             elif kind == "input_audio_buffer.committed":
@@ -497,7 +574,8 @@ class RemoteEngine(PooledEngine):
             raise upstream_error({"error": details.get("error") or {}}, default="upstream_error")
         if status == "cancelled":
             raise EngineError("upstream_cancelled", "the upstream cancelled the response")
-        reason = details.get("reason")
+        # A gateway upstream reports a lost replica in its extension field gateway_reason.
+        reason = details.get("reason") or details.get("gateway_reason")
         if status == "incomplete" and reason != "max_output_tokens":
             if reason in ("replica_lost", "upstream_lost"):
                 raise UpstreamLost(f"upstream {lease.upstream.name} lost the response ({reason})")
@@ -514,17 +592,31 @@ class RemoteEngine(PooledEngine):
 
     # --- transcribe ----------------------------------------------------------------
 
+    def transcription_model(self, name: str | None) -> str:
+        """The upstream's name for the speech-to-text a client asked for."""
+        if self._stt_names is not None:
+            if name is None:
+                return next(iter(self._stt_names.values()), "whisper-1")
+            return self._stt_names.get(name, self._stt_names.get("*", name))
+        known = self.info.transcription_models
+        return name if name in known else known[0]
+
     async def _transcribe(self, lease: Lease, request: TranscriptionRequest, tap: _Tap) -> AsyncIterator[EngineOutput]:
         conn = lease.conn
-        transcription: dict[str, Any] = {"model": request.model or self.info.transcription_models[0]}
+        transcription: dict[str, Any] = {"model": self.transcription_model(request.model)}
         if request.language:
             transcription["language"] = request.language
         if request.prompt:
             transcription["prompt"] = request.prompt
+        if request.keywords:
+            transcription["keywords"] = list(request.keywords)
+        if request.languages:
+            transcription["languages"] = list(request.languages)
         updated = await self._open(lease, {
             "output_modalities": ["text"],
             "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE}, "turn_detection": None,
                                 "transcription": transcription}},
+            **({"include": ["item.input_audio_transcription.logprobs"]} if request.logprobs else {}),
         }, self._duplex_session(modalities=["text"], transcription=transcription))  # fmt: skip
         if not _transcribes(updated):
             raise EngineError("unsupported", f"upstream {lease.upstream.name} does not transcribe input audio")
@@ -552,7 +644,7 @@ class RemoteEngine(PooledEngine):
                 kind = event.get("type")
                 if kind == "conversation.item.input_audio_transcription.delta":
                     if event.get("delta"):
-                        yield TextDelta(event["delta"])
+                        yield TextDelta(event["delta"], logprobs=_logprobs(event.get("logprobs")))
                 elif kind == "conversation.item.input_audio_transcription.completed":
                     final, usage = event.get("transcript") or "", usage_of(event.get("usage"))
                 elif kind == "conversation.item.input_audio_transcription.failed":

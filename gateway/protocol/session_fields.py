@@ -1,0 +1,271 @@
+"""Validators for the fields of a session or a response (pure: no I/O).
+
+Each takes the value a client sent and the ``param`` path it sent it at, and
+returns the validated value, or raises ``ProtocolError`` naming that path.
+The shapes are the GA Realtime API's (``openai.types.realtime``); values that
+are kept as JSON (tools, truncation, tracing, ...) are returned as fresh
+copies, so the configuration never shares objects with a client event.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+from gateway.protocol.errors import Code, ProtocolError
+
+OPENAI_VOICES = (
+    "alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar",
+)  # fmt: skip
+LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
+EAGERNESS = ("low", "medium", "high", "auto")
+TRANSCRIPTION_DELAYS = ("minimal", "low", "medium", "high", "xhigh")
+REASONING_EFFORTS = ("minimal", "low", "medium", "high", "xhigh")
+MAX_TOOLS = 128  # more tools in one session or response: invalid_value
+
+
+def err(message: str, param: str, code: str = Code.INVALID_VALUE) -> ProtocolError:
+    return ProtocolError(code, message, param=param)
+
+
+def check_keys(obj: dict[str, Any], allowed: set[str] | frozenset[str], prefix: str) -> None:
+    for key in obj:
+        if key not in allowed:
+            raise err(f"Unknown parameter: '{prefix}.{key}'.", f"{prefix}.{key}", Code.UNKNOWN_PARAMETER)
+
+
+def obj(value: Any, param: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise err(f"'{param}' must be an object.", param, Code.INVALID_TYPE)
+    return value
+
+
+def num(value: Any, param: str, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise err(f"'{param}' must be a number.", param, Code.INVALID_TYPE)
+    if not lo <= value <= hi:
+        raise err(f"'{param}' must be between {lo} and {hi}, got {value}.", param)
+    return float(value)
+
+
+def integer(value: Any, param: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise err(f"'{param}' must be an integer.", param, Code.INVALID_TYPE)
+    if not lo <= value <= hi:
+        raise err(f"'{param}' must be between {lo} and {hi}, got {value}.", param)
+    return value
+
+
+def boolean(value: Any, param: str) -> bool:
+    if not isinstance(value, bool):
+        raise err(f"'{param}' must be true or false.", param, Code.INVALID_TYPE)
+    return value
+
+
+def string(value: Any, param: str) -> str:
+    if not isinstance(value, str):
+        raise err(f"'{param}' must be a string.", param, Code.INVALID_TYPE)
+    return value
+
+
+def opt_string(value: Any, param: str) -> str | None:
+    return None if value is None else string(value, param)
+
+
+def strings(value: Any, param: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise err(f"'{param}' must be an array of strings.", param, Code.INVALID_TYPE)
+    return tuple(value)
+
+
+def choice(value: Any, param: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise err(f"'{param}' must be one of {', '.join(allowed)}; got {value!r}.", param)
+    return str(value)
+
+
+def modalities(value: Any, param: str) -> tuple[Literal["text", "audio"], ...]:
+    if not isinstance(value, list) or not value or any(m not in ("text", "audio") for m in value):
+        raise err(f'\'{param}\' must be ["audio"] or ["text"].', param)
+    # ["audio"] and ["audio", "text"] both mean audio with its transcript.
+    return ("audio",) if "audio" in value else ("text",)
+
+
+def max_tokens(value: Any, param: str) -> int | None:
+    """``"inf"`` (or null): no limit beyond the engine's own."""
+    if value == "inf" or value is None:
+        return None
+    return integer(value, param, 1, 1_000_000)
+
+
+def voice(value: Any, param: str, engine_voices: tuple[str, ...]) -> str:
+    """A voice name (OpenAI's or the engine's), or a custom voice ``{"id": ...}``
+    (any id is accepted: the engine speaks it with its default voice unless it
+    has a voice of that name)."""
+    if isinstance(value, dict):
+        check_keys(value, {"id"}, param)
+        return string(value.get("id"), f"{param}.id")
+    name = string(value, param)
+    if name not in OPENAI_VOICES and name not in engine_voices:
+        names = ", ".join(OPENAI_VOICES + engine_voices)
+        raise err(f'Unknown voice {name!r}; choose one of: {names} (or a custom voice as {{"id": ...}}).', param)
+    return name
+
+
+# --- tools ---------------------------------------------------------------------------
+
+
+def _function_tool(tool: dict[str, Any], param: str) -> dict[str, Any]:
+    check_keys(tool, {"type", "name", "description", "parameters", "strict"}, param)
+    name = string(tool.get("name"), f"{param}.name")
+    if not name or len(name) > 64 or not all(ch.isascii() and (ch.isalnum() or ch in "_-") for ch in name):
+        raise err(f"'{param}.name' must be 1 to 64 letters, digits, '_' or '-'; got {name!r}.", f"{param}.name")
+    out: dict[str, Any] = {"type": "function", "name": name}
+    if tool.get("description") is not None:
+        out["description"] = string(tool["description"], f"{param}.description")
+    parameters = tool.get("parameters")
+    if parameters is not None:
+        schema = obj(parameters, f"{param}.parameters")
+        if schema.get("type", "object") != "object":
+            raise err(f"'{param}.parameters' must be a JSON schema of type object.", f"{param}.parameters")
+        out["parameters"] = copy.deepcopy(schema)
+    return out
+
+
+def tools(value: Any, param: str) -> tuple[dict[str, Any], ...]:
+    """Function tools (``{type: "function", name, description, parameters}``) and
+    MCP tools (kept and echoed; no engine here connects to an MCP server)."""
+    if not isinstance(value, list):
+        raise err(f"'{param}' must be an array.", param, Code.INVALID_TYPE)
+    if len(value) > MAX_TOOLS:
+        raise err(f"'{param}' may list at most {MAX_TOOLS} tools, got {len(value)}.", param)
+    out: list[dict[str, Any]] = []
+    names: set[str] = set()
+    for i, raw in enumerate(value):
+        p = f"{param}[{i}]"
+        tool = obj(raw, p)
+        kind = tool.get("type", "function")
+        if kind == "function":
+            parsed = _function_tool(tool, p)
+            if parsed["name"] in names:
+                raise err(f"Two tools are named {parsed['name']!r}.", f"{p}.name")
+            names.add(parsed["name"])
+            out.append(parsed)
+        elif kind == "mcp":
+            string(tool.get("server_label"), f"{p}.server_label")
+            out.append(copy.deepcopy(tool))
+        else:
+            raise err(f"'{p}.type' must be function or mcp; got {kind!r}.", f"{p}.type")
+    return tuple(out)
+
+
+def tool_choice(value: Any, param: str) -> str | dict[str, Any]:
+    """``auto``, ``none``, ``required``, ``{type: "function", name}`` or ``{type: "mcp", server_label, name?}``."""
+    if isinstance(value, str):
+        return choice(value, param, ("auto", "none", "required"))
+    choice_obj = obj(value, param)
+    kind = choice_obj.get("type")
+    if kind == "function":
+        check_keys(choice_obj, {"type", "name"}, param)
+        return {"type": "function", "name": string(choice_obj.get("name"), f"{param}.name")}
+    if kind == "mcp":
+        check_keys(choice_obj, {"type", "server_label", "name"}, param)
+        string(choice_obj.get("server_label"), f"{param}.server_label")
+        opt_string(choice_obj.get("name"), f"{param}.name")
+        return copy.deepcopy(choice_obj)
+    raise err(f"'{param}' must be auto, none, required, or an object of type function or mcp.", param)
+
+
+def check_tool_choice_names(
+    choice_value: str | dict[str, Any], tool_list: tuple[dict[str, Any], ...], param: str
+) -> None:
+    if isinstance(choice_value, dict) and choice_value.get("type") == "function":
+        known = {t["name"] for t in tool_list if t.get("type") == "function"}
+        if choice_value["name"] not in known:
+            raise err(
+                f"tool_choice names the function {choice_value['name']!r}, which is not in tools "
+                f"({', '.join(sorted(known)) or 'none'}).",
+                f"{param}.name",
+            )
+
+
+# --- the rest of the session ---------------------------------------------------------
+
+
+def truncation(value: Any, param: str) -> str | dict[str, Any]:
+    """``auto``, ``disabled`` or ``{type: "retention_ratio", retention_ratio, token_limits?}``."""
+    if isinstance(value, str):
+        return choice(value, param, ("auto", "disabled"))
+    t = obj(value, param)
+    check_keys(t, {"type", "retention_ratio", "token_limits"}, param)
+    if t.get("type") != "retention_ratio":
+        raise err(f"'{param}.type' must be retention_ratio.", f"{param}.type")
+    out: dict[str, Any] = {
+        "type": "retention_ratio",
+        "retention_ratio": num(t.get("retention_ratio"), f"{param}.retention_ratio", 0.0, 1.0),
+    }
+    if t.get("token_limits") is not None:
+        limits = obj(t["token_limits"], f"{param}.token_limits")
+        check_keys(limits, {"post_instructions"}, f"{param}.token_limits")
+        out["token_limits"] = {}
+        if limits.get("post_instructions") is not None:
+            out["token_limits"]["post_instructions"] = integer(
+                limits["post_instructions"], f"{param}.token_limits.post_instructions", 1, 10_000_000
+            )
+    return out
+
+
+def noise_reduction(value: Any, param: str) -> dict[str, Any] | None:
+    """null (off) or ``{type: near_field|far_field, strength?: 0..1}``."""
+    if value is None:
+        return None
+    nr = obj(value, param)
+    check_keys(nr, {"type", "strength"}, param)
+    out: dict[str, Any] = {"type": choice(nr.get("type"), f"{param}.type", ("near_field", "far_field"))}
+    if nr.get("strength") is not None:
+        out["strength"] = num(nr["strength"], f"{param}.strength", 0.0, 1.0)
+    return out
+
+
+def tracing(value: Any, param: str) -> str | dict[str, Any] | None:
+    if value is None or value == "auto":
+        return value
+    t = obj(value, param)
+    check_keys(t, {"group_id", "metadata", "workflow_name"}, param)
+    opt_string(t.get("group_id"), f"{param}.group_id")
+    opt_string(t.get("workflow_name"), f"{param}.workflow_name")
+    return copy.deepcopy(t)
+
+
+def prompt(value: Any, param: str) -> dict[str, Any] | None:
+    """A stored prompt reference ``{id, version?, variables?}`` (kept and echoed)."""
+    if value is None:
+        return None
+    p = obj(value, param)
+    check_keys(p, {"id", "version", "variables"}, param)
+    string(p.get("id"), f"{param}.id")
+    opt_string(p.get("version"), f"{param}.version")
+    if p.get("variables") is not None:
+        obj(p["variables"], f"{param}.variables")
+    return copy.deepcopy(p)
+
+
+def reasoning(value: Any, param: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    r = obj(value, param)
+    check_keys(r, {"effort"}, param)
+    out: dict[str, Any] = {}
+    if r.get("effort") is not None:
+        out["effort"] = choice(r["effort"], f"{param}.effort", REASONING_EFFORTS)
+    return out
+
+
+def include(value: Any, param: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    names = strings(value, param)
+    for i, name in enumerate(names):
+        if name != LOGPROBS_INCLUDE:
+            raise err(f"'{param}[{i}]' must be {LOGPROBS_INCLUDE!r}; got {name!r}.", f"{param}[{i}]")
+    return names
