@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import websockets
 from support.gateway import connect
 from support.redis_server import REDIS_BINARY, RedisServer
 from support.workers import scrape, serve_workers
@@ -104,7 +105,9 @@ async def test_every_metric_the_dashboard_queries_is_in_a_scrape_of_a_running_ga
                       "resume_token": created["resume_token"],
                       "last_received_server_event_seq": a.events[-1]["server_event_seq"]})  # fmt: skip
         await b.wait_for("session.resumed")
-        await a.wait_for("session.replaced")  # the old socket: closed 4009
+        with pytest.raises(websockets.ConnectionClosed) as closed:  # the old socket: closed 4009 (it did
+            await a.wait_for("session.replaced")  # not opt in to gateway events: no session.replaced)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4009
         samples = scrape(w.port)
     missing = sorted(m for m in queried() if m not in samples)
     assert not missing, f"queried by the dashboard, not in the scrape: {missing}"
