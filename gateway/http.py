@@ -52,6 +52,15 @@ class HttpApi:
         return JSONResponse({"status": reason, "engines": self.rt.engine_health()}, status_code=200 if ok else 503)
 
     async def metrics(self, request: Request) -> Response:
+        settings = self.rt.settings
+        if settings.requires_auth and not settings.metrics_public:
+            # Tenant names and counts are nobody else's business: an operator credential reads them.
+            grant = await self.rt.auth.authenticate_http(request.headers)
+            if grant is None:
+                self.rt.metrics.auth_failures.inc()
+                return _error(401, Code.UNAUTHORIZED, "Metrics need 'Authorization: Bearer <operator key>'.")
+            if not grant.tenant.admin:
+                return _error(403, Code.FORBIDDEN, "This credential may not read metrics (an operator key may).")
         exposition = self.rt.metrics_exposition
         body = await exposition() if exposition is not None else generate_latest(self.rt.metrics.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -41,6 +41,9 @@ class Settings:
     # Auth is required whenever the gateway binds beyond loopback or keys are set.
     # Starting on a non-loopback address with no keys is refused (see cli).
     auth_required: bool | None = None
+    # With auth required, /metrics needs an operator credential (api_keys, or a keys-file
+    # entry with "admin": true); true: anyone who reaches the port may scrape it.
+    metrics_public: bool = False
     log_level: str = "info"
     # Gateway processes on one port (gateway/workers.py). None ("auto"): one per core this
     # process may use (CPU affinity and cgroup quota) when ``redis_url`` is set and no route

@@ -493,7 +493,7 @@ async def test_metrics_are_prometheus_text_with_the_omni_names(gw: RunningGatewa
         await c.wait_for("response.done")
         await c.send({"type": "conversation.item.retrieve", "item_id": "ghost"})
         await c.wait_for("error")
-        r = await http.get("/metrics")
+        r = await http.get("/metrics", headers=bearer(K1))
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(r.text)}
@@ -524,7 +524,7 @@ async def test_metrics_are_prometheus_text_with_the_omni_names(gw: RunningGatewa
 
 async def test_metrics_count_refused_connections(gw: RunningGateway, http: httpx.AsyncClient) -> None:
     await assert_refused(gw)
-    text = (await http.get("/metrics")).text
+    text = (await http.get("/metrics", headers=bearer(K1))).text
     assert "omni_auth_failures_total 1.0" in text
     assert 'omni_upgrade_refusals_total{code="unauthorized"} 1.0' in text
 
@@ -564,3 +564,19 @@ async def test_models_lists_the_served_model_for_a_key_holder(http: httpx.AsyncC
     data = r.json()["data"]
     assert [m["id"] for m in data] == ["omni-cascade"]
     assert data[0]["engine"] == "passthrough"
+
+
+async def test_metrics_need_an_operator_key_when_auth_is_on(gw: RunningGateway, http: httpx.AsyncClient) -> None:
+    """Tenant names and counts are an operator's: a scraper sends an API key."""
+    refused = await http.get("/metrics")
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == Code.UNAUTHORIZED
+    assert (await http.get("/metrics", headers=bearer("sk-wrong"))).status_code == 401
+    assert (await http.get("/metrics", headers=bearer(K2))).status_code == 200
+
+
+async def test_metrics_can_be_public_or_open_on_a_loopback_gateway_without_keys(open_gw: RunningGateway) -> None:
+    async with httpx.AsyncClient(base_url=open_gw.http) as http:
+        assert (await http.get("/metrics")).status_code == 200  # no auth required here at all
+    async with run_gateway(settings(api_keys=(K1,), metrics_public=True), engine=passthrough(), vad_factory=None) as gw:
+        async with httpx.AsyncClient(base_url=gw.http) as http:
+            assert (await http.get("/metrics")).status_code == 200

@@ -288,7 +288,8 @@ async def test_per_tenant_metrics_have_a_bounded_label_set() -> None:
                 await c.wait_for("session.created")
                 await c.send({"type": "input_audio_buffer.clear"})
                 await c.wait_for("input_audio_buffer.cleared")
-        text = (await http.get("/metrics")).text
+        assert (await http.get("/metrics", headers=bearer(ACME))).status_code == 403  # a tenant, not an operator
+        text = (await http.get("/metrics", headers=bearer(OPERATOR))).text
     labels = {line.split('tenant="')[1].split('"')[0] for line in text.splitlines()
               if line.startswith("omni_tenant_sessions_total{")}  # fmt: skip
     assert labels == {"acme", "beta", "other"}

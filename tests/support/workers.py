@@ -25,9 +25,11 @@ WORKERS = 2
 REPLICA = "wk"  # the workers' replica ids: wk-w0, wk-w1, ...
 
 
-def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Every sample of one ``/metrics`` scrape, by sample name."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+def scrape(port: int, key: str | None = None) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Every sample of one ``/metrics`` scrape, by sample name (``key``: an operator key, when auth is on)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
+    with urllib.request.urlopen(request, timeout=5) as r:
         text = r.read().decode()
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
     for family in text_string_to_metric_families(text):
@@ -51,6 +53,7 @@ class Workers:
     served: Served
     redis: aioredis.Redis
     count: int
+    key: str | None = None  # an operator key, when the workers require auth
 
     @property
     def port(self) -> int:
@@ -73,7 +76,7 @@ class Workers:
 
     def _all_up(self, restarts: dict[str, float] | None) -> bool:
         try:
-            samples = scrape(self.port)
+            samples = scrape(self.port, self.key)
         except OSError:
             return False
         up = by_worker(samples.get("omni_worker_up", []))
@@ -114,7 +117,8 @@ async def serve_workers(
     served = Served(command, port=port, cwd=ROOT, log_path=tmp / f"workers-{port}.log", env=environ)
     client = aioredis.from_url(redis_server.url)
     try:
-        w = Workers(served, client, count)
+        key = env.get("OMNI_GATEWAY_API_KEYS", "").split(",")[0] or None
+        w = Workers(served, client, count, key)
         await asyncio.to_thread(w.wait_all_up)
         yield w
     finally:
