@@ -55,15 +55,22 @@ class HttpApi:
         settings = self.rt.settings
         if settings.requires_auth and not settings.metrics_public:
             # Tenant names and counts are nobody else's business: an operator credential reads them.
-            grant = await self.rt.auth.authenticate_http(request.headers)
-            if grant is None:
-                self.rt.metrics.auth_failures.inc()
-                return _error(401, Code.UNAUTHORIZED, "Metrics need 'Authorization: Bearer <operator key>'.")
-            if not grant.tenant.admin:
-                return _error(403, Code.FORBIDDEN, "This credential may not read metrics (an operator key may).")
+            refused = await self._refused_unless_operator(request, "Metrics")
+            if refused is not None:
+                return refused
         exposition = self.rt.metrics_exposition
         body = await exposition() if exposition is not None else generate_latest(self.rt.metrics.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    async def _refused_unless_operator(self, request: Request, what: str) -> Response | None:
+        """401 without a valid credential, 403 for one that is not an operator's; None: go on."""
+        grant = await self.rt.auth.authenticate_http(request.headers)
+        if grant is None:
+            self.rt.metrics.auth_failures.inc()
+            return _error(401, Code.UNAUTHORIZED, f"{what} need 'Authorization: Bearer <operator key>'.")
+        if not grant.tenant.admin:
+            return _error(403, Code.FORBIDDEN, f"{what}: this credential is not an operator's (an operator key is).")
+        return None
 
     async def models(self, request: Request) -> Response:
         if await self.rt.auth.authenticate_http(request.headers) is None:
@@ -130,12 +137,9 @@ class HttpApi:
         return JSONResponse({"value": token, "expires_at": expires_at, "session": rendered})
 
     async def admin(self, request: Request) -> Response:
-        grant = await self.rt.auth.authenticate_http(request.headers)
-        if grant is None:
-            self.rt.metrics.auth_failures.inc()
-            return _error(401, Code.UNAUTHORIZED, "Admin endpoints need 'Authorization: Bearer <API key>'.")
-        if not grant.tenant.admin:
-            return _error(403, Code.FORBIDDEN, "This credential may not use admin endpoints (an operator key may).")
+        refused = await self._refused_unless_operator(request, "Admin endpoints")
+        if refused is not None:
+            return refused
         action = request.path_params["action"]
         if action in ("pause", "resume"):
             # Admission: new requests wait while paused (those being admitted finish first).

@@ -286,6 +286,24 @@ class VllmEngine:
     def healthy(self) -> bool:
         return self._llm is not None and self._tokenizer is not None and not self._closed and not self._failed()
 
+    def _coded(self, exc: Exception, rid: str) -> Exception:
+        """vLLM's failure of request ``rid`` as our coded error (others pass unchanged)."""
+        from vllm.exceptions import VLLMClientError
+        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+        if isinstance(exc, EngineDeadError):
+            self._dead = True
+            log.error("vLLM engine core died during request %s", rid)
+            return _dead(exc)
+        if isinstance(exc, VLLMClientError):
+            return EngineError("invalid_request", str(exc))
+        if isinstance(exc, EngineGenerateError):
+            if self._failed():
+                return _dead(exc)
+            cause = exc.__cause__
+            return EngineError("engine_error", f"vLLM failed: {type(cause or exc).__name__}: {cause or exc}")
+        return exc
+
     def _failed(self) -> bool:
         if not self._dead and self._llm is not None and self._llm.errored:
             self._dead = True
@@ -342,9 +360,7 @@ class VllmEngine:
         self, request: ResponseRequest, params: Any, inputs: AsyncIterator[EngineInput]
     ) -> AsyncIterator[EngineOutput]:
         from vllm.engine.protocol import StreamingInput
-        from vllm.exceptions import VLLMClientError
         from vllm.inputs import tokens_input
-        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
         rid = request.request_id
         llm, tokenizer = self._llm, self._tokenizer
@@ -392,17 +408,11 @@ class VllmEngine:
                         text.append(delta)
                         yield TextDelta(delta)
             done = True
-        except EngineDeadError as exc:
-            self._dead = True
-            log.error("vLLM engine core died during request %s", rid)
-            raise _dead(exc) from exc
-        except VLLMClientError as exc:
-            raise EngineError("invalid_request", str(exc)) from exc
-        except EngineGenerateError as exc:
-            if self._failed():
-                raise _dead(exc) from exc
-            cause = exc.__cause__
-            raise EngineError("engine_error", f"vLLM failed: {type(cause or exc).__name__}: {cause or exc}") from exc
+        except Exception as exc:
+            coded = self._coded(exc, rid)
+            if coded is exc:
+                raise
+            raise coded from exc
         finally:
             self.active.discard(rid)
             if not done or reason == "length":
@@ -438,9 +448,7 @@ class VllmEngine:
 
     async def _generate(self, rid: str, prompt: list[int], params: Any, read: Any) -> AsyncIterator[EngineOutput]:
         """One ordinary request: ``read(delta_text, token_ids)`` turns each piece into outputs."""
-        from vllm.exceptions import VLLMClientError
         from vllm.inputs import tokens_input
-        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
         text: list[str] = []
         output_tokens = 0
@@ -458,16 +466,11 @@ class VllmEngine:
                             text.append(piece.text)
                         yield piece
             done = True
-        except EngineDeadError as exc:
-            self._dead = True
-            raise _dead(exc) from exc
-        except VLLMClientError as exc:
-            raise EngineError("invalid_request", str(exc)) from exc
-        except EngineGenerateError as exc:
-            if self._failed():
-                raise _dead(exc) from exc
-            cause = exc.__cause__
-            raise EngineError("engine_error", f"vLLM failed: {type(cause or exc).__name__}: {cause or exc}") from exc
+        except Exception as exc:
+            coded = self._coded(exc, rid)
+            if coded is exc:
+                raise
+            raise coded from exc
         finally:
             self.active.discard(rid)
             if not done:
