@@ -1,6 +1,11 @@
 """A bare Starlette WebSocket echo: the baseline ``voice_load.py`` measures the gateway against.
 
-Every text or binary message is sent straight back, unchanged. It is served
+On ``/echo`` every text or binary message is sent straight back, unchanged.
+On ``/duplex`` (the baseline of ``voice_load.py --duplex``) every message read
+is answered with one 20 ms audio message, as a voice session that is speaking
+sends one while it listens: a ``response.output_audio.delta`` JSON event for a
+text message, an output audio frame of the gateway's size for a binary one.
+Either way the same messages go in and out as with the gateway. It is served
 exactly as ``omni-gateway serve`` serves the gateway (uvicorn with uvloop,
 httptools, ``websockets-sansio``, no permessage-deflate, the same frame size
 limit), so the difference between the two is the gateway's own work::
@@ -11,7 +16,9 @@ limit), so the difference between the two is the gateway's own work::
 from __future__ import annotations
 
 import argparse
+import base64
 
+import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -20,6 +27,15 @@ from starlette.websockets import WebSocket
 
 BINARY_SUBPROTOCOL = "omni-binary.v1"  # echoed when offered, as the gateway does
 MAX_FRAME_BYTES = 8 << 20  # the gateway's default max_frame_bytes
+_PCM = bytes(range(256)) * 3 + bytes(192)  # 960 B: 20 ms of 24 kHz PCM16
+# What the gateway sends for 20 ms of answer: the same fields, ids of the same length.
+AUDIO_DELTA_TEXT = orjson.dumps({
+    "type": "response.output_audio.delta", "event_id": "event_0123456789abcdef0123",
+    "response_id": "resp_0123456789abcdef012345", "item_id": "item_0123456789abcdef012345", "output_index": 0,
+    "content_index": 0,
+    "delta": base64.b64encode(_PCM).decode(), "server_event_seq": 123456,
+}).decode()  # fmt: skip
+AUDIO_DELTA_FRAME = bytes(40) + _PCM  # the gateway's binary header (13 B + a 27-char item id, padded) + PCM
 
 
 async def echo(ws: WebSocket) -> None:
@@ -37,12 +53,27 @@ async def echo(ws: WebSocket) -> None:
             await ws.send_bytes(message.get("bytes") or b"")
 
 
+async def duplex(ws: WebSocket) -> None:
+    offered = ws.scope.get("subprotocols") or []
+    await ws.accept(subprotocol=BINARY_SUBPROTOCOL if BINARY_SUBPROTOCOL in offered else None)
+    while True:
+        message = await ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        if message.get("text") is not None:
+            await ws.send_text(AUDIO_DELTA_TEXT)
+        else:
+            await ws.send_bytes(AUDIO_DELTA_FRAME)
+
+
 async def healthz(request: Request) -> Response:
     return PlainTextResponse("ok")
 
 
 def create_app() -> Starlette:
-    return Starlette(routes=[Route("/healthz", healthz), WebSocketRoute("/echo", echo)])
+    return Starlette(
+        routes=[Route("/healthz", healthz), WebSocketRoute("/echo", echo), WebSocketRoute("/duplex", duplex)]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

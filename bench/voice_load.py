@@ -18,6 +18,20 @@ here as separate processes, served the same way (uvicorn, uvloop, httptools,
 - the bare echo (``bench/bare_echo.py``) sends every message back; every
   append's round trip is a latency sample.
 
+With ``--duplex`` each session is also answered while it streams, as a voice
+session that speaks while the user's microphone keeps coming (barge-in needs
+it): the client asks for a response at once and again as soon as each one is
+done, and the gateway's passthrough route streams 20 ms audio deltas paced at
+50/s (a transcript word every 5 of them) for ``--answer-s`` seconds per
+response, while the appends and commits go on as above. The client acks the
+journal with ``session.event_ack`` every 50 events, as the SDKs do. The
+baseline is the echo's ``/duplex`` route, which answers every message it reads
+with one 20 ms audio message (a ``response.output_audio.delta`` JSON event, or
+an output audio frame): the same messages in and out. Added latency in is
+measured as before (and commit -> ``input_audio_buffer.committed``); out, as
+the jitter of the gaps between one response's audio deltas against the 20 ms
+pace (for the echo: between its replies, which follow the client's 20 ms pace).
+
 Added latency = gateway p50/p99 minus echo p50/p99. ``--find-max`` ramps N
 until each server saturates. Only 127.0.0.1 is used; every phase is bounded
 in time; the servers and client processes are ended on exit, error or Ctrl-C.
@@ -26,6 +40,7 @@ See bench/README.md for what each figure means and the figures measured.
     python bench/voice_load.py                      # N=200, JSON, about 1 min
     python bench/voice_load.py --binary --sessions 400
     python bench/voice_load.py --find-max           # ramp N, up to 12 min
+    python bench/voice_load.py --duplex --sessions 400 [--binary]
 """
 
 from __future__ import annotations
@@ -40,6 +55,7 @@ import multiprocessing as mp
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -80,6 +96,11 @@ _COMMIT = '{"type":"input_audio_buffer.commit"}'
 _CLEAR = '{"type":"input_audio_buffer.clear"}'
 _DELTA = "conversation.item.input_audio_transcription.delta"
 _COMMITTED = "input_audio_buffer.committed"
+_AUDIO_OUT = "response.output_audio.delta"
+_RESPONSE_CREATE = '{"type":"response.create"}'
+ACK_EVERY = 50  # --duplex: the client acks the journal every this many server events, as the SDKs do
+WORDS_EVERY = 5  # --duplex: the passthrough answer's transcript word every 5 audio deltas (10 words/s)
+_OUT_FRAME = struct.Struct(">BBHQ")  # an output audio frame's header: kind, header length, content index, seq
 
 
 def _audio_messages() -> tuple[str, bytes]:
@@ -104,6 +125,7 @@ class WorkerPlan:
     idle: bool  # open, then send nothing
     client: str  # "asyncio" | "sansio"
     cpus: tuple[int, ...] | None
+    duplex: bool = False
     drain_s: float = 5.0
 
 
@@ -118,6 +140,11 @@ class _Stats:
     answered: int = 0  # chunks answered: echoes, or chunk numbers in transcript deltas
     errors: int = 0
     first_error: str = ""
+    # --duplex
+    commit_lat: array.array[float] = field(default_factory=lambda: array.array("d"))  # ms, commit -> committed
+    jitter: array.array[float] = field(default_factory=lambda: array.array("d"))  # ms, |audio gap - 20 ms|
+    audio_out: int = 0  # 20 ms audio messages received
+    responses: int = 0  # responses done
 
     def error(self, what: object) -> None:
         self.errors += 1
@@ -127,8 +154,8 @@ class _Stats:
 class _Session:
     """One client connection and what it is owed. ``send`` returns an awaitable or None."""
 
-    __slots__ = ("acked", "buf", "chunks", "close", "dead", "expected", "fifo", "items", "pending", "phase", "recv",
-                 "send", "shift")  # fmt: skip
+    __slots__ = ("acked", "acked_seq", "answering", "buf", "chunks", "close", "dead", "expected", "fifo", "items",
+                 "last_audio", "pending", "phase", "recv", "send", "seq", "shift")  # fmt: skip
 
     def __init__(self, phase: float, shift: int) -> None:
         # Sessions neither send nor commit in lockstep: chunks are spread over the 20 ms period
@@ -146,12 +173,17 @@ class _Session:
         self.items: dict[str, tuple[bytes, float]] = {}  # committed item id -> the same
         self.fifo: deque[float] = deque()  # echo: send times in order (-1: not sampled)
         self.dead = False
+        # --duplex
+        self.answering = False  # a response was asked for and is not done
+        self.last_audio = 0.0  # arrival of the last audio message of the current response (0: none yet)
+        self.seq = 0  # the last server_event_seq seen
+        self.acked_seq = 0  # the last one acked
 
 
-def _on_gateway(s: _Session, st: _Stats, raw: str | bytes, t: float) -> None:
+def _on_gateway(s: _Session, st: _Stats, raw: str | bytes, t: float, event: dict[str, Any] | None = None) -> None:
     if st.w0 <= t < st.w1:
         st.received += 1
-    event = orjson.loads(raw)
+    event = orjson.loads(raw) if event is None else event
     kind = event["type"]
     if kind == _DELTA:
         tokens = event["delta"].encode().split()
@@ -167,6 +199,52 @@ def _on_gateway(s: _Session, st: _Stats, raw: str | bytes, t: float) -> None:
         s.items.pop(event["item_id"], None)
     elif kind == "error":
         st.error(event["error"]["message"])
+
+
+def _audio_arrived(s: _Session, st: _Stats, t: float) -> None:
+    if st.w0 <= t < st.w1:
+        st.audio_out += 1
+        if s.last_audio:
+            st.jitter.append(abs((t - s.last_audio) * 1000 - CHUNK_MS))
+    s.last_audio = t
+
+
+def _on_gateway_duplex(s: _Session, st: _Stats, raw: str | bytes, t: float) -> None:
+    if isinstance(raw, bytes) and raw[:1] != b"{":  # an output audio frame (omni-binary.v1)
+        if st.w0 <= t < st.w1:
+            st.received += 1
+        s.seq = _OUT_FRAME.unpack_from(raw)[3]
+        _audio_arrived(s, st, t)
+        return
+    event = orjson.loads(raw)
+    s.seq = event.get("server_event_seq") or s.seq
+    kind = event["type"]
+    if kind == _AUDIO_OUT:
+        if st.w0 <= t < st.w1:
+            st.received += 1
+        _audio_arrived(s, st, t)
+        return
+    if kind == _COMMITTED and s.pending:
+        sent = s.pending[0][1]
+        if st.w0 <= sent < st.w1:
+            st.commit_lat.append((t - sent) * 1000)
+    elif kind == "response.done":
+        s.answering, s.last_audio = False, 0.0  # the pacer asks for the next one
+        if st.w0 <= t < st.w1:
+            st.responses += 1
+        status = event["response"]["status"]
+        if status != "completed":
+            st.error(f"response {status}: {event['response'].get('status_details')}")
+    _on_gateway(s, st, raw, t, event)
+
+
+def _on_echo_duplex(s: _Session, st: _Stats, raw: str | bytes, t: float) -> None:
+    paced = bool(s.fifo) and s.fifo[0] >= 0  # the reply to an append (a commit's follows it at once)
+    _on_echo(s, st, raw, t)
+    if paced:
+        _audio_arrived(s, st, t)
+    elif st.w0 <= t < st.w1:
+        st.audio_out += 1
 
 
 def _on_echo(s: _Session, st: _Stats, raw: str | bytes, t: float) -> None:
@@ -353,6 +431,7 @@ async def _pace(plan: WorkerPlan, sessions: list[_Session], start_at: float, st:
     text, frame = _audio_messages()
     chunk: str | bytes = frame if plan.binary else text
     gateway, every, w0, w1 = plan.target == "gateway", plan.commit_every, st.w0, st.w1
+    answers = gateway and plan.duplex
     now = time.monotonic
     order = sorted(sessions, key=lambda s: s.phase)
     tick = 0
@@ -371,6 +450,15 @@ async def _pace(plan: WorkerPlan, sessions: list[_Session], start_at: float, st:
                 st.lag.append(max(0.0, t - due) * 1000)
                 st.sent += 1
             try:
+                if answers:
+                    if not s.answering:  # answering all the time: the next response as soon as one is done
+                        s.answering = True
+                        await _maybe(s.send(_RESPONSE_CREATE))
+                        st.sent += inside
+                    if s.seq - s.acked_seq >= ACK_EVERY:
+                        s.acked_seq = s.seq
+                        await _maybe(s.send(f'{{"type":"session.event_ack","last_received_server_event_seq":{s.seq}}}'))
+                        st.sent += inside
                 if not gateway:
                     s.fifo.append(t)
                     s.expected += 1
@@ -422,14 +510,17 @@ async def _worker(plan: WorkerPlan, conn: Connection) -> dict[str, Any]:
         if order[0] == "go" and not plan.idle:
             _, start_at, w0, w1 = order
             st = _Stats(w0, w1)
-            on = _on_gateway if plan.target == "gateway" else _on_echo
+            handlers = {(False, "gateway"): _on_gateway, (False, "echo"): _on_echo,
+                        (True, "gateway"): _on_gateway_duplex, (True, "echo"): _on_echo_duplex}  # fmt: skip
+            on = handlers[plan.duplex, plan.target]
             for s, stream in opened:
                 stream(partial(_guarded, on, s, st), partial(setattr, s, "dead", True))
             await _pace(plan, sessions, start_at, st)
             unanswered = await _finish(plan, sessions)
             result.update(lat=st.lat, lag=st.lag, sent=st.sent, received=st.received, answered=st.answered,
                           unanswered=unanswered, errors=st.errors, first_error=st.first_error,
-                          closed=sum(s.dead for s in sessions))  # fmt: skip
+                          closed=sum(s.dead for s in sessions), commit_lat=st.commit_lat, jitter=st.jitter,
+                          audio_out=st.audio_out, responses=st.responses)  # fmt: skip
     finally:
         with contextlib.suppress(TimeoutError):  # closing is best effort: the parent ends us anyway
             await asyncio.wait_for(asyncio.gather(*(s.close() for s in sessions), return_exceptions=True), 15)
@@ -462,7 +553,8 @@ def _free_port() -> int:
 class Server:
     """One server process on 127.0.0.1; ended by ``stop`` (always called: see ``serve``)."""
 
-    def __init__(self, target: str, sessions: int, run_s: float, cpus: tuple[int, ...] | None) -> None:
+    def __init__(self, target: str, sessions: int, run_s: float, setup: Setup) -> None:
+        cpus = setup.server_cpus
         self.target = target
         self.port = _free_port()
         # The server's output; kept (and named in the error) only if it fails to start.
@@ -484,9 +576,16 @@ class Server:
                 OMNI_GATEWAY_DRAIN_WINDOW_S="1",  # the clients are gone when we stop it: no answers to wait for
             )
             self.url = f"ws://127.0.0.1:{self.port}/v1/realtime"
+            if setup.duplex:  # a route whose answers last --answer-s, one per session at a time
+                route = {"name": "duplex-bench", "engine": "passthrough", "words_every": WORDS_EVERY,
+                         "audio_chunks": int(setup.answer_s * 1000) // CHUNK_MS}  # fmt: skip
+                env.update(OMNI_GATEWAY_MODELS=orjson.dumps({"models": [route]}).decode(),
+                           OMNI_GATEWAY_MODEL="duplex-bench",
+                           OMNI_GATEWAY_MAX_RESPONSES=str(max(256, sessions + 100)))  # fmt: skip
+                self.url += "?model=duplex-bench"
         else:
             cmd = [sys.executable, str(ROOT / "bench" / "bare_echo.py"), "--port", str(self.port)]
-            self.url = f"ws://127.0.0.1:{self.port}/echo"
+            self.url = f"ws://127.0.0.1:{self.port}/" + ("duplex" if setup.duplex else "echo")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         try:
             if cpus:
@@ -536,7 +635,7 @@ class Server:
 
 @contextlib.contextmanager
 def serve(target: str, sessions: int, run_s: float, setup: Setup) -> Any:
-    server = Server(target, sessions, run_s, setup.server_cpus)
+    server = Server(target, sessions, run_s, setup)
     try:
         server.wait_ready()
         _touch(server)
@@ -575,6 +674,8 @@ class Setup:
     wait_quiet_s: float = 0.0  # before each server starts, wait up to this long for others' load to drop
     profile: Path | None = None  # py-spy the gateway during the measured window, raw stacks here
     retries: int = 0  # measure again while other processes used > 15% of a core in the window
+    duplex: bool = False  # every session is answered while it streams (see the module's docstring)
+    answer_s: float = 5.0  # --duplex: the length of each answer
 
     def workers(self, n: int) -> int:
         cores = len(self.client_cpus or os.sched_getaffinity(0))
@@ -593,7 +694,7 @@ class Pool:
         for w in range(workers):
             count = n // workers + (w < n % workers)
             plan = WorkerPlan(server.target, server.url, setup.binary, first, count, n, setup.commit_every, idle,
-                              setup.client, setup.client_cpus)  # fmt: skip
+                              setup.client, setup.client_cpus, setup.duplex)  # fmt: skip
             first += count
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker_entry, args=(plan, child), daemon=True)
@@ -736,6 +837,14 @@ class Figures:
     profile: str = ""
     added_p50_ms: float = math.nan
     added_p99_ms: float = math.nan
+    # --duplex
+    duplex: bool = False
+    audio_out_s: float = 0.0  # 20 ms audio messages received per second
+    responses_s: float = 0.0
+    commit_p50_ms: float = math.nan  # commit -> input_audio_buffer.committed (the gateway only)
+    commit_p99_ms: float = math.nan
+    jitter_p50_ms: float = math.nan  # |gap between audio messages - 20 ms|
+    jitter_p99_ms: float = math.nan
 
 
 def _ready_timeout(n: int) -> float:
@@ -806,6 +915,15 @@ def measure_load(server: Server, fig: Figures, setup: Setup, duration: float) ->
     fig.errors = sum(r["errors"] for r in results)
     fig.closed = sum(r["closed"] for r in results)
     fig.first_error = fig.first_error or next((r["first_error"] for r in results if r["first_error"]), "")
+    if fig.duplex:
+        commit = np.concatenate([np.frombuffer(r["commit_lat"], dtype=np.float64) for r in results])
+        jitter = np.concatenate([np.frombuffer(r["jitter"], dtype=np.float64) for r in results])
+        if commit.size:
+            fig.commit_p50_ms, fig.commit_p99_ms = (float(x) for x in np.percentile(commit, [50, 99]))
+        if jitter.size:
+            fig.jitter_p50_ms, fig.jitter_p99_ms = (float(x) for x in np.percentile(jitter, [50, 99]))
+        fig.audio_out_s = sum(r["audio_out"] for r in results) / duration
+        fig.responses_s = sum(r["responses"] for r in results) / duration
 
 
 NOISY_PCT = 15.0  # others' CPU in a window (100 = one core) above which figures are skewed
@@ -825,7 +943,7 @@ def run_target(target: str, setup: Setup, n: int, *, idle: bool, duration: float
 
 
 def _run_once(target: str, setup: Setup, n: int, *, idle: bool, duration: float) -> Figures:
-    fig = Figures(target, n, setup.binary, setup.client)
+    fig = Figures(target, n, setup.binary, setup.client, duplex=setup.duplex)
     if setup.wait_quiet_s > 0:
         fig.quiet_pct = wait_quiet(setup.wait_quiet_s)
     if idle:  # a server of its own: the gateway keeps closed sessions resumable for a while
@@ -871,20 +989,36 @@ def _warn(fig: Figures, setup: Setup) -> None:
               "figures are skewed (--wait-quiet helps)")  # fmt: skip
 
 
+def handled_s(fig: Figures) -> float:
+    """Chunks handled per second: input chunks answered, and with --duplex the audio chunks sent out too."""
+    return fig.chunks_answered_s + fig.audio_out_s
+
+
 def per_core(fig: Figures) -> float:
-    """Chunks answered per second of server CPU; NaN when the run was not healthy."""
+    """Chunks handled per second of server CPU; NaN when the run was not healthy."""
     ok = healthy(fig) and fig.server_cpu_pct > 0
-    return fig.chunks_answered_s / (fig.server_cpu_pct / 100) if ok else math.nan
+    return handled_s(fig) / (fig.server_cpu_pct / 100) if ok else math.nan
 
 
 def report(gw: Figures, echo: Figures, setup: Setup) -> float:
     """Print both side by side; returns the throughput ratio."""
     gw.added_p50_ms, gw.added_p99_ms = gw.p50_ms - echo.p50_ms, gw.p99_ms - echo.p99_ms
+    duplex = [
+        ("audio msgs out/s", _f(gw.audio_out_s, 0), _f(echo.audio_out_s, 0), ""),
+        ("responses done/s", _f(gw.responses_s, 1), "", ""),
+        ("commit -> committed p50", _f(gw.commit_p50_ms, 2), "", ""),
+        ("commit -> committed p99", _f(gw.commit_p99_ms, 2), "", ""),
+        ("out gap jitter p50 ms", _f(gw.jitter_p50_ms, 2), _f(echo.jitter_p50_ms, 2), ""),
+        ("out gap jitter p99 ms", _f(gw.jitter_p99_ms, 2), _f(echo.jitter_p99_ms, 2), ""),
+        ("added jitter p99 ms", _f(gw.jitter_p99_ms - echo.jitter_p99_ms, 2), "",
+         f"<= {TARGET_ADDED_P99_MS:.0f}: {_ok(gw.jitter_p99_ms - echo.jitter_p99_ms <= TARGET_ADDED_P99_MS)}"),
+    ] if gw.duplex else []  # fmt: skip
     rows = [
         ("sessions (connected)", f"{gw.connected}/{gw.sessions}", f"{echo.connected}/{echo.sessions}", ""),
         ("msgs/s in", _f(gw.msgs_in_s, 0), _f(echo.msgs_in_s, 0), ""),
         ("msgs/s out", _f(gw.msgs_out_s, 0), _f(echo.msgs_out_s, 0), ""),
         ("chunks answered/s", _f(gw.chunks_answered_s, 0), _f(echo.chunks_answered_s, 0), ""),
+        *duplex,
         ("RTT p50 ms", _f(gw.p50_ms, 2), _f(echo.p50_ms, 2), ""),
         ("RTT p99 ms", _f(gw.p99_ms, 2), _f(echo.p99_ms, 2), ""),
         ("latency samples", f"{gw.samples:,}", f"{echo.samples:,}", ""),
@@ -897,7 +1031,8 @@ def report(gw: Figures, echo: Figures, setup: Setup) -> float:
         ("RSS KB/session", _f(gw.rss_per_session_kb), _f(echo.rss_per_session_kb), ""),
         ("  growth KB/s/session", _f(gw.rss_growth_kb_s, 2), _f(echo.rss_growth_kb_s, 2), ""),
         ("RSS KB/idle session", _f(gw.rss_per_idle_kb), _f(echo.rss_per_idle_kb),
-         f"<= {TARGET_IDLE_KB:.0f}: {_ok(gw.rss_per_idle_kb <= TARGET_IDLE_KB)}"),
+         "" if math.isnan(gw.rss_per_idle_kb)
+         else f"<= {TARGET_IDLE_KB:.0f}: {_ok(gw.rss_per_idle_kb <= TARGET_IDLE_KB)}"),
         ("unanswered/errors/closed", f"{gw.unanswered}/{gw.errors}/{gw.closed}",
          f"{echo.unanswered}/{echo.errors}/{echo.closed}", ""),
         ("client send lag p99 ms", _f(gw.lag_p99_ms, 2), _f(echo.lag_p99_ms, 2), ""),
@@ -910,7 +1045,8 @@ def report(gw: Figures, echo: Figures, setup: Setup) -> float:
     # Chunks answered per server CPU second: what each would carry on one full core. Only a run
     # the server kept up with says so (an overloaded one answers late, outside the window).
     ratio = per_core(gw) / per_core(echo)
-    print(f"\nchunks answered per server CPU second: gateway {_f(per_core(gw), 0)}, echo {_f(per_core(echo), 0)}: "
+    what = "chunks handled (in answered + audio out)" if gw.duplex else "chunks answered"
+    print(f"\n{what} per server CPU second: gateway {_f(per_core(gw), 0)}, echo {_f(per_core(echo), 0)}: "
           f"throughput ratio gateway/echo {_f(ratio, 2)} (target >= {TARGET_RATIO}: {_ok(ratio >= TARGET_RATIO)}; "
           f"--find-max measures it at saturation)")  # fmt: skip
     if gw.sessions < TARGET_SESSIONS:
@@ -922,8 +1058,10 @@ def report(gw: Figures, echo: Figures, setup: Setup) -> float:
 
 
 def keeps_up(fig: Figures) -> bool:
-    """Not saturated: healthy, and the median round trip has not grown into a queue."""
-    return healthy(fig) and fig.p50_ms <= KEEPUP_P50_MS
+    """Not saturated: healthy, and neither the median round trip nor (--duplex) the median gap
+    jitter of the audio out has grown into a queue."""
+    paced = not fig.duplex or fig.jitter_p50_ms <= KEEPUP_P50_MS
+    return healthy(fig) and fig.p50_ms <= KEEPUP_P50_MS and paced
 
 
 def find_max(setup: Setup, steps: list[int], step_s: float, max_minutes: float) -> dict[str, Any]:
@@ -941,7 +1079,7 @@ def find_max(setup: Setup, steps: list[int], step_s: float, max_minutes: float) 
     missed = False  # it missed the latency target at some N (larger N are not counted)
     echo_p99 = 0.0
     deadline = time.monotonic() + max_minutes * 60
-    print(f"{'target':8}{'N':>6}{'in/s':>8}{'out/s':>8}{'p50':>8}{'p99':>9}{'added99':>9}{'cpu%':>6}"
+    print(f"{'target':8}{'N':>6}{'in/s':>8}{'out/s':>8}{'p50':>8}{'p99':>9}{'added99':>9}{'jit99':>7}{'cpu%':>6}"
           f"{'lag99':>7}{'unans':>6}{'client%':>9}{'other%':>7}  verdict")  # fmt: skip
     for n in steps:
         for target in ("echo", "gateway"):
@@ -959,11 +1097,12 @@ def find_max(setup: Setup, steps: list[int], step_s: float, max_minutes: float) 
                 target_n = n if within and not missed else target_n
                 verdict += ", p99 added within target" if within else ", p99 added over target"
             if up:
-                sat[target] = (n, fig.chunks_answered_s)
+                sat[target] = (n, handled_s(fig))
             saturated[target] = not up
             note = (" client-bound?" if client_bound(fig, setup) else "") + (" " + fig.first_error[:50]).rstrip()
             print(f"{target:8}{n:>6}{fig.msgs_in_s:>8.0f}{fig.msgs_out_s:>8.0f}{fig.p50_ms:>8.2f}{fig.p99_ms:>9.2f}"
-                  f"{_f(fig.added_p99_ms, 2):>9}{fig.server_cpu_pct:>6.0f}{fig.lag_p99_ms:>7.1f}{fig.unanswered:>6}"
+                  f"{_f(fig.added_p99_ms, 2):>9}{_f(fig.jitter_p99_ms, 1):>7}"
+                  f"{fig.server_cpu_pct:>6.0f}{fig.lag_p99_ms:>7.1f}{fig.unanswered:>6}"
                   f"{sum(fig.client_cpu_pct):>9.0f}{fig.other_cpu_pct:>7.0f}  {verdict}{note}", flush=True)  # fmt: skip
             out[target].append(asdict(fig))
     (gw_n, gw_rate), (echo_n, echo_rate) = sat["gateway"], sat["echo"]
@@ -973,8 +1112,8 @@ def find_max(setup: Setup, steps: list[int], step_s: float, max_minutes: float) 
         f"\ngateway: max N within p99 added <= {TARGET_ADDED_P99_MS:.0f} ms: {target_n} "
         f"(target >= {TARGET_SESSIONS}: {_ok(target_n >= TARGET_SESSIONS)})"
     )
-    print(f"gateway: saturation at N = {gw_n}, {gw_rate:,.0f} chunks/s{lower['gateway']}")
-    print(f"echo: saturation at N = {echo_n}, {echo_rate:,.0f} chunks/s{lower['echo']}")
+    print(f"gateway: saturation at N = {gw_n}, {gw_rate:,.0f} chunks handled/s{lower['gateway']}")
+    print(f"echo: saturation at N = {echo_n}, {echo_rate:,.0f} chunks handled/s{lower['echo']}")
     print(f"throughput ratio gateway/echo: {_f(ratio, 2)} (target >= {TARGET_RATIO}: {_ok(ratio >= TARGET_RATIO)})")
     out.update(gateway_max_sessions_in_target=target_n, gateway_saturation_sessions=gw_n, gateway_chunks_s=gw_rate,
                echo_saturation_sessions=echo_n, echo_chunks_s=echo_rate, ratio=ratio)  # fmt: skip
@@ -995,6 +1134,12 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per server (default 20)")
     p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds first (default 3)")
     p.add_argument("--binary", action="store_true", help="appends as omni-binary.v1 frames, not base64 JSON")
+    p.add_argument(
+        "--duplex",
+        action="store_true",
+        help="full duplex: every session is answered with 20 ms audio deltas at 50/s while it streams in",
+    )
+    p.add_argument("--answer-s", type=float, default=5.0, help="--duplex: seconds of audio per response (default 5)")
     p.add_argument(
         "--commit-ms",
         type=int,
@@ -1061,7 +1206,8 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
     setup = Setup(
         binary=args.binary, client=args.client, commit_every=args.commit_ms // CHUNK_MS, warmup=args.warmup,
         clients=args.clients, server_cpus=(cpus[0],) if pin else None, client_cpus=tuple(cpus[1:]) if pin else None,
-        wait_quiet_s=args.wait_quiet, profile=args.profile, retries=args.retries,
+        wait_quiet_s=args.wait_quiet, profile=args.profile, retries=args.retries, duplex=args.duplex,
+        answer_s=args.answer_s,
     )  # fmt: skip
     return args, setup
 
@@ -1077,7 +1223,9 @@ def main(argv: list[str] | None = None) -> int:
 
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    mode = "binary frames" if args.binary else "base64 JSON appends"
+    mode = ("binary frames" if args.binary else "base64 JSON appends") + (
+        f", full duplex (answers of {args.answer_s:g} s, 50 audio deltas/s out)" if args.duplex else ""
+    )
     print(f"voice_load: {mode}, 50 x {CHUNK_BYTES} B chunks/s per session, commit every {args.commit_ms} ms, "
           f"{args.client} client; {os.cpu_count()} CPUs, server on {setup.server_cpus or 'any'}, clients on "
           f"{setup.client_cpus or 'any'}", flush=True)  # fmt: skip

@@ -39,7 +39,9 @@ RATE = 24000
 
 
 class PassthroughEngine:
-    def __init__(self, *, audio_chunks: int = 50, chunk_ms: int = 20, paced: bool = True) -> None:
+    def __init__(self, *, audio_chunks: int = 50, chunk_ms: int = 20, paced: bool = True, words_every: int = 1) -> None:
+        if words_every < 1:
+            raise ValueError("words_every must be >= 1 (a transcript word every that many audio chunks)")
         self.info = EngineInfo(
             name="passthrough",
             description="No model: numbers each input chunk as a transcript delta and streams a paced tone "
@@ -64,6 +66,7 @@ class PassthroughEngine:
         self.audio_chunks = audio_chunks
         self.chunk_ms = chunk_ms
         self.paced = paced
+        self.words_every = words_every
         n = RATE * chunk_ms // 1000
         tone = 0.05 * np.sin(2 * np.pi * 440 * np.arange(n) / RATE)
         self._chunk = (tone * 32767).astype("<i2").tobytes()
@@ -115,8 +118,9 @@ class PassthroughEngine:
                 if limit is not None and words >= limit:
                     yield Finished("length", usage=Usage(output_text_tokens=words))
                     return
-                yield TextDelta(f"w{i} ")
-                words += 1
+                if i % self.words_every == 0:
+                    yield TextDelta(f"w{i} ")
+                    words += 1
                 if audio:
                     yield AudioDelta(self._chunk)
                 if self.paced:

@@ -19,6 +19,7 @@ from gateway.runtime import Runtime
 from gateway.settings import Settings
 from orchestrator.engine import (
     AudioChunk,
+    AudioDelta,
     Engine,
     EngineError,
     EngineInfo,
@@ -459,3 +460,18 @@ async def test_a_request_cancelled_before_it_ran_is_forgotten() -> None:
     await asyncio.sleep(0)
     assert handle.task.cancelled()
     assert "req_early" not in orch._handles
+
+
+async def test_the_passthrough_answer_says_a_word_every_words_every_audio_chunks() -> None:
+    engine = PassthroughEngine(audio_chunks=10, paced=False, words_every=4)
+
+    async def no_input() -> Any:
+        return
+        yield
+
+    outputs = [o async for o in engine.respond(ResponseRequest("r", ()), no_input())]
+    kinds = ["w" if isinstance(o, TextDelta) else "a" if isinstance(o, AudioDelta) else "f" for o in outputs]
+    assert "".join(kinds) == "wa" + "aaawa" + "aaawa" + "a" + "f"
+    assert [o.text for o in outputs if isinstance(o, TextDelta)] == ["w0 ", "w4 ", "w8 "]
+    with pytest.raises(ValueError, match="words_every"):
+        PassthroughEngine(words_every=0)

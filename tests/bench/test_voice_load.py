@@ -1,0 +1,48 @@
+"""The full-duplex voice bench runs and measures what it says (a small N, a few seconds).
+
+This proves the bench, not the gateway's speed: figures on a shared CI machine
+mean nothing, so nothing here is timed. What must hold at any speed: every
+session connects, every input chunk is answered, every answer completes, the
+gateway's audio comes out paced (50 deltas/s per answering session) while the
+input streams, and the report prints the duplex rows and a ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+N = 6
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_duplex_bench_answers_every_session_while_it_streams(tmp_path: Path, binary: bool) -> None:
+    out = tmp_path / "figures.json"
+    cmd = [sys.executable, "bench/voice_load.py", "--duplex", "--sessions", str(N), "--duration", "3",
+           "--warmup", "1", "--answer-s", "1", "--commit-ms", "500", "--no-idle", "--json", str(out)]  # fmt: skip
+    if binary:
+        cmd.append("--binary")
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "out gap jitter p99 ms" in run.stdout and "chunks handled (in answered + audio out)" in run.stdout
+    figures = json.loads(out.read_text())
+    for target in ("gateway", "echo"):
+        fig = figures[target]
+        assert fig["connected"] == N and fig["duplex"] and fig["binary"] == binary
+        assert (fig["unanswered"], fig["errors"], fig["closed"]) == (0, 0, 0), fig["first_error"]
+        assert fig["samples"] > 0 and fig["jitter_p50_ms"] == fig["jitter_p50_ms"]  # not NaN
+    gw, echo = figures["gateway"], figures["echo"]
+    # Input never stops: 50 chunks/s per session in, each answered (by its transcript number).
+    assert gw["chunks_answered_s"] >= 0.8 * 50 * N
+    # Answering most of the time: 1 s answers back to back, 50 audio deltas/s each.
+    assert gw["audio_out_s"] >= 0.7 * 50 * N, gw["audio_out_s"]
+    assert gw["responses_s"] >= 0.5 * N
+    assert gw["commit_p50_ms"] == gw["commit_p50_ms"]
+    # The echo answers every message it reads with one 20 ms audio message.
+    assert echo["audio_out_s"] >= 0.8 * 50 * N
+    assert figures["ratio"] > 0
