@@ -3,25 +3,34 @@
 ``--workers`` concurrent hostile clients (tests/support/fuzz.py: every client event type
 with wrong types, extreme values, deep nesting, invalid base64 and UTF-8, oversize
 frames, huge conversations, mixed with probes that must be answered) send ``--inputs``
-frames in all, while ``/healthz`` is probed every 200 ms. The gateway runs as its own
-process (its log in the run directory), so its CPU and memory are its own. Printed:
+frames per round, ``--rounds`` times, while ``/healthz`` is probed every 200 ms from a
+process of its own (the fuzz clients' busy loop must not delay the probe). The gateway
+runs as its own process (its log in the run directory), so its CPU and memory are its
+own. It forgets a session 5 s after its socket went (``journal_ttl_s``, swept every 30 s),
+so what a round leaves behind is reclaimed during the next. Printed:
 
 - inputs, sockets, coded errors by code, error events without a code (must be 0),
   close codes, probes answered / sent / left unanswered on open sockets;
 - the server log's tracebacks and ERROR lines (must be 0);
-- RSS before / after (and after the sessions ended), CPU seconds per 1,000 hostile inputs;
-- /healthz: failures, p50/p99 latency.
+- RSS before and after each round, CPU per hostile input;
+- whether RSS is bounded: a leak grows RSS by as much in every round; a bounded
+  server's later rounds reuse what the first one took (each later round must grow
+  it by under a quarter of the first round's growth);
+- /healthz: failures (must be 0), p50/p99 latency.
 
-    python bench/fuzz_long.py                     # 100,000 inputs, 50 workers
-    python bench/fuzz_long.py --inputs 20000 --workers 20
+    python bench/fuzz_long.py                     # 2 rounds of 100,000 inputs, 50 workers: ~2 min
+    python bench/fuzz_long.py --inputs 20000 --workers 20 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
+import multiprocessing as mp
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -41,7 +50,7 @@ from support.gateway import free_port  # noqa: E402
 
 def start_gateway(port: int, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "OMNI_GATEWAY_PORT": str(port), "OMNI_GATEWAY_VIDEO_ENGINE": "none",
-           "OMNI_GATEWAY_DETACH_GRACE_S": "1"}  # fmt: skip
+           "OMNI_GATEWAY_DETACH_GRACE_S": "1", "OMNI_GATEWAY_JOURNAL_TTL_S": "5"}  # fmt: skip
     out = log.open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--engine", "passthrough"],
                             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
@@ -55,43 +64,35 @@ def start_gateway(port: int, log: Path) -> subprocess.Popen[bytes]:
     raise SystemExit(f"the gateway did not start; see {log}")
 
 
-async def health_probe(port: int, stop: asyncio.Event, latencies: list[float], failures: list[str]) -> None:
-    loop = asyncio.get_running_loop()
+def health_probe(port: int, stop: mp.synchronize.Event, out: mp.SimpleQueue[tuple[float, str]]) -> None:
+    """In its own process: GET /healthz every 200 ms, 2 s to answer; (latency, failure or '')."""
     while not stop.is_set():
         began = time.perf_counter()
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 2)
-            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            status = await asyncio.wait_for(reader.readline(), 2)
-            writer.close()
-            if b" 200 " not in status:
-                failures.append(status.decode(errors="replace").strip())
-            latencies.append(time.perf_counter() - began)
-        except (OSError, TimeoutError) as exc:
-            failures.append(repr(exc))
-        await asyncio.sleep(max(0.0, 0.2 - (loop.time() % 0.2)))
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                status = sock.makefile("rb").readline()
+            out.put((time.perf_counter() - began, "" if b" 200 " in status else status.decode(errors="replace")))
+        except OSError as exc:
+            out.put((time.perf_counter() - began, repr(exc)))
+        time.sleep(max(0.0, 0.2 - (time.monotonic() % 0.2)))
 
 
-async def run(args: argparse.Namespace, port: int, server: psutil.Process) -> tuple[FuzzStats, list[float], list[str]]:
-    stop = asyncio.Event()
-    latencies: list[float] = []
-    failures: list[str] = []
-    probe = asyncio.get_running_loop().create_task(health_probe(port, stop, latencies, failures))
+async def fuzz_round(args: argparse.Namespace, port: int, seed: int) -> FuzzStats:
     per_worker = args.inputs // args.workers
-    results = await asyncio.gather(*(fuzz_worker(port, seed=args.seed + i, inputs=per_worker)
+    results = await asyncio.gather(*(fuzz_worker(port, seed=seed + i, inputs=per_worker, timeout=60.0)
                                      for i in range(args.workers)))  # fmt: skip
-    stop.set()
-    await probe
     stats = FuzzStats()
     for r in results:
         stats.merge(r)
-    return stats, latencies, failures
+    return stats
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--inputs", type=int, default=100_000)
+    parser.add_argument("--inputs", type=int, default=100_000, help="hostile inputs per round (default 100,000)")
     parser.add_argument("--workers", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=2, help="rounds (default 2: the second shows RSS bounded)")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="fuzz-long-"))
@@ -99,26 +100,42 @@ def main() -> int:
     port = free_port()
     proc = start_gateway(port, log)
     server = psutil.Process(proc.pid)
+    ctx = mp.get_context("spawn")
+    stop, probes = ctx.Event(), ctx.SimpleQueue()
+    prober = ctx.Process(target=health_probe, args=(port, stop, probes), daemon=True)
+    stats = FuzzStats()
+    rss = [server.memory_info().rss]
     try:
-        rss_before = server.memory_info().rss
         cpu_before = sum(server.cpu_times()[:2])
         began = time.monotonic()
-        stats, latencies, failures = asyncio.run(run(args, port, server))
+        prober.start()
+        for r in range(args.rounds):
+            stats.merge(asyncio.run(fuzz_round(args, port, args.seed + 1000 * r)))
+            rss.append(server.memory_info().rss)
+            print(f"round {r + 1}: RSS {rss[-1] / 2**20:.0f} MiB", flush=True)
         wall = time.monotonic() - began
         cpu = sum(server.cpu_times()[:2]) - cpu_before
-        rss_after = server.memory_info().rss
-        time.sleep(3)  # the dropped sockets' sessions end (detach grace 1 s)
-        rss_settled = server.memory_info().rss
+        stop.set()
+        prober.join(5)
     finally:
+        if prober.is_alive():
+            prober.kill()
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+    results = []
+    while not probes.empty():
+        results.append(probes.get())
+    latencies = [lat for lat, _ in results]
+    failures = [f for _, f in results if f]
     text = log.read_text(errors="replace")
     tracebacks = text.count("Traceback (most recent call last)")
     errors = [line for line in text.splitlines() if " ERROR " in line or line.startswith("ERROR")]
     undocumented = {c: n for c, n in stats.closes.items() if c not in DOCUMENTED_CLOSES | {1006}}
+    growth = [b - a for a, b in itertools.pairwise(rss)]
+    bounded = all(g < growth[0] / 4 for g in growth[1:]) if len(growth) > 1 else None
     lat = sorted(latencies) or [0.0]
     print(f"inputs            {stats.inputs:,} over {stats.sockets:,} sockets from {args.workers} workers "
-          f"in {wall:.0f} s")  # fmt: skip
+          f"in {wall:.0f} s ({args.rounds} rounds)")  # fmt: skip
     print(f"coded errors      {stats.errors:,}  without a code: {stats.errors_without_code}")
     for code, n in sorted(stats.errors_by_code.items(), key=lambda kv: -kv[1]):
         print(f"    {code:<40} {n:,}")
@@ -126,14 +143,18 @@ def main() -> int:
     print(f"probes            {stats.probes_answered:,} answered of {stats.probes_sent:,}; "
           f"unanswered on open sockets: {len(stats.unanswered)}")  # fmt: skip
     print(f"server log        {tracebacks} tracebacks, {len(errors)} ERROR lines ({log})")
-    print(f"RSS               {rss_before / 2**20:.0f} MiB before, {rss_after / 2**20:.0f} MiB after, "
-          f"{rss_settled / 2**20:.0f} MiB once the sessions ended")  # fmt: skip
+    steps = " -> ".join(f"{x / 2**20:.0f}" for x in rss)
+    verdict = {None: "one round: run --rounds 2 to tell", True: "bounded", False: "GROWING"}[bounded]
+    print(f"RSS               {steps} MiB (before, after each round): {verdict}")
     print(f"server CPU        {cpu:.1f} s: {1000 * cpu / max(1, stats.inputs):.2f} ms per hostile input")
     print(
         f"/healthz          {len(latencies)} probes, {len(failures)} failed; "
         f"p50 {1000 * statistics.median(lat):.1f} ms, p99 {1000 * lat[int(0.99 * (len(lat) - 1))]:.1f} ms"
     )
+    for failure in sorted(set(failures))[:5]:
+        print(f"    failed probe: {failure}")
     ok = not (tracebacks or errors or stats.errors_without_code or undocumented or stats.unanswered or failures)
+    ok = ok and bounded is not False
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

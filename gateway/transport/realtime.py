@@ -45,9 +45,9 @@ from gateway.session.session import RealtimeSession, VadStream
 from gateway.store.base import StoreError
 from gateway.transport.handshake import accept, admit_seat, common_refusal, refuse
 from gateway.transport.lifecycle import bound_send_buffer, drop, settle
-from gateway.transport.outbox import Outbox, SlowConsumer
+from gateway.transport.outbox import Outbox, SlowConsumer, WriteNow
 from gateway.transport.services import Services
-from gateway.transport.ws_server import ABORT_EXTENSION, DIRECT_EXTENSION
+from gateway.transport.ws_server import ABORT_EXTENSION, DIRECT_EXTENSION, MESSAGES_PER_TURN, WRITE_EXTENSION
 from orchestrator.engine import Engine
 from orchestrator.orchestrator import Orchestrator
 
@@ -145,6 +145,7 @@ class RealtimeEndpoint:
             dconn.seat = seat
             dconn.direct = scope.get("extensions", {}).get(DIRECT_EXTENSION)
             dconn.abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
+            dconn.write_directly(scope.get("extensions", {}).get(WRITE_EXTENSION))
             bound_send_buffer(scope, rt.settings.socket_send_buffer_bytes)
             opens_now = hs.param("model") is not None and not resume_only
             await dconn.run(default_session_config(model) if opens_now else None)
@@ -165,6 +166,7 @@ class RealtimeEndpoint:
         conn.seat = seat
         conn.direct = scope.get("extensions", {}).get(DIRECT_EXTENSION)
         conn.abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
+        conn.write_directly(scope.get("extensions", {}).get(WRITE_EXTENSION))
         bound_send_buffer(scope, rt.settings.socket_send_buffer_bytes)
         await conn.run(config)
 
@@ -205,6 +207,12 @@ class Connection:
         self._gate: deque[tuple[dict[str, Any], bytes]] = deque()
         self._committed = 0  # the store holds this session's events up to this seq
         self._close_after_gate: tuple[int, str] | None = None
+
+    def write_directly(self, write_now: WriteNow | None) -> None:
+        """Use the server's direct write (``omni.websocket.write``) where it offers one.
+        A traced process keeps ASGI ``send``: its traces see what reached the socket there."""
+        if self.runtime.hosting.telemetry is None:
+            self.outbox.write_now = write_now
 
     # --- main loop -----------------------------------------------------------
 
@@ -280,6 +288,7 @@ class Connection:
         raise AssertionError("this socket opened its session at connect")
 
     async def _read_loop(self) -> None:
+        handled = 0
         while True:
             message = await self._receive()
             kind = message["type"]
@@ -302,6 +311,9 @@ class Connection:
                     await self._resume_safely(resume, host)
             finally:
                 self._busy = False
+            handled += 1
+            if handled % MESSAGES_PER_TURN == 0:
+                await asyncio.sleep(0)  # as the server's direct path does: other sockets get their turn
 
     async def _resume_safely(self, event: ce.SessionResume, host: SessionHost | None) -> None:
         try:
@@ -538,13 +550,13 @@ class Connection:
             if self.binary and event["type"] == AUDIO_DELTA:
                 self.outbox.put_bytes(encode_audio_frame(event))
             else:
-                self.outbox.put_text(data.decode())
+                self.outbox.put_text(data)
         except SlowConsumer as exc:
             self._slow(exc)
 
     def send_raw(self, data: bytes) -> None:
         try:
-            self.outbox.put_text(data.decode())
+            self.outbox.put_text(data)
         except SlowConsumer as exc:
             self._slow(exc)
 

@@ -32,6 +32,11 @@ websockets:
   callback returns False to decline one (it is queued, with what follows,
   for the app's ``receive``), so the order holds. Apps that ignore the
   extension see plain ASGI.
+- **One socket gets at most ``MESSAGES_PER_TURN`` messages per loop turn**:
+  the bytes behind them wait, unparsed, with reading paused, until the next
+  turn. A client that writes thousands of small messages at once (one read
+  can hold a thousand) cannot hold the event loop, and so every other socket
+  and ``/healthz``, for the time they all take; TCP slows it down instead.
 - **A connection can be dropped**: the extension ``omni.websocket.abort`` (a
   function) aborts the transport, for a client that stopped reading: closing
   it would wait for the unsent bytes for as long as the peer's TCP lives; and
@@ -40,6 +45,14 @@ websockets:
 - **Whole data frames are written here** (a server frame is a 2-10 byte header
   and the payload, unmasked) while the connection is open with no extension;
   the rest of ``send`` (accept, close, a closing connection) is uvicorn's.
+- **Frames can be written without a send**: the extension
+  ``omni.websocket.write`` (a function of ``[(is_text, payload bytes), ...]``)
+  writes the frames at once, in one ``writelines``, and returns True, while the
+  connection is open, unpaused (under the transport's high-water mark) and
+  uncompressed; otherwise it writes nothing and returns False, and the app
+  sends through ASGI as usual (which waits for the transport to drain). No
+  task switch, no ASGI message, no str round trip for JSON the app already
+  holds as UTF-8 bytes.
 
 What this takes from uvicorn's class (its attributes are not documented) is
 listed and checked at start-up in ``ws_compat``: use ``server_protocol()`` (below)
@@ -66,9 +79,11 @@ from gateway.transport.ws_compat import apply_mask, choose
 DIRECT_EXTENSION = "omni.websocket.direct"
 ABORT_EXTENSION = "omni.websocket.abort"  # drop the TCP connection now, unsent bytes and all
 SEND_BUFFER_EXTENSION = "omni.websocket.send_buffer"  # bound the kernel's send buffer of the socket
+WRITE_EXTENSION = "omni.websocket.write"  # write whole data frames now, or say it cannot
 MAX_QUEUED_MESSAGES = 64  # messages read from the socket but not yet by the app: pause reading at this many
 MAX_QUEUED_BYTES = 16 << 20  # ... or at this many bytes of them (a 15 MiB message is the API's largest)
 RESUME_BELOW = 16  # ... and resume once fewer than this are left (and under half the bytes)
+MESSAGES_PER_TURN = 2  # messages taken from one socket per loop turn; the bytes behind wait for the next
 FAST_FRAME_MAX = 1 << 16  # a larger frame is streamed to websockets' parser rather than assembled here
 
 _CONT, _TEXT, _BINARY, _CLOSE = 0x0, 0x1, 0x2, 0x8
@@ -131,6 +146,8 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
         self.inbox = Inbox()
         self.queue = self.inbox  # type: ignore[assignment]
         self._direct: Callable[[dict[str, Any]], bool] | None = None  # the app's on-message callback
+        self._turn_left = MESSAGES_PER_TURN  # messages this socket may still deliver in this loop turn
+        self._next_turn = False  # parsing stopped at the budget; it goes on at the next turn
         self._fast: bool | None = None  # None until the handshake is done; False: parser only
         self._partial = b""  # the start of a frame not yet complete
         self._to_parser = 0  # bytes of the current frame still owed to the parser
@@ -150,6 +167,7 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
             scope["extensions"][DIRECT_EXTENSION] = self._set_direct
             scope["extensions"][ABORT_EXTENSION] = self._abort
             scope["extensions"][SEND_BUFFER_EXTENSION] = self._set_send_buffer
+            scope["extensions"][WRITE_EXTENSION] = self._write_frames
 
     def _abort(self) -> None:
         """For a client that reads nothing: ``transport.close()`` would wait for the
@@ -165,6 +183,27 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+
+    def _open_for_frames(self) -> bool:
+        return (
+            self.handshake_complete
+            and not self.close_sent
+            and not self._peer_closed
+            and not self._lost
+            and not self._deflate
+            and not self.transport.is_closing()
+        )
+
+    def _write_frames(self, frames: list[tuple[bool, bytes]]) -> bool:
+        """``omni.websocket.write``: the frames written now (True), or nothing (False)."""
+        if not self.writable.is_set() or not self._open_for_frames():
+            return False
+        parts: list[bytes] = []
+        for text, payload in frames:
+            parts.append(_header(0x81 if text else 0x82, len(payload)))
+            parts.append(payload)
+        self.transport.writelines(parts)
+        return True
 
     def _set_direct(self, callback: Callable[[dict[str, Any]], bool]) -> None:
         self._direct = callback
@@ -193,7 +232,22 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
         if self._partial:
             data = self._partial + data
             self._partial = b""
+        self._turn_left = MESSAGES_PER_TURN
         self._frames(data)
+        if not self._turn_left and self._partial and not self._next_turn:
+            self._next_turn = True
+            self.transport.pause_reading()
+            asyncio.get_running_loop().call_soon(self._take_next_turn)
+
+    def _take_next_turn(self) -> None:
+        """Parse what waited behind the last turn's budget; read again unless the queue is full."""
+        self._next_turn = False
+        if self._lost:
+            return
+        if not self.read_paused:
+            self.transport.resume_reading()
+        data, self._partial = self._partial, b""
+        self.data_received(data)
 
     def _watch_request(self, data: bytes) -> None:
         """Before our 101: note whether anything follows the upgrade request (a
@@ -251,7 +305,7 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
                 self._parse(data[pos : pos + take])
                 pos += take
                 continue
-            if end - pos < size:
+            if end - pos < size or not self._turn_left:
                 break
             payload = apply_mask(data[pos + head : pos + size], data[pos + head - 4 : pos + head])
             if opcode == _TEXT:
@@ -278,6 +332,7 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
     def _deliver(self, message: dict[str, Any]) -> None:
         if self.close_sent:
             return  # past the app's websocket.close: dropped, as uvicorn does
+        self._turn_left -= 1
         direct = self._direct
         if direct is not None and not self.queue.qsize() and direct(message):
             return
@@ -290,15 +345,7 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
     async def send(self, message: Any) -> None:
         if not self.writable.is_set():
             await self.writable.wait()  # the transport's buffer is over its high-water mark
-        if (
-            message["type"] == "websocket.send"
-            and self.handshake_complete
-            and not self.close_sent
-            and not self._peer_closed
-            and not self._lost
-            and not self._deflate
-            and not self.transport.is_closing()
-        ):
+        if message["type"] == "websocket.send" and self._open_for_frames():
             text = message.get("text")
             data = text.encode() if text is not None else message.get("bytes")
             if data is not None:

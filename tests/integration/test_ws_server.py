@@ -164,6 +164,13 @@ async def test_messages_queue_behind_one_the_read_loop_takes_and_reading_pauses_
     """``session.resume`` goes to the read loop (it awaits the store), so the
     messages after it queue behind it, in order; once MAX_QUEUED_MESSAGES wait,
     the socket is paused (not after each message, as uvicorn's protocol does)."""
+    slow_resume = Connection._resume
+
+    async def resume_slowly(self: Connection, event: Any) -> None:
+        await asyncio.sleep(0.5)  # a slow store: the queue fills (MESSAGES_PER_TURN a turn) meanwhile
+        await slow_resume(self, event)
+
+    monkeypatch.setattr(Connection, "_resume", resume_slowly)
     pauses: list[int] = []
     original = ws_server.StreamingWebSocketProtocol._deliver
 
@@ -195,6 +202,40 @@ async def test_messages_queue_behind_one_the_read_loop_takes_and_reading_pauses_
     # Offered directly: the resume (declined: the read loop takes it), none of those queued
     # behind it (the queue was not empty), then the last one (taken).
     assert taken == [False, True]
+
+
+async def test_one_socket_gets_at_most_its_messages_per_turn_of_the_loop(
+    gw: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that writes many messages at once (one read holds them all) gets
+    MESSAGES_PER_TURN of them handled per turn of the event loop, so every other
+    socket (and /healthz) gets a turn in between; none is lost, the order holds."""
+    log: list[str] = []
+    on_message = Connection.on_message
+
+    def spy(self: Connection, message: dict[str, Any]) -> bool:
+        log.append("m")
+        return on_message(self, message)
+
+    monkeypatch.setattr(Connection, "on_message", spy)
+    c = await connect(gw)
+    loop = asyncio.get_running_loop()
+    ticking = True
+
+    def tick() -> None:  # one mark per turn of the loop
+        log.append("|")
+        if ticking:
+            loop.call_soon(tick)
+
+    n = 200
+    tick()
+    await c.send(b"".join(frame(TEXT, retrieve(f"item_{i}")) for i in range(n)))
+    assert await c.errors(n) == [f"item_{i}" for i in range(n)]
+    ticking = False
+    turns = [len(run) for run in "".join(log).split("|") if run]
+    assert sum(turns) == n
+    assert max(turns) <= ws_server.MESSAGES_PER_TURN, turns
+    assert len(turns) >= n // ws_server.MESSAGES_PER_TURN
 
 
 async def test_reading_also_pauses_at_the_byte_bound_of_queued_messages(
