@@ -118,7 +118,10 @@ class _Response:
     overrides: dict[str, Any] = field(default_factory=dict)
 
     def index_of(self, item: Item) -> int:
-        return next(i for i, out in enumerate(self.outputs) if out is item)
+        outputs = self.outputs
+        if outputs and outputs[-1] is item:  # every delta of the item being written (the hot path)
+            return len(outputs) - 1
+        return next(i for i, out in enumerate(outputs) if out is item)
 
 
 class SessionCore:
