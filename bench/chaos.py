@@ -24,7 +24,8 @@ or a failure, counted by kind: ``silence`` (no answer within ``--answer-timeout`
 ``gap`` (a seq skipped or repeated, but for a resync's announced jump),
 ``resume_failed`` (the SDK gave up or the resume was refused), ``bad_answer``
 (a completed answer missing or repeating a word or audio), ``error`` (an error
-event). As a client would after an outage, a session sends again what its turn
+event), ``close_hung`` (the SDK's ``close()`` took over 30 s at the end). As a
+client would after an outage, a session sends again what its turn
 asked for and did not see done once the replay is in (the store holds every
 state change the client saw, so "not seen" is "not stored").
 
@@ -60,6 +61,7 @@ CHUNK_BYTES = 960  # 20 ms of 24 kHz PCM16: one passthrough audio delta
 # Patient: nginx may answer 502 ("no live upstreams") for several seconds after kills, while the
 # replicas it marked failed (max_fails=1) get one probe connection per fail_timeout; a WebSocket
 # probe releases its peer only when it closes. The SDK gives up after a minute without a resume.
+CLOSE_TIMEOUT_S = 30.0  # a session whose close() takes longer is a failure (the run stays bounded)
 POLICY = ReconnectPolicy(initial_delay=0.05, max_delay=1.0, max_attempts=None, max_elapsed=60.0)
 
 
@@ -113,7 +115,10 @@ class Session:
         except RealtimeError as exc:
             self.fail("resume_failed", repr(exc))
         finally:
-            await self.rt.close()
+            try:
+                await asyncio.wait_for(self.rt.close(), CLOSE_TIMEOUT_S)
+            except TimeoutError:
+                self.fail("close_hung", f"close() did not return within {CLOSE_TIMEOUT_S:.0f} s")
 
     def _lost(self, conn: int | None) -> bool:
         """Whether a request sent on connection ``conn`` may be lost: never sent, or sent on a
@@ -255,7 +260,7 @@ async def main(args: argparse.Namespace) -> int:
         await cluster.astop()
     elapsed = time.monotonic() - started
     ok = ("completed", "completed_after_resume", "reissued", "resync")
-    bad = ("silence", "gap", "resume_failed", "bad_answer", "error")
+    bad = ("silence", "gap", "resume_failed", "bad_answer", "error", "close_hung")
     turns = sum(counts[k] for k in ok)
     print(f"{args.sessions} sessions, {args.replicas} replicas, {elapsed:.0f} s, seed {args.seed}: "
           f"{counts['kills']} SIGKILLs, {turns} answers")  # fmt: skip

@@ -240,9 +240,7 @@ class RealtimeClient:
         self._state = "closed"
         task, self._task = self._task, None
         if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await _cancel_and_wait(task)
         ws, self._ws = self._ws, None
         if ws is not None:
             await _close_quietly(ws)
@@ -503,9 +501,7 @@ class RealtimeClient:
                 if self._stream.ack_wanted:
                     await self._ack(ws)
         finally:
-            ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ticker
+            await _cancel_and_wait(ticker)
         return _close_info(ws)
 
     # --- acknowledgements -----------------------------------------------------------------------
@@ -706,6 +702,17 @@ def _event(kind: str, event_id: str | None, **fields: Any) -> dict[str, Any]:
     event.update(fields)
     return event
 
+
+
+async def _cancel_and_wait(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it has ended. Neither its result nor its cancellation
+    is raised here, but the caller's own cancellation is: ``suppress(CancelledError)``
+    around ``await task`` would swallow a ``close()`` that came meanwhile, and the
+    connection task would go on (and ``close()`` wait for it forever)."""
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved: no "Task exception was never retrieved" later
 
 def _close_info(ws: ClientConnection) -> tuple[int, str]:
     code = ws.close_code

@@ -149,8 +149,7 @@ class RedisSubscription(QueuedSubscription):
             return
         self._closed = True
         self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await asyncio.wait({self._task})  # our own cancellation still raises; the task's does not
         self._wake()
 
 

@@ -32,7 +32,6 @@ from before them reports a gap rather than a silent hole.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -273,8 +272,7 @@ class JournalWriter:
                 error = exc
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task})  # our own cancellation still raises; the task's does not
             self._task = None
         if error is not None:
             raise error

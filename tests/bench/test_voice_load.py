@@ -42,7 +42,6 @@ def test_duplex_bench_answers_every_session_while_it_streams(tmp_path: Path, bin
     # Answering most of the time: 1 s answers back to back, 50 audio deltas/s each.
     assert gw["audio_out_s"] >= 0.7 * 50 * N, gw["audio_out_s"]
     assert gw["responses_s"] >= 0.5 * N
-    assert gw["commit_p50_ms"] == gw["commit_p50_ms"]
     # The echo answers every message it reads with one 20 ms audio message.
     assert echo["audio_out_s"] >= 0.8 * 50 * N
     assert figures["ratio"] > 0

@@ -380,3 +380,33 @@ async def test_offered_subprotocols_follow_the_options() -> None:
         first, second = (c.subprotocols for c in fake.connections)
         assert first == "omni-binary.v1, realtime, openai-beta.realtime-v1"
         assert second == "realtime"
+
+
+async def test_close_while_a_lost_connection_is_being_wound_down_returns_and_stops_reconnecting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by bench/chaos.py: ``close()`` came while the connection task was ending a
+    lost connection (waiting for its ack timer to stop). The cancellation was swallowed
+    there, the task reconnected, and ``close()`` waited for it forever."""
+    winding_down = asyncio.Event()
+    original = RealtimeClient._ack_ticker
+
+    async def slow_to_stop(self: RealtimeClient, ws: Any) -> None:
+        try:
+            await original(self, ws)
+        except asyncio.CancelledError:
+            winding_down.set()
+            await asyncio.sleep(0.3)  # an ack in flight: the pump waits for it
+            raise
+
+    monkeypatch.setattr(RealtimeClient, "_ack_ticker", slow_to_stop)
+    async with fake_server() as fake:
+        rt = RealtimeClient(fake.url, reconnect=FAST)
+        await rt.connect()
+        await fake.drop(fake.only_session(), 1012)
+        await asyncio.wait_for(winding_down.wait(), 5)
+        await asyncio.wait_for(rt.close(), 5)  # hung here before the fix
+        connections = len(fake.connections)
+        await asyncio.sleep(0.3)
+        assert len(fake.connections) == connections  # and nothing reconnects behind its back
+        assert not rt.connected
