@@ -703,7 +703,6 @@ def _event(kind: str, event_id: str | None, **fields: Any) -> dict[str, Any]:
     return event
 
 
-
 async def _cancel_and_wait(task: asyncio.Task[Any]) -> None:
     """Cancel ``task`` and wait until it has ended. Neither its result nor its cancellation
     is raised here, but the caller's own cancellation is: ``suppress(CancelledError)``
@@ -713,6 +712,7 @@ async def _cancel_and_wait(task: asyncio.Task[Any]) -> None:
     await asyncio.wait({task})
     if not task.cancelled():
         task.exception()  # retrieved: no "Task exception was never retrieved" later
+
 
 def _close_info(ws: ClientConnection) -> tuple[int, str]:
     code = ws.close_code

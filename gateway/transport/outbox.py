@@ -6,9 +6,10 @@ write (``write_now``: ``omni.websocket.write``), what was put during one loop
 turn is written at the end of that turn in one call, with no task switch; when
 that cannot be done (the transport is over its high-water mark, or a send is
 under way), the writer task drains the queue through ASGI ``send``, which waits
-for the socket. Either way the order of the puts is the order on the wire. A client is a slow consumer, and the
-connection is closed with 4010 (``SLOW_CONSUMER``) instead of growing memory
-without bound, when either
+for the socket. Either way the order of the puts is the order on the wire.
+
+A client is a slow consumer, and the connection is closed with 4010
+(``SLOW_CONSUMER``) instead of growing memory without bound, when either
 
 - more than ``max_bytes`` wait unsent, or
 - one send has been blocked (the socket accepts no byte) for ``stall_s``

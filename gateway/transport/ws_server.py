@@ -83,7 +83,7 @@ WRITE_EXTENSION = "omni.websocket.write"  # write whole data frames now, or say 
 MAX_QUEUED_MESSAGES = 64  # messages read from the socket but not yet by the app: pause reading at this many
 MAX_QUEUED_BYTES = 16 << 20  # ... or at this many bytes of them (a 15 MiB message is the API's largest)
 RESUME_BELOW = 16  # ... and resume once fewer than this are left (and under half the bytes)
-MESSAGES_PER_TURN = 8  # messages taken from one socket per loop turn; the bytes behind wait for the next
+MESSAGES_PER_TURN = 2  # messages taken from one socket per loop turn; the bytes behind wait for the next
 FAST_FRAME_MAX = 1 << 16  # a larger frame is streamed to websockets' parser rather than assembled here
 
 _CONT, _TEXT, _BINARY, _CLOSE = 0x0, 0x1, 0x2, 0x8

@@ -215,7 +215,7 @@ async def fuzz_worker(port: int, seed: int, inputs: int, *, probe_every: int = 1
     import asyncio
     import struct
 
-    from support.raw_ws import BINARY, CLOSE, TEXT, frame, open_raw
+    from support.raw_ws import BINARY, CLOSE, PING, PONG, TEXT, frame, open_raw
 
     hostile = Hostile(seed)
     stats = FuzzStats()
@@ -235,6 +235,9 @@ async def fuzz_worker(port: int, seed: int, inputs: int, *, probe_every: int = 1
                         code = struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else 1005
                         stats.closes[code] = stats.closes.get(code, 0) + 1
                         return
+                    if opcode == PING:  # as any client does: else the keepalive closes a long socket (1011)
+                        await client.send(frame(PONG, payload))
+                        continue
                     if opcode != TEXT:
                         continue
                     event = orjson.loads(payload)
