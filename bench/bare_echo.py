@@ -38,7 +38,8 @@ AUDIO_DELTA_TEXT = orjson.dumps({
 AUDIO_DELTA_FRAME = bytes(40) + _PCM  # the gateway's binary header (13 B + a 27-char item id, padded) + PCM
 
 
-async def echo(ws: WebSocket) -> None:
+async def answer(ws: WebSocket, text_reply: str | None, bytes_reply: bytes | None) -> None:
+    """Accept, then answer every message: with the given reply, or (None) with the message itself."""
     offered = ws.scope.get("subprotocols") or []
     await ws.accept(subprotocol=BINARY_SUBPROTOCOL if BINARY_SUBPROTOCOL in offered else None)
     while True:
@@ -48,22 +49,17 @@ async def echo(ws: WebSocket) -> None:
             return
         text = message.get("text")
         if text is not None:
-            await ws.send_text(text)
+            await ws.send_text(text if text_reply is None else text_reply)
         else:
-            await ws.send_bytes(message.get("bytes") or b"")
+            await ws.send_bytes(bytes_reply if bytes_reply is not None else message.get("bytes") or b"")
+
+
+async def echo(ws: WebSocket) -> None:
+    await answer(ws, None, None)
 
 
 async def duplex(ws: WebSocket) -> None:
-    offered = ws.scope.get("subprotocols") or []
-    await ws.accept(subprotocol=BINARY_SUBPROTOCOL if BINARY_SUBPROTOCOL in offered else None)
-    while True:
-        message = await ws.receive()
-        if message["type"] == "websocket.disconnect":
-            return
-        if message.get("text") is not None:
-            await ws.send_text(AUDIO_DELTA_TEXT)
-        else:
-            await ws.send_bytes(AUDIO_DELTA_FRAME)
+    await answer(ws, AUDIO_DELTA_TEXT, AUDIO_DELTA_FRAME)
 
 
 async def healthz(request: Request) -> Response:

@@ -64,18 +64,21 @@ def start_gateway(port: int, log: Path) -> subprocess.Popen[bytes]:
     raise SystemExit(f"the gateway did not start; see {log}")
 
 
-def health_probe(port: int, stop: mp.synchronize.Event, out: mp.SimpleQueue[tuple[float, str]]) -> None:
-    """In its own process: GET /healthz every 200 ms, 2 s to answer; (latency, failure or '')."""
-    while not stop.is_set():
-        began = time.perf_counter()
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
-                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                status = sock.makefile("rb").readline()
-            out.put((time.perf_counter() - began, "" if b" 200 " in status else status.decode(errors="replace")))
-        except OSError as exc:
-            out.put((time.perf_counter() - began, repr(exc)))
-        time.sleep(max(0.0, 0.2 - (time.monotonic() % 0.2)))
+def health_probe(port: int, stop: mp.synchronize.Event, path: Path) -> None:
+    """In its own process: GET /healthz every 200 ms, 2 s to answer; a line per probe to
+    ``path``: its latency in seconds, then the failure (nothing when it answered 200)."""
+    with path.open("a", buffering=1) as out:
+        while not stop.is_set():
+            began = time.perf_counter()
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+                    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    status = sock.makefile("rb").readline()
+                failure = "" if b" 200 " in status else status.decode(errors="replace").strip()
+            except OSError as exc:
+                failure = repr(exc)
+            out.write(f"{time.perf_counter() - began:.6f} {failure}\n")
+            time.sleep(max(0.0, 0.2 - (time.monotonic() % 0.2)))
 
 
 async def fuzz_round(args: argparse.Namespace, port: int, seed: int) -> FuzzStats:
@@ -101,14 +104,17 @@ def main() -> int:
     proc = start_gateway(port, log)
     server = psutil.Process(proc.pid)
     ctx = mp.get_context("spawn")
-    stop, probes = ctx.Event(), ctx.SimpleQueue()
+    stop, probes = ctx.Event(), run_dir / "healthz.txt"
     prober = ctx.Process(target=health_probe, args=(port, stop, probes), daemon=True)
     stats = FuzzStats()
     rss = [server.memory_info().rss]
     try:
+        prober.start()
+        deadline = time.monotonic() + 30
+        while not (probes.exists() and probes.stat().st_size) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the prober is up (its first probe is in) before the fuzz starts
         cpu_before = sum(server.cpu_times()[:2])
         began = time.monotonic()
-        prober.start()
         for r in range(args.rounds):
             stats.merge(asyncio.run(fuzz_round(args, port, args.seed + 1000 * r)))
             rss.append(server.memory_info().rss)
@@ -122,11 +128,9 @@ def main() -> int:
             prober.kill()
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    results = []
-    while not probes.empty():
-        results.append(probes.get())
-    latencies = [lat for lat, _ in results]
-    failures = [f for _, f in results if f]
+    lines = [line.split(" ", 1) for line in probes.read_text().splitlines()] if probes.exists() else []
+    latencies = [float(line[0]) for line in lines]
+    failures = [line[1] for line in lines if len(line) > 1 and line[1]]
     text = log.read_text(errors="replace")
     tracebacks = text.count("Traceback (most recent call last)")
     errors = [line for line in text.splitlines() if " ERROR " in line or line.startswith("ERROR")]
@@ -153,7 +157,9 @@ def main() -> int:
     )
     for failure in sorted(set(failures))[:5]:
         print(f"    failed probe: {failure}")
-    ok = not (tracebacks or errors or stats.errors_without_code or undocumented or stats.unanswered or failures)
+    ok = bool(latencies) and not (
+        tracebacks or errors or stats.errors_without_code or undocumented or stats.unanswered or failures
+    )
     ok = ok and bounded is not False
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1

@@ -28,12 +28,11 @@ journal with ``session.event_ack`` every 50 events, as the SDKs do. The
 baseline is the echo's ``/duplex`` route, which answers every message it reads
 with one 20 ms audio message (a ``response.output_audio.delta`` JSON event, or
 an output audio frame): the same messages in and out. Added latency in is
-measured as before; out, as
-the jitter of the gaps between one response's audio deltas against the 20 ms
-pace (for the echo: between its replies, which follow the client's 20 ms pace).
-(The input sample, append -> its transcript delta, is also commit ->
+measured as before (append -> its transcript delta, which is also commit ->
 ``input_audio_buffer.committed``: the gateway releases a manual buffer's held
-deltas right behind the commit's ack, in the same write.)
+deltas right behind the commit's ack, in the same write); out, as the jitter
+of the gaps between one response's audio deltas against the 20 ms pace (for
+the echo: between its replies, which follow the client's 20 ms pace).
 
 Added latency = gateway p50/p99 minus echo p50/p99. ``--find-max`` ramps N
 until each server saturates. Only 127.0.0.1 is used; every phase is bounded
@@ -769,8 +768,8 @@ def wait_quiet(limit_s: float, threshold_pct: float = 20.0, hold_s: int = 3) -> 
 
 # Where a sample's own time goes, by the file of its innermost frame (first match wins).
 _PARTS = (
-    ("orchestrator/engines/", "the engine (passthrough: the model's stand-in, paced by asyncio.sleep)"),
-    ("asyncio/tasks.py", "the engine (passthrough: the model's stand-in, paced by asyncio.sleep)"),
+    ("orchestrator/engines/", "the engine (passthrough: the model's stand-in)"),
+    ("asyncio/tasks.py", "asyncio.sleep (the engine's pacing, the journal writer's batch window)"),
     ("orchestrator/", "the orchestrator (engine requests, admission, metrics)"),
     ("gateway/transport/", "the socket: frames, direct reads and writes, the connection"),
     ("gateway/protocol/", "decoding and encoding events"),
