@@ -51,7 +51,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from orchestrator.engine import (
     AudioChunk,
@@ -286,6 +286,13 @@ class VllmEngine:
     def healthy(self) -> bool:
         return self._llm is not None and self._tokenizer is not None and not self._closed and not self._failed()
 
+    def _raise_coded(self, exc: Exception, rid: str) -> NoReturn:
+        """Raise vLLM's failure of request ``rid`` as our coded error; any other exception as it is."""
+        coded = self._coded(exc, rid)
+        if coded is exc:
+            raise exc
+        raise coded from exc
+
     def _coded(self, exc: Exception, rid: str) -> Exception:
         """vLLM's failure of request ``rid`` as our coded error (others pass unchanged)."""
         from vllm.exceptions import VLLMClientError
@@ -409,10 +416,7 @@ class VllmEngine:
                         yield TextDelta(delta)
             done = True
         except Exception as exc:
-            coded = self._coded(exc, rid)
-            if coded is exc:
-                raise
-            raise coded from exc
+            self._raise_coded(exc, rid)
         finally:
             self.active.discard(rid)
             if not done or reason == "length":
@@ -467,10 +471,7 @@ class VllmEngine:
                         yield piece
             done = True
         except Exception as exc:
-            coded = self._coded(exc, rid)
-            if coded is exc:
-                raise
-            raise coded from exc
+            self._raise_coded(exc, rid)
         finally:
             self.active.discard(rid)
             if not done:
