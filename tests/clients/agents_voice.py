@@ -14,29 +14,16 @@ the output audio's length.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import logging
-from pathlib import Path
 from typing import Any, Literal
 
+import client_script  # this directory's shared command line (tests/clients/client_script.py)
 from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner
 from agents.realtime.model_inputs import RealtimeModelSendSessionUpdate
 
 CHUNK = 24000 * 2 * 20 // 1000  # 20 ms of 24 kHz PCM16
-
-
-class Errors(logging.Handler):
-    """ERROR log records of the agents SDK (its validation failures are logged, not raised)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage()[:2000])
 
 
 async def main(report: dict[str, Any], url: str, speech: bytes, timeout: float) -> None:
@@ -102,19 +89,6 @@ async def main(report: dict[str, Any], url: str, speech: bytes, timeout: float) 
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--speech", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--timeout", type=float, default=120.0)
-    args = parser.parse_args()
-    handler = Errors()
-    logging.getLogger("openai.agents").addHandler(handler)
     report: dict[str, Any] = {"events": [], "raw": [], "errors": [], "tool_calls": [], "tool_results": [],
                               "audio_bytes": 0, "details": []}  # fmt: skip
-    try:
-        asyncio.run(main(report, args.url, Path(args.speech).read_bytes(), args.timeout))
-    except BaseException as exc:  # the report says what failed; the test reads it
-        report["errors"].append(f"{type(exc).__name__}: {exc}")
-    report["log_errors"] = handler.messages
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    client_script.run(main, report, log=logging.getLogger("openai.agents"), timeout=120.0)

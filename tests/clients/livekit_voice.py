@@ -10,27 +10,16 @@ records), the transcript of what was said, the answers and their audio.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import logging
-from pathlib import Path
 from typing import Any
 
+import client_script  # this directory's shared command line (tests/clients/client_script.py)
 from livekit import rtc
 from livekit.plugins.openai.realtime import RealtimeModel
 
 RATE = 24000
 SAMPLES = RATE * 20 // 1000  # 20 ms frames
-
-
-class Errors(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage()[:2000])
 
 
 async def main(report: dict[str, Any], url: str, speech: bytes, timeout: float) -> None:
@@ -82,18 +71,5 @@ async def main(report: dict[str, Any], url: str, speech: bytes, timeout: float) 
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--speech", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--timeout", type=float, default=60.0)
-    args = parser.parse_args()
-    handler = Errors()
-    logging.getLogger().addHandler(handler)
     report: dict[str, Any] = {"errors": [], "transcripts": [], "answers": [], "audio_bytes": 0}
-    try:
-        asyncio.run(main(report, args.url, Path(args.speech).read_bytes(), args.timeout))
-    except BaseException as exc:  # the report says what failed; the test reads it
-        report["errors"].append(f"{type(exc).__name__}: {exc}")
-    report["log_errors"] = handler.messages
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    client_script.run(main, report, log=logging.getLogger())

@@ -14,12 +14,10 @@ ERROR log records), what was transcribed and how much audio came back.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-from pathlib import Path
 from typing import Any
 
+import client_script  # this directory's shared command line (tests/clients/client_script.py)
 from loguru import logger
 from pipecat.frames.frames import (
     EndFrame,
@@ -110,16 +108,6 @@ async def main(report: dict[str, Any], url: str, speech: bytes, timeout: float) 
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--speech", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--timeout", type=float, default=60.0)
-    args = parser.parse_args()
     report: dict[str, Any] = {"errors": [], "log_errors": [], "transcripts": [], "audio_bytes": 0, "answers": 0}
-    logger.add(lambda message: report["log_errors"].append(str(message)[:2000]), level="ERROR")
-    try:
-        asyncio.run(main(report, args.url, Path(args.speech).read_bytes(), args.timeout))
-    except BaseException as exc:  # the report says what failed; the test reads it
-        report["errors"].append(f"{type(exc).__name__}: {exc}")
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    logger.add(lambda message: report["log_errors"].append(str(message)[:2000]), level="ERROR")  # pipecat: loguru
+    client_script.run(main, report)

@@ -5,23 +5,14 @@ answered in speech. The client runs on its own environment (clients_support)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from clients_support import run_client
-from support.gateway import RunningGateway, run_gateway
+from support.gateway import RunningGateway
 from support.speech import silence, speak
 
-from gateway.settings import Settings
-
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-async def gateway() -> AsyncIterator[RunningGateway]:
-    async with run_gateway(Settings(engine="cascade", video_engine="none", drain_window_s=0.5)) as gw:
-        yield gw
 
 
 async def test_pipecat_holds_a_voice_conversation(gateway: RunningGateway, tmp_path: Path) -> None:

@@ -39,20 +39,22 @@ CLUSTER_ENV = {
 KEY_PREFIX = "omni:"  # gateway/store/base.py StoreLimits.key_prefix (the replicas' default)
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+@pytest.fixture(scope="session")
+def cluster_binaries() -> None:
+    """nginx and redis-server, installed where they can be; without them the cluster tests skip."""
     try:
         ensure_binaries()
     except ClusterError as err:
         pytest.skip(f"nginx/redis-server unavailable and could not be installed: {err}")
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_binaries: None) -> Iterator[Cluster]:
     keep = os.environ.get("OMNI_CLUSTER_KEEP_RUN_DIR", "") not in ("", "0")
-    c = Cluster(replicas=REPLICAS, engine="passthrough", api_keys=(API_KEY,), env=CLUSTER_ENV, keep_run_dir=keep)
-    c.start()
-    print(f"\ncluster run dir: {c.run_dir} (kept: {keep})")
-    try:
+    with Cluster(replicas=REPLICAS, engine="passthrough", api_keys=(API_KEY,), env=CLUSTER_ENV,
+                 keep_run_dir=keep) as c:  # fmt: skip
+        print(f"\ncluster run dir: {c.run_dir} (kept: {keep})")
         yield c
-    finally:
-        c.stop()
 
 
 @dataclass

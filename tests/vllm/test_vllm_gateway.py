@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from support.gateway import Client, RunningGateway, connect, run_gateway
 
 from gateway.settings import Settings
@@ -14,15 +12,6 @@ from orchestrator.engines.vllm_engine import VllmEngine
 
 # The default 300 s timeout: the first test of the session also starts vLLM.
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def gw(vllm_engine: VllmEngine) -> AsyncIterator[RunningGateway]:
-    # A view of the shared AsyncLLM: the gateway starts and closes it, the AsyncLLM stays.
-    engine = VllmEngine(vllm_engine.model, llm=vllm_engine.llm, sampling={"seed": 0})
-    settings = Settings(engine="passthrough", video_engine="none", detach_grace_s=0.2, drain_window_s=0.5)
-    async with run_gateway(settings, engine=engine, vad_factory=None) as gw:
-        yield gw
 
 
 async def text_session(c: Client) -> None:

@@ -13,12 +13,10 @@ from typing import Any
 
 import orjson
 import pytest
-import pytest_asyncio
-from support.gateway import RunningGateway, run_gateway
+from support.gateway import RunningGateway
 from support.sdk_shapes import check_event
 from vllm_support import collect, finished, no_input, user
 
-from gateway.settings import Settings
 from orchestrator.engine import (
     FunctionTool,
     Message,
@@ -156,14 +154,6 @@ async def test_the_cascade_passes_tools_to_a_vllm_thinker(vllm_engine: VllmEngin
         await engine.close()
     finished(outs)
     valid_weather(calls(outs)[0]["arguments"])
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def gw(vllm_engine: VllmEngine) -> AsyncIterator[RunningGateway]:
-    engine = VllmEngine(vllm_engine.model, llm=vllm_engine.llm, sampling={"seed": 0})
-    settings = Settings(engine="passthrough", video_engine="none", detach_grace_s=0.2, drain_window_s=0.5)
-    async with run_gateway(settings, engine=engine, vad_factory=None) as gw:
-        yield gw
 
 
 SDK_TOOL = {
