@@ -5,8 +5,8 @@ the memory store hosts one session whose peer discards what it is sent. Each tri
 measures the gateway's CPU time (``time.process_time``, the engine's work included):
 
 - **per client event**: ``--appends`` JSON ``input_audio_buffer.append`` events
-  (20 ms of 24 kHz PCM16, base64) decoded, handled and flushed as the transport
-  does, with transcription on, so each append also streams into the open
+  (20 ms of 24 kHz PCM16, base64) handed to the connection's door as the transport
+  does (decoded, counted, handled and flushed), with transcription on, so each append also streams into the open
   transcription request and comes back as a transcript delta (held until the
   buffer is committed, as manual turns require; one commit ends the trial);
 - **per delta**: ``response.create`` answered with ``--deltas`` audio chunks (a
@@ -47,8 +47,8 @@ if str(ROOT) not in sys.path:
 
 import orjson  # noqa: E402
 
-from gateway.protocol import client_events as ce  # noqa: E402
-from gateway.protocol.session_config import SessionConfig  # noqa: E402
+from gateway.hosting.door import Door  # noqa: E402
+from gateway.protocol.dialects import GA  # noqa: E402
 from gateway.runtime import Runtime  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.telemetry import Telemetry  # noqa: E402
@@ -63,15 +63,10 @@ UPDATE = orjson.dumps(
 
 
 class NullPeer:
-    """A connection that takes every event and sends nothing."""
+    """A connection that takes every message and sends nothing."""
 
-    def send(self, event: dict[str, Any], data: bytes) -> None: ...
-    def hold(self) -> None: ...
-    def release(self, after_seq: int) -> None: ...
-    def replay(self, data: bytes) -> None: ...
-    def replaced(self, session_id: str) -> None: ...
+    def send(self, data: bytes, event: dict[str, Any] | None = None) -> None: ...
     def close(self, code: int, reason: str) -> None: ...
-    def committed(self, seq: int) -> None: ...
 
 
 def telemetry_for(mode: str) -> Telemetry | None:
@@ -94,30 +89,23 @@ async def trial(mode: str, appends: int, deltas: int) -> tuple[float, float]:
     rt = Runtime(settings, engine, vad_factory=None, video_engine=None, telemetry=telemetry_for(mode))
     await rt.start()
     try:
-        host = await rt.open_session(SessionConfig(model=settings.model), principal="bench", beta=False)
-        assert (host.trace is not None) == (mode == "on")
-        host.attach(NullPeer())
-        host.session.start(resume_token=host.rotate_token())
-        host.flush()
-        host.session.handle(ce.decode(UPDATE))
-        host.flush()
-        counter = rt.metrics.client_event_counter("input_audio_buffer.append")
+        door = Door(rt.hosting, rt, NullPeer(), dialect=GA, principal="bench", model=settings.model,
+                    max_message_bytes=settings.max_message_bytes)  # fmt: skip
+        assert await door.open()
+        host = door.host
+        assert host is not None and (host.trace is not None) == (mode == "on")
+        door.receive(UPDATE)
         await asyncio.sleep(0)
         t0 = time.process_time()
         for i in range(appends):
-            event = ce.decode(APPEND)  # as the transport's _handle does
-            counter.inc()
-            host.session.handle(event)
-            host.flush()
+            door.receive(APPEND)  # as the transport hands each message to the door
             if i % 64 == 63:
                 await asyncio.sleep(0)  # the engine answers (a transcript delta per append)
-        host.session.handle(ce.decode('{"type":"input_audio_buffer.commit"}'))  # the request's end
-        host.flush()
+        door.receive('{"type":"input_audio_buffer.commit"}')  # the request's end
         await rt.orchestrator.wait_idle()
         per_event = (time.process_time() - t0) / appends * 1e6
         t0 = time.process_time()
-        host.session.handle(ce.decode('{"type":"response.create"}'))
-        host.flush()
+        door.receive('{"type":"response.create"}')
         await rt.orchestrator.wait_idle()
         per_delta = (time.process_time() - t0) / deltas * 1e6
         await host.end(reason="bench", delete=True)
@@ -146,10 +134,7 @@ async def wrapper_ns() -> float:
     async def send(message: dict[str, Any]) -> None:
         return None
 
-    class Conn:
-        host = None
-
-    traced = telemetry_for("on").socket_sends(send, Conn())  # type: ignore[union-attr]
+    traced = telemetry_for("on").socket_sends(send, lambda: None)  # type: ignore[union-attr]
     message = {"type": "websocket.send", "text": "{}"}
     n = 200_000
     best = {}

@@ -17,7 +17,6 @@ from gateway.runtime import Runtime
 from gateway.session.session import VadStream
 from gateway.settings import Settings
 from gateway.telemetry import Telemetry
-from gateway.transport.duplex import DuplexConnection
 from gateway.transport.realtime import RealtimeEndpoint
 from gateway.transport.video import VideoEndpoint
 from orchestrator.engine import Engine
@@ -64,7 +63,7 @@ def create_app(
     app = Starlette(
         routes=[
             *HttpApi(rt).routes(),
-            WebSocketRoute("/v1/realtime", RealtimeEndpoint(rt, duplex=DuplexConnection)),
+            WebSocketRoute("/v1/realtime", RealtimeEndpoint(rt)),
             WebSocketRoute("/v1/realtime/video", VideoEndpoint(rt)),
             # The browser demo and SDK, last so that it never shadows the API.
             Mount("/", StaticFiles(directory=WEB_DEMO, html=True, check_dir=False), name="web_demo"),

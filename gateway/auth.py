@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from gateway.jwt_auth import JwtVerifier, looks_like_jwt
-from gateway.store.base import SessionStore
+from gateway.store.base import SessionStore, StoreError
 from gateway.store.memory import MemoryStore
 from gateway.tenants import KeysFile, Tenant, TenantLimits
 
@@ -91,6 +91,10 @@ class SecretBox:
         return Grant.from_dict(entry["grant"])
 
 
+class CredentialsUnavailable(Exception):
+    """A client secret that cannot be checked now (the store cannot say): worth retrying."""
+
+
 class Authenticator:
     def __init__(
         self,
@@ -133,13 +137,17 @@ class Authenticator:
         return self._check_key(credential)
 
     async def authenticate(self, headers: Mapping[str, str], subprotocols: Iterable[str]) -> Grant | None:
-        """The caller's grant, or None when refused. Consumes a client secret."""
+        """The caller's grant, or None when refused. Consumes a client secret; raises
+        ``CredentialsUnavailable`` when the store cannot check one now."""
         credential = _bearer(headers)
         for proto in subprotocols:
             if proto.startswith(KEY_SUBPROTOCOL_PREFIX):
                 credential = proto[len(KEY_SUBPROTOCOL_PREFIX) :]
         if credential:
-            grant = await self._check(credential, secrets_ok=True)
+            try:
+                grant = await self._check(credential, secrets_ok=True)
+            except StoreError as exc:
+                raise CredentialsUnavailable(str(exc)) from exc
             if grant is not None:
                 return grant
         # Without required auth (loopback, no keys) any credential is accepted:

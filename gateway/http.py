@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.auth import DEFAULT_SECRET_TTL_S, MAX_SECRET_TTL_S
+from gateway.hosting.video import Refused, submit_interaction
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import ConfigLimits, SessionConfig, apply_update, render
 from gateway.protocol.video_events import decode_interaction
@@ -180,36 +181,20 @@ class HttpApi:
         try:
             body = orjson.loads(await request.body() or b"{}")
             payload = body.get("interaction", body) if isinstance(body, dict) else None
-            default_k = self.rt.video_engine.info.default_transition_chunks if self.rt.video_engine else 3
-            event = decode_interaction(payload, default_k)
+            spec = decode_interaction(payload)
         except orjson.JSONDecodeError:
             return _error(400, Code.INVALID_JSON, "The body is not valid JSON.")
         except ProtocolError as err:
             return _error(400, err.code, err.message, err.param)
-        interaction = event.interaction
-        unknown = _error(404, Code.SESSION_NOT_FOUND, f"No streaming video session {sid!r}.")
-        local = self.rt.video_sessions.get(sid)
-        if local is not None:
-            if local.principal != grant.principal:
-                return unknown  # another's session answers exactly as one that does not exist
-            failure = await local.interact_now(interaction)
-            if failure is not None:
-                return _error(409, failure[0], failure[1], "interaction")
-            return JSONResponse({"queued": True, "session_id": sid, "event_id": interaction.event_id}, status_code=202)
         try:
-            data = await self.rt.store.load_snapshot(sid)
-            state = orjson.loads(data) if data else None
-            if not isinstance(state, dict) or state.get("kind") != "video" or state.get("principal") != grant.principal:
-                return unknown
-            message = {"type": "interaction", "session_id": sid, "interaction": payload}
-            if not isinstance(payload, dict) or "event_id" not in payload:
-                message["interaction"] = {**(payload or {}), "event_id": interaction.event_id}
-            delivered = await self.rt.store.send_to_owner(sid, orjson.dumps(message))
+            outcome = await submit_interaction(self.rt.hosting, sid, grant.principal, spec, payload)
         except StoreError:
             return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
-        if not delivered:
-            return unknown
-        # Forwarded: the owning replica reports the outcome on the session's socket.
-        return JSONResponse(
-            {"queued": True, "forwarded": True, "session_id": sid, "event_id": interaction.event_id}, status_code=202
-        )
+        if outcome is None:  # another's session answers exactly as one that does not exist
+            return _error(404, Code.SESSION_NOT_FOUND, f"No streaming video session {sid!r}.")
+        if isinstance(outcome, Refused):
+            return _error(409, outcome.code, outcome.message, "interaction")
+        body = {"queued": True, "session_id": sid, "event_id": spec.event_id}
+        if outcome.forwarded:  # the owning replica reports the outcome on the session's socket
+            body = {"queued": True, "forwarded": True, "session_id": sid, "event_id": spec.event_id}
+        return JSONResponse(body, status_code=202)

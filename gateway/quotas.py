@@ -63,6 +63,10 @@ class NeedBudget(Exception):
         self.wait = wait
 
 
+class AdmissionUnavailable(Exception):
+    """The store cannot say whether a connection is within its principal's limits now."""
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectRefusal:
     code: str
@@ -207,14 +211,17 @@ class Quotas:
 
     async def admit(self, grant: Grant) -> Seat | ConnectRefusal:
         """A new socket of ``grant``'s principal: its seat, or why it is refused.
-        Raises StoreError when the store cannot say."""
+        Raises AdmissionUnavailable when the store cannot say."""
         limits, label = grant.tenant.limits, grant.tenant.label
         conn_id = secrets.token_hex(8)
         if limits.max_sessions or limits.session_starts_per_min:
-            admission = await self.store.admit_connection(
-                grant.principal, conn_id, max_open=limits.max_sessions,
-                starts_per_min=limits.session_starts_per_min, ttl_ms=self.ttl_ms,
-            )  # fmt: skip
+            try:
+                admission = await self.store.admit_connection(
+                    grant.principal, conn_id, max_open=limits.max_sessions,
+                    starts_per_min=limits.session_starts_per_min, ttl_ms=self.ttl_ms,
+                )  # fmt: skip
+            except StoreError as exc:
+                raise AdmissionUnavailable(str(exc)) from exc
             reset_s = admission.reset_ms / 1000
             self._seen[grant.principal] = (admission.open, admission.starts, self._now() + reset_s)
             if not admission.ok:

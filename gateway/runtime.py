@@ -21,25 +21,26 @@ from typing import Any
 
 from gateway.auth import Authenticator
 from gateway.hosting.bus import listen_bus
-from gateway.hosting.host import HostContext, SessionHost
+from gateway.hosting.context import Closable, HostContext
+from gateway.hosting.host import SessionHost
 from gateway.hosting.leases import renew_leases
+from gateway.hosting.video import VideoHost, VideoPeer, VideoTimeouts
 from gateway.jwt_auth import JwtVerifier
 from gateway.origins import OriginPolicy
-from gateway.protocol.duplex_config import DuplexConfig
+from gateway.protocol.duplex_config import DuplexConfig, default_session_config
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
-from gateway.protocol.session_config import SessionConfig
-from gateway.protocol.video_events import decode_interaction
+from gateway.protocol.session_config import ConfigLimits, SessionConfig, TurnDetection, apply_update
 from gateway.quotas import Quotas, Seat
 from gateway.routing import CATCH_ALL, Router, RouteSpec, RoutingError, parse_routes
 from gateway.session.duplex import DuplexSession
 from gateway.session.session import RealtimeSession, SessionLimits, VadStream
+from gateway.session.video_session import VideoSession
 from gateway.settings import Settings
 from gateway.store import create_store
 from gateway.store.base import SessionStore
 from gateway.telemetry import Telemetry
 from gateway.tenants import KeysFile, TenantLimits
-from gateway.transport.realtime import Connection
-from gateway.transport.video import VideoConnection
+from gateway.transport.video import VideoSocket
 from orchestrator.engine import Engine
 from orchestrator.metrics import Metrics
 from orchestrator.orchestrator import AdmissionLimits, Orchestrator
@@ -183,11 +184,10 @@ class Runtime:
             detach_grace_s=settings.detach_grace_s,
             telemetry=self.telemetry,
         )
-        self.connections: set[Connection] = set()
         # What GET /metrics answers; None: this process's registry. A worker of several sets
         # it to every worker's metrics (gateway/workers.py).
         self.metrics_exposition: Callable[[], Awaitable[bytes]] | None = None
-        self.video_sessions: dict[str, VideoConnection] = {}
+        self.video_sockets: dict[str, VideoSocket] = {}  # the video transport's open sockets
         self.draining = False
         self._bus_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
@@ -196,10 +196,20 @@ class Runtime:
     @property
     def hosts(self) -> dict[str, SessionHost]:
         """The realtime sessions served here, by id."""
-        return self.hosting.hosts
+        return {sid: h for sid, h in self.hosting.hosts.items() if isinstance(h, SessionHost)}
+
+    @property
+    def connections(self) -> set[Closable]:
+        """The realtime connections open here, of every transport."""
+        return self.hosting.doors
+
+    @property
+    def sessions(self) -> Runtime:
+        """What a connection's door opens and restores sessions through (this runtime)."""
+        return self
 
     def session_count(self) -> int:
-        return len(self.connections) + len(self.video_sessions)
+        return len(self.hosting.doors) + len(self.video_sockets)
 
     # --- sessions ---------------------------------------------------------------
 
@@ -245,19 +255,44 @@ class Runtime:
             return meter.rate_limits()
         return {"rate_limits": [], "tenant_limits": []}
 
+    def serves(self, model: str) -> bool:
+        return self.router.resolve(model) is not None
+
+    def session_config(self, model: str, requested: dict[str, Any] | None, *, dialect: str) -> SessionConfig:
+        """What a new session starts with: the dialect's defaults for ``model`` (server VAD
+        where a detector runs), then what a client secret was minted with (``requested``,
+        validated when minted: a shape that no longer applies falls back to the defaults)."""
+        if dialect == "duplex":
+            return default_session_config(model)
+        config = SessionConfig(model=model, turn_detection=TurnDetection() if self.vad_factory else None)
+        if requested:
+            try:
+                config, _ = apply_update(
+                    config, requested, beta=False, limits=ConfigLimits(voices=self.engine.info.voices)
+                )
+            except ProtocolError:
+                pass
+            if self.vad_factory is None:
+                config = replace(config, turn_detection=None)  # no detector here: manual turns
+        return config
+
     async def open_session(
-        self, config: SessionConfig, *, principal: str, beta: bool, duplex: DuplexConfig | None = None
+        self, model: str, *, principal: str, dialect: str, requested: dict[str, Any] | None = None
     ) -> SessionHost:
-        """A new session hosted here: GA or beta, or, with ``duplex``, vLLM-Omni's duplex dialect."""
-        found = self.route(config.model)
+        """A new session hosted here: GA or beta, or vLLM-Omni's duplex dialect."""
+        found = self.route(model)
         if found is None:
-            raise ProtocolError(Code.MODEL_NOT_FOUND, f"No model {config.model!r} here; see GET /v1/models.")
+            raise ProtocolError(Code.MODEL_NOT_FOUND, f"No model {model!r} here; see GET /v1/models.")
         engine, orch = found
+        config = self.session_config(model, requested, dialect=dialect)
         if "audio" not in engine.info.modalities and "audio" in config.output_modalities:
             config = replace(config, output_modalities=("text",))  # a text model answers in text
         sid = "sess_" + secrets.token_hex(10)
         kwargs = {"session_id": sid, "config": config, "engine": engine.info, **self._session_kwargs(sid)}
-        session = RealtimeSession(beta=beta, **kwargs) if duplex is None else DuplexSession(duplex=duplex, **kwargs)
+        if dialect == "duplex":
+            session: RealtimeSession = DuplexSession(duplex=DuplexConfig(), **kwargs)
+        else:
+            session = RealtimeSession(beta=dialect == "beta", **kwargs)
         return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal)
 
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
@@ -269,18 +304,19 @@ class Runtime:
         cls = DuplexSession if state.get("dialect") == "duplex" else RealtimeSession
         return cls.restore(state, engine=engine.info, **self._session_kwargs(state["id"])), orch
 
-    def _on_bus_message(self, body: dict[str, Any]) -> None:
-        """A bus message for something other than a session host: a video interaction
-        forwarded by the replica that took the HTTP request."""
-        video = self.video_sessions.get(body.get("session_id", ""))
-        if video is None or body.get("type") != "interaction":
-            return
-        try:
-            default_k = video.session.info.default_transition_chunks
-            event = decode_interaction(body.get("interaction"), default_k)
-        except ProtocolError:
-            return  # validated by the replica that accepted the HTTP request
-        self.hosting.spawn(video.interact_now(event.interaction))
+    @property
+    def serves_video(self) -> bool:
+        return self.video_engine is not None
+
+    async def open_video(self, principal: str, peer: VideoPeer) -> VideoHost:
+        """A new streaming video session, owned in the store before it returns."""
+        assert self.video_engine is not None
+        session = VideoSession(session_id="vsess_" + secrets.token_hex(10), info=self.video_engine.info)
+        timeouts = VideoTimeouts(
+            start_s=self.settings.video_start_timeout_s, stall_s=self.settings.video_stall_timeout_s
+        )
+        return await VideoHost.open(self.hosting, session, orchestrator=self.orchestrator, principal=principal,
+                                    peer=peer, timeouts=timeouts)  # fmt: skip
 
     # --- health -------------------------------------------------------------------
 
@@ -320,7 +356,7 @@ class Runtime:
         if self.video_engine is not None:
             await self.video_engine.start()
         loop = asyncio.get_running_loop()
-        self._bus_task = loop.create_task(listen_bus(self.hosting, self._on_bus_message), name="bus")
+        self._bus_task = loop.create_task(listen_bus(self.hosting), name="bus")
         self._lease_task = loop.create_task(renew_leases(self.hosting), name="leases")
         self._quota_task = loop.create_task(self.quotas.run(), name="tenant-entries")
 
@@ -337,8 +373,8 @@ class Runtime:
         # Polling: many sessions, no single event to wait on.
         while loop.time() < deadline and any(h.session.active_response_id for h in self.hosts.values()):  # noqa: ASYNC110
             await asyncio.sleep(0.05)
-        for conn in list(self.connections):
-            conn.close(CloseCode.SERVICE_RESTART, "service restart: reconnect and resume")
+        for door in list(self.hosting.doors):
+            door.close(CloseCode.SERVICE_RESTART, "service restart: reconnect and resume")
         hosts = list(self.hosts.values())
         await asyncio.gather(*(h.end(reason="drained") for h in hosts), return_exceptions=True)
 
@@ -349,7 +385,7 @@ class Runtime:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-        for video in list(self.video_sessions.values()):
+        for video in list(self.video_sockets.values()):
             video.close(CloseCode.SERVICE_RESTART, "service restart")
         for orch in self.orchestrators:
             await orch.close()

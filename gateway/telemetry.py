@@ -141,14 +141,13 @@ class Telemetry:
             return None
         return SessionTrace(self.tracer, span, attributes, engine)
 
-    def socket_sends(self, send: Send, conn: Any) -> Send:
-        """``send`` (ASGI) that also tells the trace of ``conn.host`` what reached the
-        socket; only connections of a traced process are wrapped."""
+    def socket_sends(self, send: Send, trace_of: Callable[[], SessionTrace | None]) -> Send:
+        """``send`` (ASGI) that also tells the trace of the socket's session (``trace_of()``)
+        what reached the socket; only connections of a traced process are wrapped."""
 
         async def traced(message: dict[str, Any]) -> None:
             await send(message)
-            host = conn.host
-            trace = host.trace if host is not None else None
+            trace = trace_of()
             if trace is not None and trace.awaiting_socket:
                 trace.sent(message)
 

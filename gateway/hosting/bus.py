@@ -1,23 +1,19 @@
-"""The bus listener: messages from other replicas about sessions this one owns."""
+"""The bus listener: messages from other replicas about sessions this one serves."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import orjson
 
-from gateway.hosting.host import HostContext
+from gateway.hosting.context import HostContext
 from gateway.store.base import replica_channel
 
-# Called with every message that is not for a session host (e.g. a video
-# interaction forwarded from the replica that took the HTTP request).
-OtherMessage = Callable[[dict[str, Any]], None]
 
-
-async def listen_bus(ctx: HostContext, other: OtherMessage) -> None:
-    """Listen on this replica's channel until cancelled: ``replaced`` stops the
-    host of a session another replica took; anything else goes to ``other``."""
+async def listen_bus(ctx: HostContext) -> None:
+    """Listen on this replica's channel until cancelled, and hand each message to the
+    host of the session it names (``replaced``: another replica took the session;
+    ``interaction``: a video interaction POSTed to another replica). A message for a
+    session not served here (any more) is dropped: its sender learns nothing, as for
+    a replica that died."""
     sub = await ctx.store.subscribe(replica_channel(ctx.replica_id))
     try:
         async for message in sub:
@@ -27,11 +23,8 @@ async def listen_bus(ctx: HostContext, other: OtherMessage) -> None:
                 continue
             if not isinstance(body, dict):
                 continue
-            if body.get("type") == "replaced":
-                host = ctx.hosts.get(body.get("session_id", ""))
-                if host is not None:
-                    host.replaced()
-            else:
-                other(body)
+            host = ctx.hosts.get(body.get("session_id", ""))
+            if host is not None:
+                host.on_bus(body)
     finally:
         await sub.close()

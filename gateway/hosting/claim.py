@@ -19,7 +19,8 @@ from typing import Any
 
 import orjson
 
-from gateway.hosting.host import HostContext, SessionHost
+from gateway.hosting.context import HostContext
+from gateway.hosting.host import SessionHost
 from gateway.hosting.takeover import Held, Refusal, admit, top_seq
 from gateway.protocol import client_events as ce
 from gateway.session import snapshot
@@ -62,7 +63,7 @@ async def claim(
     before anyone is fenced) or StoreError."""
     sid, last = event.session_id, event.last_received_server_event_seq
     host = ctx.hosts.get(sid)
-    if host is not None and host is not provisional:
+    if isinstance(host, SessionHost) and host is not provisional:
         held = Held(host.token_hash, host.principal, host.session.seq, live=True)
         _raise(admit(held, event, principal), event)
         return Claim(host, held, recovered=False, _read=None, _after=last)

@@ -1,17 +1,20 @@
-"""SessionHost: one session running on this replica, with or without a socket.
+"""SessionHost: one realtime session running on this replica, with or without a connection.
 
 The host owns what cannot live in a snapshot: the session's engine requests,
-its journal writer and lease, and the peer (the connection) attached to it. It
-outlives its socket: when the client drops, the host keeps the session (and any
-answer being generated, journaled as it goes) for ``detach_grace_s`` so the
-client can come back and resume, on this replica or any other.
+its journal writer and lease, and the doors (connections) attached to it. It
+outlives its connection: when the client drops, the host keeps the session
+(and any answer being generated, journaled as it goes) for ``detach_grace_s``
+so the client can come back and resume, on this replica or any other.
 
-Every server event goes to the journal (as the JSON the client reads) and, if
-a peer is attached, to the peer, in the same order, as it is produced.
+Everything a connection hands in comes through ``receive`` / ``receive_audio``
+/ ``refuse`` / ``ack`` (from its ``Door``): the host calls the session and
+flushes, in this one place. Every server event goes to the journal (as the JSON
+the client reads) and to every attached door, in the same order, as it is
+produced.
 
 A host knows a small ``HostContext`` (the store, metrics, this replica's id,
-lease and grace settings, the registry of hosts) and the narrow ``Peer``
-protocol; never the transport, the app or the runtime.
+lease and grace settings, the registry of hosts) and its doors; never the
+transport, the app or the runtime.
 """
 
 from __future__ import annotations
@@ -20,22 +23,22 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from gateway.hosting import takeover
-from gateway.hosting.peer import Peer
+from gateway.hosting.context import HostContext
+from gateway.hosting.delivery import Delivery
+from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.server_events import dialect_encoder
 from gateway.session import snapshot
 from gateway.session.core import STATE_EVENTS
 from gateway.session.effects import Cancel, Close, EndInput, Feed, StartResponse, StartTranscription
 from gateway.session.session import RealtimeSession
-from gateway.store.base import FencedError, SessionStore, StoreError
+from gateway.store.base import FencedError, StoreError
 from gateway.store.writer import JournalWriter
-from gateway.telemetry import SessionTrace, Telemetry
+from gateway.telemetry import SessionTrace
 from orchestrator.engine import EngineOutput, Finished
-from orchestrator.metrics import Metrics
 from orchestrator.orchestrator import Kind, Orchestrator, RequestHandle
 
 log = logging.getLogger("omni.host")
@@ -57,28 +60,21 @@ class OutputMeter(Protocol):
         """What to tell the client when the limit stops or refuses a response."""
 
 
-@dataclass(slots=True)
-class HostContext:
-    """What every session host on this replica shares."""
+class Attached(Protocol):
+    """A connection attached to a host (its ``Door``), as the host sees it."""
 
-    store: SessionStore
-    metrics: Metrics
-    replica_id: str  # this process in the cluster: the owner its leases name
-    lease_ttl_ms: int  # ownership lease; the lease loop renews it every third of this
-    detach_grace_s: float  # a session whose socket dropped keeps running here this long
-    telemetry: Telemetry | None = None  # traces (gateway/telemetry.py); None: off
-    # The sessions served here, by id: the lease loop renews their leases and the bus
-    # listener finds them. A host adds itself when created and leaves when it ends.
-    hosts: dict[str, SessionHost] = field(default_factory=dict)
-    # Fire-and-forget tasks (trims, commits before a release, re-acquires), kept
-    # referenced until done.
-    background: set[asyncio.Task[Any]] = field(default_factory=set)
+    @property
+    def delivery(self) -> Delivery:
+        """What the connection is sent, and when (holds, the commit gate)."""
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
-        return task
+    @property
+    def seat(self) -> OutputMeter | None:
+        """The connection's share of its principal's limits."""
+
+    def replaced(self, session_id: str) -> None:
+        """Another connection took the session."""
+
+    def close(self, code: int, reason: str) -> None: ...
 
 
 class SessionHost:
@@ -99,7 +95,7 @@ class SessionHost:
         self.token_hash = token_hash
         self.fence = fence
         self.writer = self._new_writer(fence)
-        self.conn: Peer | None = None
+        self.doors: list[Attached] = []  # the connections attached (one; a takeover replaces it)
         self.handles: dict[str, RequestHandle] = {}
         self.ended = False
         self._reacquiring = False
@@ -141,12 +137,13 @@ class SessionHost:
         sends events only once committed may send them now. After a failure they go
         out anyway: the client must not wait on the store (a resume elsewhere then
         finds it ahead of the store and resyncs it)."""
-        if self.conn is not None:
-            self.conn.committed(seq)
+        for door in self.doors:
+            door.delivery.committed(seq)
 
     def ack(self, seq: int) -> None:
         """The client holds events up to ``seq``: trim the journal, at most once per
         ``ACK_TRIM_INTERVAL_S`` (a trim is a store round trip; acks come often)."""
+        seq = min(seq, self.session.seq)  # never past what was sent
         first = self._acked is None
         self._acked = max(seq, self._acked or 0)
         if first:
@@ -167,27 +164,107 @@ class SessionHost:
         self.session.dirty = True
         return token
 
-    # --- the socket ------------------------------------------------------------
+    # --- the connection ----------------------------------------------------------
 
-    def attach(self, conn: Peer) -> None:
+    def attach(self, door: Attached) -> None:
+        """``door`` now carries the session; a door attached before it is replaced."""
         if self._detach_timer is not None:
             self._detach_timer.cancel()
             self._detach_timer = None
-        old = self.conn
-        self.conn = conn
-        conn.committed(self.writer.committed_seq)
-        if old is not None and old is not conn:
-            old.replaced(self.session.id)
+        old, self.doors = self.doors, [door]
+        self.meter = door.seat
+        door.delivery.committed(self.writer.committed_seq)
+        for other in old:
+            if other is not door:
+                other.replaced(self.id)
 
-    def detach(self, conn: Peer) -> None:
-        """The socket went away; keep the session resumable for a grace period."""
-        if self.conn is not conn or self.ended:
+    def detach(self, door: Attached) -> None:
+        """The connection went away; keep the session resumable for a grace period."""
+        if door not in self.doors or self.ended:
             return
-        self.conn = None
-        self._detach_timer = asyncio.get_running_loop().call_later(self.ctx.detach_grace_s, self._grace_over)
+        self.doors.remove(door)
+        if not self.doors:
+            self._detach_timer = asyncio.get_running_loop().call_later(self.ctx.detach_grace_s, self._grace_over)
+
+    @property
+    def attachment_generation(self) -> int:
+        """How many connections the session has had (the duplex dialect counts them)."""
+        return int(getattr(self.session, "attachment_generation", 1))
+
+    def reattached(self) -> int:
+        """A resume brought the session a new connection: its generation (in the snapshot too)."""
+        session = self.session
+        if hasattr(session, "attachment_generation"):
+            session.attachment_generation += 1
+            session.dirty = True
+        return self.attachment_generation
 
     def _grace_over(self) -> None:
         asyncio.get_running_loop().create_task(self.end(reason="client gone"))
+
+    # --- what a connection hands in ------------------------------------------------
+
+    def start(self, **start: Any) -> str:
+        """The new session's ``session.created`` (its resume token, returned, in it);
+        ``start``: what the dialect's opening adds (duplex: ``updated``, ``warnings``)."""
+        token = self.rotate_token()
+        self.session.start(resume_token=token, **start)
+        self.flush()
+        return token
+
+    def receive(self, event: Any) -> None:
+        """One decoded client event of the session's dialect."""
+        try:
+            self.session.handle(event)
+        except ProtocolError as err:
+            self.session.error(err)
+        except Exception:  # a bug must cost one event, not the session
+            log.exception("session %s: unexpected failure handling a client event", self.id)
+            self._internal_error()
+        self.flush()
+
+    def receive_audio(self, audio: bytes) -> None:
+        """Input audio in the session's input format (a binary frame, a decoded track)."""
+        try:
+            self.session.append_audio(audio, None)
+        except ProtocolError as err:
+            self.session.error(err)
+        except Exception:
+            log.exception("session %s: unexpected failure handling input audio", self.id)
+            self._internal_error()
+        self.flush()
+
+    def refuse(self, err: ProtocolError) -> None:
+        """A client message refused before it reached the session (it did not decode,
+        was too large, is not allowed on this connection): a coded error in its stream."""
+        self.session.error(err)
+        self.flush()
+
+    def _internal_error(self) -> None:
+        self.session.error(ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error"))
+
+    def configure(self, update: Any) -> list[tuple[str, str]]:
+        """The duplex dialect's opening ``session.update``, applied before ``session.created``."""
+        configure = getattr(self.session, "configure", None)
+        if configure is None:
+            raise ProtocolError(Code.UNSUPPORTED, "Only a duplex session is configured before it starts.")
+        warnings: list[tuple[str, str]] = configure(update)
+        return warnings
+
+    def expire_idle(self) -> None:
+        """No client event for the dialect's idle timeout (the door keeps the clock)."""
+        self.session.expire_idle()  # type: ignore[attr-defined]
+        self.flush()
+
+    @property
+    def idle_timeout_s(self) -> float | None:
+        """The session's idle timeout (the duplex dialect's ``idle_timeout_s``); None: none."""
+        duplex = getattr(self.session, "duplex", None)
+        return None if duplex is None else float(duplex.idle_timeout_s)
+
+    def input_ms(self, nbytes: int) -> float:
+        """How long ``nbytes`` of the session's input audio last (what the tenant's input limit counts)."""
+        return self.session.config.input_format.duration_ms(nbytes)
 
     # --- events and effects --------------------------------------------------------
 
@@ -195,7 +272,7 @@ class SessionHost:
         """Journal and send what the session produced; run its effects.
 
         Write-ahead: when the events of a flush change session state (one of them
-        is in ``STATE_EVENTS``), the peer holds them all until the store has
+        is in ``STATE_EVENTS``), every door holds them all until the store has
         committed the batch that holds them and the snapshot with their state: one
         commit for the flush. A replica that takes the session over then knows
         everything the client saw begin. A flush of deltas waits for nothing: they
@@ -206,11 +283,12 @@ class SessionHost:
         events, effects = session.take()
         if self.trace is not None:
             self.trace.flushed(session.audio_ms, events, effects)
-        encode, conn, writer = dialect_encoder(session.dialect), self.conn, self.writer
+        encode, doors, writer = dialect_encoder(session.dialect), self.doors, self.writer
         journal = True
-        held = conn is not None and any(event["type"] in STATE_EVENTS for event in events)
-        if held and conn is not None:
-            conn.hold()  # until the commit (below)
+        held = bool(doors) and any(event["type"] in STATE_EVENTS for event in events)
+        if held:
+            for door in doors:
+                door.delivery.hold()  # until the commit (below)
         try:
             for event in events:
                 data = encode(event)
@@ -221,20 +299,19 @@ class SessionHost:
                         writer.append(event["server_event_seq"], data)
                     except FencedError as exc:
                         # Not journaled (the store lost us or another replica has the
-                        # session), but the socket still gets every event, in order.
+                        # session), but the client still gets every event, in order.
                         journal = False
                         self._on_fenced(exc)
-                kind = event["type"]
-                if kind == "error":
+                if event["type"] == "error":
                     self.ctx.metrics.errors.labels(event["error"]["code"]).inc()
-                if conn is not None:
-                    conn.send(event, data)
+                for door in doors:
+                    door.delivery.send(event, data)
             if session.dirty and journal:
                 self._snapshot_changes(writer)
         except FencedError as exc:
             self._on_fenced(exc)
-        if held and conn is not None:
-            self.ctx.spawn(self._release_when_committed(conn))
+        if held:
+            self.ctx.spawn(self._release_when_committed(list(doors)))
         if self.ended:
             return
         made = session.audio_out_ms - self._metered_ms
@@ -255,7 +332,7 @@ class SessionHost:
         self.session.on_response_failed(response_id, OUTPUT_LIMIT_CODE, self.meter.output_refusal())
         self.flush()
 
-    async def _release_when_committed(self, conn: Peer) -> None:
+    async def _release_when_committed(self, doors: list[Attached]) -> None:
         try:
             await self.writer.flush()
         except StoreError as exc:
@@ -264,7 +341,8 @@ class SessionHost:
             # of the store and resyncs it (takeover.py), never a silent hole.
             log.warning("session %s: journal commit failed (%s); delivering uncommitted", self.id, exc)
         finally:
-            conn.release(0)
+            for door in doors:
+                door.delivery.release(0)
 
     def snapshot_bytes(self, *, with_items: bool = True) -> bytes:
         state = self.session.snapshot_state(with_items=with_items)
@@ -312,8 +390,8 @@ class SessionHost:
                         self.trace.request_ended(effect.request_id, "cancelled")
                 case Close():
                     self.ctx.metrics.closes.labels(str(effect.code)).inc()
-                    if self.conn is not None:
-                        self.conn.close(effect.code, effect.reason)
+                    for door in self.doors:
+                        door.close(effect.code, effect.reason)
                     asyncio.get_running_loop().create_task(self.end(reason=effect.reason))
 
     def _start(self, effect: StartTranscription | StartResponse) -> None:
@@ -399,12 +477,16 @@ class SessionHost:
         log.info("session %s taken over elsewhere", self.id)
         if self.trace is not None:
             self.trace.end("taken over")
-        if self.conn is not None:
-            self.conn.replaced(self.id)
-            self.conn = None
+        doors, self.doors = self.doors, []
+        for door in doors:
+            door.replaced(self.id)
         self._stop()
         self.writer.abandon()  # fenced: nothing more of ours reaches the store
         self.ctx.hosts.pop(self.id, None)
+
+    def on_bus(self, body: dict[str, Any]) -> None:
+        if body.get("type") == "replaced":
+            self.replaced()
 
     async def renewal_refused(self, fence: int) -> None:
         """The store would not renew the lease taken with ``fence`` (the lease loop
@@ -460,4 +542,4 @@ class SessionHost:
             await store.release(self.id, self.ctx.replica_id, self.fence)
 
 
-__all__ = ["HostContext", "SessionHost"]
+__all__ = ["HostContext", "OutputMeter", "SessionHost"]

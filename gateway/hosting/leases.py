@@ -1,11 +1,11 @@
-"""The lease renewal loop: every session lease of this replica, renewed together."""
+"""The lease renewal loop: every session lease of this replica, realtime and video, renewed together."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
-from gateway.hosting.host import HostContext
+from gateway.hosting.context import HostContext
 from gateway.store.base import StoreError
 
 log = logging.getLogger("omni.host")

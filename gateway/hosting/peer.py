@@ -1,8 +1,9 @@
-"""The connection a session host talks to, as narrow as the host needs it.
+"""A connection as hosting sees it: something that writes what it is given, in order, and closes.
 
-The transport's ``Connection`` implements it; the host never sees a socket, the
-app or the runtime, so it can be driven in a unit test by any object with these
-methods.
+Every transport implements it (a WebSocket, a WebRTC call's data channel and
+audio track). Hosting decides what goes out and when (journal order, holds,
+the commit gate, replays, connection events); the peer only writes, so a new
+transport is a new ``Peer`` and nothing else of hosting changes.
 """
 
 from __future__ import annotations
@@ -11,25 +12,14 @@ from typing import Any, Protocol
 
 
 class Peer(Protocol):
-    def send(self, event: dict[str, Any], data: bytes) -> None:
-        """One session event (``data``: its JSON in the client's dialect), in order.
-        Never blocks; while the peer holds, the event waits behind the hold."""
-
-    def hold(self) -> None:
-        """Hold live events until ``release`` (holds nest)."""
-
-    def release(self, after_seq: int) -> None:
-        """End one hold; at the last, send what was held with a seq above ``after_seq``."""
-
-    def replay(self, data: bytes) -> None:
-        """One journaled event, sent again as it was first sent (not held)."""
-
-    def replaced(self, session_id: str) -> None:
-        """Another connection took the session: say so and close (4009)."""
+    def send(self, data: bytes, event: dict[str, Any] | None = None) -> None:
+        """One server message, in order, never blocking: ``data`` is its JSON as the
+        client reads it; ``event`` the same event as a dict where hosting has it (a live
+        session event; a replay from the journal or a connection event has only the
+        bytes). A peer may carry an event its own way (an audio delta as a binary
+        frame, or on an audio track), never out of order. A peer that cannot keep up
+        closes itself (4010)."""
 
     def close(self, code: int, reason: str) -> None:
-        """Close after what is queued."""
-
-    def committed(self, seq: int) -> None:
-        """The store holds the session's events up to ``seq`` (a peer that sends only
-        committed events, the duplex dialect's, may send those now)."""
+        """Close after what was sent. Also how a peer learns it was replaced
+        (``CloseCode.SESSION_REPLACED``, after hosting said so in the client's dialect)."""

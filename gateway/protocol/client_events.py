@@ -12,11 +12,9 @@ import binascii
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import orjson
-
 from gateway.protocol import session_fields
 from gateway.protocol.bounds import MAX_CONTENT_PARTS, shape_violation
-from gateway.protocol.errors import Code, ProtocolError
+from gateway.protocol.errors import Code, ProtocolError, json_object
 
 Role = Literal["user", "assistant", "system"]
 
@@ -169,7 +167,7 @@ ClientEvent = (
 )
 
 
-class _Ctx:
+class DecodeContext:
     """Carries the client's event_id into every error raised while decoding."""
 
     __slots__ = ("event_id",)
@@ -213,13 +211,7 @@ class _Ctx:
 
 def decode(raw: str | bytes) -> ClientEvent:
     """Parse one JSON text frame into a client event."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ProtocolError(Code.INVALID_JSON, f"The message is not valid JSON: {exc}.") from None
-    if not isinstance(data, dict):
-        raise ProtocolError(Code.INVALID_JSON, "A client event must be a JSON object.")
-    return decode_object(data)
+    return decode_object(json_object(raw))
 
 
 def decode_object(data: dict[str, Any]) -> ClientEvent:
@@ -227,7 +219,7 @@ def decode_object(data: dict[str, Any]) -> ClientEvent:
     event_id = data.get("event_id")
     if event_id is not None and not isinstance(event_id, str):
         raise ProtocolError(Code.INVALID_TYPE, "'event_id' must be a string.", param="event_id")
-    ctx = _Ctx(event_id)
+    ctx = DecodeContext(event_id)
     kind = data.get("type")
     if kind is None:
         raise ctx.err("Missing required parameter: 'type'.", "type", Code.MISSING_FIELD)
@@ -243,7 +235,7 @@ def decode_object(data: dict[str, Any]) -> ClientEvent:
     return parser(ctx, data)
 
 
-def _session_update(ctx: _Ctx, d: dict[str, Any]) -> SessionUpdate:
+def _session_update(ctx: DecodeContext, d: dict[str, Any]) -> SessionUpdate:
     session = d.get("session")
     if session is None:
         raise ctx.err("Missing required parameter: 'session'.", "session", Code.MISSING_FIELD)
@@ -252,13 +244,13 @@ def _session_update(ctx: _Ctx, d: dict[str, Any]) -> SessionUpdate:
     return SessionUpdate(ctx.event_id, session)
 
 
-def _append(ctx: _Ctx, d: dict[str, Any]) -> AudioAppend:
+def _append(ctx: DecodeContext, d: dict[str, Any]) -> AudioAppend:
     if "audio" not in d:
         raise ctx.err("Missing required parameter: 'audio'.", "audio", Code.MISSING_FIELD)
     return AudioAppend(ctx.event_id, ctx.b64(d["audio"], "audio"))
 
 
-def _part(ctx: _Ctx, p: Any, param: str, role: Role) -> PartSpec:
+def _part(ctx: DecodeContext, p: Any, param: str, role: Role) -> PartSpec:
     if not isinstance(p, dict):
         raise ctx.err(f"'{param}' must be an object.", param, Code.INVALID_TYPE)
     kind: Any = p.get("type")
@@ -291,7 +283,7 @@ def _part(ctx: _Ctx, p: Any, param: str, role: Role) -> PartSpec:
     )
 
 
-def _field(ctx: _Ctx, item: dict[str, Any], key: str, param: str, *, required: bool) -> str | None:
+def _field(ctx: DecodeContext, item: dict[str, Any], key: str, param: str, *, required: bool) -> str | None:
     value = item.get(key)
     if value is None:
         if required:
@@ -302,7 +294,7 @@ def _field(ctx: _Ctx, item: dict[str, Any], key: str, param: str, *, required: b
     return value
 
 
-def _item(ctx: _Ctx, item: Any, param: str) -> ItemSpec:
+def _item(ctx: DecodeContext, item: Any, param: str) -> ItemSpec:
     if not isinstance(item, dict):
         code = Code.MISSING_FIELD if item is None else Code.INVALID_TYPE
         raise ctx.err(f"'{param}' must be an object.", param, code)
@@ -340,24 +332,24 @@ def _item(ctx: _Ctx, item: Any, param: str) -> ItemSpec:
     return ItemSpec(item_id, role, parts)
 
 
-def _item_create(ctx: _Ctx, d: dict[str, Any]) -> ItemCreate:
+def _item_create(ctx: DecodeContext, d: dict[str, Any]) -> ItemCreate:
     return ItemCreate(ctx.event_id, _item(ctx, d.get("item"), "item"), ctx.str_(d, "previous_item_id"))
 
 
 def _item_id_event(cls: type) -> Any:
-    def parse(ctx: _Ctx, d: dict[str, Any]) -> Any:
+    def parse(ctx: DecodeContext, d: dict[str, Any]) -> Any:
         return cls(ctx.event_id, ctx.str_(d, "item_id", required=True))
 
     return parse
 
 
-def _truncate(ctx: _Ctx, d: dict[str, Any]) -> ItemTruncate:
+def _truncate(ctx: DecodeContext, d: dict[str, Any]) -> ItemTruncate:
     item_id = ctx.str_(d, "item_id", required=True)
     assert item_id is not None
     return ItemTruncate(ctx.event_id, item_id, ctx.int_(d, "content_index"), ctx.int_(d, "audio_end_ms"))
 
 
-def _response_create(ctx: _Ctx, d: dict[str, Any]) -> ResponseCreate:
+def _response_create(ctx: DecodeContext, d: dict[str, Any]) -> ResponseCreate:
     r = d.get("response")
     if r is None:
         return ResponseCreate(ctx.event_id)
@@ -452,7 +444,7 @@ def _response_create(ctx: _Ctx, d: dict[str, Any]) -> ResponseCreate:
     )
 
 
-def _resume(ctx: _Ctx, d: dict[str, Any]) -> SessionResume:
+def _resume(ctx: DecodeContext, d: dict[str, Any]) -> SessionResume:
     session_id = ctx.str_(d, "session_id", required=True)
     token = ctx.str_(d, "resume_token", required=True)
     assert session_id is not None and token is not None
@@ -464,7 +456,7 @@ class AckError(ProtocolError):
     seq would itself be acked, and a client that acks every event would never stop)."""
 
 
-def _ack(ctx: _Ctx, d: dict[str, Any]) -> EventAck:
+def _ack(ctx: DecodeContext, d: dict[str, Any]) -> EventAck:
     # ``server_event_seq`` is vLLM-Omni's spelling (its DuplexClient acks every event with it).
     key = "server_event_seq" if "last_received_server_event_seq" not in d and "server_event_seq" in d else None
     try:

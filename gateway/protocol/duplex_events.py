@@ -32,7 +32,7 @@ from typing import Any, Literal
 import orjson
 
 from gateway.protocol import client_events as ce
-from gateway.protocol.errors import Code, ProtocolError
+from gateway.protocol.errors import Code, ProtocolError, json_object
 
 TRUTHY = frozenset({"1", "true", "yes", "on"})  # ?duplex= / ?resume= (upstream's RealtimeEnvelope)
 FALSY = frozenset({"0", "false", "no", "off"})  # ?autostart=
@@ -180,12 +180,7 @@ ClientEvent = DuplexEvent | ce.ClientEvent
 
 def decode(raw: str | bytes) -> ClientEvent:
     """One text frame of a duplex socket: a duplex event, or a GA one."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ProtocolError(Code.INVALID_JSON, f"The message is not valid JSON: {exc}.") from None
-    if not isinstance(data, dict):
-        raise ProtocolError(Code.INVALID_JSON, "A client event must be a JSON object.")
+    data = json_object(raw)
     kind = data.get("type")
     if isinstance(kind, str) and kind in ALIASES:
         kind = ALIASES[kind]
@@ -198,12 +193,12 @@ def decode(raw: str | bytes) -> ClientEvent:
     event_id = data.get("event_id")
     if event_id is not None and not isinstance(event_id, str):
         raise ProtocolError(Code.INVALID_TYPE, "'event_id' must be a string.", param="event_id")
-    ctx = ce._Ctx(event_id)
+    ctx = ce.DecodeContext(event_id)
     result: ClientEvent = parser(ctx, data)
     return result
 
 
-def _opt_bool(ctx: ce._Ctx, d: dict[str, Any], key: str) -> bool | None:
+def _opt_bool(ctx: ce.DecodeContext, d: dict[str, Any], key: str) -> bool | None:
     value = d.get(key)
     if value is None:
         return None
@@ -212,7 +207,7 @@ def _opt_bool(ctx: ce._Ctx, d: dict[str, Any], key: str) -> bool | None:
     return value
 
 
-def _opt_int(ctx: ce._Ctx, d: dict[str, Any], key: str) -> int | None:
+def _opt_int(ctx: ce.DecodeContext, d: dict[str, Any], key: str) -> int | None:
     if d.get(key) is None:
         return None
     value = d[key]
@@ -225,7 +220,7 @@ def _opt_int(ctx: ce._Ctx, d: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def _append(ctx: ce._Ctx, d: dict[str, Any]) -> Append:
+def _append(ctx: ce.DecodeContext, d: dict[str, Any]) -> Append:
     if "audio" not in d:
         raise ctx.err("Missing required parameter: 'audio'.", "audio", Code.MISSING_FIELD)
     encoding = d.get("format", d.get("input_audio_format"))
@@ -244,7 +239,7 @@ def _append(ctx: ce._Ctx, d: dict[str, Any]) -> Append:
     )
 
 
-def _commit(ctx: ce._Ctx, d: dict[str, Any]) -> Commit:
+def _commit(ctx: ce.DecodeContext, d: dict[str, Any]) -> Commit:
     final = _opt_bool(ctx, d, "final")
     return Commit(
         ctx.event_id,
@@ -254,7 +249,7 @@ def _commit(ctx: ce._Ctx, d: dict[str, Any]) -> Commit:
     )
 
 
-def _text(ctx: ce._Ctx, d: dict[str, Any]) -> TextAppend:
+def _text(ctx: ce.DecodeContext, d: dict[str, Any]) -> TextAppend:
     text = d.get("text", d.get("delta"))
     if not isinstance(text, str):
         code = Code.MISSING_FIELD if text is None else Code.INVALID_TYPE
@@ -262,7 +257,7 @@ def _text(ctx: ce._Ctx, d: dict[str, Any]) -> TextAppend:
     return TextAppend(ctx.event_id, text)
 
 
-def _turn_signal(ctx: ce._Ctx, d: dict[str, Any]) -> TurnSignal:
+def _turn_signal(ctx: ce.DecodeContext, d: dict[str, Any]) -> TurnSignal:
     event = d.get("event")
     if not isinstance(event, str) or event not in TURN_SIGNALS:
         raise ctx.err(f"'event' must be one of: {', '.join(sorted(TURN_SIGNALS))}.", "event")
@@ -272,13 +267,13 @@ def _turn_signal(ctx: ce._Ctx, d: dict[str, Any]) -> TurnSignal:
     return TurnSignal(ctx.event_id, event, payload)
 
 
-def _barge_in(ctx: ce._Ctx, d: dict[str, Any]) -> BargeIn:
+def _barge_in(ctx: ce.DecodeContext, d: dict[str, Any]) -> BargeIn:
     payload = d.get("payload")
     source = payload.get("source") if isinstance(payload, dict) else None
     return BargeIn(ctx.event_id, source if isinstance(source, str) else "client_event")
 
 
-def _playback_ack(ctx: ce._Ctx, d: dict[str, Any]) -> PlaybackAck:
+def _playback_ack(ctx: ce.DecodeContext, d: dict[str, Any]) -> PlaybackAck:
     played = _opt_int(ctx, d, "played_ms")
     if played is None:
         raise ctx.err("Missing required parameter: 'played_ms'.", "played_ms", Code.MISSING_FIELD)

@@ -8,6 +8,9 @@ nothing: keep it in step with this module by hand.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
+
+import orjson
 
 
 class Code:
@@ -102,3 +105,15 @@ class ProtocolError(Exception):
         self.param = param
         self.event_id = event_id
         self.type = type
+
+
+def json_object(raw: str | bytes, what: str = "A client event") -> dict[str, Any]:
+    """One text message parsed as the JSON object every dialect's messages are; ``what``
+    names the message in the error (invalid_json) a person reads."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(Code.INVALID_JSON, f"The message is not valid JSON: {exc}.") from None
+    if not isinstance(data, dict):
+        raise ProtocolError(Code.INVALID_JSON, f"{what} must be a JSON object.")
+    return data

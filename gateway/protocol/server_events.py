@@ -3,7 +3,8 @@
 The session builds every event in the GA shape, as a dict whose ``type`` is
 the GA name. Here it becomes bytes for the socket: JSON text (with the beta
 names for beta clients), or, on the binary fast path, a binary frame for audio
-deltas.
+deltas. (The client's side of the frames, encoding input and decoding output, is
+the SDK's: ``client/frames.py``, which the tests use too.)
 
 Binary frames (subprotocol ``omni-binary.v1``), all integers big-endian:
 
@@ -97,26 +98,6 @@ def encode_audio_frame(event: dict[str, Any]) -> bytes:
         KIND_OUTPUT_AUDIO, header_len, event["content_index"], event["server_event_seq"], len(item_id)
     )
     return b"".join((header, item_id, bytes(header_len - fixed), bytes(event["delta"])))
-
-
-def decode_audio_frame(frame: bytes) -> dict[str, Any]:
-    """Inverse of ``encode_audio_frame`` (used by the SDK and the tests)."""
-    kind, header_len, content_index, seq, id_len = _OUT_FIXED.unpack_from(frame)
-    if kind != KIND_OUTPUT_AUDIO:
-        raise ValueError(f"not an output audio frame (kind {kind})")
-    item_id = frame[_OUT_FIXED.size : _OUT_FIXED.size + id_len].decode("ascii")
-    return {
-        "type": AUDIO_DELTA,
-        "server_event_seq": seq,
-        "item_id": item_id,
-        "content_index": content_index,
-        "delta": frame[header_len:],
-    }
-
-
-def encode_input_frame(audio: bytes) -> bytes:
-    """A client's binary ``input_audio_buffer.append`` (used by the SDK and the tests)."""
-    return bytes((KIND_INPUT_AUDIO, 0, 0, 0)) + audio
 
 
 def decode_input_frame(frame: bytes) -> bytes:

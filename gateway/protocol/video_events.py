@@ -16,10 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from gateway.protocol.errors import Code, ProtocolError
-from orchestrator.video_engine import CameraMove, Interaction
+from gateway.protocol.errors import Code, ProtocolError, json_object
 
 MAX_CONTROL_BYTES = 128 * 1024  # a video control message larger than this is refused (message_too_large)
 _FORMATS = {"m4s": "mp4", "mp4": "mp4", "fmp4": "mp4", "jpeg": "jpeg", "jpg": "jpeg"}
@@ -67,9 +64,29 @@ class Start:
 
 
 @dataclass(frozen=True, slots=True)
+class CameraSpec:
+    """``multi_modal_data.camera`` as the client sent it, validated: ``mode`` target or
+    velocity, ``translation`` (x, y, z), ``rotation`` (yaw, pitch, roll) degrees or a
+    unit quaternion (x, y, z, w). The session makes the engine's camera move of it."""
+
+    mode: str
+    translation: tuple[float, float, float]
+    rotation: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InteractionSpec:
+    """One validated interaction (from the socket, the HTTP endpoint or another replica)."""
+
+    event_id: str
+    prompt: str | None
+    camera: CameraSpec | None
+    transition_chunks: int | None  # None: the client gave none (the engine's default applies)
+
+
+@dataclass(frozen=True, slots=True)
 class InteractionEvent:
-    interaction: Interaction
-    explicit_transition: bool  # the client gave transition_chunks (else the engine default applies)
+    interaction: InteractionSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +144,7 @@ def _int(d: dict[str, Any], key: str, prefix: str = "") -> int | None:
 def decode(raw: str | bytes) -> VideoClientEvent:
     if len(raw) > MAX_CONTROL_BYTES:
         raise _err(Code.MESSAGE_TOO_LARGE, f"A control message may be at most {MAX_CONTROL_BYTES} bytes.")
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise _err(Code.INVALID_JSON, f"The message is not valid JSON: {exc}.") from None
-    if not isinstance(data, dict):
-        raise _err(Code.INVALID_JSON, "A message must be a JSON object.")
+    data = json_object(raw, "A message")
     kind = data.get("type")
     if kind == "session.start":
         return _start(data)
@@ -243,12 +255,12 @@ def _positive(d: dict[str, Any], key: str, prefix: str = "") -> int | None:
     return value
 
 
-def decode_interaction(payload: Any, default_transition_chunks: int = 3) -> InteractionEvent:
-    """An ``interaction`` object (from the socket or the HTTP endpoint)."""
-    return _interaction(payload, default_transition_chunks)
+def decode_interaction(payload: Any) -> InteractionSpec:
+    """An ``interaction`` object (from the socket, the HTTP endpoint or another replica)."""
+    return _interaction(payload).interaction
 
 
-def _interaction(payload: Any, default_transition_chunks: int = 3) -> InteractionEvent:
+def _interaction(payload: Any) -> InteractionEvent:
     if not isinstance(payload, dict):
         raise _err(Code.MISSING_FIELD, "session.interaction needs an 'interaction' object.", "interaction")
     event_id = payload.get("event_id")
@@ -288,9 +300,8 @@ def _interaction(payload: Any, default_transition_chunks: int = 3) -> Interactio
             event_id,
         )
     raw_k = payload.get("transition_chunks")
-    explicit = raw_k is not None
-    k = default_transition_chunks
-    if explicit:
+    k: int | None = None
+    if raw_k is not None:
         if (
             isinstance(raw_k, bool)
             or not isinstance(raw_k, int | float)
@@ -310,10 +321,10 @@ def _interaction(payload: Any, default_transition_chunks: int = 3) -> Interactio
                 "interaction.transition_chunks",
                 event_id,
             )
-    return InteractionEvent(Interaction(event_id, prompt=prompt, camera=camera, transition_chunks=k), explicit)
+    return InteractionEvent(InteractionSpec(event_id, prompt=prompt, camera=camera, transition_chunks=k))
 
 
-def _camera(mm: Any, event_id: str) -> CameraMove | None:
+def _camera(mm: Any, event_id: str) -> CameraSpec | None:
     if mm is None:
         return None
     param = "interaction.event.multi_modal_data.camera"
@@ -345,7 +356,4 @@ def _camera(mm: Any, event_id: str) -> CameraMove | None:
 
     translation = vector("translation", (3,))
     rotation = vector("rotation", (3, 4))  # (yaw, pitch, roll) degrees, or a unit quaternion [x, y, z, w]
-    t3 = (translation[0], translation[1], translation[2])
-    if len(rotation) == 4:
-        return CameraMove.from_quaternion(mode, t3, (rotation[0], rotation[1], rotation[2], rotation[3]))
-    return CameraMove(mode, t3, (rotation[0], rotation[1], rotation[2]))
+    return CameraSpec(mode, (translation[0], translation[1], translation[2]), rotation)

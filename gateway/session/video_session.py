@@ -17,7 +17,14 @@ from typing import Any
 from gateway.protocol import video_events as ve
 from gateway.protocol.errors import Code, ProtocolError
 from orchestrator.engine import EngineError
-from orchestrator.video_engine import Interaction, VideoChunk, VideoEngineInfo, VideoRequest, validate_request
+from orchestrator.video_engine import (
+    CameraMove,
+    Interaction,
+    VideoChunk,
+    VideoEngineInfo,
+    VideoRequest,
+    validate_request,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,8 +177,9 @@ class VideoSession:
         )
         self.effects.append(StartVideo(request))
 
-    def interact(self, interaction: Interaction) -> None:
+    def interact(self, spec: ve.InteractionSpec) -> Interaction:
         """Validate and queue; the engine's answer comes back via on_interaction_*."""
+        interaction = self._interaction(spec)
         if self.state != "streaming" or self.request_id is None:
             raise ProtocolError(
                 Code.NO_ACTIVE_REQUEST,
@@ -187,6 +195,20 @@ class VideoSession:
             )
         self._event_ids.add(interaction.event_id)
         self.effects.append(Interact(self.request_id, interaction))
+        return interaction
+
+    def _interaction(self, spec: ve.InteractionSpec) -> Interaction:
+        """What the engine is given: the engine's transition length unless the client set one."""
+        k = self.info.default_transition_chunks if spec.transition_chunks is None else spec.transition_chunks
+        camera = None
+        if spec.camera is not None:
+            mode: Any = spec.camera.mode  # "target" | "velocity" (validated by the decoder)
+            r = spec.camera.rotation
+            if len(r) == 4:
+                camera = CameraMove.from_quaternion(mode, spec.camera.translation, (r[0], r[1], r[2], r[3]))
+            else:
+                camera = CameraMove(mode, spec.camera.translation, (r[0], r[1], r[2]))
+        return Interaction(spec.event_id, prompt=spec.prompt, camera=camera, transition_chunks=k)
 
     def on_interaction_queued(self, event_id: str) -> None:
         self.outbox.append({"type": "session.interaction.queued", "request_id": self.request_id, "event_id": event_id})

@@ -29,10 +29,9 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from gateway.auth import Grant
+from gateway.auth import CredentialsUnavailable, Grant
 from gateway.protocol.errors import CloseCode, Code
-from gateway.quotas import ConnectRefusal, Seat
-from gateway.store.base import StoreError
+from gateway.quotas import AdmissionUnavailable, ConnectRefusal, Seat
 from gateway.transport.services import Services
 
 Refusal = tuple[str, str, int]  # code, message, close code
@@ -104,7 +103,7 @@ async def accept(
     else:
         try:
             grant = await runtime.auth.authenticate(headers, offered)
-        except StoreError:
+        except CredentialsUnavailable:
             # A client secret that cannot be checked now: worth retrying, so a readable close.
             await send({"type": "websocket.accept", "subprotocol": None})
             message = "Client secrets cannot be checked now (session state is unavailable); try again shortly."
@@ -112,7 +111,7 @@ async def accept(
             await refuse(runtime, send, refusal_, error_event(Code.STORE_UNAVAILABLE, message))
             return None
         if grant is None:
-            runtime.metrics.auth_failures.inc()
+            runtime.hosting.metrics.auth_failures.inc()
             refusal = UpgradeRefusal(401, Code.UNAUTHORIZED, UNAUTHORIZED_MESSAGE, CloseCode.UNAUTHORIZED)
     if refusal is not None:
         await _refuse_upgrade(runtime, scope, send, refusal, error_event)
@@ -132,7 +131,7 @@ async def _refuse_upgrade(
             headers.append((b"www-authenticate", b'Bearer realm="omni-gateway"'))
         await send({"type": "websocket.http.response.start", "status": refusal.status, "headers": headers})
         await send({"type": "websocket.http.response.body", "body": refusal.body()})
-        runtime.metrics.upgrade_refusals.labels(refusal.code).inc()
+        runtime.hosting.metrics.upgrade_refusals.labels(refusal.code).inc()
         return
     # A server without the extension: the same refusal, as an event and a close code.
     await send({"type": "websocket.accept", "subprotocol": None})
@@ -159,7 +158,7 @@ async def refuse(runtime: Services, send: Any, refusal: Refusal, event: bytes) -
     code, _, close_code = refusal
     await send({"type": "websocket.send", "text": event.decode()})
     await send({"type": "websocket.close", "code": int(close_code), "reason": code})
-    runtime.metrics.closes.labels(str(int(close_code))).inc()
+    runtime.hosting.metrics.closes.labels(str(int(close_code))).inc()
 
 
 async def admit_seat(runtime: Services, hs: Handshake, send: Any, error_event: ErrorEncoder) -> Seat | None:
@@ -168,7 +167,7 @@ async def admit_seat(runtime: Services, hs: Handshake, send: Any, error_event: E
     store cannot say)."""
     try:
         admitted = await runtime.quotas.admit(hs.grant)
-    except StoreError:
+    except AdmissionUnavailable:
         message = "Session state is unavailable; try again shortly."
         await refuse(runtime, send, (Code.STORE_UNAVAILABLE, message, CloseCode.TRY_AGAIN_LATER),
                      error_event(Code.STORE_UNAVAILABLE, message))  # fmt: skip

@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Protocol
 
 from gateway.auth import Authenticator
+from gateway.hosting.context import HostContext
 from gateway.origins import OriginPolicy
 from gateway.quotas import Quotas
 from gateway.settings import Settings
-from orchestrator.metrics import Metrics
 
 
 class Services(Protocol):
-    """What the handshake needs: settings, auth, metrics, admission."""
+    """What the handshake needs: settings, auth, admission, and hosting (whose metrics it reports to)."""
 
     @property
     def settings(self) -> Settings: ...
@@ -30,7 +30,8 @@ class Services(Protocol):
         """Which web pages may open sockets (checked at the upgrade)."""
 
     @property
-    def metrics(self) -> Metrics: ...
+    def hosting(self) -> HostContext:
+        """The sessions served here (and the metrics every part reports to)."""
 
     @property
     def quotas(self) -> Quotas:

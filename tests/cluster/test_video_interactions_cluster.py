@@ -107,3 +107,42 @@ async def test_interactions_posted_to_each_replica_reach_the_socket(cluster: Clu
         await s.send({"type": "session.stop"})
         done = await s.wait_for("session.done")
         assert done["stopped"] is True
+
+
+LONG_STREAM = {"prompt": "A red fox in snow", "width": 64, "height": 48, "fps": 8, "frames_per_chunk": 4,
+               "num_frames": 8 * 60}  # fmt: skip  # 60 s of video, two chunks a second, paced to the wall clock
+
+
+@pytest.mark.timeout(180)
+async def test_a_minute_long_stream_on_one_replica_takes_interactions_through_the_other_until_it_ends(
+    cluster: Cluster,
+) -> None:
+    """The operator's scenario: A streams a video for 60 s; interactions POSTed to B at
+    0.1 s, 25 s and 50 s (the last two long after a lease TTL of 15 s) are each forwarded
+    and applied on A's stream; once the client has seen session.done, B answers 404."""
+    a, b = cluster.replicas
+    video_url = a.http.replace("http://", "ws://") + "/v1/realtime/video"
+    loop = asyncio.get_running_loop()
+    async with websockets.connect(video_url, additional_headers=AUTH, open_timeout=10, max_size=None,
+                                  compression=None) as ws, httpx.AsyncClient(timeout=10) as http:  # fmt: skip
+        s = Socket(ws)
+        await s.send({"type": "session.start", **LONG_STREAM})
+        sid = (await s.wait_for("video.start"))["session_id"]
+        started = loop.time()
+        for n, at in enumerate((0.1, 25.0, 50.0)):
+            await asyncio.sleep(max(0.0, started + at - loop.time()))  # the scenario's clock, not a wait for state
+            event_id = f"via-b-at-{at:g}s"
+            body = {"interaction": {"event_id": event_id, "event": {"prompt": f"A lighthouse, take {n}"},
+                                    "transition_chunks": 1}}  # fmt: skip
+            r = await http.post(f"{b.http}/v1/realtime/video/{sid}/interactions", json=body, headers=AUTH)
+            assert r.status_code == 202, (at, r.status_code, r.text)
+            assert r.json()["forwarded"] is True
+            await s.wait_for("session.interaction.queued", event_id=event_id)
+            chunk = await s.wait_for("video.chunk_metadata", started_event_ids=event_id)
+            assert event_id in chunk["completed_event_ids"]  # transition_chunks 1: applied within a chunk
+        done = await s.wait_for("session.done", timeout=60)
+        assert done["stopped"] is False  # it ran its whole minute
+        assert loop.time() - started >= 55  # paced: a minute of video took about a minute
+        body = {"interaction": {"event_id": "too-late", "event": {"prompt": "Nothing"}}}
+        r = await http.post(f"{b.http}/v1/realtime/video/{sid}/interactions", json=body, headers=AUTH)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found", r.text

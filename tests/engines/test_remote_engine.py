@@ -412,7 +412,7 @@ async def test_video_through_a_remote_upstream_with_interactions() -> None:
             assert err.value.code == "event_id_conflict"
             await video.abort("video_endless")
             assert [ch async for ch in endless] == []
-            await eventually(lambda: not up.runtime.video_sessions)
+            await eventually(lambda: not up.runtime.video_sockets)
             with pytest.raises(EngineError) as err:
                 await video.submit_interaction("video_endless", Interaction("e2", prompt="x"))
             assert err.value.code == "no_active_request"

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from support.gateway import Client, RunningGateway, connect, run_gateway
 
-from gateway.protocol.server_events import BINARY_SUBPROTOCOL, encode_input_frame
+from client.frames import encode_input_frame
+from gateway.protocol.server_events import BINARY_SUBPROTOCOL
 from gateway.settings import Settings
 from orchestrator.engines.passthrough import PassthroughEngine
 

@@ -102,9 +102,9 @@ async def test_a_realtime_resume_naming_a_video_session_is_session_not_found(
     a, b = replicas
     async with websockets.connect(a.url + "/video", additional_headers=KEY, open_timeout=10) as video:
         async with asyncio.timeout(10):  # polling: the replica signals nothing a test can wait on
-            while not a.runtime.video_sessions:  # noqa: ASYNC110
+            while not a.runtime.video_sockets:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
-            (vid,) = a.runtime.video_sessions
+            (vid,) = a.runtime.video_sockets
             while await a.runtime.store.load_snapshot(vid) is None:  # noqa: ASYNC110 (until registered)
                 await asyncio.sleep(0.01)
         for gw in (a, b):

@@ -41,7 +41,7 @@ from websockets.uri import parse_uri
 
 from gateway.protocol.errors import Code
 from gateway.settings import Settings
-from gateway.transport.video import VideoConnection
+from gateway.transport.video import VideoSocket
 from orchestrator.engines.passthrough import PassthroughEngine
 from orchestrator.engines.video.engine import CpuVideoEngine
 
@@ -201,7 +201,7 @@ class QueueSampler:
 
     async def _run(self) -> None:
         while True:
-            for conn in list(self.gw.runtime.video_sessions.values()):
+            for conn in list(self.gw.runtime.video_sockets.values()):
                 self.samples += 1
                 self.max_queued = max(self.max_queued, conn._queued_chunks)
                 self.max_chunk_items = max(self.max_chunk_items, sum(1 for i in conn._queue if i[0] == "chunk"))
@@ -228,8 +228,8 @@ async def eventually(check: Callable[[], bool], timeout: float = 30.0) -> bool:
     return True
 
 
-def only_connection(gw: RunningGateway) -> VideoConnection:
-    (conn,) = gw.runtime.video_sessions.values()
+def only_connection(gw: RunningGateway) -> VideoSocket:
+    (conn,) = gw.runtime.video_sockets.values()
     return conn
 
 
@@ -306,7 +306,7 @@ async def test_a_reader_that_pauses_is_told_what_was_dropped_and_the_queue_stays
             assert await stream.drain() == 1000
         finally:
             client.close()
-        assert await eventually(lambda: engine_idle(gw) and not gw.runtime.video_sessions, 10)
+        assert await eventually(lambda: engine_idle(gw) and not gw.runtime.video_sockets, 10)
 
     assert report["dropped_chunks"] >= 3
     assert done["stopped"] is True
@@ -329,7 +329,7 @@ async def test_the_init_segment_leads_the_first_chunk_delivered_even_when_chunk_
             await client.send({"type": "session.start", "format": "m4s", **STREAM})
             for _ in range(FILL_MESSAGES):
                 await client.send({"type": "x" * 4000})
-            assert await eventually(lambda: len(gw.runtime.video_sessions) == 1, 10)
+            assert await eventually(lambda: len(gw.runtime.video_sockets) == 1, 10)
             conn = only_connection(gw)
             assert await eventually(lambda: 0 in conn._dropped and len(conn._dropped) >= 2), "chunk 0 was not dropped"
 
@@ -370,7 +370,7 @@ async def test_a_client_that_never_reads_is_closed_with_4010() -> None:
         stream = Stream(client)
         try:
             await client.send({"type": "session.start", "format": "jpeg", **STREAM})
-            assert await eventually(lambda: len(gw.runtime.video_sessions) == 1, 10)
+            assert await eventually(lambda: len(gw.runtime.video_sockets) == 1, 10)
             # Never read: the server drops, then gives up on the client (the metric says so).
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 40
@@ -385,7 +385,7 @@ async def test_a_client_that_never_reads_is_closed_with_4010() -> None:
             code = await stream.drain()
         finally:
             client.close()
-        assert await eventually(lambda: not gw.runtime.video_sessions, 10)
+        assert await eventually(lambda: not gw.runtime.video_sockets, 10)
 
     assert code == 4010
     last = stream.events[-1]
@@ -400,13 +400,13 @@ async def test_a_client_that_never_reads_is_released_after_4010() -> None:
         client = await RawVideoClient.open(gw.url + "/video")
         try:
             await client.send({"type": "session.start", "format": "jpeg", **STREAM})
-            assert await eventually(lambda: len(gw.runtime.video_sessions) == 1, 10)
+            assert await eventually(lambda: len(gw.runtime.video_sockets) == 1, 10)
             assert await eventually(lambda: gw.runtime.metrics.closes.labels("4010")._value.get() >= 1, 40)
             # The client still reads nothing. The server has decided to close: within a few
             # seconds the connection must be gone from the server (socket aborted, session
             # unregistered), or a stalled client holds a session slot and its lease for ever.
-            released = await eventually(lambda: not gw.runtime.video_sessions, 10)
-            assert released, f"still registered: {list(gw.runtime.video_sessions)}"
+            released = await eventually(lambda: not gw.runtime.video_sockets, 10)
+            assert released, f"still registered: {list(gw.runtime.video_sockets)}"
             assert sessions._value.get() == 0
         finally:
             client.close()

@@ -234,14 +234,14 @@ def idle(gw: RunningGateway) -> bool:
     rt = gw.runtime
     engine = rt.video_engine
     assert isinstance(engine, CpuVideoEngine)
-    return rt.orchestrator.pending == 0 and engine.active_request_ids == () and not rt.video_sessions
+    return rt.orchestrator.pending == 0 and engine.active_request_ids == () and not rt.video_sockets
 
 
 def leak_report(gw: RunningGateway) -> str:
     rt = gw.runtime
     engine = rt.video_engine
     assert isinstance(engine, CpuVideoEngine)
-    return f"pending={rt.orchestrator.pending} engine={engine.active_request_ids} sessions={list(rt.video_sessions)}"
+    return f"pending={rt.orchestrator.pending} engine={engine.active_request_ids} sessions={list(rt.video_sockets)}"
 
 
 # --- 1. the stream decodes to what was asked for -----------------------------------------
@@ -539,7 +539,7 @@ async def test_stop_mid_stream_reports_stopped_and_leaves_no_engine_request(gw: 
         start = await c.start(**start_fields())
         await c.next_chunk()
         await c.next_chunk()
-        assert start["session_id"] in gw.runtime.video_sessions
+        assert start["session_id"] in gw.runtime.video_sockets
         await c.send({"type": "session.stop"})
         done = await c.wait_for("session.done")
         assert done["request_id"] == start["request_id"]
@@ -648,7 +648,7 @@ async def test_http_interaction_reaches_the_socket_and_its_transition_shows(keye
         await c.until_closed()
 
         # The stream is over and its socket closed: the session is gone.
-        assert await eventually(lambda: sid not in gw.runtime.video_sessions)
+        assert await eventually(lambda: sid not in gw.runtime.video_sockets)
         await refused(404, Code.SESSION_NOT_FOUND, good, k1)
 
 

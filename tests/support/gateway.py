@@ -16,6 +16,7 @@ import uvicorn
 import websockets
 from support.sdk_shapes import check_event
 
+from client.frames import decode_audio_frame
 from gateway.app import create_app
 from gateway.runtime import Runtime
 from gateway.settings import Settings
@@ -113,8 +114,6 @@ class Client:
             msg = await asyncio.wait_for(self.ws.recv(), timeout)
             if isinstance(msg, bytes):
                 self.binary.append(msg)
-                from gateway.protocol.server_events import decode_audio_frame
-
                 event = decode_audio_frame(msg)
                 self.events.append(event)
                 return event

@@ -16,8 +16,11 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.hosting.host import HostContext, SessionHost
+from gateway.hosting.context import HostContext
+from gateway.hosting.door import Door
+from gateway.hosting.host import SessionHost
 from gateway.protocol import client_events as ce
+from gateway.protocol.dialects import GA
 from gateway.protocol.session_config import SessionConfig
 from gateway.session import snapshot
 from gateway.session.core import STATE_EVENTS
@@ -29,6 +32,7 @@ from orchestrator.metrics import Metrics
 from orchestrator.orchestrator import AdmissionLimits, Orchestrator
 
 CHUNKS = 20  # words (and audio deltas) in one passthrough answer
+NO_SESSIONS: Any = None  # these tests host their session themselves: the door never opens one
 
 
 class RecordingStore(MemoryStore):
@@ -65,52 +69,21 @@ class RecordingStore(MemoryStore):
 
 
 class RecordingPeer:
-    """Implements the ``Peer`` protocol as the transport's connection does (holds nest; a
-    release sends what was held above its seq), and records each delivery with what the
-    store held then."""
+    """A connection (the ``Peer`` protocol: it writes what hosting gives it) that records
+    each delivery with what the store held then."""
 
     def __init__(self, store: RecordingStore) -> None:
         self.store = store
         self.delivered: list[dict[str, Any]] = []
         self.violations: list[str] = []
-        self._held: list[dict[str, Any]] | None = None
-        self._holds = 0
-        self._after = 0
+        self.closed: tuple[int, str] | None = None
         self.arrived = asyncio.Event()
 
-    def send(self, event: dict[str, Any], data: bytes) -> None:
-        if self._held is not None:
-            self._held.append(event)
-        else:
-            self._deliver(event)
-
-    def hold(self) -> None:
-        self._holds += 1
-        if self._held is None:
-            self._held = []
-
-    def release(self, after_seq: int) -> None:
-        self._holds = max(0, self._holds - 1)
-        self._after = max(self._after, after_seq)
-        if self._holds:
-            return
-        held, self._held = self._held or [], None
-        after, self._after = self._after, 0
-        for event in held:
-            if event["server_event_seq"] > after:
-                self._deliver(event)
-
-    def replay(self, data: bytes) -> None:
-        self._deliver(orjson.loads(data))
-
-    def replaced(self, session_id: str) -> None:
-        self.violations.append("replaced")
+    def send(self, data: bytes, event: dict[str, Any] | None = None) -> None:
+        self._deliver(event if event is not None else orjson.loads(data))
 
     def close(self, code: int, reason: str) -> None:
-        pass
-
-    def committed(self, seq: int) -> None:
-        self.committed_through = max(getattr(self, "committed_through", 0), seq)
+        self.closed = (code, reason)
 
     def _deliver(self, event: dict[str, Any]) -> None:
         self.delivered.append(event)
@@ -148,9 +121,9 @@ async def hosted() -> AsyncIterator[tuple[SessionHost, RecordingPeer, RecordingS
     )
     host = await SessionHost.open(ctx, session, orchestrator=orchestrator, principal="key:me")
     peer = RecordingPeer(store)
-    host.attach(peer)
-    session.start(resume_token=host.rotate_token())
-    host.flush()
+    door = Door(ctx, NO_SESSIONS, peer, dialect=GA, principal="key:me", model="m", max_message_bytes=1 << 20)
+    host.attach(door)
+    host.start()
     try:
         yield host, peer, store
     finally:
@@ -160,8 +133,7 @@ async def hosted() -> AsyncIterator[tuple[SessionHost, RecordingPeer, RecordingS
 
 
 def handle(host: SessionHost, event: dict[str, Any]) -> None:
-    host.session.handle(ce.decode(orjson.dumps(event)))
-    host.flush()
+    host.receive(ce.decode(orjson.dumps(event)))
 
 
 TEXT = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}

@@ -145,9 +145,10 @@ def test_the_import_graph_is_read_from_every_module() -> None:
     # The reader itself: if it stopped seeing imports, every test below would pass.
     assert len(MODULES) > 80
     assert "gateway.hosting.host" in GRAPH["gateway.runtime"]
-    assert "gateway.transport.realtime" in GRAPH["gateway.runtime"]
+    assert "gateway.transport.video" in GRAPH["gateway.runtime"]
     assert "orchestrator.engines.cascade" in GRAPH["gateway.runtime"]  # a function-level import
-    assert "gateway.hosting.peer" in GRAPH["gateway.hosting.host"]
+    assert "gateway.hosting.peer" in GRAPH["gateway.hosting.door"]
+    assert "gateway.hosting.door" in GRAPH["gateway.transport.realtime"]
 
 
 def test_the_import_graph_has_no_cycle() -> None:
@@ -192,3 +193,72 @@ def test_the_sdk_imports_nothing_of_the_gateway() -> None:
     """``client/`` ships on its own (websockets + orjson only)."""
     leaks = {m: sorted(t for t in GRAPH[m] if not t.startswith("client")) for m in MODULES if m.startswith("client")}
     assert {m: t for m, t in leaks.items() if t} == {}
+
+
+# One door per floor: a connection of any transport reaches a session only through
+# gateway/hosting/. What the transport may import besides itself: hosting (the door),
+# protocol (with gateway.audio, its floor: decoding and encoding), quotas (admission at
+# connect), auth (credentials, and origins: which pages may connect) and settings.
+# Never the session, the store, the orchestrator, the engines or telemetry.
+TRANSPORT_MAY_IMPORT = (
+    "gateway.transport",
+    "gateway.hosting",
+    "gateway.protocol",
+    "gateway.audio",
+    "gateway.quotas",
+    "gateway.auth",
+    "gateway.origins",
+    "gateway.settings",
+)
+
+
+def _within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def _transport_skips() -> list[str]:
+    return [
+        f"{m} imports {t}"
+        for m, targets in sorted(GRAPH.items())
+        if m.startswith("gateway.transport")
+        for t in sorted(targets)
+        if not _within(t, TRANSPORT_MAY_IMPORT)
+    ]
+
+
+def test_the_transport_reaches_sessions_only_through_hosting() -> None:
+    assert _transport_skips() == []
+
+
+def test_a_transport_that_skips_hosting_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    skipping = {
+        **GRAPH,
+        "gateway.transport.video": GRAPH["gateway.transport.video"] | {"gateway.session.video_session"},
+    }
+    monkeypatch.setitem(globals(), "GRAPH", skipping)
+    assert _transport_skips() == ["gateway.transport.video imports gateway.session.video_session"]
+
+
+def _protocol_engine_imports() -> list[str]:
+    return [
+        f"{m} imports {t}"
+        for m, targets in sorted(GRAPH.items())
+        if _within(m, ("gateway.protocol", "gateway.audio"))
+        for t in sorted(targets)
+        if t.startswith("orchestrator")
+    ]
+
+
+def test_the_protocol_imports_no_orchestrator_module() -> None:
+    """The vocabulary of the wire owns its shapes (``video_events.InteractionSpec``); the
+    session turns them into what an engine takes."""
+    assert _protocol_engine_imports() == []
+
+
+def test_a_protocol_module_importing_an_engine_type_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    looped = {
+        **GRAPH,
+        "gateway.protocol.video_events": GRAPH["gateway.protocol.video_events"] | {"orchestrator.video_engine"},
+    }
+    monkeypatch.setitem(globals(), "GRAPH", looped)
+    assert _protocol_engine_imports() == ["gateway.protocol.video_events imports orchestrator.video_engine"]

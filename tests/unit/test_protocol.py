@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
+from client.frames import FrameError, decode_audio_frame, encode_input_frame
 from gateway.audio.codecs import AudioFormat
 from gateway.protocol import client_events as ce
 from gateway.protocol.errors import Code, ProtocolError
@@ -17,10 +18,8 @@ from gateway.protocol.server_events import (
     BETA_NAMES,
     KIND_INPUT_AUDIO,
     KIND_OUTPUT_AUDIO,
-    decode_audio_frame,
     decode_input_frame,
     encode_audio_frame,
-    encode_input_frame,
     encode_json,
 )
 from gateway.protocol.session_config import (
@@ -864,7 +863,7 @@ def test_audio_frame_refuses_an_item_id_too_long_for_the_header() -> None:
 
 
 def test_decode_audio_frame_refuses_an_input_frame() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(FrameError):
         decode_audio_frame(encode_input_frame(b"\x00" * 32))
 
 

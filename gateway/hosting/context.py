@@ -1,0 +1,73 @@
+"""What every host on this replica shares, and what every host is to the rest of hosting.
+
+A host is one session served here (``SessionHost``: realtime, any dialect;
+``VideoHost``: a streaming video). Each one holds the session's ownership
+lease in the store; the lease loop (``leases.py``) renews all of them in one
+round trip and the bus listener (``bus.py``) hands each the messages other
+replicas send about its session. Both know a host only as ``Hosted``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.store.base import SessionStore
+from gateway.telemetry import Telemetry
+from orchestrator.metrics import Metrics
+
+
+class Hosted(Protocol):
+    """A session served here, as the lease loop and the bus listener see it."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def fence(self) -> int:
+        """The fencing token of the lease this host holds (what renewals present)."""
+
+    @property
+    def ended(self) -> bool: ...
+
+    async def renewal_refused(self, fence: int) -> None:
+        """The store would not renew the lease taken with ``fence``: sort it out (another
+        replica took the session, or the lease was lost and is ours to take again)."""
+
+    def on_bus(self, body: dict[str, Any]) -> None:
+        """A message another replica sent about this session (``{"type": ...}``)."""
+
+
+class Closable(Protocol):
+    """An open connection's door, as a drain sees it."""
+
+    def close(self, code: int, reason: str) -> None: ...
+
+
+@dataclass(slots=True)
+class HostContext:
+    """What every host on this replica shares."""
+
+    store: SessionStore
+    metrics: Metrics
+    replica_id: str  # this process in the cluster: the owner its leases name
+    lease_ttl_ms: int  # ownership lease; the lease loop renews it every third of this
+    detach_grace_s: float  # a session whose connection dropped keeps running here this long
+    telemetry: Telemetry | None = None  # traces (gateway/telemetry.py); None: off
+    # The sessions served here, by id, realtime and video: the lease loop renews their
+    # leases and the bus listener finds them. A host adds itself when it takes its lease
+    # and leaves when it ends.
+    hosts: dict[str, Hosted] = field(default_factory=dict)
+    # Every connection's door, of every transport (a drain closes them all).
+    doors: set[Closable] = field(default_factory=set)
+    # Fire-and-forget tasks (trims, commits before a release, re-acquires), kept
+    # referenced until done.
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        return task

@@ -1,0 +1,469 @@
+"""The door: one connection's way to a realtime session on this replica, for every transport.
+
+A transport makes a ``Door`` for each connection it accepts (a WebSocket of
+any dialect, a WebRTC call, a sideband socket) and hands it what the client
+sends, as it arrives, in order:
+
+- ``receive(text)``: a JSON text message in the connection's dialect;
+- ``receive_frame(data)``: a binary frame (``omni-binary.v1`` input audio);
+- ``receive_audio(audio)``: input audio already decoded (a WebRTC track).
+
+Each returns None once the message is handled, or an awaitable that the
+transport awaits before it hands in the next message: the message waits for
+the store (a ``session.resume``, a tenant budget to lease, a session opened
+by the duplex dialect's first event).
+
+The door does what belongs to the connection: the message size limit, the
+tenant's event and input audio limits, decoding in the dialect, the events
+that are the connection's (``session.event_ack``, ``session.resume``, the
+duplex heartbeat, close and idle timeout), opening or resuming the session
+(the takeover plan of ``takeover.py`` carried out) and what the connection is
+sent and when (``Delivery``). Everything else goes to the session's host
+(``SessionHost.receive``), which calls the session and flushes. The transport
+only reads and writes (``Peer``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any, Literal, Protocol
+
+from gateway.hosting.claim import claim
+from gateway.hosting.context import HostContext
+from gateway.hosting.delivery import Delivery
+from gateway.hosting.host import SessionHost
+from gateway.hosting.peer import Peer
+from gateway.hosting.takeover import Replay, Resync, plan
+from gateway.protocol import client_events as ce
+from gateway.protocol import dialects
+from gateway.protocol import duplex_events as de
+from gateway.protocol.dialects import Control, Dialect
+from gateway.protocol.errors import CloseCode, Code, ProtocolError
+from gateway.protocol.server_events import decode_input_frame
+from gateway.quotas import NeedBudget, Seat
+from gateway.session.session import RealtimeSession
+from gateway.store.base import StoreError
+from gateway.telemetry import SessionTrace
+from orchestrator.orchestrator import Orchestrator
+
+log = logging.getLogger("omni.door")
+
+Pending = Coroutine[Any, Any, None] | None  # what the transport awaits before the next message
+Kind = Literal["text", "frame", "audio"]
+SESSION_NOT_OPEN = "session_not_open"
+_AUDIO_APPENDS = (ce.AudioAppend, de.Append)  # events that carry input audio (the tenant's input limit)
+
+
+class Sessions(Protocol):
+    """What a door needs of the process it runs in (the runtime provides it)."""
+
+    def serves(self, model: str) -> bool:
+        """Whether a route here serves ``model``."""
+
+    async def open_session(
+        self, model: str, *, principal: str, dialect: str, requested: dict[str, Any] | None = None
+    ) -> SessionHost:
+        """A new session hosted here, in ``dialect``, configured by the gateway's defaults
+        and ``requested`` (a client secret's session settings); raises ProtocolError
+        (no route) or StoreError."""
+
+    def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
+        """A session rebuilt from its snapshot on this replica (a takeover); raises
+        ProtocolError (model_not_found) when its model is not served here."""
+
+
+class Door:
+    def __init__(
+        self,
+        ctx: HostContext,
+        sessions: Sessions,
+        peer: Peer,
+        *,
+        dialect: Dialect,
+        principal: str,
+        model: str,
+        max_message_bytes: int,
+        seat: Seat | None = None,
+        resume_only: bool = False,
+    ) -> None:
+        self.ctx = ctx
+        self.sessions = sessions
+        self.peer = peer
+        self.delivery = Delivery(peer, gated=dialect.gated)
+        self.dialect = dialect
+        self.principal = principal
+        self.model = model  # the model a session opened through this door serves by default
+        self.max_message_bytes = max_message_bytes  # a larger text or frame: message_too_large
+        self.seat = seat  # this connection's share of its principal's limits
+        self.resume_only = resume_only  # (duplex) the first event must open or resume explicitly
+        self.host: SessionHost | None = None
+        self.opened = False  # a session was opened or resumed through this door
+        self.resumed = False  # the client sent session.resume: it speaks the gateway's extensions
+        self.generation = 0  # (duplex) the session's attachment generation on this connection
+        self._client_events = 0
+        self._paid = False  # the message being handled was counted against the events limit
+        self._binary_counter = ctx.metrics.client_event_counter("binary.append")
+        self._loop = asyncio.get_running_loop()
+        self._last_event = self._loop.time()
+        self._idle: asyncio.TimerHandle | None = None
+        ctx.doors.add(self)
+
+    @property
+    def trace(self) -> SessionTrace | None:
+        """The trace of the session behind the door (what reached the client ends a turn)."""
+        return self.host.trace if self.host is not None else None
+
+    # --- what the client sends -------------------------------------------------------
+
+    def receive(self, text: str) -> Pending:
+        return self._take(text, "text")
+
+    def receive_frame(self, data: bytes) -> Pending:
+        return self._take(data, "frame")
+
+    def receive_audio(self, audio: bytes) -> Pending:
+        return self._take(audio, "audio")
+
+    def _take(self, message: Any, kind: Kind) -> Pending:
+        host = self.host
+        if host is None:
+            # No session yet (the duplex dialect opens on the first event), or none any
+            # more (replaced, closed): then what still comes before the close is ignored.
+            return None if self.opened else self._first(message, kind)
+        self._last_event = self._loop.time()
+        seat = self.seat
+        pending: Pending = None
+        try:
+            if seat is not None and not self._paid:
+                seat.message()  # the events limit, before any work on the message
+                self._paid = True
+            if kind == "text":
+                pending = self._text(host, message)
+            else:
+                audio = message
+                if kind == "frame":
+                    self._check_size(len(message))
+                    audio = decode_input_frame(message)
+                if seat is not None:
+                    seat.audio_in(host.input_ms(len(audio)), None)
+                self._binary_counter.inc()
+                self._client_events += 1
+                host.receive_audio(audio)
+        except NeedBudget as need:
+            return self._after_budget(need, message, kind)  # paid: taken again without paying
+        except ce.AckError as err:
+            self.delivery.send_now(self.dialect.error(err))  # never an event with a seq: it would be acked
+        except ProtocolError as err:
+            host.refuse(err)
+        except Exception:  # a bug must cost one event, not the session
+            log.exception("session %s: unexpected failure handling a client message", host.id)
+            host.refuse(ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error"))
+        self._paid = False
+        return pending
+
+    def _text(self, host: SessionHost, text: str) -> Pending:
+        # Bytes, not characters (é is 2): a text of n characters is at most 4n bytes.
+        if len(text) * 4 > self.max_message_bytes:
+            self._check_size(len(text.encode()))
+        event = self.dialect.decode(text)
+        if self.seat is not None and isinstance(event, _AUDIO_APPENDS):
+            self.seat.audio_in(host.input_ms(len(event.audio)), event.event_id)
+        self.ctx.metrics.client_event_counter(self.dialect.event_name(type(event))).inc()
+        if isinstance(event, ce.SessionResume):
+            return self._resume(event)
+        if isinstance(event, ce.EventAck):
+            host.ack(event.last_received_server_event_seq)
+            return None
+        self._client_events += 1
+        control = self.dialect.control(event)
+        if control is None:
+            host.receive(event)
+        else:
+            self._control(host, control)
+        return None
+
+    def _check_size(self, size: int) -> None:
+        limit = self.max_message_bytes
+        if size > limit:
+            raise ProtocolError(
+                Code.MESSAGE_TOO_LARGE,
+                f"A message may be at most {limit} bytes; this one has {size}. Send audio in smaller appends.",
+            )
+
+    async def _after_budget(self, need: NeedBudget, message: Any, kind: Kind) -> None:
+        """This replica's share of a limit is spent: lease more from the store, then the
+        message is taken or refused."""
+        await need.wait()
+        pending = self._take(message, kind)
+        if pending is not None:
+            await pending
+
+    def _control(self, host: SessionHost, control: Control) -> None:
+        """An event that is the connection's (the duplex dialect's heartbeat and close)."""
+        if control == "heartbeat":
+            assert self.dialect.heartbeat_ack is not None
+            self.delivery.send_now(self.dialect.heartbeat_ack(host.id))
+            return
+        # The client ends the session for good: session.closed is the last event.
+        log.info("session %s closed by the client (%s)", host.id, control)
+        assert self.dialect.closed is not None
+        self.delivery.send_now(self.dialect.closed(host.id, control))
+        self.host = None
+        self.peer.close(CloseCode.NORMAL, "session closed")
+        self.ctx.spawn(host.end(reason="closed by the client", delete=True))
+
+    # --- opening a session --------------------------------------------------------------
+
+    async def open(self, requested: dict[str, Any] | None = None, **start: Any) -> bool:
+        """A new session for this connection (``requested``: a client secret's session
+        settings; ``start``: what the dialect's opening adds); False: refused, the
+        connection is closing."""
+        host = await self._new_host(self.model, requested)
+        if host is None:
+            return False
+        self._begin(host, **start)
+        return True
+
+    async def _new_host(self, model: str, requested: dict[str, Any] | None = None) -> SessionHost | None:
+        try:
+            return await self.sessions.open_session(
+                model, principal=self.principal, dialect=self.dialect.name, requested=requested
+            )
+        except StoreError as exc:
+            log.warning("cannot open a session: %s", exc)
+            self._refuse_connection(
+                ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly."),
+                CloseCode.TRY_AGAIN_LATER,
+            )
+            return None
+
+    def _begin(self, host: SessionHost, **start: Any) -> None:
+        """Serve ``host``'s new session through this door: attach, ``session.created``."""
+        log.info("session %s opened principal=%s dialect=%s", host.id, self.principal, self.dialect.name)
+        self.host = host
+        self.opened = True
+        host.attach(self)
+        host.start(**start)
+        self.generation = host.attachment_generation
+        self._arm_idle()
+
+    def _refuse_connection(self, err: ProtocolError, close: int) -> None:
+        self.delivery.send_now(self.dialect.error(err))
+        self.peer.close(close, err.code)
+
+    async def _first(self, message: Any, kind: Kind) -> None:
+        """The first message of a connection that has no session yet (the duplex
+        dialect's opening rules, ``transport/realtime.py``)."""
+        try:
+            if kind != "text":
+                raise ProtocolError(
+                    SESSION_NOT_OPEN, "Binary audio before the session is open; send session.update first."
+                )
+            event = self.dialect.decode(message)
+        except ProtocolError as err:
+            self.delivery.send_now(self.dialect.error(err))
+            return
+        control = self.dialect.control(event)
+        if isinstance(event, ce.SessionUpdate):
+            await self._open_with(event)
+        elif isinstance(event, ce.SessionResume):
+            await self._resume(event)
+        elif control == "heartbeat":
+            assert self.dialect.heartbeat_ack is not None
+            self.delivery.send_now(self.dialect.heartbeat_ack(None))
+        elif control is not None:
+            assert self.dialect.closed is not None
+            self.delivery.send_now(self.dialect.closed(None, "session_close"))
+            self.opened = True  # nothing more is taken
+            self.peer.close(CloseCode.NORMAL, "session closed")
+        elif isinstance(event, ce.EventAck):
+            pass  # nothing to acknowledge yet
+        elif self.resume_only:
+            self.delivery.send_now(
+                self.dialect.error(
+                    ProtocolError(
+                        SESSION_NOT_OPEN,
+                        "This socket was opened with autostart=0 (or resume=1): send session.update to "
+                        "open a session or session.resume to resume one first.",
+                        param="type",
+                        event_id=getattr(event, "event_id", None),
+                    )
+                )
+            )
+        elif await self.open():
+            # Upstream's first-message rule: the default session opens, then the event is handled.
+            pending = self._take(message, kind)
+            if pending is not None:
+                await pending
+
+    async def _open_with(self, event: ce.SessionUpdate) -> None:
+        """The first ``session.update`` opens the session with its ``session`` object."""
+        model = event.session.get("model")
+        model = model if isinstance(model, str) and model else self.model
+        if not self.sessions.serves(model):
+            err = ProtocolError(Code.MODEL_NOT_FOUND, f"No model {model!r} is served here; GET /v1/models lists them.",
+                                param="session.model", event_id=event.event_id)  # fmt: skip
+            self.opened = True
+            self._refuse_connection(err, CloseCode.UNKNOWN_MODEL)
+            return
+        if self.seat is not None and not self.seat.tenant.allows_model(model):
+            err = ProtocolError(Code.MODEL_NOT_ALLOWED, f"This credential may not use the model {model!r}.",
+                                param="session.model", event_id=event.event_id)  # fmt: skip
+            self.opened = True
+            self._refuse_connection(err, CloseCode.FORBIDDEN)
+            return
+        host = await self._new_host(model)
+        if host is None:
+            self.opened = True
+            return
+        try:
+            warnings = host.configure(event.session)
+        except ProtocolError as err:
+            err.event_id = event.event_id
+            self.delivery.send_now(self.dialect.error(err))  # the client may send another
+            await host.end(reason="its first session.update was refused", delete=True)
+            return
+        self._begin(host, updated=True, warnings=warnings)
+
+    # --- resuming a session -----------------------------------------------------------
+
+    async def _resume(self, event: ce.SessionResume) -> None:
+        self.resumed = True
+        provisional = self.host  # the session this connection opened at connect (None: it opened none)
+        try:
+            if self._client_events:
+                raise ProtocolError(
+                    Code.RESUME_NOT_FIRST,
+                    "session.resume must be the first event on a connection; reconnect and send it first.",
+                    param="type",
+                )
+            await self._take_over(event, provisional)
+        except ProtocolError as err:
+            err.event_id = event.event_id
+            self._refuse(provisional, err)
+        except StoreError as exc:
+            log.warning("resume of %s failed: %s", event.session_id, exc)
+            unavailable = ProtocolError(
+                Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.", event_id=event.event_id
+            )
+            self._refuse(provisional, unavailable)
+        except Exception:  # a bug must cost one event, not the session
+            log.exception("unexpected failure resuming %s", event.session_id)
+            self._refuse(provisional, ProtocolError(Code.INTERNAL, "The gateway failed on this event.",
+                                                    type="server_error", event_id=event.event_id))  # fmt: skip
+
+    def _refuse(self, host: SessionHost | None, err: ProtocolError) -> None:
+        """A refused resume: an error in the connection's own session, or on the connection
+        when it has none (or has already moved to the session it asked for)."""
+        if host is None or host is not self.host:
+            self.delivery.send_now(self.dialect.error(err))
+        else:
+            host.refuse(err)
+
+    async def _take_over(self, event: ce.SessionResume, provisional: SessionHost | None) -> None:
+        """Move ``event.session_id`` onto this connection and carry out the plan:
+        replay what the client missed (or send the state to resync from), then live."""
+        taken = await claim(self.ctx, event, self.principal, provisional=provisional,
+                            restore=self.sessions.restore_session)  # fmt: skip
+        host, last = taken.host, event.last_received_server_event_seq
+        token = host.rotate_token()
+        delivery = self.delivery
+        delivery.hold()  # live events from here on wait until the replay is out
+        self.host = host
+        self.opened = True
+        host.attach(self)
+        self.generation = host.reattached()
+        self._last_event = self._loop.time()
+        self._arm_idle()
+        try:
+            read = await taken.read()
+        except StoreError:
+            # Attached but cannot replay: let the client retry the resume shortly.
+            delivery.release(host.session.seq)
+            again = ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; resume again shortly.")
+            delivery.send_now(self.dialect.error(again))
+            delivery.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
+            host.detach(self)
+            if provisional is not None:
+                await provisional.end(reason="resume failed", delete=True)
+            return
+        outcome = plan(taken.held, read, event, self.principal)
+        s = host.session
+        if isinstance(outcome, Resync):
+            delivery.send_now(self.dialect.resync(dialects.Resync(
+                session_id=s.id, resume_token=token, reason=outcome.reason, message=outcome.message,
+                session=s.render_config(), conversation=[it.render(s.beta) for it in s.conversation],
+                last_server_event_seq=s.seq, generation=self.generation,
+            )))  # fmt: skip
+            delivery.release(s.seq)
+        elif isinstance(outcome, Replay):
+            delivery.send_now(self.dialect.resumed(dialects.Resumed(
+                session_id=s.id, resume_token=token, replay_from=outcome.replay_from, replay_to=outcome.replay_to,
+                generation=self.generation, session=s.render_config(),
+            )))  # fmt: skip
+            for _, data in outcome.events:
+                delivery.replay(data)
+            delivery.release(outcome.replay_to or 0)
+        else:  # admitted before the claim, so a refusal cannot come now
+            raise AssertionError(f"a refusal after the claim: {outcome}")
+        self.ctx.metrics.resumes.labels("resync" if isinstance(outcome, Resync) else "replayed").inc()
+        log.info("session %s resumed (last seq %d, %d replayed, gap=%s)", s.id, last, len(read.events), read.gap)
+        if taken.recovered:
+            s.recover("replica_lost")
+        host.flush()  # also writes the snapshot with the rotated token
+        if provisional is not None:
+            await provisional.end(reason="replaced by a resumed session", delete=True)
+
+    # --- what hosting tells the connection ------------------------------------------------
+
+    def replaced(self, session_id: str) -> None:
+        """Another connection took the session: say so (to a client that knows the
+        gateway's events: it resumed, or opted in) and close (4009)."""
+        host, self.host = self.host, None
+        self._disarm_idle()
+        if self.resumed or (host is not None and host.session.sends_gateway_events):
+            self.delivery.send_now(self.dialect.replaced(session_id, self.generation))
+        self.ctx.metrics.closes.labels(str(int(CloseCode.SESSION_REPLACED))).inc()
+        self.peer.close(CloseCode.SESSION_REPLACED, "session replaced")
+
+    def close(self, code: int, reason: str) -> None:
+        """Close from outside (drain, shutdown, expiry): what is queued goes out first, and
+        on a commit-gated connection what waits for its commit too."""
+        self.delivery.close(code, reason)
+
+    def detach(self) -> None:
+        """The connection is gone: its session stays resumable for the grace period."""
+        self._disarm_idle()
+        if self.host is not None:
+            self.host.detach(self)
+            self.host = None
+        self.ctx.doors.discard(self)
+
+    # --- the idle timeout (the duplex dialect's idle_timeout_s) --------------------------
+
+    def _arm_idle(self) -> None:
+        self._disarm_idle()
+        host = self.host
+        timeout = host.idle_timeout_s if host is not None else None
+        if timeout is not None:
+            left = self._last_event + timeout - self._loop.time()
+            self._idle = self._loop.call_later(max(0.0, left), self._idle_check)
+
+    def _disarm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    def _idle_check(self) -> None:
+        self._idle = None
+        host = self.host
+        timeout = host.idle_timeout_s if host is not None else None
+        if host is None or host.ended or timeout is None:
+            return
+        if self._loop.time() - self._last_event < timeout:
+            self._arm_idle()  # an event came (or the timeout grew): look again later
+            return
+        log.info("session %s idle for %.0f s: expired", host.id, timeout)
+        host.expire_idle()

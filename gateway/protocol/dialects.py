@@ -1,0 +1,185 @@
+"""The dialects a realtime connection may speak, as one shape (pure).
+
+A ``Dialect`` is everything about a connection's language that hosting needs
+and that is not the session's own events (``server_events.dialect_encoder``
+spells those): how a client message decodes, how the connection-level events
+are spelled (errors outside the session's stream, ``session.resumed``,
+``session.resync_required``, ``session.replaced``), which decoded events are
+the connection's rather than the session's (the duplex dialect's heartbeat and
+close), the metric names of client events, and whether the connection is
+commit-gated.
+
+- ``GA`` and ``BETA``: the OpenAI Realtime API (``client_events``,
+  ``connection_events``);
+- ``DUPLEX``: vLLM-Omni's duplex dialect (``duplex_events``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.protocol import client_events as ce
+from gateway.protocol import connection_events as conn
+from gateway.protocol import duplex_events as de
+from gateway.protocol.errors import ProtocolError
+
+# What a client event is when it is the connection's, not the session's: a heartbeat
+# (answered, and it keeps the session from idling out), or the end of the session for
+# good (``session_close`` asked for, ``timeout`` signalled).
+Control = Literal["heartbeat", "session_close", "timeout"]
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """What ``session.resumed`` says, in every dialect."""
+
+    session_id: str
+    resume_token: str
+    replay_from: int
+    replay_to: int
+    generation: int  # the attachment generation (duplex)
+    session: dict[str, Any]  # the rendered session config (duplex)
+
+
+@dataclass(frozen=True, slots=True)
+class Resync:
+    """What ``session.resync_required`` says, in every dialect."""
+
+    session_id: str
+    resume_token: str
+    reason: str
+    message: str
+    session: dict[str, Any]
+    conversation: list[dict[str, Any]]
+    last_server_event_seq: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    name: Literal["ga", "beta", "duplex"]  # the session's dialect (its events' spelling)
+    decode: Callable[[str | bytes], Any]
+    error: Callable[[ProtocolError], bytes]  # an error outside the session's stream (no seq)
+    resumed: Callable[[Resumed], bytes]
+    resync: Callable[[Resync], bytes]
+    replaced: Callable[[str, int], bytes]  # (session id, attachment generation)
+    control: Callable[[Any], Control | None]
+    event_names: Mapping[type, str]  # client event type -> its name in metrics
+    gated: bool  # session events go out only once the store holds them
+    heartbeat_ack: Callable[[str | None], bytes] | None = None  # for a ``heartbeat`` control
+    closed: Callable[[str | None, Any], bytes] | None = None  # the last event of a closed session
+
+    def event_name(self, event_type: type) -> str:
+        return self.event_names.get(event_type, "other")
+
+
+def _ga_error(err: ProtocolError) -> bytes:
+    return conn.error_event(err.code, err.message, param=err.param, event_id=err.event_id)
+
+
+def _ga_resumed(r: Resumed) -> bytes:
+    return conn.resumed_event(
+        session_id=r.session_id, resume_token=r.resume_token, replay_from=r.replay_from, replay_to=r.replay_to
+    )
+
+
+def _ga_resync(r: Resync) -> bytes:
+    return conn.resync_event(
+        session_id=r.session_id, resume_token=r.resume_token, reason=r.reason, message=r.message,
+        session=r.session, conversation=r.conversation, last_server_event_seq=r.last_server_event_seq,
+    )  # fmt: skip
+
+
+def _no_control(event: Any) -> Control | None:
+    return None
+
+
+GA_EVENT_NAMES: dict[type, str] = {
+    ce.SessionUpdate: "session.update",
+    ce.SessionResume: "session.resume",
+    ce.EventAck: "session.event_ack",
+    ce.AudioAppend: "input_audio_buffer.append",
+    ce.AudioCommit: "input_audio_buffer.commit",
+    ce.AudioClear: "input_audio_buffer.clear",
+    ce.ItemCreate: "conversation.item.create",
+    ce.ItemRetrieve: "conversation.item.retrieve",
+    ce.ItemTruncate: "conversation.item.truncate",
+    ce.ItemDelete: "conversation.item.delete",
+    ce.ResponseCreate: "response.create",
+    ce.ResponseCancel: "response.cancel",
+    ce.OutputAudioClear: "output_audio_buffer.clear",
+}
+
+
+def _realtime(name: Literal["ga", "beta"]) -> Dialect:
+    return Dialect(
+        name=name,
+        decode=ce.decode,
+        error=_ga_error,
+        resumed=_ga_resumed,
+        resync=_ga_resync,
+        replaced=lambda session_id, generation: conn.replaced_event(session_id),
+        control=_no_control,
+        event_names=GA_EVENT_NAMES,
+        gated=False,
+    )
+
+
+GA = _realtime("ga")
+BETA = _realtime("beta")
+
+
+def _duplex_resumed(r: Resumed) -> bytes:
+    return de.resumed_event(
+        session_id=r.session_id, resume_token=r.resume_token, attachment_generation=r.generation,
+        session=r.session, replay_from=r.replay_from, replay_to=r.replay_to,
+    )  # fmt: skip
+
+
+def _duplex_resync(r: Resync) -> bytes:
+    return de.resync_event(
+        session_id=r.session_id, resume_token=r.resume_token, reason=r.reason, message=r.message,
+        session=r.session, conversation=r.conversation, last_server_event_seq=r.last_server_event_seq,
+        attachment_generation=r.generation,
+    )  # fmt: skip
+
+
+def _duplex_control(event: Any) -> Control | None:
+    if isinstance(event, de.Heartbeat):
+        return "heartbeat"
+    if isinstance(event, de.Close):
+        return "session_close"
+    if isinstance(event, de.TurnSignal) and event.event in ("close", "timeout"):
+        return "session_close" if event.event == "close" else "timeout"
+    return None
+
+
+DUPLEX_EVENT_NAMES: dict[type, str] = {
+    **GA_EVENT_NAMES,
+    de.Heartbeat: "session.heartbeat",
+    de.Close: "session.close",
+    de.Append: "input_audio_buffer.append",
+    de.Commit: "input_audio_buffer.commit",
+    de.InputCancel: "input.cancel",
+    de.TextAppend: "input.text.append",
+    de.OutputAudioClear: "output_audio_buffer.clear",
+    de.BargeIn: "barge_in",
+    de.TurnSignal: "turn.signal",
+    de.PlaybackAck: "playback.ack",
+}
+
+DUPLEX = Dialect(
+    name="duplex",
+    decode=de.decode,
+    error=de.error_event,
+    resumed=_duplex_resumed,
+    resync=_duplex_resync,
+    replaced=de.replaced_event,
+    control=_duplex_control,
+    event_names=DUPLEX_EVENT_NAMES,
+    gated=True,  # upstream's client ends its session on a resync: never be ahead of the store
+    heartbeat_ack=de.heartbeat_ack,
+    closed=de.closed_event,
+)
