@@ -21,9 +21,9 @@ from support.gateway import RunningGateway, run_gateway
 from support.raw_ws import BINARY, CONT, PING, PONG, TEXT, RawClient, frame, open_raw
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from gateway.hosting.door import Door
 from gateway.settings import Settings
 from gateway.transport import ws_compat, ws_server
-from gateway.hosting.door import Door
 from gateway.transport.realtime import RealtimeSocket
 
 

@@ -96,16 +96,21 @@ async def hand(d: Door, event: dict[str, Any] | str) -> None:
 
 
 async def eventually(check: Any, timeout: float = 10.0) -> None:
+    """Until ``check()`` holds (polled: the state changes in a task of the runtime's)."""
     async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.01)  # polling: the state changes in a task of the runtime's
+        while True:
+            if check():
+                return
+            await asyncio.sleep(0.01)
 
 
 async def journaled(rt: Runtime, session_id: str, seq: int) -> None:
     """Until the store's journal holds ``seq`` (the writer commits deltas every few ms)."""
     async with asyncio.timeout(10):
-        while ((await rt.store.read_events(session_id, after_seq=seq - 1)).last_seq or 0) < seq:
-            await asyncio.sleep(0.01)  # polling the store: the journal writer runs on its own clock
+        while True:
+            if ((await rt.store.read_events(session_id, after_seq=seq - 1)).last_seq or 0) >= seq:
+                return
+            await asyncio.sleep(0.01)
 
 
 async def test_a_session_opened_through_a_door_answers_in_order(replicas: tuple[Runtime, Runtime]) -> None:
@@ -212,7 +217,7 @@ async def test_refusals_are_coded_and_the_session_goes_on(replicas: tuple[Runtim
 async def test_a_resume_of_an_unknown_session_is_refused_on_the_connections_own_session(
     replicas: tuple[Runtime, Runtime],
 ) -> None:
-    a, b = replicas
+    _, b = replicas
     client = Client()
     d = door(b, client)
     assert await d.open()
@@ -303,4 +308,3 @@ async def test_a_gated_close_without_a_commit_sends_what_waits_after_a_bound() -
     delivery.close(1012, "drain")
     await client.until(lambda: client.closed is not None, timeout=5)
     assert client.seqs() == [1] and client.closed == (1012, "drain")
-

@@ -81,6 +81,13 @@ class RecordingPeer:
     def chunks(self) -> list[dict[str, Any]]:
         return [x for k, x in self.said if k == "chunk"]
 
+    def queued(self, event_id: str) -> bool:
+        return any(e["event_id"] == event_id for e in self.events("session.interaction.queued"))
+
+    def started(self, event_id: str) -> bool:
+        """A chunk reports the interaction started: the engine applies it."""
+        return any(event_id in c["started_event_ids"] for c in self.chunks())
+
     async def until(self, check: Any, timeout: float = 20.0) -> None:
         async with asyncio.timeout(timeout):
             while not check():
@@ -165,9 +172,10 @@ async def test_interactions_from_another_replica_are_applied_for_many_lease_ttls
             payload = interaction(f"from-b-{n}", f"A lighthouse, take {n}")
             outcome = await submit_interaction(b.ctx, host.id, "key:me", decode_interaction(payload), payload)
             assert outcome == Queued(forwarded=True), (at, outcome)
-            event_id = f"from-b-{n}"
-            await peer.until(lambda: any(e["event_id"] == event_id for e in peer.events("session.interaction.queued")))
-            await peer.until(lambda: any(event_id in c["started_event_ids"] for c in peer.chunks()))
+            await peer.until(
+                lambda n=n: any(e["event_id"] == f"from-b-{n}" for e in peer.events("session.interaction.queued"))
+            )
+            await peer.until(lambda n=n: any(f"from-b-{n}" in c["started_event_ids"] for c in peer.chunks()))
         await peer.until(lambda: peer.events("session.done") and peer.registered_when_done is not None)
         assert peer.events("session.done")[0]["stopped"] is False  # it ran to its end
         assert peer.registered_when_done is False  # forgotten before session.done went out
@@ -220,12 +228,14 @@ async def test_a_store_down_at_the_start_is_caught_up_by_the_lease_loop(
 
     monkeypatch.setattr(store, "acquire", acquire)
     async with replica(store, "a") as a:
-        host, peer, orchestrator = await open_host(a, engine, store)
+        host, _, orchestrator = await open_host(a, engine, store)
         assert host.fence == 0 and await store.load_snapshot(host.id) is None  # streams unregistered
         down = False
-        async with asyncio.timeout(10):
-            while await store.load_snapshot(host.id) is None:
-                await asyncio.sleep(0.05)  # polling the store: the lease loop runs on its own clock
+        async with asyncio.timeout(10):  # polling the store: the lease loop runs on its own clock
+            while True:
+                if await store.load_snapshot(host.id) is not None:
+                    break
+                await asyncio.sleep(0.05)
         owner = await store.owner_of(host.id)
         assert owner is not None and owner.owner == "a" and host.fence > 0
         await host.end()
