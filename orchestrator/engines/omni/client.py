@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,11 +130,6 @@ class RequestState:
     aborted: bool = False
     event_ids: set[str] = field(default_factory=set)
     started: bool = False
-
-
-async def failing(exc: EngineError) -> AsyncIterator[Any]:
-    raise exc
-    yield  # pragma: no cover
 
 
 async def aclose_quietly(stream: Any) -> None:

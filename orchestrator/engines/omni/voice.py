@@ -26,8 +26,9 @@ from orchestrator.engine import (
     TranscriptionRequest,
     Usage,
 )
-from orchestrator.engines.omni.client import OmniClient, RequestState, aclose_quietly, failing
+from orchestrator.engines.omni.client import OmniClient, RequestState, aclose_quietly
 from orchestrator.engines.omni.video import OmniVideoEngine
+from orchestrator.engines.streams import InputReader, failing
 
 log = logging.getLogger("omni.engines.omni")
 
@@ -36,7 +37,6 @@ DEFAULT_OUTPUT_RATE = 24000  # Qwen2.5/3-Omni's code2wav
 ASR_RATE = 16000  # what the audio encoders of omni models take
 QWEN_AUDIO_PLACEHOLDER = "<|audio_bos|><|AUDIO|><|audio_eos|>"
 _PENDING = "\x00pending-user-turn\x00"  # split point of a streamed user turn in a rendered prompt
-_SETTLE_STEPS = 3  # loop turns given to the input pump to see inputs already queued
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,46 +203,6 @@ def chatml(messages: list[dict[str, str]], add_generation_prompt: bool = True) -
     """ChatML, the template of the Qwen family (the fallback renderer)."""
     out = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
-
-
-class _InputPump:
-    """Reads the request's input iterator in a task of its own, so that the
-    engine can tell inputs already given from inputs still to come, and never
-    cancels a pending ``__anext__`` of the caller's iterator mid-request."""
-
-    def __init__(self, inputs: AsyncIterator[Any]) -> None:
-        self.items: list[Any] = []
-        self.ended = False
-        self._new = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(inputs))
-
-    async def _run(self, inputs: AsyncIterator[Any]) -> None:
-        try:
-            async for item in inputs:
-                self.items.append(item)
-                self._new.set()
-        finally:
-            self.ended = True
-            self._new.set()
-
-    async def settle(self) -> None:
-        for _ in range(_SETTLE_STEPS):
-            await asyncio.sleep(0)
-
-    async def stream(self) -> AsyncIterator[Any]:
-        i = 0
-        while True:
-            while i < len(self.items):
-                i += 1
-                yield self.items[i - 1]
-            if self.ended:
-                return
-            self._new.clear()
-            await self._new.wait()
-
-    def stop(self) -> None:
-        if not self._task.done():
-            self._task.cancel()
 
 
 class OmniEngine:
@@ -425,10 +385,10 @@ class OmniEngine:
     async def _respond(
         self, request: ResponseRequest, inputs: AsyncIterator[EngineInput], entry: RequestState
     ) -> AsyncIterator[EngineOutput]:
-        pump = _InputPump(inputs)
+        reader = InputReader(inputs)
         try:
             client = self.shared.get()
-            await pump.settle()
+            await reader.settle()
             if entry.aborted:
                 return
             params = self._sampling_params(
@@ -436,11 +396,11 @@ class OmniEngine:
             )
             audio = "audio" in request.modalities
             prompt: Any
-            if pump.ended:  # every input is here: one plain request
-                streamed = " ".join(c.text for c in pump.items if isinstance(c, TextChunk) and c.text)
+            if reader.ended:  # every input is here: one plain request
+                streamed = " ".join(c.text for c in reader.items if isinstance(c, TextChunk) and c.text)
                 prompt = self._prompt(self._render(self._messages(request, streamed or None), True), request)
             else:
-                prompt = self._streaming_prompt(request, pump, params[0] if params else None)
+                prompt = self._streaming_prompt(request, reader, params[0] if params else None)
             mapper = _OutputMapper(self.info.output_sample_rate, audio=audio)
             stream = client.generate(
                 prompt,
@@ -456,10 +416,12 @@ class OmniEngine:
                 yield delta
             yield mapper.finished()
         finally:
-            pump.stop()
+            reader.stop()
             self._active.pop(request.request_id, None)
 
-    async def _streaming_prompt(self, request: ResponseRequest, pump: _InputPump, params: Any) -> AsyncIterator[Any]:
+    async def _streaming_prompt(
+        self, request: ResponseRequest, reader: InputReader[EngineInput], params: Any
+    ) -> AsyncIterator[Any]:
         """vLLM streaming input: the conversation up to the open user turn, each
         streamed transcript, then the turn's end and the assistant header."""
         assert self._streaming_input_cls is not None
@@ -468,7 +430,7 @@ class OmniEngine:
         head, _, tail = rendered.partition(_PENDING)
         yield make(prompt=self._prompt(head, request), sampling_params=params)
         first = True
-        async for chunk in pump.stream():
+        async for chunk in reader.stream():
             if isinstance(chunk, TextChunk) and chunk.text:
                 yield make(prompt={"prompt": chunk.text if first else " " + chunk.text}, sampling_params=params)
                 first = False
