@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.engine import EngineError
-from orchestrator.engines.omni.client import OmniClient, RequestState, aclose_quietly
+from orchestrator.engines.omni.client import OmniClient, OmniClientUser, RequestState, aclose_quietly
 from orchestrator.video_engine import (
     Interaction,
     VideoChunk,
@@ -161,7 +161,7 @@ class _Encoder:
             self.encoder = None
 
 
-class OmniVideoEngine:
+class OmniVideoEngine(OmniClientUser):
     """A streaming diffusion video model (``--diffusion-streaming-output``) in
     the shared ``AsyncOmni``. Requests the model cannot take fail with the
     codes of ``orchestrator.video_engine.ERROR_CODES``, plus
@@ -174,28 +174,16 @@ class OmniVideoEngine:
         info: VideoEngineInfo | None = None,
         max_active_requests: int = 8,
     ) -> None:
-        self.shared = shared
+        super().__init__(shared)
         self.info = info or VideoEngineInfo(
             name="omni",
             description=f"vLLM-Omni AsyncOmni in-process: {shared.model or 'a diffusion video model'}, "
             "streaming output, interactions applied by the model.",
         )
         self.max_active_requests = max_active_requests
-        self._active: dict[str, RequestState] = {}
-        self._closed = False
 
     async def start(self) -> None:
         await self.shared.start()
-
-    async def close(self) -> None:
-        self._closed = True
-        for request_id in list(self._active):
-            await self.abort(request_id)
-        await self.shared.close()
-
-    def healthy(self) -> bool:
-        s = self.shared
-        return s.started and s.dead is None and not s.sleeping and not self._closed
 
     def _params(self, client: Any, request: VideoRequest) -> list[Any]:
         defaults = list(getattr(client, "default_sampling_params_list", None) or [])
@@ -290,12 +278,6 @@ class OmniVideoEngine:
         except Exception as exc:
             entry.event_ids.discard(interaction.event_id)  # refused: the id may be used again
             raise _interaction_error(exc, self.shared) from exc
-
-    async def abort(self, request_id: str) -> None:
-        entry = self._active.get(request_id)
-        if entry is not None:
-            entry.aborted = True
-        await self.shared.abort(request_id)
 
 
 def _interaction_error(exc: Exception, shared: OmniClient) -> EngineError:

@@ -26,7 +26,7 @@ from orchestrator.engine import (
     TranscriptionRequest,
     Usage,
 )
-from orchestrator.engines.omni.client import OmniClient, RequestState, aclose_quietly
+from orchestrator.engines.omni.client import OmniClient, OmniClientUser, RequestState, aclose_quietly
 from orchestrator.engines.omni.video import OmniVideoEngine
 from orchestrator.engines.streams import InputReader, failing
 
@@ -205,7 +205,7 @@ def chatml(messages: list[dict[str, str]], add_generation_prompt: bool = True) -
     return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
-class OmniEngine:
+class OmniEngine(OmniClientUser):
     """An omni model (thinker + talker, e.g. Qwen2.5-Omni) served in-process by ``AsyncOmni``.
 
     ``model``: name or path given to ``AsyncOmni(model=...)``; ``engine_kwargs``
@@ -239,7 +239,7 @@ class OmniEngine:
         streaming_input_cls: Callable[..., Any] | None = None,
         description: str | None = None,
     ) -> None:
-        self.shared = shared or OmniClient(model, client, engine_kwargs)
+        super().__init__(shared or OmniClient(model, client, engine_kwargs))
         name = model or getattr(client, "model", None) or "omni"
         self.info = EngineInfo(
             name="omni",
@@ -258,8 +258,6 @@ class OmniEngine:
         self.audio_placeholder = audio_placeholder
         self._streaming_input_cls = streaming_input_cls
         self._render: Callable[[list[dict[str, str]], bool], str] = chatml
-        self._active: dict[str, RequestState] = {}
-        self._closed = False
 
     def video_engine(self, **kwargs: Any) -> OmniVideoEngine:
         """The ``VideoEngine`` view of the same AsyncOmni (a diffusion video model)."""
@@ -288,22 +286,6 @@ class OmniEngine:
 
             self._render = render
 
-    async def close(self) -> None:
-        self._closed = True
-        for request_id in list(self._active):
-            await self.abort(request_id)
-        await self.shared.close()
-
-    def healthy(self) -> bool:
-        s = self.shared
-        return s.started and s.dead is None and not s.sleeping and not self._closed
-
-    async def abort(self, request_id: str) -> None:
-        entry = self._active.get(request_id)
-        if entry is not None:
-            entry.aborted = True
-        await self.shared.abort(request_id)
-
     # --- admin passthroughs ---------------------------------------------------
 
     async def pause(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
@@ -319,6 +301,17 @@ class OmniEngine:
         await self.shared.wake_up(tags)
 
     # --- requests ---------------------------------------------------------------
+
+    def _registered(
+        self, request_id: str, run: Callable[[RequestState], AsyncIterator[EngineOutput]]
+    ) -> AsyncIterator[EngineOutput]:
+        """``run`` on the request, registered now (an abort before the first
+        iteration is not lost); a refusal fails where the outputs are consumed."""
+        try:
+            entry = self._register(request_id)
+        except EngineError as exc:
+            return failing(exc)
+        return run(entry)
 
     def _register(self, request_id: str) -> RequestState:
         self.shared.get()
@@ -376,11 +369,7 @@ class OmniEngine:
         if request.calls_tools and request.tool_choice.mode in ("required", "function"):
             # Not wired to vLLM-Omni's tool calling: auto answers as always (the fields are reported).
             return failing(EngineError("tools_unsupported", "the omni engine does not call functions"))
-        try:
-            entry = self._register(request.request_id)
-        except EngineError as exc:
-            return failing(exc)
-        return self._respond(request, inputs, entry)
+        return self._registered(request.request_id, lambda entry: self._respond(request, inputs, entry))
 
     async def _respond(
         self, request: ResponseRequest, inputs: AsyncIterator[EngineInput], entry: RequestState
@@ -461,11 +450,7 @@ class OmniEngine:
             return failing(
                 EngineError("unsupported", "this omni model has no speech-to-text (no transcription_prompt set)")
             )
-        try:
-            entry = self._register(request.request_id)
-        except EngineError as exc:
-            return failing(exc)
-        return self._transcribe(request, inputs, entry)
+        return self._registered(request.request_id, lambda entry: self._transcribe(request, inputs, entry))
 
     async def _transcribe(
         self, request: TranscriptionRequest, inputs: AsyncIterator[AudioChunk], entry: RequestState
