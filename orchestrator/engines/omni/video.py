@@ -11,15 +11,9 @@ from typing import Any
 import numpy as np
 
 from orchestrator.engine import EngineError
+from orchestrator.engines.interactions import hold_event_id, interaction_payload
 from orchestrator.engines.omni.client import OmniClient, OmniClientUser, RequestState, aclose_quietly
-from orchestrator.video_engine import (
-    Interaction,
-    VideoChunk,
-    VideoEngineInfo,
-    VideoRequest,
-    validate_interaction,
-    validate_request,
-)
+from orchestrator.video_engine import Interaction, VideoChunk, VideoEngineInfo, VideoRequest, validate_request
 
 log = logging.getLogger("omni.engines.omni")
 
@@ -90,22 +84,6 @@ def stream_metadata(out: Any) -> dict[str, Any]:
     meta = mm.get("metadata") if isinstance(mm, dict) else None
     stream = meta.get("stream") if isinstance(meta, dict) else None
     return dict(stream) if isinstance(stream, dict) else {}
-
-
-def interaction_payload(interaction: Interaction) -> dict[str, Any]:
-    """An ``Interaction`` as AsyncOmni's ``OmniInteractionPrompt``."""
-    event: dict[str, Any] = {}
-    if interaction.prompt is not None:
-        event["prompt"] = interaction.prompt
-    if interaction.camera is not None:
-        cam = interaction.camera
-        event["multi_modal_data"] = {
-            "camera": {
-                "mode": cam.mode,
-                "data": {"translation": list(cam.translation), "rotation": list(cam.rotation)},
-            }
-        }
-    return {"event_id": interaction.event_id, "event": event, "transition_chunks": interaction.transition_chunks}
 
 
 class _Encoder:
@@ -263,13 +241,7 @@ class OmniVideoEngine(OmniClientUser):
             encoder.close()
 
     async def submit_interaction(self, request_id: str, interaction: Interaction) -> None:
-        validate_interaction(interaction)
-        entry = self._active.get(request_id)
-        if entry is None or entry.aborted:
-            raise EngineError("no_active_request", f"no active video request {request_id!r}")
-        if interaction.event_id in entry.event_ids:
-            raise EngineError("event_id_conflict", f"event_id {interaction.event_id!r} was already used")
-        entry.event_ids.add(interaction.event_id)
+        entry = hold_event_id(request_id, self._active.get(request_id), interaction)
         try:
             await self.shared.get().submit_interaction_async(request_id, interaction=interaction_payload(interaction))
         except EngineError:
