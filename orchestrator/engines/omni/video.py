@@ -95,7 +95,7 @@ class _Encoder:
         self.index = 0
 
     def encode(self, planes: Any, meta: dict[str, Any]) -> VideoChunk:
-        from orchestrator.engines.video.encode import Fmp4Encoder, JpegEncoder
+        from orchestrator.engines.video.encode import Fmp4Encoder, JpegEncoder, flush_chunk_media
 
         req = self.request
         n = int(planes.shape[0])
@@ -111,13 +111,7 @@ class _Encoder:
         index = int(index) if isinstance(index, int) and not isinstance(index, bool) else self.index
         ids = {k: tuple(str(x) for x in meta.get(f"{k}_event_ids", []) or []) for k in
                ("started", "active", "completed", "superseded")}  # fmt: skip
-        if isinstance(enc, JpegEncoder):
-            frames = tuple(enc.flush_chunk())
-            data, init = b"".join(frames), b""
-        else:
-            frames, init = (), enc.init_segment
-            fragment = enc.flush_chunk()
-            data = init + fragment if self.index == 0 else fragment
+        data, init, frames = flush_chunk_media(enc, first=self.index == 0)
         self.index += 1
         return VideoChunk(
             kind=req.format,
