@@ -70,6 +70,7 @@ from orchestrator.engine import (
     TranscriptionRequest,
     Usage,
 )
+from orchestrator.engines.streams import failing
 from orchestrator.engines.vllm_tools import ToolCalling, chat_messages
 
 log = logging.getLogger("omni.engines.vllm")
@@ -147,12 +148,6 @@ def render_conversation(
         calls = "".join(f"<tool_call>{json.dumps(c['function'])}</tool_call>" for c in turn.get("tool_calls", ()))
         lines.append(f"{turn['role']}: {turn['content']}{calls}\n")
     return list(tokenizer.encode("".join(lines) + "assistant:"))
-
-
-async def _failing(exc: BaseException) -> AsyncIterator[EngineOutput]:
-    """An output stream that raises ``exc`` where it is consumed."""
-    raise exc
-    yield  # pragma: no cover - makes this an async generator
 
 
 def _dead(exc: BaseException | None = None) -> EngineError:
@@ -331,7 +326,7 @@ class VllmEngine:
         self, request: TranscriptionRequest, inputs: AsyncIterator[AudioChunk]
     ) -> AsyncIterator[EngineOutput]:
         """Not served: this engine is text only (the cascade has its own STT)."""
-        return _failing(EngineError("unsupported", "the vllm engine does not transcribe speech (text only)"))
+        return failing(EngineError("unsupported", "the vllm engine does not transcribe speech (text only)"))
 
     def sampling_params(self, request: ResponseRequest) -> Any:
         """The request's ``SamplingParams`` (``EngineError`` if vLLM's streaming
@@ -354,7 +349,7 @@ class VllmEngine:
                 tools = ToolCalling(request, self._tokenizer, self.tool_parser)
                 return self._respond_with_tools(request, params, tools, inputs)
         except EngineError as exc:
-            return _failing(exc)
+            return failing(exc)
         return self._respond(request, params, inputs)
 
     def _check_ready(self) -> None:

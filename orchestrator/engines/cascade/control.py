@@ -7,8 +7,6 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
-from orchestrator.engine import EngineOutput
-
 T = TypeVar("T")
 END = object()  # the iterator ended
 ABORTED = object()  # abort(request_id) was called first
@@ -66,13 +64,6 @@ async def _next(it: AsyncIterator[T]) -> tuple[bool, T | None]:
         return True, await it.__anext__()
     except StopAsyncIteration:
         return False, None
-
-
-async def failing(exc: BaseException) -> AsyncIterator[EngineOutput]:
-    """An output stream that raises ``exc`` on first iteration: errors surface
-    where the caller consumes outputs, not where it creates the request."""
-    raise exc
-    yield  # pragma: no cover - makes this an async generator
 
 
 def consume(fut: asyncio.Future[Any]) -> None:

@@ -33,7 +33,7 @@ from orchestrator.engine import (
     TranscriptionRequest,
     Usage,
 )
-from orchestrator.engines.cascade.control import ABORTED, END, RequestControl, consume, failing
+from orchestrator.engines.cascade.control import ABORTED, END, RequestControl, consume
 from orchestrator.engines.cascade.segment import (
     Rechunker,
     SentenceSplitter,
@@ -44,6 +44,7 @@ from orchestrator.engines.cascade.segment import (
 from orchestrator.engines.cascade.stt import SAMPLE_RATE, PocketsphinxRecognizer, Utterance
 from orchestrator.engines.cascade.thinker import EchoThinker, Thinker, ToolThinker
 from orchestrator.engines.cascade.tts import DEFAULT_VOICE, EspeakSynthesizer, TtsError
+from orchestrator.engines.streams import failing
 
 T = TypeVar("T")
 AUDIO_TOKENS_PER_SECOND = 10

@@ -61,6 +61,15 @@ class PocketsphinxRecognizer:
             self._cmn_prior = decoder.get_cmn(False)  # the model's cmninit, e.g. "40,3,-1"
         return decoder
 
+    def _build_reserved(self) -> Decoder:
+        """A new decoder for a slot already counted in ``_created``; the slot is
+        given back (``_discard``) when building fails."""
+        try:
+            return self._build()
+        except BaseException:
+            self._discard()
+            raise
+
     def warm(self, count: int = 1) -> None:
         """Create up to ``count`` idle decoders now, so the first requests don't pay for it."""
         for _ in range(count):
@@ -68,14 +77,7 @@ class PocketsphinxRecognizer:
                 if self._closed or self._created >= self.pool_size:
                     return
                 self._created += 1
-            try:
-                decoder = self._build()
-            except BaseException:
-                with self._cond:
-                    self._created -= 1
-                    self._cond.notify()
-                raise
-            self._release(decoder)
+            self._release(self._build_reserved())
 
     @property
     def in_use(self) -> int:
@@ -105,13 +107,7 @@ class PocketsphinxRecognizer:
                     raise TimeoutError("no pocketsphinx decoder free")
                 self._cond.wait(remaining)
         if decoder is None:
-            try:
-                decoder = self._build()
-            except BaseException:
-                with self._cond:
-                    self._created -= 1
-                    self._cond.notify()
-                raise
+            decoder = self._build_reserved()
         try:
             # The running CMN mean carries over from the previous utterance,
             # which on a shared pool is someone else's voice and makes results

@@ -46,8 +46,9 @@ control
 
 from __future__ import annotations
 
+from orchestrator.engines.interactions import interaction_payload
 from orchestrator.engines.omni.client import OmniClient
-from orchestrator.engines.omni.video import OmniVideoEngine, frames_to_planes, interaction_payload
+from orchestrator.engines.omni.video import OmniVideoEngine, frames_to_planes
 from orchestrator.engines.omni.voice import OmniEngine, chatml, pcm16
 
 __all__ = ["OmniClient", "OmniEngine", "OmniVideoEngine", "chatml", "frames_to_planes", "interaction_payload", "pcm16"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,9 +132,31 @@ class RequestState:
     started: bool = False
 
 
-async def failing(exc: EngineError) -> AsyncIterator[Any]:
-    raise exc
-    yield  # pragma: no cover
+class OmniClientUser:
+    """What the voice and the video engine share as users of one ``OmniClient``:
+    their running requests (``_active``), ``abort``, ``close`` (every request
+    aborted, then the client released) and ``healthy``."""
+
+    def __init__(self, shared: OmniClient) -> None:
+        self.shared = shared
+        self._active: dict[str, RequestState] = {}
+        self._closed = False
+
+    async def close(self) -> None:
+        self._closed = True
+        for request_id in list(self._active):
+            await self.abort(request_id)
+        await self.shared.close()
+
+    def healthy(self) -> bool:
+        s = self.shared
+        return s.started and s.dead is None and not s.sleeping and not self._closed
+
+    async def abort(self, request_id: str) -> None:
+        entry = self._active.get(request_id)
+        if entry is not None:
+            entry.aborted = True
+        await self.shared.abort(request_id)
 
 
 async def aclose_quietly(stream: Any) -> None:

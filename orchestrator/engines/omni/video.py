@@ -11,15 +11,9 @@ from typing import Any
 import numpy as np
 
 from orchestrator.engine import EngineError
-from orchestrator.engines.omni.client import OmniClient, RequestState, aclose_quietly
-from orchestrator.video_engine import (
-    Interaction,
-    VideoChunk,
-    VideoEngineInfo,
-    VideoRequest,
-    validate_interaction,
-    validate_request,
-)
+from orchestrator.engines.interactions import hold_event_id, interaction_payload
+from orchestrator.engines.omni.client import OmniClient, OmniClientUser, RequestState, aclose_quietly
+from orchestrator.video_engine import Interaction, VideoChunk, VideoEngineInfo, VideoRequest, validate_request
 
 log = logging.getLogger("omni.engines.omni")
 
@@ -92,22 +86,6 @@ def stream_metadata(out: Any) -> dict[str, Any]:
     return dict(stream) if isinstance(stream, dict) else {}
 
 
-def interaction_payload(interaction: Interaction) -> dict[str, Any]:
-    """An ``Interaction`` as AsyncOmni's ``OmniInteractionPrompt``."""
-    event: dict[str, Any] = {}
-    if interaction.prompt is not None:
-        event["prompt"] = interaction.prompt
-    if interaction.camera is not None:
-        cam = interaction.camera
-        event["multi_modal_data"] = {
-            "camera": {
-                "mode": cam.mode,
-                "data": {"translation": list(cam.translation), "rotation": list(cam.rotation)},
-            }
-        }
-    return {"event_id": interaction.event_id, "event": event, "transition_chunks": interaction.transition_chunks}
-
-
 class _Encoder:
     """encode.py's encoder for one request, built on the first frames (their real size)."""
 
@@ -117,7 +95,7 @@ class _Encoder:
         self.index = 0
 
     def encode(self, planes: Any, meta: dict[str, Any]) -> VideoChunk:
-        from orchestrator.engines.video.encode import Fmp4Encoder, JpegEncoder
+        from orchestrator.engines.video.encode import Fmp4Encoder, JpegEncoder, flush_chunk_media
 
         req = self.request
         n = int(planes.shape[0])
@@ -133,13 +111,7 @@ class _Encoder:
         index = int(index) if isinstance(index, int) and not isinstance(index, bool) else self.index
         ids = {k: tuple(str(x) for x in meta.get(f"{k}_event_ids", []) or []) for k in
                ("started", "active", "completed", "superseded")}  # fmt: skip
-        if isinstance(enc, JpegEncoder):
-            frames = tuple(enc.flush_chunk())
-            data, init = b"".join(frames), b""
-        else:
-            frames, init = (), enc.init_segment
-            fragment = enc.flush_chunk()
-            data = init + fragment if self.index == 0 else fragment
+        data, init, frames = flush_chunk_media(enc, first=self.index == 0)
         self.index += 1
         return VideoChunk(
             kind=req.format,
@@ -161,7 +133,7 @@ class _Encoder:
             self.encoder = None
 
 
-class OmniVideoEngine:
+class OmniVideoEngine(OmniClientUser):
     """A streaming diffusion video model (``--diffusion-streaming-output``) in
     the shared ``AsyncOmni``. Requests the model cannot take fail with the
     codes of ``orchestrator.video_engine.ERROR_CODES``, plus
@@ -174,28 +146,16 @@ class OmniVideoEngine:
         info: VideoEngineInfo | None = None,
         max_active_requests: int = 8,
     ) -> None:
-        self.shared = shared
+        super().__init__(shared)
         self.info = info or VideoEngineInfo(
             name="omni",
             description=f"vLLM-Omni AsyncOmni in-process: {shared.model or 'a diffusion video model'}, "
             "streaming output, interactions applied by the model.",
         )
         self.max_active_requests = max_active_requests
-        self._active: dict[str, RequestState] = {}
-        self._closed = False
 
     async def start(self) -> None:
         await self.shared.start()
-
-    async def close(self) -> None:
-        self._closed = True
-        for request_id in list(self._active):
-            await self.abort(request_id)
-        await self.shared.close()
-
-    def healthy(self) -> bool:
-        s = self.shared
-        return s.started and s.dead is None and not s.sleeping and not self._closed
 
     def _params(self, client: Any, request: VideoRequest) -> list[Any]:
         defaults = list(getattr(client, "default_sampling_params_list", None) or [])
@@ -275,13 +235,7 @@ class OmniVideoEngine:
             encoder.close()
 
     async def submit_interaction(self, request_id: str, interaction: Interaction) -> None:
-        validate_interaction(interaction)
-        entry = self._active.get(request_id)
-        if entry is None or entry.aborted:
-            raise EngineError("no_active_request", f"no active video request {request_id!r}")
-        if interaction.event_id in entry.event_ids:
-            raise EngineError("event_id_conflict", f"event_id {interaction.event_id!r} was already used")
-        entry.event_ids.add(interaction.event_id)
+        entry = hold_event_id(request_id, self._active.get(request_id), interaction)
         try:
             await self.shared.get().submit_interaction_async(request_id, interaction=interaction_payload(interaction))
         except EngineError:
@@ -290,12 +244,6 @@ class OmniVideoEngine:
         except Exception as exc:
             entry.event_ids.discard(interaction.event_id)  # refused: the id may be used again
             raise _interaction_error(exc, self.shared) from exc
-
-    async def abort(self, request_id: str) -> None:
-        entry = self._active.get(request_id)
-        if entry is not None:
-            entry.aborted = True
-        await self.shared.abort(request_id)
 
 
 def _interaction_error(exc: Exception, shared: OmniClient) -> EngineError:

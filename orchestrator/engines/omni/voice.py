@@ -26,8 +26,9 @@ from orchestrator.engine import (
     TranscriptionRequest,
     Usage,
 )
-from orchestrator.engines.omni.client import OmniClient, RequestState, aclose_quietly, failing
+from orchestrator.engines.omni.client import OmniClient, OmniClientUser, RequestState, aclose_quietly
 from orchestrator.engines.omni.video import OmniVideoEngine
+from orchestrator.engines.streams import InputReader, failing
 
 log = logging.getLogger("omni.engines.omni")
 
@@ -36,7 +37,6 @@ DEFAULT_OUTPUT_RATE = 24000  # Qwen2.5/3-Omni's code2wav
 ASR_RATE = 16000  # what the audio encoders of omni models take
 QWEN_AUDIO_PLACEHOLDER = "<|audio_bos|><|AUDIO|><|audio_eos|>"
 _PENDING = "\x00pending-user-turn\x00"  # split point of a streamed user turn in a rendered prompt
-_SETTLE_STEPS = 3  # loop turns given to the input pump to see inputs already queued
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,47 +205,7 @@ def chatml(messages: list[dict[str, str]], add_generation_prompt: bool = True) -
     return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
-class _InputPump:
-    """Reads the request's input iterator in a task of its own, so that the
-    engine can tell inputs already given from inputs still to come, and never
-    cancels a pending ``__anext__`` of the caller's iterator mid-request."""
-
-    def __init__(self, inputs: AsyncIterator[Any]) -> None:
-        self.items: list[Any] = []
-        self.ended = False
-        self._new = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(inputs))
-
-    async def _run(self, inputs: AsyncIterator[Any]) -> None:
-        try:
-            async for item in inputs:
-                self.items.append(item)
-                self._new.set()
-        finally:
-            self.ended = True
-            self._new.set()
-
-    async def settle(self) -> None:
-        for _ in range(_SETTLE_STEPS):
-            await asyncio.sleep(0)
-
-    async def stream(self) -> AsyncIterator[Any]:
-        i = 0
-        while True:
-            while i < len(self.items):
-                i += 1
-                yield self.items[i - 1]
-            if self.ended:
-                return
-            self._new.clear()
-            await self._new.wait()
-
-    def stop(self) -> None:
-        if not self._task.done():
-            self._task.cancel()
-
-
-class OmniEngine:
+class OmniEngine(OmniClientUser):
     """An omni model (thinker + talker, e.g. Qwen2.5-Omni) served in-process by ``AsyncOmni``.
 
     ``model``: name or path given to ``AsyncOmni(model=...)``; ``engine_kwargs``
@@ -279,7 +239,7 @@ class OmniEngine:
         streaming_input_cls: Callable[..., Any] | None = None,
         description: str | None = None,
     ) -> None:
-        self.shared = shared or OmniClient(model, client, engine_kwargs)
+        super().__init__(shared or OmniClient(model, client, engine_kwargs))
         name = model or getattr(client, "model", None) or "omni"
         self.info = EngineInfo(
             name="omni",
@@ -298,8 +258,6 @@ class OmniEngine:
         self.audio_placeholder = audio_placeholder
         self._streaming_input_cls = streaming_input_cls
         self._render: Callable[[list[dict[str, str]], bool], str] = chatml
-        self._active: dict[str, RequestState] = {}
-        self._closed = False
 
     def video_engine(self, **kwargs: Any) -> OmniVideoEngine:
         """The ``VideoEngine`` view of the same AsyncOmni (a diffusion video model)."""
@@ -328,22 +286,6 @@ class OmniEngine:
 
             self._render = render
 
-    async def close(self) -> None:
-        self._closed = True
-        for request_id in list(self._active):
-            await self.abort(request_id)
-        await self.shared.close()
-
-    def healthy(self) -> bool:
-        s = self.shared
-        return s.started and s.dead is None and not s.sleeping and not self._closed
-
-    async def abort(self, request_id: str) -> None:
-        entry = self._active.get(request_id)
-        if entry is not None:
-            entry.aborted = True
-        await self.shared.abort(request_id)
-
     # --- admin passthroughs ---------------------------------------------------
 
     async def pause(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
@@ -359,6 +301,17 @@ class OmniEngine:
         await self.shared.wake_up(tags)
 
     # --- requests ---------------------------------------------------------------
+
+    def _registered(
+        self, request_id: str, run: Callable[[RequestState], AsyncIterator[EngineOutput]]
+    ) -> AsyncIterator[EngineOutput]:
+        """``run`` on the request, registered now (an abort before the first
+        iteration is not lost); a refusal fails where the outputs are consumed."""
+        try:
+            entry = self._register(request_id)
+        except EngineError as exc:
+            return failing(exc)
+        return run(entry)
 
     def _register(self, request_id: str) -> RequestState:
         self.shared.get()
@@ -416,19 +369,15 @@ class OmniEngine:
         if request.calls_tools and request.tool_choice.mode in ("required", "function"):
             # Not wired to vLLM-Omni's tool calling: auto answers as always (the fields are reported).
             return failing(EngineError("tools_unsupported", "the omni engine does not call functions"))
-        try:
-            entry = self._register(request.request_id)
-        except EngineError as exc:
-            return failing(exc)
-        return self._respond(request, inputs, entry)
+        return self._registered(request.request_id, lambda entry: self._respond(request, inputs, entry))
 
     async def _respond(
         self, request: ResponseRequest, inputs: AsyncIterator[EngineInput], entry: RequestState
     ) -> AsyncIterator[EngineOutput]:
-        pump = _InputPump(inputs)
+        reader = InputReader(inputs)
         try:
             client = self.shared.get()
-            await pump.settle()
+            await reader.settle()
             if entry.aborted:
                 return
             params = self._sampling_params(
@@ -436,11 +385,11 @@ class OmniEngine:
             )
             audio = "audio" in request.modalities
             prompt: Any
-            if pump.ended:  # every input is here: one plain request
-                streamed = " ".join(c.text for c in pump.items if isinstance(c, TextChunk) and c.text)
+            if reader.ended:  # every input is here: one plain request
+                streamed = " ".join(c.text for c in reader.items if isinstance(c, TextChunk) and c.text)
                 prompt = self._prompt(self._render(self._messages(request, streamed or None), True), request)
             else:
-                prompt = self._streaming_prompt(request, pump, params[0] if params else None)
+                prompt = self._streaming_prompt(request, reader, params[0] if params else None)
             mapper = _OutputMapper(self.info.output_sample_rate, audio=audio)
             stream = client.generate(
                 prompt,
@@ -456,10 +405,12 @@ class OmniEngine:
                 yield delta
             yield mapper.finished()
         finally:
-            pump.stop()
+            reader.stop()
             self._active.pop(request.request_id, None)
 
-    async def _streaming_prompt(self, request: ResponseRequest, pump: _InputPump, params: Any) -> AsyncIterator[Any]:
+    async def _streaming_prompt(
+        self, request: ResponseRequest, reader: InputReader[EngineInput], params: Any
+    ) -> AsyncIterator[Any]:
         """vLLM streaming input: the conversation up to the open user turn, each
         streamed transcript, then the turn's end and the assistant header."""
         assert self._streaming_input_cls is not None
@@ -468,7 +419,7 @@ class OmniEngine:
         head, _, tail = rendered.partition(_PENDING)
         yield make(prompt=self._prompt(head, request), sampling_params=params)
         first = True
-        async for chunk in pump.stream():
+        async for chunk in reader.stream():
             if isinstance(chunk, TextChunk) and chunk.text:
                 yield make(prompt={"prompt": chunk.text if first else " " + chunk.text}, sampling_params=params)
                 first = False
@@ -499,11 +450,7 @@ class OmniEngine:
             return failing(
                 EngineError("unsupported", "this omni model has no speech-to-text (no transcription_prompt set)")
             )
-        try:
-            entry = self._register(request.request_id)
-        except EngineError as exc:
-            return failing(exc)
-        return self._transcribe(request, inputs, entry)
+        return self._registered(request.request_id, lambda entry: self._transcribe(request, inputs, entry))
 
     async def _transcribe(
         self, request: TranscriptionRequest, inputs: AsyncIterator[AudioChunk], entry: RequestState

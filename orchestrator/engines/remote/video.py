@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from orchestrator.engine import EngineError
+from orchestrator.engines.interactions import hold_event_id, interaction_payload
 from orchestrator.engines.remote.pool import VIDEO_PATH, Lease, PooledEngine, Upstream, UpstreamLost, UpstreamPool
 from orchestrator.video_engine import (
     ERROR_CODES,
@@ -35,7 +36,6 @@ from orchestrator.video_engine import (
     VideoEngineInfo,
     VideoFormat,
     VideoRequest,
-    validate_interaction,
     validate_request,
 )
 
@@ -308,13 +308,7 @@ class RemoteVideoEngine(PooledEngine):
         return VideoChunk(kind="mp4", data=data, mime_type=mime, init_segment=init, **common)
 
     async def submit_interaction(self, request_id: str, interaction: Interaction) -> None:
-        validate_interaction(interaction)
-        video = self._videos.get(request_id)
-        if video is None or video.aborted:
-            raise EngineError("no_active_request", f"no active video request {request_id!r}")
-        if interaction.event_id in video.event_ids:
-            raise EngineError("event_id_conflict", f"event_id {interaction.event_id!r} was already used")
-        video.event_ids.add(interaction.event_id)
+        video = hold_event_id(request_id, self._videos.get(request_id), interaction)
         try:
             await self._interact(video, interaction)
         except BaseException:
@@ -330,16 +324,7 @@ class RemoteVideoEngine(PooledEngine):
                     raise EngineError("no_active_request", "the video is not streaming")
                 future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 video.acks[interaction.event_id] = future
-                event: dict[str, Any] = {}
-                if interaction.prompt is not None:
-                    event["prompt"] = interaction.prompt
-                if interaction.camera is not None:
-                    cam = interaction.camera
-                    event["multi_modal_data"] = {"camera": {"mode": cam.mode, "data": {
-                        "translation": list(cam.translation), "rotation": list(cam.rotation)}}}  # fmt: skip
-                await lease.conn.send({"type": "session.interaction", "interaction": {
-                    "event_id": interaction.event_id, "event": event,
-                    "transition_chunks": interaction.transition_chunks}})  # fmt: skip
+                await lease.conn.send({"type": "session.interaction", "interaction": interaction_payload(interaction)})
                 await future
         except TimeoutError:
             video.acks.pop(interaction.event_id, None)

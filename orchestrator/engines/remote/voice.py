@@ -92,6 +92,7 @@ from orchestrator.engines.remote.pool import (
     output_audio_frame,
 )
 from orchestrator.engines.remote.video import RemoteVideoEngine
+from orchestrator.engines.streams import ReplayableInputs, failing
 
 log = logging.getLogger("omni.engines.remote")
 
@@ -145,72 +146,14 @@ def usage_of(raw: Any) -> Usage:
     )
 
 
-class _Tap:
-    """Reads the request's inputs once, in a task of its own, and keeps them
-    so that a retry can replay them; one reader (``stream``) at a time.
-    Once ``commit()`` is called (output was produced) or more than
-    ``max_bytes`` of audio came, inputs are no longer kept and a retry is off."""
-
-    def __init__(self, inputs: AsyncIterator[Any], max_bytes: int) -> None:
-        self.items: list[Any] = []
-        self.offset = 0  # items dropped from the front
-        self.ended = False
-        self.replayable = True
-        self._bytes = 0
-        self._max = max_bytes
-        self._new = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(inputs))
-
-    async def _run(self, inputs: AsyncIterator[Any]) -> None:
-        try:
-            async for item in inputs:
-                self.items.append(item)
-                if isinstance(item, AudioChunk):
-                    self._bytes += len(item.pcm)
-                    if self._bytes > self._max:
-                        self.replayable = False
-                self._new.set()
-        finally:
-            self.ended = True
-            self._new.set()
-
-    def commit(self) -> None:
-        self.replayable = False
-
-    async def stream(self) -> AsyncIterator[Any]:
-        if self.offset:
-            raise UpstreamLost("the inputs can no longer be replayed")
-        i = 0
-        while True:
-            while i < self.offset + len(self.items):
-                item = self.items[i - self.offset]
-                i += 1
-                if not self.replayable:  # nobody will replay: free what was sent
-                    del self.items[: i - self.offset]
-                    self.offset = i
-                yield item
-            if self.ended:
-                return
-            self._new.clear()
-            await self._new.wait()
-
-    def stop(self) -> None:
-        if not self._task.done():
-            self._task.cancel()
-
-
 class _Request:
     def __init__(self) -> None:
         self.aborted = False
         self.lease: Lease | None = None
 
 
-async def _failing(exc: EngineError) -> AsyncIterator[Any]:
-    raise exc
-    yield  # pragma: no cover
-
-
-Attempt = Callable[[Lease, _Tap], AsyncIterator[EngineOutput]]
+_Inputs = ReplayableInputs[Any]  # a request's inputs, kept for a retry until output comes
+Attempt = Callable[[Lease, _Inputs], AsyncIterator[EngineOutput]]
 
 
 class RemoteEngine(PooledEngine):
@@ -300,13 +243,13 @@ class RemoteEngine(PooledEngine):
     # --- requests ---------------------------------------------------------------
 
     def respond(self, request: ResponseRequest, inputs: AsyncIterator[EngineInput]) -> AsyncIterator[EngineOutput]:
-        return self._run("respond", request.request_id, inputs, lambda lease, tap: self._respond(lease, request, tap))
+        return self._run("respond", request.request_id, inputs, lambda lease, kept: self._respond(lease, request, kept))
 
     def transcribe(
         self, request: TranscriptionRequest, inputs: AsyncIterator[AudioChunk]
     ) -> AsyncIterator[EngineOutput]:
         return self._run(
-            "transcribe", request.request_id, inputs, lambda lease, tap: self._transcribe(lease, request, tap)
+            "transcribe", request.request_id, inputs, lambda lease, kept: self._transcribe(lease, request, kept)
         )
 
     def _run(
@@ -314,9 +257,9 @@ class RemoteEngine(PooledEngine):
     ) -> AsyncIterator[EngineOutput]:
         # Registered now, so that an abort before the first iteration is not lost.
         if not self._started:
-            return _failing(EngineError("engine_not_started", "the remote engine is not running"))
+            return failing(EngineError("engine_not_started", "the remote engine is not running"))
         if request_id in self._requests:
-            return _failing(EngineError("request_id_conflict", f"request {request_id!r} is already running"))
+            return failing(EngineError("request_id_conflict", f"request {request_id!r} is already running"))
         req = _Request()
         self._requests[request_id] = req
         return self._with_retry(kind, request_id, inputs, attempt, req)
@@ -324,7 +267,7 @@ class RemoteEngine(PooledEngine):
     async def _with_retry(
         self, kind: str, request_id: str, inputs: AsyncIterator[Any], attempt: Attempt, req: _Request
     ) -> AsyncIterator[EngineOutput]:
-        tap = _Tap(inputs, self.max_replay_bytes)
+        kept = ReplayableInputs(inputs, self.max_replay_bytes, UpstreamLost)
         tried: set[Upstream] = set()
         tries = 0
         lost: UpstreamLost | None = None
@@ -339,12 +282,12 @@ class RemoteEngine(PooledEngine):
                 req.lease = lease
                 produced = finished = False
                 try:
-                    async for out in attempt(lease, tap):
+                    async for out in attempt(lease, kept):
                         if isinstance(out, Finished):
                             finished = True
                         elif not produced:
                             produced = True
-                            tap.commit()
+                            kept.commit()
                         yield out
                     return
                 except UpstreamLost as exc:
@@ -352,7 +295,7 @@ class RemoteEngine(PooledEngine):
                     if req.aborted or finished:
                         return
                     self.pool.mark_down(lease.upstream, str(exc))
-                    if produced or tries >= self.retries or not tap.replayable:
+                    if produced or tries >= self.retries or not kept.replayable:
                         raise
                     lost = exc
                     tries += 1
@@ -367,7 +310,7 @@ class RemoteEngine(PooledEngine):
                     req.lease = None
                     lease.release()
         finally:
-            tap.stop()
+            kept.stop()
             self._requests.pop(request_id, None)
 
     async def _expect(self, conn: Connection, kind: str) -> dict[str, Any]:
@@ -478,7 +421,7 @@ class RemoteEngine(PooledEngine):
             await self._create(lease, {"type": "function_call", "call_id": call.call_id, "name": call.name,
                                        "arguments": call.arguments})  # fmt: skip
 
-    async def _respond(self, lease: Lease, request: ResponseRequest, tap: _Tap) -> AsyncIterator[EngineOutput]:
+    async def _respond(self, lease: Lease, request: ResponseRequest, inputs: _Inputs) -> AsyncIterator[EngineOutput]:
         conn = lease.conn
         audio = "audio" in request.modalities
         output: dict[str, Any] = {"format": {"type": "audio/pcm", "rate": RATE}}
@@ -501,7 +444,7 @@ class RemoteEngine(PooledEngine):
         for message in request.messages:
             await self._add_message(lease, message)
         appended = 0
-        async for chunk in tap.stream():
+        async for chunk in inputs.stream():
             if isinstance(chunk, TextChunk) and chunk.text:
                 await self._add_item(lease, "user", chunk.text)
             elif isinstance(chunk, AudioChunk) and chunk.pcm:
@@ -601,7 +544,9 @@ class RemoteEngine(PooledEngine):
         known = self.info.transcription_models
         return name if name in known else known[0]
 
-    async def _transcribe(self, lease: Lease, request: TranscriptionRequest, tap: _Tap) -> AsyncIterator[EngineOutput]:
+    async def _transcribe(
+        self, lease: Lease, request: TranscriptionRequest, inputs: _Inputs
+    ) -> AsyncIterator[EngineOutput]:
         conn = lease.conn
         transcription: dict[str, Any] = {"model": self.transcription_model(request.model)}
         if request.language:
@@ -621,7 +566,7 @@ class RemoteEngine(PooledEngine):
         if not _transcribes(updated):
             raise EngineError("unsupported", f"upstream {lease.upstream.name} does not transcribe input audio")
         lease.expect([{"type": "input_audio_buffer.clear"}], "input_audio_buffer.cleared", "error")
-        sender = asyncio.get_running_loop().create_task(self._send_audio(lease, tap))
+        sender = asyncio.get_running_loop().create_task(self._send_audio(lease, inputs))
         receiver: asyncio.Task[dict[str, Any] | bytes] | None = None
         final: str | None = None
         usage = Usage()
@@ -666,9 +611,9 @@ class RemoteEngine(PooledEngine):
         lease.expect([])
         yield Finished(text=final, usage=usage)
 
-    async def _send_audio(self, lease: Lease, tap: _Tap) -> None:
+    async def _send_audio(self, lease: Lease, inputs: _Inputs) -> None:
         sent = 0
-        async for chunk in tap.stream():
+        async for chunk in inputs.stream():
             if isinstance(chunk, AudioChunk) and chunk.pcm:
                 await self._append(lease.conn, chunk.pcm)
                 sent += len(chunk.pcm)

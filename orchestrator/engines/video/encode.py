@@ -168,7 +168,25 @@ def media_fragment(sequence: int, base_time: int, duration: int, samples: list[t
 # --- encoders ----------------------------------------------------------------------
 
 
-class Fmp4Encoder:
+class _CodecEncoder:
+    """The PyAV codec context of an encoder: used while open, freed by ``close``."""
+
+    def __init__(self, ctx: av.VideoCodecContext) -> None:
+        self._ctx: av.VideoCodecContext | None = ctx
+        self.closed = False
+
+    def close(self) -> None:
+        """Free the encoder (PyAV frees a codec context with its last reference)."""
+        self.closed = True
+        self._ctx = None
+
+    def _live(self) -> av.VideoCodecContext:
+        if self._ctx is None:
+            raise RuntimeError("encoder is closed")
+        return self._ctx
+
+
+class Fmp4Encoder(_CodecEncoder):
     """H.264 in fragmented MP4: ``init_segment`` once, then one fragment per
     ``flush_chunk()``, each starting with an IDR frame. Not thread-safe: one
     thread at a time (the engine runs one chunk of a request at a time)."""
@@ -194,7 +212,7 @@ class Fmp4Encoder:
             ),
         }
         ctx.open()
-        self._ctx: av.VideoCodecContext | None = ctx
+        super().__init__(ctx)
         nals = split_annexb(bytes(ctx.extradata or b""))
         sps = next(n for n in nals if n[0] & 0x1F == 7)
         pps = next(n for n in nals if n[0] & 0x1F == 8)
@@ -207,7 +225,6 @@ class Fmp4Encoder:
         self._next_pts = 0
         self._chunk_start_pts = 0
         self._sequence = 0
-        self.closed = False
 
     def encode(self, planes: torch.Tensor) -> None:
         """Add frames (float RGB planes [n,3,H,W] in [0,1]) to the current chunk."""
@@ -235,18 +252,8 @@ class Fmp4Encoder:
         self._chunk_start_pts = self._next_pts
         return fragment
 
-    def close(self) -> None:
-        """Free the encoder (PyAV frees a codec context with its last reference)."""
-        self.closed = True
-        self._ctx = None
 
-    def _live(self) -> av.VideoCodecContext:
-        if self._ctx is None:
-            raise RuntimeError("encoder is closed")
-        return self._ctx
-
-
-class JpegEncoder:
+class JpegEncoder(_CodecEncoder):
     """One baseline JPEG (full-range 4:2:0) per frame."""
 
     mime_type = "image/jpeg"
@@ -259,10 +266,9 @@ class JpegEncoder:
         ctx.qmin = ctx.qmax = qscale
         ctx.thread_count = 1
         ctx.open()
-        self._ctx: av.VideoCodecContext | None = ctx
+        super().__init__(ctx)
         self._frames: list[bytes] = []
         self._pts = 0
-        self.closed = False
 
     def encode(self, planes: torch.Tensor) -> None:
         for array in planes_to_yuv420(planes, full_range=True):
@@ -275,14 +281,17 @@ class JpegEncoder:
         frames, self._frames = self._frames, []
         return frames
 
-    def close(self) -> None:
-        self.closed = True
-        self._ctx = None
 
-    def _live(self) -> av.VideoCodecContext:
-        if self._ctx is None:
-            raise RuntimeError("encoder is closed")
-        return self._ctx
+def flush_chunk_media(encoder: Fmp4Encoder | JpegEncoder, first: bool) -> tuple[bytes, bytes, tuple[bytes, ...]]:
+    """What ``encoder`` encoded since the last flush, as a ``VideoChunk``'s ``data``,
+    ``init_segment`` and ``frames``: fMP4, the fragment (after the init segment
+    in the ``first`` chunk, which a player starts from); JPEG, the frames and
+    their concatenation."""
+    if isinstance(encoder, JpegEncoder):
+        frames = tuple(encoder.flush_chunk())
+        return b"".join(frames), b"", frames
+    init, fragment = encoder.init_segment, encoder.flush_chunk()
+    return (init + fragment if first else fragment), init, ()
 
 
 def _to_avcc(packet: bytes) -> bytes:

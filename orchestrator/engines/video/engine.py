@@ -30,7 +30,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from orchestrator.engine import EngineError
-from orchestrator.engines.video.encode import H264_CRF, Fmp4Encoder, JpegEncoder
+from orchestrator.engines.video.encode import H264_CRF, Fmp4Encoder, JpegEncoder, flush_chunk_media
 from orchestrator.engines.video.render import RenderState, iter_chunk
 from orchestrator.video_engine import (
     Interaction,
@@ -99,19 +99,13 @@ class _Pipeline:
                 raise _Aborted
             encoder.encode(planes)
         events = state.events
-        if isinstance(encoder, JpegEncoder):
-            frames = tuple(encoder.flush_chunk())
-            data, init, mime = b"".join(frames), b"", encoder.mime_type
-        else:
-            frames, init, mime = (), encoder.init_segment, encoder.mime_type
-            fragment = encoder.flush_chunk()
-            data = init + fragment if index == 0 else fragment
+        data, init, frames = flush_chunk_media(encoder, first=index == 0)
         return VideoChunk(
             kind=req.format,
             generation_chunk_index=index,
             num_frames=n_frames,
             data=data,
-            mime_type=mime,
+            mime_type=encoder.mime_type,
             init_segment=init,
             frames=frames,
             started_event_ids=tuple(events.started),
