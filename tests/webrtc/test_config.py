@@ -67,7 +67,7 @@ def test_config_from_strings_and_validation() -> None:
     assert config.udp_port_range == (40000, 40099)
     assert config.advertised_addresses == ("203.0.113.7", "2001:db8::7")
     assert len(config.client_ice_servers()) == 4  # clients get every server
-    # the gateway's own agent: one STUN and one TURN (aiortc raises on a second of either)
+    # the gateway's own agent: one STUN and one TURN (aiortc would skip the others silently)
     assert [s.urls for s in config.gateway_ice_servers()] == [("stun:a.example.com",), ("turn:t1.example.com",)]
     with pytest.raises(ValueError):
         WebRTCConfig(advertised_addresses=("gateway.example.com",))

@@ -144,7 +144,7 @@ def _check_range(ports: tuple[int, int]) -> tuple[int, int]:
 @dataclass(frozen=True, slots=True)
 class WebRTCConfig:
     ice_servers: tuple[IceServer, ...] = ()  # given to clients; the gateway uses one STUN and one TURN
-    #   of them (aiortc takes no more: see gateway_ice_servers)
+    #   of them (aioice takes no more: see gateway_ice_servers)
     udp_port_range: tuple[int, int] | None = None  # host candidates bind here (inclusive); None: any
     advertised_addresses: tuple[str, ...] = ()  # public IPs peers should reach us at (NAT, containers)
     # "add": the advertised addresses join the host candidates (as server-reflexive ones, so a peer
@@ -204,8 +204,8 @@ class WebRTCConfig:
 
     def gateway_ice_servers(self) -> tuple[IceServer, ...]:
         """The servers the gateway's own ICE agent uses: the first ``stun:`` URL and the first
-        TURN URL. aioice takes one of each and aiortc raises on a second (at call time, which
-        would fail calls), and it ignores ``stuns:``; the rest still go to clients."""
+        TURN URL. aioice takes one of each; aiortc skips the others without a word (and
+        ``stuns:`` always), so the choice is made here, visibly; the rest still go to clients."""
         stun: IceServer | None = None
         turn: IceServer | None = None
         for server in self.ice_servers:
