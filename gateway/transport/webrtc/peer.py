@@ -125,7 +125,6 @@ class PeerFactory:
         self.port_range = config.udp_port_range
         self.receive_prefetch = config.receive_prefetch_frames
         self.warnings: list[str] = []
-        self._hooked_loops: set[int] = set()
 
     def _warn(self, message: str) -> None:
         self.warnings.append(message)
@@ -160,13 +159,7 @@ class PeerFactory:
         return list(self.warnings)
 
     def _hook(self) -> bool:
-        loop = asyncio.get_running_loop()
-        if id(loop) in self._hooked_loops:
-            return True
-        if not install_port_range_hook(loop):
-            return False
-        self._hooked_loops.add(id(loop))
-        return True
+        return install_port_range_hook(asyncio.get_running_loop())  # once per loop: it checks its mark
 
     async def _probe(self) -> list[int]:
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates only: no STUN wait
@@ -187,7 +180,8 @@ class PeerFactory:
     ) -> str:
         """Apply the offer and return the answer SDP (candidates included: aiortc answers only
         once gathering is complete). Check the offer with ``sdp.check_offer`` first; what
-        aiortc still refuses becomes an ``invalid_offer`` OfferError."""
+        aiortc still refuses becomes an ``invalid_offer`` OfferError, after which ``pc`` is
+        spent: close it."""
         # The audio transceiver exists before the offer so that it takes the offered m-line
         # with our track and Opus alone (the first negotiated codec is what aiortc sends).
         transceiver = pc.addTransceiver(audio_track if audio_track is not None else "audio", direction="sendrecv")
