@@ -19,6 +19,7 @@ from gateway.settings import Settings
 from gateway.telemetry import Telemetry
 from gateway.transport.realtime import RealtimeEndpoint
 from gateway.transport.video import VideoEndpoint
+from gateway.transport.webrtc.signaling import CallsEndpoint
 from orchestrator.engine import Engine
 
 WEB_DEMO = Path(__file__).resolve().parent.parent / "web_demo"
@@ -63,6 +64,7 @@ def create_app(
     app = Starlette(
         routes=[
             *HttpApi(rt).routes(),
+            *CallsEndpoint(rt).routes(),
             WebSocketRoute("/v1/realtime", RealtimeEndpoint(rt)),
             WebSocketRoute("/v1/realtime/video", VideoEndpoint(rt)),
             # The browser demo and SDK, last so that it never shadows the API.

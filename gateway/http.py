@@ -135,7 +135,10 @@ class HttpApi:
         except StoreError:
             return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
         rendered = render(config, session_id="sess_pending", expires_at=expires_at, beta=False)
-        return JSONResponse({"value": token, "expires_at": expires_at, "session": rendered})
+        minted: dict[str, Any] = {"value": token, "expires_at": expires_at, "session": rendered}
+        if self.rt.calls is not None:  # (an extension: a page needs them for its RTCPeerConnection)
+            minted["ice_servers"] = self.rt.calls.config.client_ice_servers()
+        return JSONResponse(minted)
 
     async def admin(self, request: Request) -> Response:
         refused = await self._refused_unless_operator(request, "Admin endpoints")

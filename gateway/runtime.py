@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
-from gateway.auth import Authenticator
+from gateway.auth import Authenticator, Grant
 from gateway.hosting.bus import listen_bus
 from gateway.hosting.context import Closable, HostContext
 from gateway.hosting.host import SessionHost
@@ -41,6 +41,8 @@ from gateway.store.base import SessionStore
 from gateway.telemetry import Telemetry
 from gateway.tenants import KeysFile, TenantLimits
 from gateway.transport.video import VideoSocket
+from gateway.transport.webrtc.config import WebRTCConfig
+from gateway.transport.webrtc.signaling import CallBook
 from orchestrator.engine import Engine
 from orchestrator.metrics import Metrics
 from orchestrator.orchestrator import AdmissionLimits, Orchestrator
@@ -104,6 +106,25 @@ def load_video_engine(settings: Settings) -> VideoEngine | None:
         return CpuVideoEngine()
     except ImportError as exc:
         log.warning("video engine unavailable (%s); /v1/realtime/video refuses sessions", exc)
+        return None
+
+
+def load_calls(settings: Settings) -> CallBook | None:
+    """WebRTC calls, where the settings want them and aiortc is installed (the webrtc extra)."""
+    if not settings.webrtc:
+        return None
+    config = WebRTCConfig.from_strings(
+        ice_servers=settings.webrtc_ice_servers,
+        udp_ports=settings.webrtc_udp_ports,
+        advertised_addresses=settings.webrtc_advertised_addresses,
+        advertise_mode="replace" if settings.webrtc_advertise_mode == "replace" else "add",
+        ice_connect_timeout_s=settings.webrtc_ice_timeout_s,
+        peer_timeout_s=settings.webrtc_peer_timeout_s,
+    )
+    try:
+        return CallBook.build(config)
+    except ImportError as exc:
+        log.warning("WebRTC calls unavailable (%s); POST /v1/realtime/calls answers 501", exc)
         return None
 
 
@@ -183,11 +204,13 @@ class Runtime:
             lease_ttl_ms=self.lease_ttl_ms,
             detach_grace_s=settings.detach_grace_s,
             telemetry=self.telemetry,
+            max_message_bytes=settings.max_message_bytes,
         )
         # What GET /metrics answers; None: this process's registry. A worker of several sets
         # it to every worker's metrics (gateway/workers.py).
         self.metrics_exposition: Callable[[], Awaitable[bytes]] | None = None
         self.video_sockets: dict[str, VideoSocket] = {}  # the video transport's open sockets
+        self.calls: CallBook | None = load_calls(settings)  # WebRTC; None: off, or no aiortc here
         self.draining = False
         self._bus_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
@@ -210,6 +233,17 @@ class Runtime:
 
     def session_count(self) -> int:
         return len(self.hosting.doors) + len(self.video_sockets)
+
+    def session_defaults(self, grant: Grant, requested: dict[str, Any] | None) -> tuple[str, dict[str, Any] | None]:
+        """A WebRTC call's model and session settings: the unified form's ``session`` (checked
+        here: raises ProtocolError), else those its client secret was minted with."""
+        if requested is not None:
+            config = SessionConfig(model=str(requested.get("model") or self.settings.model))
+            apply_update(config, requested, beta=False, limits=ConfigLimits(voices=self.engine.info.voices))
+            return config.model, requested
+        settings = grant.session or None
+        model = settings.get("model") if settings else None
+        return (model if isinstance(model, str) and model else self.settings.model), settings
 
     # --- sessions ---------------------------------------------------------------
 
@@ -359,6 +393,8 @@ class Runtime:
         self._bus_task = loop.create_task(listen_bus(self.hosting), name="bus")
         self._lease_task = loop.create_task(renew_leases(self.hosting), name="leases")
         self._quota_task = loop.create_task(self.quotas.run(), name="tenant-entries")
+        if self.calls is not None:
+            await self.calls.start()  # checks the UDP port range and aiortc's receive buffer (warnings)
 
     async def drain(self) -> None:
         """SIGTERM: stop taking sessions, let running answers finish (up to
@@ -387,6 +423,8 @@ class Runtime:
                     await task
         for video in list(self.video_sockets.values()):
             video.close(CloseCode.SERVICE_RESTART, "service restart")
+        if self.calls is not None:
+            await self.calls.close()
         for orch in self.orchestrators:
             await orch.close()
         for engine in self.router.engines.values():

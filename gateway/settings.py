@@ -122,6 +122,23 @@ class Settings:
     video_stall_timeout_s: float = 60.0  # no chunk produced and no session.ping this long while
     #   streaming: error stall_timeout, the stream is stopped, close 1000 (vLLM-Omni's stall report)
 
+    # --- WebRTC calls (POST /v1/realtime/calls; the webrtc extra: gateway/transport/webrtc/) ---
+    webrtc: bool = True  # answer WebRTC calls where aiortc is installed (false, or without it:
+    #   POST /v1/realtime/calls answers 501 webrtc_unavailable)
+    webrtc_ice_servers: str | None = None  # STUN/TURN servers: a JSON array of RTCIceServer objects, or
+    #   comma-separated URLs (turn:user:credential@host:port); given to clients with every client
+    #   secret and by GET /v1/realtime/calls/ice_servers; the gateway itself uses the first STUN and
+    #   the first TURN of them (aioice takes no more)
+    webrtc_udp_ports: str | None = None  # "40000-40199": media binds only there (open it in the
+    #   firewall); None: any port. A port range the event loop cannot honour is dropped, with a warning
+    webrtc_advertised_addresses: tuple[str, ...] = ()  # public IPs peers reach this replica at (NAT,
+    #   containers: the node's address); comma separated in the environment
+    webrtc_advertise_mode: str = "add"  # "add": the advertised addresses join the host candidates;
+    #   "replace": they stand in for them (the host addresses are private)
+    webrtc_ice_timeout_s: float = 15.0  # an answered call not connected this long ends (ice_timeout)
+    webrtc_peer_timeout_s: float = 10.0  # no packet at all from a connected peer this long: the call
+    #   ends (peer_timeout); its session stays resumable for detach_grace_s
+
     # --- traces (OpenTelemetry, the ``otel`` extra; gateway/telemetry.py) ---
     otel_traces_endpoint: str | None = None  # OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces;
     #   None: tracing is off (OpenTelemetry is not even imported)
@@ -154,10 +171,11 @@ def is_loopback(host: str) -> bool:
 
 
 def _convert(name: str, raw: str, current: Any) -> Any:
-    if name in ("api_keys", "upstreams", "allowed_origins"):
+    if name in ("api_keys", "upstreams", "allowed_origins", "webrtc_advertised_addresses"):
         return tuple(k.strip() for k in raw.split(",") if k.strip())
     if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id", "keys_file",
-                "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience", "otel_traces_endpoint"):  # fmt: skip
+                "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience", "otel_traces_endpoint",
+                "webrtc_ice_servers", "webrtc_udp_ports"):  # fmt: skip
         return raw or None
     if name == "auth_required":
         return raw.strip().lower() in ("1", "true", "yes", "on")

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import orjson
 
+from gateway.hosting.calls import Links
 from gateway.hosting.context import HostContext
+from gateway.hosting.host import SessionHost
 from gateway.store.base import replica_channel
 
 
 async def listen_bus(ctx: HostContext) -> None:
     """Listen on this replica's channel until cancelled, and hand each message to the
     host of the session it names (``replaced``: another replica took the session;
-    ``interaction``: a video interaction POSTed to another replica). A message for a
+    ``interaction``: a video interaction POSTed to another replica; ``hangup`` and
+    ``sideband.*``: a WebRTC call's, ``calls.py``), or to the sideband socket it names
+    (``link``: what the call's replica sends back). A message for a
     session not served here (any more) is dropped: its sender learns nothing, as for
     a replica that died."""
     sub = await ctx.store.subscribe(replica_channel(ctx.replica_id))
@@ -24,7 +28,13 @@ async def listen_bus(ctx: HostContext) -> None:
             if not isinstance(body, dict):
                 continue
             host = ctx.hosts.get(body.get("session_id", ""))
-            if host is not None:
+            if isinstance(host, SessionHost) and str(body.get("type", "")).startswith("sideband."):
+                if host.links is None:
+                    host.links = Links(ctx, host)
+                host.links.on_bus(body)  # a sideband socket on another replica, relayed
+            elif host is not None:
                 host.on_bus(body)
+            elif (link := ctx.links.get(body.get("link", ""))) is not None:
+                link.on_bus(body)  # for a sideband socket here, from the replica serving its call
     finally:
         await sub.close()

@@ -40,6 +40,12 @@ class Hosted(Protocol):
         """A message another replica sent about this session (``{"type": ...}``)."""
 
 
+class Linked(Protocol):
+    """A relayed sideband socket (``calls.Relay``), as the bus listener sees it."""
+
+    def on_bus(self, body: dict[str, Any]) -> None: ...
+
+
 class Closable(Protocol):
     """An open connection's door, as a drain sees it."""
 
@@ -56,12 +62,15 @@ class HostContext:
     lease_ttl_ms: int  # ownership lease; the lease loop renews it every third of this
     detach_grace_s: float  # a session whose connection dropped keeps running here this long
     telemetry: Telemetry | None = None  # traces (gateway/telemetry.py); None: off
+    max_message_bytes: int = 15 << 20  # a client message larger than this: message_too_large (settings)
     # The sessions served here, by id, realtime and video: the lease loop renews their
     # leases and the bus listener finds them. A host adds itself when it takes its lease
     # and leaves when it ends.
     hosts: dict[str, Hosted] = field(default_factory=dict)
     # Every connection's door, of every transport (a drain closes them all).
     doors: set[Closable] = field(default_factory=set)
+    # Sideband sockets here relayed to a session on another replica, by link id (calls.py).
+    links: dict[str, Linked] = field(default_factory=dict)
     # Fire-and-forget tasks (trims, commits before a release, re-acquires), kept
     # referenced until done.
     background: set[asyncio.Task[Any]] = field(default_factory=set)

@@ -30,6 +30,8 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, Literal, Protocol
 
+from gateway.audio.codecs import AudioFormat, encode_from_pcm16
+from gateway.audio.resample import StreamResampler
 from gateway.hosting.claim import claim
 from gateway.hosting.context import HostContext
 from gateway.hosting.delivery import Delivery
@@ -74,11 +76,39 @@ class Sessions(Protocol):
         ProtocolError (model_not_found) when its model is not served here."""
 
 
+class Entrance(Protocol):
+    """What a transport's connection hands its messages to: a ``Door``, or the relay of a
+    sideband socket whose call runs on another replica (``calls.Relay``)."""
+
+    @property
+    def ready(self) -> bool:
+        """Messages may be handed in as they are read (else the transport queues them)."""
+
+    @property
+    def trace(self) -> SessionTrace | None: ...
+
+    def receive(self, text: str) -> Pending: ...
+
+    def receive_frame(self, data: bytes) -> Pending: ...
+
+    def detach(self) -> None:
+        """The connection is gone."""
+
+
+class Media(Protocol):
+    """A connection that plays the answers' audio itself (a WebRTC call): the door asks it
+    to cut the audio on ``output_audio_buffer.clear``."""
+
+    def clear_audio(self) -> tuple[str, str, int] | None:
+        """Cut the audio now: (response id, item id, ms of that item's audio sent), or None
+        when nothing was playing or queued."""
+
+
 class Door:
     def __init__(
         self,
         ctx: HostContext,
-        sessions: Sessions,
+        sessions: Sessions | None,  # None: the door only joins sessions (a relayed sideband)
         peer: Peer,
         *,
         dialect: Dialect,
@@ -87,6 +117,7 @@ class Door:
         max_message_bytes: int,
         seat: Seat | None = None,
         resume_only: bool = False,
+        media: Media | None = None,
     ) -> None:
         self.ctx = ctx
         self.sessions = sessions
@@ -98,6 +129,9 @@ class Door:
         self.max_message_bytes = max_message_bytes  # a larger text or frame: message_too_large
         self.seat = seat  # this connection's share of its principal's limits
         self.resume_only = resume_only  # (duplex) the first event must open or resume explicitly
+        self.media = media  # the connection plays the audio (WebRTC): it knows what was played
+        self.sideband = False  # joined a session beside its connection (``join``)
+        self._pcm: tuple[int, AudioFormat, StreamResampler | None] | None = None  # receive_pcm's conversion
         self.host: SessionHost | None = None
         self.opened = False  # a session was opened or resumed through this door
         self.resumed = False  # the client sent session.resume: it speaks the gateway's extensions
@@ -109,6 +143,11 @@ class Door:
         self._last_event = self._loop.time()
         self._idle: asyncio.TimerHandle | None = None
         ctx.doors.add(self)
+
+    @property
+    def ready(self) -> bool:
+        """A session is behind the door: a message can be handed in as it is read."""
+        return self.host is not None
 
     @property
     def trace(self) -> SessionTrace | None:
@@ -125,6 +164,25 @@ class Door:
 
     def receive_audio(self, audio: bytes) -> Pending:
         return self._take(audio, "audio")
+
+    def receive_pcm(self, pcm: bytes, rate: int) -> Pending:
+        """Mono PCM16 at ``rate`` (a decoded track), taken as audio in the session's input format."""
+        host = self.host
+        if host is None:
+            return None
+        fmt = host.input_format
+        if self._pcm is None or self._pcm[0] != rate or self._pcm[1] != fmt:
+            resampler = StreamResampler(rate, fmt.rate) if rate != fmt.rate else None
+            self._pcm = (rate, fmt, resampler)
+        resampler = self._pcm[2]
+        if resampler is not None:
+            pcm = resampler.process(pcm)
+        return self._take(pcm if fmt.codec == "pcm16" else encode_from_pcm16(fmt, pcm), "audio")
+
+    def played(self, kind: str, response_id: str | None, item_id: str | None = None, audio_end_ms: int = 0) -> None:
+        """What the connection played (``SessionHost.playback``): a media connection's report."""
+        if self.host is not None:
+            self.host.playback(kind, response_id, item_id, audio_end_ms)
 
     def _take(self, message: Any, kind: Kind) -> Pending:
         host = self.host
@@ -172,16 +230,26 @@ class Door:
             self.seat.audio_in(host.input_ms(len(event.audio)), event.event_id)
         self.ctx.metrics.client_event_counter(self.dialect.event_name(type(event))).inc()
         if isinstance(event, ce.SessionResume):
+            if self.sideband:
+                raise ProtocolError(Code.UNSUPPORTED, "A sideband socket holds its call's session: it resumes none.",
+                                    param="type")  # fmt: skip
             return self._resume(event)
         if isinstance(event, ce.EventAck):
             host.ack(event.last_received_server_event_seq)
             return None
         self._client_events += 1
         control = self.dialect.control(event)
-        if control is None:
-            host.receive(event)
-        else:
+        if control is not None:
             self._control(host, control)
+        elif self.media is not None and isinstance(event, ce.OutputAudioClear):
+            # The audio plays here: cut it, and the session ends the answer where it was cut.
+            cut = self.media.clear_audio()
+            if cut is not None:
+                host.playback("cleared", cut[0], cut[1], cut[2])
+            else:
+                host.playback("cleared", host.session.active_response_id)
+        else:
+            host.receive(event)
         return None
 
     def _check_size(self, size: int) -> None:
@@ -227,6 +295,7 @@ class Door:
         return True
 
     async def _new_host(self, model: str, requested: dict[str, Any] | None = None) -> SessionHost | None:
+        assert self.sessions is not None, "a door that only joins opens no session"
         try:
             return await self.sessions.open_session(
                 model, principal=self.principal, dialect=self.dialect.name, requested=requested
@@ -302,6 +371,7 @@ class Door:
         """The first ``session.update`` opens the session with its ``session`` object."""
         model = event.session.get("model")
         model = model if isinstance(model, str) and model else self.model
+        assert self.sessions is not None
         if not self.sessions.serves(model):
             err = ProtocolError(Code.MODEL_NOT_FOUND, f"No model {model!r} is served here; GET /v1/models lists them.",
                                 param="session.model", event_id=event.event_id)  # fmt: skip
@@ -327,11 +397,29 @@ class Door:
             return
         self._begin(host, updated=True, warnings=warnings)
 
+    # --- joining a session beside its connection -----------------------------------------
+
+    def join(self, host: SessionHost) -> None:
+        """A sideband: this connection joins ``host``'s session beside the connection that
+        carries it (a backend's socket beside a WebRTC call: it watches every event, updates
+        the session, answers function calls). It replaces nothing; it is replaced when the
+        session moves to another replica."""
+        self.host = host
+        self.opened = True
+        self.sideband = True
+        host.attach(self, sideband=True)
+
     # --- resuming a session -----------------------------------------------------------
 
     async def _resume(self, event: ce.SessionResume) -> None:
+        await self.resume(event)
+
+    async def resume(self, event: ce.SessionResume) -> ProtocolError | None:
+        """Resume ``event.session_id`` through this door (what ``session.resume`` does; a
+        WebRTC re-offer carries one). The refusal, if any, is said to the client and returned."""
         self.resumed = True
         provisional = self.host  # the session this connection opened at connect (None: it opened none)
+        refusal: ProtocolError | None = None
         try:
             if self._client_events:
                 raise ProtocolError(
@@ -342,17 +430,19 @@ class Door:
             await self._take_over(event, provisional)
         except ProtocolError as err:
             err.event_id = event.event_id
-            self._refuse(provisional, err)
+            refusal = err
         except StoreError as exc:
             log.warning("resume of %s failed: %s", event.session_id, exc)
-            unavailable = ProtocolError(
+            refusal = ProtocolError(
                 Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.", event_id=event.event_id
             )
-            self._refuse(provisional, unavailable)
         except Exception:  # a bug must cost one event, not the session
             log.exception("unexpected failure resuming %s", event.session_id)
-            self._refuse(provisional, ProtocolError(Code.INTERNAL, "The gateway failed on this event.",
-                                                    type="server_error", event_id=event.event_id))  # fmt: skip
+            refusal = ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error",
+                                    event_id=event.event_id)  # fmt: skip
+        if refusal is not None:
+            self._refuse(provisional, refusal)
+        return refusal
 
     def _refuse(self, host: SessionHost | None, err: ProtocolError) -> None:
         """A refused resume: an error in the connection's own session, or on the connection
@@ -365,6 +455,7 @@ class Door:
     async def _take_over(self, event: ce.SessionResume, provisional: SessionHost | None) -> None:
         """Move ``event.session_id`` onto this connection and carry out the plan:
         replay what the client missed (or send the state to resync from), then live."""
+        assert self.sessions is not None
         taken = await claim(self.ctx, event, self.principal, provisional=provisional,
                             restore=self.sessions.restore_session)  # fmt: skip
         host, last = taken.host, event.last_received_server_event_seq

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gateway.audio.codecs import AudioFormat
 from gateway.hosting import takeover
 from gateway.hosting.context import HostContext
 from gateway.hosting.delivery import Delivery
@@ -95,7 +96,9 @@ class SessionHost:
         self.token_hash = token_hash
         self.fence = fence
         self.writer = self._new_writer(fence)
-        self.doors: list[Attached] = []  # the connections attached (one; a takeover replaces it)
+        self.doors: list[Attached] = []  # the connections attached: one (a resume replaces it), and sidebands
+        self.sidebands: set[Attached] = set()  # of the doors, the ones that joined beside it
+        self.links: Any = None  # relayed sidebands (calls.Links), made by the bus listener when one asks
         self.handles: dict[str, RequestHandle] = {}
         self.ended = False
         self._reacquiring = False
@@ -166,14 +169,21 @@ class SessionHost:
 
     # --- the connection ----------------------------------------------------------
 
-    def attach(self, door: Attached) -> None:
-        """``door`` now carries the session; a door attached before it is replaced."""
+    def attach(self, door: Attached, *, sideband: bool = False) -> None:
+        """``door`` now carries the session; the connection attached before it is replaced.
+        A ``sideband`` (a backend's socket beside a WebRTC call) joins: it replaces nothing
+        and nothing replaces it but a takeover by another replica."""
         if self._detach_timer is not None:
             self._detach_timer.cancel()
             self._detach_timer = None
-        old, self.doors = self.doors, [door]
-        self.meter = door.seat
         door.delivery.committed(self.writer.committed_seq)
+        if sideband:
+            self.doors.append(door)
+            self.sidebands.add(door)
+            return
+        old = [d for d in self.doors if d not in self.sidebands]
+        self.doors = [door, *(d for d in self.doors if d in self.sidebands)]
+        self.meter = door.seat
         for other in old:
             if other is not door:
                 other.replaced(self.id)
@@ -183,6 +193,7 @@ class SessionHost:
         if door not in self.doors or self.ended:
             return
         self.doors.remove(door)
+        self.sidebands.discard(door)
         if not self.doors:
             self._detach_timer = asyncio.get_running_loop().call_later(self.ctx.detach_grace_s, self._grace_over)
 
@@ -261,6 +272,24 @@ class SessionHost:
         """The session's idle timeout (the duplex dialect's ``idle_timeout_s``); None: none."""
         duplex = getattr(self.session, "duplex", None)
         return None if duplex is None else float(duplex.idle_timeout_s)
+
+    def playback(self, kind: str, response_id: str | None, item_id: str | None = None, audio_end_ms: int = 0) -> None:
+        """What the connection played of the answers' audio (a WebRTC call plays it: the
+        client does not): ``started``, ``stopped``, or ``cleared`` at ``audio_end_ms`` of
+        ``item_id`` (a barge-in, a cancel, ``output_audio_buffer.clear``)."""
+        try:
+            self.session.playback(kind, response_id, item_id, audio_end_ms)
+        except Exception:
+            log.exception("session %s: unexpected failure recording playback", self.id)
+        self.flush()
+
+    @property
+    def input_format(self) -> AudioFormat:
+        return self.session.config.input_format
+
+    @property
+    def output_format(self) -> AudioFormat:
+        return self.session.config.output_format
 
     def input_ms(self, nbytes: int) -> float:
         """How long ``nbytes`` of the session's input audio last (what the tenant's input limit counts)."""
@@ -485,8 +514,18 @@ class SessionHost:
         self.ctx.hosts.pop(self.id, None)
 
     def on_bus(self, body: dict[str, Any]) -> None:
-        if body.get("type") == "replaced":
+        kind = body.get("type")
+        if kind == "replaced":
             self.replaced()
+        elif kind == "hangup":
+            self.ctx.spawn(self.hang_up())
+
+    async def hang_up(self) -> None:
+        """The call is over (``POST /v1/realtime/calls/{id}/hangup``): every connection is
+        closed and the session ends for good."""
+        for door in list(self.doors):
+            door.close(1000, "call ended")
+        await self.end(reason="hung up", delete=True)
 
     async def renewal_refused(self, fence: int) -> None:
         """The store would not renew the lease taken with ``fence`` (the lease loop

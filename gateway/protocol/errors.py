@@ -66,6 +66,9 @@ class Code:
     INTERACTION_FAILED = "interaction_failed"  # the video engine refused an interaction (vLLM-Omni's code)
     NO_VIDEO_ENGINE = "no_video_engine"
     MODEL_NOT_FOUND = "model_not_found"  # no route for the model a client asked for
+    # WebRTC calls
+    CALL_NOT_FOUND = "call_id_not_found"  # a hangup or sideband for a call that does not exist (or another's)
+    WEBRTC_UNAVAILABLE = "webrtc_unavailable"  # this gateway answers no WebRTC call (the extra, the setting)
 
 
 class CloseCode(IntEnum):
@@ -81,6 +84,7 @@ class CloseCode(IntEnum):
     #   websocket.http.response extension; uvicorn refuses these at the upgrade with HTTP 401)
     FORBIDDEN = 4003  # the credential may not use this model; an origin not allowed (as for 4001)
     UNKNOWN_MODEL = 4004  # no route for the requested model
+    UNKNOWN_CALL = 4004  # (the same code) a sideband for a call that is not in progress, or another's
     SESSION_EXPIRED = 4008  # the session reached its maximum lifetime
     SESSION_REPLACED = 4009  # another connection resumed this session
     SLOW_CONSUMER = 4010  # the client read too slowly; the outbound queue overflowed

@@ -251,19 +251,40 @@ class RealtimeSession(InputAudio, Responses):
         if resp is not None and resp.message is item:
             # The client stopped playing this answer: stop generating it too.
             self._end_response("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
+        self._cut(item, event.content_index, event.audio_end_ms)
+
+    # --- playback (a connection that plays the audio: WebRTC) ---------------------------
+
+    def playback(self, kind: str, response_id: str | None, item_id: str | None, audio_end_ms: int) -> None:
+        """What the connection played of an answer's audio: ``started`` (its first audio
+        went out), ``stopped`` (its last, after it ended), ``cleared`` (cut at
+        ``audio_end_ms`` of ``item_id``: the answer stops if it still runs, the item keeps
+        what was heard: ``conversation.item.truncated``). OpenAI's WebRTC-only events."""
+        if response_id is None:
+            return  # nothing played and nothing runs: nothing to clear
+        if kind != "cleared":
+            self._emit(f"output_audio_buffer.{kind}", response_id=response_id)
+            return
+        resp = self._running(response_id)
+        if resp is not None:
+            self._end(resp, "cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
+        item = self.conversation.get(item_id) if item_id is not None else None
+        if item is not None and item.content and item.content[0].type == "output_audio":
+            self._cut(item, 0, min(audio_end_ms, int(item.content[0].audio_ms)))
+        self._emit("output_audio_buffer.cleared", response_id=response_id)
+
+    def _cut(self, item: Item, content_index: int, audio_end_ms: int) -> None:
+        """The item's audio part keeps ``audio_end_ms`` of audio and the text spoken by then."""
+        part = item.content[content_index]
         kept = 0
         for offset_ms, length in part.marks:
-            if offset_ms < event.audio_end_ms:
+            if offset_ms < audio_end_ms:
                 kept = length
         part.transcript = (part.transcript or "")[:kept]
         part.marks = [m for m in part.marks if m[1] <= kept]
-        part.audio_ms = float(event.audio_end_ms)
-        self._emit(
-            "conversation.item.truncated",
-            item_id=item.id,
-            content_index=event.content_index,
-            audio_end_ms=event.audio_end_ms,
-        )
+        part.audio_ms = float(audio_end_ms)
+        self._emit("conversation.item.truncated", item_id=item.id, content_index=content_index,
+                   audio_end_ms=audio_end_ms)  # fmt: skip
 
     def _delete(self, event: ce.ItemDelete) -> None:
         item = self._item(event)

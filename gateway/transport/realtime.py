@@ -39,7 +39,8 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from gateway.hosting.door import Door, Pending, Sessions
+from gateway.hosting.calls import open_sideband
+from gateway.hosting.door import Door, Entrance, Pending, Sessions
 from gateway.protocol import duplex_events
 from gateway.protocol.connection_events import error_event
 from gateway.protocol.dialects import BETA, DUPLEX, GA, Dialect
@@ -126,7 +127,15 @@ class RealtimeEndpoint:
         rt = self.runtime
         socket = RealtimeSocket(rt, scope, receive, send, binary=not duplex and BINARY_SUBPROTOCOL in hs.offered)
         opening: Callable[[], Awaitable[bool]] | None
-        if duplex:
+        call_id = hs.param("call_id")
+        if call_id is not None:  # a sideband: the socket holds a WebRTC call's session beside it
+            refused = await socket.join_call(call_id, principal=hs.grant.principal, model=model, seat=seat)
+            if refused is not None:
+                close = CloseCode.TRY_AGAIN_LATER if refused.code == Code.STORE_UNAVAILABLE else CloseCode.UNKNOWN_CALL
+                await refuse(rt, send, (refused.code, refused.message, close), GA.error(refused))
+                return
+            opening = None
+        elif duplex:
             autostart = (hs.param("autostart") or "").strip().lower()
             resume_only = duplex_events.enabled(hs.param("resume")) or autostart in duplex_events.FALSY
             door = socket.door_to(DUPLEX, principal=hs.grant.principal, model=model, seat=seat,
@@ -150,7 +159,7 @@ class RealtimeSocket:
         self.runtime = runtime
         self.binary = binary  # audio deltas go out as binary frames (omni-binary.v1)
         self._receive = receive
-        self.door: Door | None = None
+        self.door: Entrance | None = None
         telemetry = runtime.hosting.telemetry
         if telemetry is not None:  # traced: each turn ends when its first audio reaches the socket
             send = telemetry.socket_sends(send, lambda: self.door.trace if self.door is not None else None)
@@ -168,10 +177,22 @@ class RealtimeSocket:
 
     def door_to(self, dialect: Dialect, *, principal: str, model: str, seat: Seat, resume_only: bool = False) -> Door:
         rt = self.runtime
-        self.door = Door(rt.hosting, rt.sessions, self, dialect=dialect, principal=principal, model=model,
-                         max_message_bytes=rt.settings.max_message_bytes, seat=seat,
-                         resume_only=resume_only)  # fmt: skip
-        return self.door
+        door = Door(rt.hosting, rt.sessions, self, dialect=dialect, principal=principal, model=model,
+                    max_message_bytes=rt.settings.max_message_bytes, seat=seat, resume_only=resume_only)  # fmt: skip
+        self.door = door
+        return door
+
+    async def join_call(self, call_id: str, *, principal: str, model: str, seat: Seat) -> ProtocolError | None:
+        """A sideband: join the session of WebRTC call ``call_id`` (on this replica, or relayed
+        to the one serving it); the refusal, if any (call_id_not_found, store_unavailable)."""
+        rt = self.runtime
+        entrance = await open_sideband(rt.hosting, self, call_id, principal=principal,
+                                       make_door=lambda: self.door_to(GA, principal=principal, model=model,
+                                                                      seat=seat))  # fmt: skip
+        if isinstance(entrance, ProtocolError):
+            return entrance
+        self.door = entrance
+        return None
 
     # --- main loop -----------------------------------------------------------
 
@@ -206,7 +227,7 @@ class RealtimeSocket:
             self.outbox.close(CloseCode.NORMAL, "")
             await settle(writer, 1.0)
 
-    async def _read_loop(self, door: Door) -> None:
+    async def _read_loop(self, door: Entrance) -> None:
         handled = 0
         while True:
             message = await self._receive()
@@ -238,7 +259,7 @@ class RealtimeSocket:
         holds."""
         door = self.door
         waiting = self._waiting
-        if self._busy or (waiting is not None and not waiting.done()) or door is None or door.host is None:
+        if self._busy or (waiting is not None and not waiting.done()) or door is None or not door.ready:
             return False
         pending = self._hand(door, message)
         if pending is not None:
@@ -246,7 +267,7 @@ class RealtimeSocket:
         return True
 
     @staticmethod
-    def _hand(door: Door, message: dict[str, Any]) -> Pending:
+    def _hand(door: Entrance, message: dict[str, Any]) -> Pending:
         text = message.get("text")
         if text is not None:
             return door.receive(text)

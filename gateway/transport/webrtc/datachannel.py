@@ -26,7 +26,8 @@ from aiortc import RTCDataChannel
 LABEL = "oai-events"
 DEFAULT_MAX_MESSAGE_SIZE = 65536  # RFC 8841 section 6: no a=max-message-size means 64 KiB
 MAX_BUFFERED_BYTES = 4 << 20
-MAX_PENDING = 256  # events queued before the channel exists
+MAX_PENDING_BYTES = 8 << 20  # events queued before the channel exists (a resume's replay, session.created);
+#   more: ChannelOverflow
 
 
 class MessageTooLarge(ValueError):
@@ -56,6 +57,7 @@ class EventChannel:
         self.max_buffered_bytes = max_buffered_bytes
         self.channel: RTCDataChannel | None = None
         self._pending: deque[str] = deque()
+        self._pending_bytes = 0
         self._closed = False
         self.received = 0
         self.sent = 0
@@ -95,9 +97,10 @@ class EventChannel:
         if self.max_message_size and size > self.max_message_size:
             raise MessageTooLarge(f"a {size}-byte event is over the peer's {self.max_message_size}-byte message limit")
         if not self.open:
-            if len(self._pending) >= MAX_PENDING:
-                raise ChannelOverflow(f"{MAX_PENDING} events queued and the data channel has not opened")
+            if self._pending_bytes + size > MAX_PENDING_BYTES:
+                raise ChannelOverflow(f"{self._pending_bytes} bytes queued and the data channel has not opened")
             self._pending.append(text)
+            self._pending_bytes += size
             return True
         if self.buffered_amount > self.max_buffered_bytes:
             raise ChannelOverflow(f"{self.buffered_amount} bytes buffered on the data channel: the peer is not reading")
@@ -109,6 +112,7 @@ class EventChannel:
     def close(self) -> None:
         self._closed = True
         self._pending.clear()
+        self._pending_bytes = 0
         if self.channel is not None and self.channel.readyState not in ("closing", "closed"):
             self.channel.close()
 
@@ -117,6 +121,7 @@ class EventChannel:
             assert self.channel is not None
             self.channel.send(self._pending.popleft())
             self.sent += 1
+        self._pending_bytes = 0 if not self._pending else self._pending_bytes
         if self.on_open is not None:
             self.on_open()
 

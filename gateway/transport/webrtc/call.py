@@ -1,0 +1,239 @@
+"""One WebRTC call: a peer connection behind a door, the media-carrying ``Peer`` of a session.
+
+What the browser sends comes in two ways: JSON events on the ``oai-events`` data channel
+(handed to the door as a WebSocket's text messages are, in order) and the microphone as
+an Opus track (decoded, resampled and handed to the door as the session's input audio,
+20 ms at a time). What the session says goes out the same two ways: every event but the
+answers' audio on the data channel, exactly as on a WebSocket; the audio deltas, decoded
+from the session's output format, into the outgoing track, which paces them at 20 ms on
+the wall clock and keeps the ledger of what was sent.
+
+Because the gateway plays the audio, it knows what the caller heard (to the 20 ms
+frame): it reports ``output_audio_buffer.started`` / ``.stopped`` (the track's first
+frame of an answer, and its last after the answer ended) and, when an answer is cut
+(barge-in, ``response.cancel``, ``output_audio_buffer.clear``), cuts the track within a
+frame and has the session truncate the item at the audio actually sent and say
+``output_audio_buffer.cleared``: no bookkeeping on the client.
+
+A call ends when its peer hangs up or vanishes (the watchdog: no ICE in time, ICE
+failed, no packet for ``webrtc_peer_timeout_s``); its session stays resumable for the
+grace period (a re-offer carrying the resume token picks it up on any replica).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from aiortc import MediaStreamTrack, RTCPeerConnection
+
+from gateway.audio.codecs import AudioFormat, decode_to_pcm16
+from gateway.audio.resample import StreamResampler
+from gateway.hosting.door import Door
+from gateway.protocol.connection_events import error_event
+from gateway.protocol.errors import CloseCode, Code
+from gateway.protocol.server_events import AUDIO_DELTA
+from gateway.protocol.session_config import parse_ga_format
+from gateway.transport.webrtc.audio_in import AudioIn
+from gateway.transport.webrtc.audio_out import AudioOutTrack
+from gateway.transport.webrtc.datachannel import ChannelOverflow, EventChannel, MessageTooLarge
+from gateway.transport.webrtc.peer import PeerFactory, PeerWatchdog
+
+log = logging.getLogger("omni.webrtc")
+
+TRACK_RATE = 24_000  # the answer's track and the microphone's chunks (the GA default formats' rate)
+_AUDIO_DELTA_JSON = b'"response.output_audio.delta"'
+_CUT = frozenset({"cancelled", "failed"})  # an answer that ends so has its audio cut at once
+_MAX_FORMATS = 16  # responses whose output format is remembered (a response.create may set its own)
+
+
+class Call:
+    """See the module docstring. Built by the signaling endpoint, which attaches its door."""
+
+    def __init__(
+        self,
+        call_id: str,
+        factory: PeerFactory,
+        *,
+        on_ended: Callable[[Call], None],
+        max_message_size: int,
+    ) -> None:
+        self.call_id = call_id
+        self.factory = factory
+        self.pc: RTCPeerConnection = factory.create()
+        self.track = AudioOutTrack(TRACK_RATE, on_started=self._started, on_stopped=self._stopped)
+        self.channel = EventChannel(
+            self._message, on_binary=self._binary, on_close=self._channel_closed, max_message_size=max_message_size
+        )
+        self.door: Door | None = None
+        self.ended = False
+        self.end_reason: str | None = None
+        self._on_ended = on_ended
+        self._inbox: asyncio.Queue[str] = asyncio.Queue()
+        self._reader: asyncio.Task[None] | None = None
+        self._audio_in: AudioIn | None = None
+        self._watchdog = PeerWatchdog.for_config(self.pc, self._dead, factory.config)
+        self._formats: dict[str, AudioFormat] = {}  # response id -> its audio format (response.created)
+        self._decoders: dict[str, tuple[AudioFormat, StreamResampler | None]] = {}
+        self.pc.on("datachannel", self.channel.accept)
+        self.pc.on("track", self._track)
+
+    async def answer(self, offer: str) -> str:
+        """The SDP answer to ``offer`` (raises sdp.OfferError; the call is then spent)."""
+        return await self.factory.answer(self.pc, offer, audio_track=self.track)
+
+    def start(self, door: Door) -> None:
+        """Serve ``door`` (its session opened or resumed): read the channel, watch the peer."""
+        self.door = door
+        self._reader = asyncio.get_running_loop().create_task(self._read(door), name=f"call {self.call_id}")
+        self._watchdog.start()
+
+    # --- what the caller sends --------------------------------------------------------
+
+    def _message(self, text: str) -> None:
+        self._inbox.put_nowait(text)
+
+    def _binary(self, data: bytes) -> None:
+        # The dialect has no binary messages: what a WebSocket's text frame that is not JSON gets.
+        self._inbox.put_nowait(data.decode("utf-8", "replace"))
+
+    async def _read(self, door: Door) -> None:
+        """The channel's messages, one after another: one that waits on the store holds the
+        ones after it, so the order holds (as on a socket)."""
+        while True:
+            text = await self._inbox.get()
+            pending = door.receive(text)
+            if pending is not None:
+                await pending
+
+    def _track(self, track: MediaStreamTrack) -> None:
+        if track.kind != "audio" or self._audio_in is not None:
+            return  # a video track (the offer's, answered inactive) carries nothing for us
+        self._audio_in = AudioIn(track, TRACK_RATE, self._chunk)
+        self._audio_in.start()
+
+    def _chunk(self, pcm: bytes) -> Any:
+        door = self.door
+        return door.receive_pcm(pcm, TRACK_RATE) if door is not None else None
+
+    # --- the Peer: what the session says ----------------------------------------------
+
+    def send(self, data: bytes, event: dict[str, Any] | None = None) -> None:
+        if event is None and _AUDIO_DELTA_JSON in data[:64]:
+            event = orjson.loads(data)  # a replayed delta: its audio plays on the new track
+            event["delta"] = base64.b64decode(event["delta"])
+        kind = event["type"] if event is not None else None
+        if kind == AUDIO_DELTA and event is not None:
+            self._play(event)
+            return  # the audio is on the track, never on the channel (OpenAI's WebRTC does the same)
+        if event is not None:
+            if kind == "response.created":
+                self._note_format(event["response"])
+            elif kind == "response.done":
+                self._answer_ended(event["response"])
+        try:
+            self.channel.send(data)
+        except MessageTooLarge as exc:
+            log.warning("call %s: an event over the data channel's message limit was not sent: %s", self.call_id, exc)
+            self.channel.send(error_event(Code.MESSAGE_TOO_LARGE, f"An event was not sent: {exc}."))
+        except ChannelOverflow as exc:
+            log.warning("call %s: slow consumer, hanging up: %s", self.call_id, exc)
+            self.close(CloseCode.SLOW_CONSUMER, Code.SLOW_CONSUMER)
+
+    def close(self, code: int, reason: str) -> None:
+        """Hang up (after what was sent: the channel's messages are already in SCTP's hands)."""
+        if not self.ended:
+            asyncio.get_running_loop().create_task(self.end(reason or str(code)))
+
+    # --- the answer's audio --------------------------------------------------------------
+
+    def _note_format(self, response: dict[str, Any]) -> None:
+        try:
+            fmt = parse_ga_format(response["audio"]["output"]["format"], "response.audio.output.format")
+        except Exception:  # a beta-shaped or partial response: the session's format applies
+            return
+        self._formats[response["id"]] = fmt
+        while len(self._formats) > _MAX_FORMATS:
+            del self._formats[next(iter(self._formats))]
+
+    def _play(self, event: dict[str, Any]) -> None:
+        response_id = event["response_id"]
+        fmt = self._formats.get(response_id)
+        if fmt is None and self.door is not None and self.door.host is not None:
+            fmt = self.door.host.output_format
+        fmt = fmt or AudioFormat("pcm16", TRACK_RATE)
+        audio = bytes(event["delta"])
+        if fmt.codec != "pcm16" or fmt.rate != TRACK_RATE:
+            decoder = self._decoders.get(response_id)
+            if decoder is None or decoder[0] != fmt:
+                decoder = self._decoders[response_id] = (
+                    fmt, StreamResampler(fmt.rate, TRACK_RATE) if fmt.rate != TRACK_RATE else None,
+                )  # fmt: skip
+            pcm = decode_to_pcm16(fmt, audio)
+            audio = decoder[1].process(pcm) if decoder[1] is not None else pcm
+        self.track.feed(audio, response_id=response_id, item_id=event["item_id"])
+
+    def _answer_ended(self, response: dict[str, Any]) -> None:
+        response_id = response["id"]
+        self._decoders.pop(response_id, None)
+        if response.get("status") in _CUT:
+            playing = self.track.playing
+            queued = self.track.queued_ms
+            if (playing is not None and playing[0] == response_id) or queued:
+                cut = self.track.clear()
+                if cut is not None and self.door is not None:
+                    # Deferred to the next loop turn: the session is in the middle of a flush.
+                    asyncio.get_running_loop().call_soon(
+                        self.door.played, "cleared", cut.response_id, cut.item_id, cut.audio_end_ms
+                    )
+                return
+        self.track.end_response(response_id)  # stopped once its last frame has gone
+
+    def clear_audio(self) -> tuple[str, str, int] | None:
+        """The door's ``Media``: ``output_audio_buffer.clear`` cuts the audio now."""
+        cut = self.track.clear()
+        return None if cut is None else (cut.response_id, cut.item_id, cut.audio_end_ms)
+
+    def _started(self, response_id: str) -> None:
+        if self.door is not None:
+            asyncio.get_running_loop().call_soon(self.door.played, "started", response_id)
+
+    def _stopped(self, response_id: str) -> None:
+        if self.door is not None:
+            asyncio.get_running_loop().call_soon(self.door.played, "stopped", response_id)
+
+    # --- the end --------------------------------------------------------------------------
+
+    def _channel_closed(self) -> None:
+        if not self.ended:
+            asyncio.get_running_loop().create_task(self.end("data channel closed"))
+
+    def _dead(self, reason: str) -> None:
+        log.info("call %s: the peer is gone (%s)", self.call_id, reason)
+        asyncio.get_running_loop().create_task(self.end(reason))  # not in the watchdog's task: it is stopped
+
+    async def end(self, reason: str) -> None:
+        """End the call: media stopped, the door detached (its session stays resumable)."""
+        if self.ended:
+            return
+        self.ended = True
+        self.end_reason = reason
+        log.info("call %s ends: %s", self.call_id, reason)
+        if self._reader is not None:
+            self._reader.cancel()
+        if self.door is not None:
+            self.door.detach()
+        self.channel.close()
+        self.track.stop()
+        with contextlib.suppress(Exception):
+            if self._audio_in is not None:
+                await self._audio_in.stop()
+        await self._watchdog.stop()
+        with contextlib.suppress(Exception):
+            await self.pc.close()
+        self._on_ended(self)
