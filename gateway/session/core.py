@@ -57,6 +57,9 @@ READ_ONLY_EVENTS = frozenset({"conversation.item.retrieved"})
 
 
 class VadStream(Protocol):
+    """A speech detector's stream (silero's: ``audio.vad.SileroStream``): one speech
+    probability per 32 ms frame of 16 kHz PCM16."""
+
     def process(self, pcm16_16k: bytes) -> list[float]: ...
     def reset(self) -> None: ...
 
@@ -145,7 +148,7 @@ class SessionCore:
         self.engine = engine
         self.beta = beta
         self.limits = limits or SessionLimits()
-        self.outbox: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []  # server events not yet taken
         self.effects: list[Effect] = []
         self.seq = 0
         self.epoch = 0  # bumped on barge-in and on takeover by another replica
@@ -191,7 +194,7 @@ class SessionCore:
         self.seq += 1
         event = {"type": type_, "event_id": f"event_{self._id_base}{self.seq:x}", **fields}
         event["server_event_seq"] = self.seq
-        self.outbox.append(event)
+        self.events.append(event)
         if not type_.endswith(".delta") and type_ != "error":
             self.dirty = True  # every other event reflects a state change worth a snapshot
             self._note_items(type_, fields)
@@ -269,8 +272,8 @@ class SessionCore:
 
     def take(self) -> tuple[list[dict[str, Any]], list[Effect]]:
         """Hand the pending events and effects to the shell."""
-        out, eff = self.outbox, self.effects
-        self.outbox, self.effects = [], []
+        out, eff = self.events, self.effects
+        self.events, self.effects = [], []
         return out, eff
 
     def _insert(self, item: Item, previous_item_id: str | None) -> str | None:

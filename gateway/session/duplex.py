@@ -40,7 +40,7 @@ from gateway.protocol.duplex_config import render_session as render_duplex
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.session_config import beta_format
 from gateway.session.duplex_turns import MAX_PENDING_TEXT, DuplexCore
-from gateway.session.effects import Close
+from gateway.session.effects import CloseSocket
 from gateway.session.playback import EMPTY_VIEW, MAX_LEDGERS, Ledger
 from orchestrator.engine import EngineInfo
 
@@ -140,7 +140,7 @@ class DuplexSession(DuplexCore):
     def _expired(self, reason: str) -> None:
         self._emit("session.expired", session_id=self.id, incarnation=0, reason=reason)
         self.shutdown()
-        self.effects.append(Close(CloseCode.SESSION_EXPIRED, "session expired"))
+        self.effects.append(CloseSocket(CloseCode.SESSION_EXPIRED, "session expired"))
 
     # --- client events -------------------------------------------------------------
 

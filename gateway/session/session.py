@@ -1,7 +1,7 @@
 """The realtime session state machine (Sans-I/O).
 
 Inputs: decoded client events, input audio, and engine outputs delivered by
-the shell. Outputs: server events appended to ``outbox`` (GA-shaped dicts,
+the shell. Outputs: server events appended to ``events`` (GA-shaped dicts,
 each with ``event_id`` and a monotonic ``server_event_seq``) and effects
 appended to ``effects`` for the shell to carry out. Nothing here awaits,
 sleeps or touches a socket, so every rule below is unit-testable.
@@ -28,7 +28,7 @@ from gateway.protocol.session_config import SessionConfig, apply_update, render
 from gateway.session import snapshot
 from gateway.session.conversation import Item, Part
 from gateway.session.core import VAD_RATE, SessionCore, SessionLimits, VadStream, _Response
-from gateway.session.effects import Cancel, Close, EndInput, Feed, StartTranscription
+from gateway.session.effects import Cancel, CloseSocket, EndInput, Feed, StartTranscription
 from gateway.session.input import InputAudio
 from gateway.session.responses import Responses
 from orchestrator.engine import (
@@ -73,7 +73,7 @@ class RealtimeSession(InputAudio, Responses):
             None,
         )
         self.shutdown()
-        self.effects.append(Close(CloseCode.SESSION_EXPIRED, "session expired"))
+        self.effects.append(CloseSocket(CloseCode.SESSION_EXPIRED, "session expired"))
 
     def shutdown(self) -> None:
         """Cancel every running request (client gone or session over)."""

@@ -18,7 +18,7 @@ from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import ConfigLimits, TurnDetection
 from gateway.session.core import STATE_EVENTS
 from gateway.session.duplex import DuplexSession
-from gateway.session.effects import Cancel, Close, StartResponse
+from gateway.session.effects import Cancel, CloseSocket, StartResponse
 from orchestrator.engine import AudioDelta, Finished, TextDelta
 from orchestrator.engines.passthrough import PassthroughEngine
 
@@ -311,7 +311,7 @@ def test_idle_and_lifetime_expiry_say_session_expired_and_close_4008() -> None:
     d.session.expire_idle()
     events = d.take()
     assert events[-1]["type"] == "session.expired" and events[-1]["reason"] == "idle_ttl_expired"
-    assert Close(4008, "session expired") in d.effects
+    assert CloseSocket(4008, "session expired") in d.effects
     e = Driver()
     e.session.expire()
     assert e.take()[-1]["reason"] == "lifetime_expired"
