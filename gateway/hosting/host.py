@@ -28,8 +28,8 @@ from gateway.hosting import takeover
 from gateway.hosting.peer import Peer
 from gateway.protocol.server_events import dialect_encoder
 from gateway.session import snapshot
-from gateway.session.core import STATE_EVENTS
 from gateway.session.effects import Cancel, CloseSocket, EndInput, Feed, StartResponse, StartTranscription
+from gateway.session.events import STATE_EVENTS
 from gateway.session.session import RealtimeSession
 from gateway.store.base import FencedError, SessionStore, StoreError
 from gateway.store.writer import JournalWriter
