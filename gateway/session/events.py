@@ -4,8 +4,11 @@
 ``server_event_seq``), the ``epoch`` (bumped on barge-in and on takeover), the
 ids the session hands out (events, items, responses and calls share one random
 base, kept in the snapshot), the events and effects the shell has not taken
-yet, and what the next snapshot must write: ``dirty`` and the ids of the
-conversation items that changed or were deleted since the last one.
+yet, and what the next snapshot must write: the ids of the conversation items
+that changed or were deleted since the last one. It reports each change of
+state (every event but a delta or an error, and ``touch``) to
+``state_changed``: the session keeps the ``dirty`` flag, which the host reads
+and clears on every flush.
 
 It knows event names only as far as snapshots need them (which events name an
 item, which change no state); it knows nothing of what the events mean, of
@@ -56,22 +59,25 @@ class Spelling(Protocol):
 class EventLog:
     """See the module docstring."""
 
-    def __init__(self, item_changed: Callable[[str], None], id_base: str | None = None) -> None:
+    def __init__(
+        self, item_changed: Callable[[str], None], state_changed: Callable[[], None], id_base: str | None = None
+    ) -> None:
         """``item_changed(item_id)``: an event said the item changed (the conversation
-        drops what it cached of it)."""
+        drops what it cached of it); ``state_changed()``: the session's state changed
+        (the next snapshot must be written)."""
         self.seq = 0
         self.epoch = 0
         self.id_base = id_base or secrets.token_hex(6)
         self.id_counter = 0
         self.events: list[dict[str, Any]] = []  # not yet taken by the shell (never replaced)
         self.effects: list[Effect] = []  # (never replaced)
-        self.dirty = True  # state changed since the last snapshot
         # Conversation items changed or deleted since the last snapshot: the store keeps one
         # record per item, so a snapshot writes these and not the whole conversation.
         self.changed_items: set[str] = set()
         self.dropped_items: set[str] = set()
         self.spell: Spelling | None = None  # the dialect's, if it spells events its own way
         self._item_changed = item_changed
+        self._state_changed = state_changed
 
     def emit(self, type_: str, **fields: Any) -> None:
         """The event ``type_``, through the dialect's spelling if it has one."""
@@ -85,7 +91,7 @@ class EventLog:
         event["server_event_seq"] = self.seq
         self.events.append(event)
         if not type_.endswith(".delta") and type_ != "error":
-            self.dirty = True  # every other event reflects a state change worth a snapshot
+            self._state_changed()  # every other event reflects a state change worth a snapshot
             self._note_items(type_, fields)
 
     def write(self, type_: str, fields: dict[str, Any]) -> None:
@@ -95,7 +101,7 @@ class EventLog:
         event["server_event_seq"] = self.seq
         self.events.append(event)
         if not type_.endswith(".delta") and type_ != "error":
-            self.dirty = True
+            self._state_changed()
             self._note_items(type_, fields)
 
     def error(self, err: ProtocolError) -> None:
@@ -121,13 +127,13 @@ class EventLog:
         """An item changed with no event naming it: its record must be written again."""
         self._changed(item.id)
         item.forget()  # (it may not be in the conversation: an out-of-band answer's)
-        self.dirty = True
+        self._state_changed()
 
     def take(self) -> tuple[list[dict[str, Any]], list[Effect]]:
         """Hand the pending events and effects to the shell. The two lists stay the same
         objects (emptied), so that the session may hold them as its own attributes."""
         events, effects = self.events, self.effects
-        out, eff = events[:], effects[:]
+        out, eff = events.copy(), effects.copy()
         events.clear()
         effects.clear()
         return out, eff

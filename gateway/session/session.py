@@ -82,7 +82,8 @@ class RealtimeSession:
         self._warned: set[str] = set()  # ignored fields already reported (session.warning)
         self._vad_factory = vad_factory
         self.conversation = Conversation()
-        log = self._log = EventLog(self.conversation.forget)
+        self.dirty = True  # state changed since the last snapshot (the host clears it once it wrote one)
+        log = self._log = EventLog(self.conversation.forget, self._state_changed)
         self._emit = log.emit
         # What take() hands over: the log's two lists, held here (read by the host on every flush).
         self.events: list[dict[str, Any]] = log.events
@@ -157,15 +158,6 @@ class RealtimeSession:
         self._log.epoch = value
 
     @property
-    def dirty(self) -> bool:
-        """State changed since the last snapshot (the host clears it once it wrote one)."""
-        return self._log.dirty
-
-    @dirty.setter
-    def dirty(self, value: bool) -> None:
-        self._log.dirty = value
-
-    @property
     def audio_ms(self) -> float:
         """All input audio ever appended: the clock of audio_start/end_ms."""
         return self._input.audio_ms
@@ -212,7 +204,12 @@ class RealtimeSession:
 
     def take(self) -> tuple[list[dict[str, Any]], list[Effect]]:
         """Hand the pending events and effects to the shell."""
-        return self._log.take()
+        # EventLog.take(), inlined: the host takes on every flush (every delta).
+        events, effects = self.events, self.effects
+        out, eff = events.copy(), effects.copy()
+        events.clear()
+        effects.clear()
+        return out, eff
 
     def take_item_changes(self) -> tuple[set[str], set[str]]:
         """(changed, dropped) item ids since the last call: the next snapshot's item records."""
@@ -220,6 +217,9 @@ class RealtimeSession:
 
     def error(self, err: ProtocolError) -> None:
         self._log.error(err)
+
+    def _state_changed(self) -> None:
+        self.dirty = True
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -440,7 +440,7 @@ class RealtimeSession:
             None if current is None else snapshot.response_from_dict(current, session.conversation, rate),
             [snapshot.response_from_dict(r, session.conversation, rate) for r in state.get("oob", ())],
         )
-        log.dirty = False
+        session.dirty = False
         return session
 
     def recover(self, reason: str) -> None:

@@ -56,42 +56,43 @@ def user_item(item_id: str, text: str = "hi") -> Item:
 
 
 def test_the_log_numbers_every_event_and_names_it_from_its_id_base() -> None:
-    log = EventLog(lambda item_id: None, id_base="abc")
+    log = EventLog(lambda item_id: None, lambda: None, id_base="abc")
     log.emit("session.created", session={})
     log.emit("response.output_audio.delta", delta=b"")
     assert [(e["server_event_seq"], e["event_id"]) for e in log.events] == [(1, "event_abc1"), (2, "event_abc2")]
     assert log.seq == 2 and log.new_id("item") == "item_abc0001" and log.new_id("resp") == "resp_abc0002"
 
 
-def test_the_log_marks_state_changes_and_the_items_they_name_but_not_deltas_or_errors() -> None:
+def test_the_log_reports_state_changes_and_the_items_they_name_but_not_deltas_or_errors() -> None:
     forgotten: list[str] = []
-    log = EventLog(forgotten.append)
-    log.dirty = False
+    changes: list[None] = []
+    log = EventLog(forgotten.append, lambda: changes.append(None))
     log.emit("response.output_audio.delta", item_id="a", delta=b"")
     log.error(ProtocolError(Code.INVALID_VALUE, "no", param="x"))
-    assert not log.dirty and log.take_item_changes() == (set(), set())
+    assert changes == [] and log.take_item_changes() == (set(), set())
     log.emit("conversation.item.retrieved", item={"id": "a"})  # names an item, changes none
     assert log.take_item_changes() == (set(), set())
     log.emit("conversation.item.added", item={"id": "a"})
     log.emit("conversation.item.added", item={"id": "b"})
     log.emit("conversation.item.deleted", item_id="b")
     log.emit("response.done", response={"output": [{"id": "c"}]})
-    assert log.dirty and log.take_item_changes() == ({"a", "c"}, {"b"})
+    assert len(changes) == 5 and log.take_item_changes() == ({"a", "c"}, {"b"})
     assert log.take_item_changes() == (set(), set())
     assert forgotten == ["a", "b", "c"]  # each change drops what the conversation cached of the item
 
 
 def test_the_log_touch_marks_an_item_changed_with_no_event() -> None:
-    log = EventLog(lambda item_id: None)
-    log.dirty = False
+    changes: list[None] = []
+    log = EventLog(lambda item_id: None, lambda: changes.append(None))
     item = user_item("a")
-    item.as_message()
+    message = item.as_message()
     log.touch(item)
-    assert log.dirty and log.events == [] and log.take_item_changes() == ({"a"}, set())
+    assert changes == [None] and log.events == [] and log.take_item_changes() == ({"a"}, set())
+    assert item.as_message() is not message  # made again: the item changed
 
 
 def test_the_logs_error_event_has_the_sdk_shape() -> None:
-    log = EventLog(lambda item_id: None)
+    log = EventLog(lambda item_id: None, lambda: None)
     log.fail(Code.ITEM_NOT_FOUND, "gone", "evt_1", param="item_id")
     (event,) = log.events
     assert event["error"] == {
@@ -104,7 +105,7 @@ def test_the_logs_error_event_has_the_sdk_shape() -> None:
 
 
 def test_take_hands_over_what_is_pending_and_keeps_the_same_lists() -> None:
-    log = EventLog(lambda item_id: None)
+    log = EventLog(lambda item_id: None, lambda: None)
     events, effects = log.events, log.effects
     log.emit("session.created", session={})
     log.effects.append(Cancel("r"))
@@ -114,7 +115,7 @@ def test_take_hands_over_what_is_pending_and_keeps_the_same_lists() -> None:
 
 
 def test_a_spelling_sees_every_emitted_event_and_writes_what_is_sent() -> None:
-    log = EventLog(lambda item_id: None)
+    log = EventLog(lambda item_id: None, lambda: None)
     seen: list[str] = []
 
     def spell(type_: str, fields: dict[str, Any]) -> None:
@@ -136,7 +137,7 @@ def test_a_spelling_sees_every_emitted_event_and_writes_what_is_sent() -> None:
 
 def history(limits: SessionLimits, keep: Any = lambda item: False) -> tuple[History, EventLog]:
     conversation = Conversation()
-    log = EventLog(conversation.forget)
+    log = EventLog(conversation.forget, lambda: None)
     return History(conversation, limits, log.emit, keep), log
 
 
@@ -209,7 +210,7 @@ def audio_input(
     config: SessionConfig = CONFIG, *, responding: bool = False, vad: bool = False
 ) -> tuple[InputAudio, EventLog, Turns, list[tuple[str, str]]]:
     conversation = Conversation()
-    log = EventLog(conversation.forget)
+    log = EventLog(conversation.forget, lambda: None)
     turns, transcribed = Turns(), []
     part = InputAudio(
         log,
@@ -344,7 +345,7 @@ class Ends:
 
 def responses(*items: Item) -> tuple[Responses, EventLog, Ends, list[float]]:
     conversation = Conversation()
-    log = EventLog(conversation.forget)
+    log = EventLog(conversation.forget, lambda: None)
     hist = History(conversation, SessionLimits(), log.emit, lambda item: False)
     for item in items:
         hist.insert(item, None)
@@ -507,7 +508,7 @@ def test_playback_ack_only_keeps_only_what_is_acknowledged_of_a_completed_answer
 def session_parts(turns: Any, config: SessionConfig) -> Parts:
     """The parts as ``RealtimeSession`` wires them, steered by ``turns``."""
     conversation = Conversation()
-    log = EventLog(conversation.forget)
+    log = EventLog(conversation.forget, lambda: None)
     hist = History(conversation, SessionLimits(), log.emit, lambda item: False)
     common = {"engine": INFO, "limits": SessionLimits(), "beta": False, "config": config}
     resp = Responses(
