@@ -74,8 +74,8 @@ class SileroVad:
                 cls._shared = cls(session)
             return cls._shared
 
-    def new_stream(self) -> VadStream:
-        return VadStream(self)
+    def new_stream(self) -> SileroStream:
+        return SileroStream(self)
 
     def _infer(
         self, frame: npt.NDArray[np.float32], state: npt.NDArray[np.float32]
@@ -84,7 +84,7 @@ class SileroVad:
         return float(prob[0, 0]), new_state
 
 
-class VadStream:
+class SileroStream:
     """Speech probabilities for one 16 kHz PCM16 stream.
 
     ``process`` accepts chunks of any size; it scores each complete 512-sample

@@ -33,8 +33,8 @@ from gateway.hosting.delivery import Delivery
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.server_events import dialect_encoder
 from gateway.session import snapshot
-from gateway.session.core import STATE_EVENTS
-from gateway.session.effects import Cancel, Close, EndInput, Feed, StartResponse, StartTranscription
+from gateway.session.effects import Cancel, CloseSocket, EndInput, Feed, StartResponse, StartTranscription
+from gateway.session.events import STATE_EVENTS
 from gateway.session.session import RealtimeSession
 from gateway.store.base import FencedError, StoreError
 from gateway.store.writer import JournalWriter
@@ -307,7 +307,7 @@ class SessionHost:
         everything the client saw begin. A flush of deltas waits for nothing: they
         are journaled in the writer's batches."""
         session = self.session
-        if not (session.outbox or session.effects or session.dirty):
+        if not (session.events or session.effects or session.dirty):
             return  # most engine outputs and appends produce nothing to send
         events, effects = session.take()
         if self.trace is not None:
@@ -417,7 +417,7 @@ class SessionHost:
                         handle.cancel()
                     if self.trace is not None:
                         self.trace.request_ended(effect.request_id, "cancelled")
-                case Close():
+                case CloseSocket():
                     self.ctx.metrics.closes.labels(str(effect.code)).inc()
                     for door in self.doors:
                         door.close(effect.code, effect.reason)

@@ -5,15 +5,19 @@ Items render in the GA shape, or the beta shape for beta clients: messages
 JSON arguments) and their results (``function_call_output``). Input audio
 is not kept once it has been transcribed: an ``input_audio`` part holds its
 transcript only (documented in the README), so a long session's memory stays
-proportional to its text.
+proportional to its text. ``item_from_spec`` makes an item of what a client
+sent (``conversation.item.create``, a response's ``input``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from gateway.audio.codecs import AudioFormat
+from gateway.protocol import client_events as ce
+from gateway.protocol.errors import Code, ProtocolError
 from orchestrator.engine import Message, ToolCall
 
 PartType = Literal["input_text", "input_audio", "output_text", "output_audio"]
@@ -151,6 +155,12 @@ class Conversation:
         self._items.remove(item)
         return item
 
+    def forget(self, item_id: str) -> None:
+        """The item changed: what it cached is made again when next asked for."""
+        item = self._by_id.get(item_id)
+        if item is not None:
+            item.forget()
+
     def oldest(self) -> Item | None:
         return self._items[0] if self._items else None
 
@@ -175,3 +185,38 @@ def to_messages(items: Iterable[Item]) -> list[Message]:
         else:
             out.append(item.as_message())
     return out
+
+
+def item_from_spec(
+    spec: ce.ItemSpec, param: str, new_id: Callable[[str], str], fmt: AudioFormat
+) -> tuple[Item, bytes | None]:
+    """The item a client's spec describes, and the audio of its one ``input_audio`` part
+    without a transcript (in ``fmt``: the caller transcribes it), or None. A bad part
+    raises a ProtocolError whose ``param`` starts with ``param``."""
+    if spec.type != "message":
+        item = Item(
+            spec.id or new_id("item"),
+            spec.role,
+            [],
+            type=spec.type,
+            call_id=spec.call_id or new_id("call"),
+            name=spec.name,
+            arguments=spec.arguments,
+            output=spec.output,
+        )
+        return item, None
+    item = Item(spec.id or new_id("item"), spec.role, [])
+    audio: bytes | None = None
+    for i, p in enumerate(spec.content):
+        if p.audio is not None and p.transcript is None:
+            if len(p.audio) % fmt.bytes_per_sample:
+                raise ProtocolError(
+                    Code.INVALID_AUDIO,
+                    f"Audio length {len(p.audio)} is not a whole number of {fmt.codec} samples.",
+                    param=f"{param}.content[{i}].audio",
+                )
+            if audio is not None:
+                raise ProtocolError(Code.INVALID_VALUE, "Only one input_audio part per item.", param=f"{param}.content")
+            audio = p.audio
+        item.content.append(Part(p.type, text=p.text, transcript=p.transcript))
+    return item, audio

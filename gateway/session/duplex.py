@@ -26,6 +26,11 @@ snapshot, journal, resume) with what the duplex catalogue adds on top:
   ``conversation.item.added`` (its own seq), the duplex ``session`` object,
   ``event`` echoes and audio ``metadata``; names are the encoder's
   (``protocol/duplex_events.encode``).
+
+``DuplexSession`` is the facade: it dispatches the duplex client events,
+keeps the duplex lifecycle and snapshot, and composes ``DuplexTurns``
+(duplex_turns.py) as the session's turn-taking, which owns all of the above.
+It extends ``RealtimeSession`` only through its public methods.
 """
 
 from __future__ import annotations
@@ -35,19 +40,17 @@ from typing import Any
 
 from gateway.protocol import client_events as ce
 from gateway.protocol import duplex_events as de
-from gateway.protocol.duplex_config import apply_duplex_update, duplex_from_dict, duplex_to_dict
+from gateway.protocol.duplex_config import DuplexConfig, apply_duplex_update, duplex_from_dict, duplex_to_dict
 from gateway.protocol.duplex_config import render_session as render_duplex
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
-from gateway.protocol.session_config import beta_format
-from gateway.session.duplex_turns import MAX_PENDING_TEXT, DuplexCore
-from gateway.session.effects import Close
-from gateway.session.playback import EMPTY_VIEW, MAX_LEDGERS, Ledger
+from gateway.session.duplex_turns import DuplexTurns
+from gateway.session.effects import CloseSocket
+from gateway.session.playback import Ledger
+from gateway.session.session import RealtimeSession
 from orchestrator.engine import EngineInfo
 
-_FIRST_OUTPUT = frozenset(
-    {"response.output_audio.delta", "response.output_audio_transcript.delta", "response.output_text.delta"}
-)
-_DUPLEX_EVENTS = (
+# The client events this dialect handles itself (the rest are the Realtime API's).
+_OWN_EVENTS = (
     de.Append,
     de.Commit,
     de.InputCancel,
@@ -56,11 +59,18 @@ _DUPLEX_EVENTS = (
     de.BargeIn,
     de.TurnSignal,
     de.PlaybackAck,
+    ce.SessionUpdate,
+    ce.ResponseCancel,
 )
 
 
-class DuplexSession(DuplexCore):
+class DuplexSession(RealtimeSession):
     """See the module docstring."""
+
+    def __init__(self, *, session_id: str, duplex: DuplexConfig | None = None, **kwargs: Any) -> None:
+        self._duplex = DuplexTurns(session_id, duplex or DuplexConfig())
+        super().__init__(session_id=session_id, turn_taking=self._duplex, **kwargs)
+        self.attachment_generation = 1  # the sockets this session had: the transport counts resumes
 
     @property
     def dialect(self) -> str:
@@ -70,7 +80,27 @@ class DuplexSession(DuplexCore):
     def sends_gateway_events(self) -> bool:
         return True  # the duplex dialect's clients get session.warning (no opt-in there)
 
-    lazy_message = False  # a response's message exists from response.created (its playback ledger)
+    @property
+    def duplex(self) -> DuplexConfig:
+        """The session's ``extra_body`` settings."""
+        return self._duplex.duplex
+
+    @duplex.setter
+    def duplex(self, value: DuplexConfig) -> None:
+        self._duplex.duplex = value
+
+    @property
+    def ledgers(self) -> dict[str, Ledger]:
+        """The playback ledgers, by response id, oldest first."""
+        return self._duplex.playback.ledgers
+
+    @property
+    def turn_id(self) -> int:
+        return self._duplex.turn_id
+
+    @property
+    def turn_state(self) -> str:
+        return self._duplex.turn_state
 
     # --- lifecycle and config ------------------------------------------------------
 
@@ -80,7 +110,6 @@ class DuplexSession(DuplexCore):
         new, duplex, warnings = apply_duplex_update(self.config, self.duplex, update, limits=self._config_limits)
         self._check_config(new)
         self.config, self.duplex = new, duplex
-        self._setup_input()
         return warnings
 
     def start(
@@ -102,20 +131,62 @@ class DuplexSession(DuplexCore):
             self._emit("session.warning", code="unsupported_field", message=message, param=param)
 
     def render_config(self) -> dict[str, Any]:
-        resp = self._response
-        latest = next(reversed(self.ledgers.values()), None)
-        state = {
-            "turn_state": self.turn_state,
-            "epoch": self.epoch,
-            "turn_id": self.turn_id,
-            "active_request_id": resp.id if resp else None,
-            "active_response_id": resp.id if resp else None,
-            "active_response_turn_id": self._response_turn if resp else None,
-            "playback": latest.view() if latest else dict(EMPTY_VIEW),
-        }
+        state = self._duplex.session_state()
         return render_duplex(self.config, self.duplex, session_id=self.id, expires_at=self.expires_at, state=state)
 
-    def _session_update(self, event: ce.SessionUpdate) -> None:
+    def expire(self) -> None:
+        """The session lifetime is over: ``session.expired``, then close 4008."""
+        self._expired("lifetime_expired")
+
+    def expire_idle(self) -> None:
+        """No client event for ``idle_timeout_s`` (the transport keeps the clock)."""
+        self._expired("idle_ttl_expired")
+
+    def _expired(self, reason: str) -> None:
+        self._emit("session.expired", session_id=self.id, incarnation=0, reason=reason)
+        self.shutdown()
+        self.effects.append(CloseSocket(CloseCode.SESSION_EXPIRED, "session expired"))
+
+    # --- client events -------------------------------------------------------------
+
+    def handle(self, event: de.ClientEvent) -> None:
+        if not isinstance(event, _OWN_EVENTS):
+            super().handle(event)  # type: ignore[arg-type]
+            return
+        try:
+            self._handle_own(event)
+        except ProtocolError as err:
+            if err.event_id is None:
+                err.event_id = event.event_id
+            self.error(err)
+
+    def _handle_own(self, event: de.DuplexEvent | ce.SessionUpdate | ce.ResponseCancel) -> None:
+        turns = self._duplex
+        match event:
+            case de.Append():
+                turns.append(event)
+            case de.Commit():
+                turns.commit(event)
+            case de.InputCancel():
+                turns.cancel_input()
+            case de.TextAppend():
+                turns.append_text(event.text)
+            case de.OutputAudioClear():
+                turns.clear_output()
+            case de.BargeIn():
+                turns.barge_in("barge_in")
+                turns.turn_event("barge_in")
+            case de.TurnSignal():
+                turns.turn_signal(event)
+            case de.PlaybackAck():
+                turns.playback_ack(event)
+            case ce.SessionUpdate():
+                self._update(event)
+            case ce.ResponseCancel():
+                turns.cancel_response(event.response_id)
+
+    def _update(self, event: ce.SessionUpdate) -> None:
+        """``session.update``: the model cannot change; ``extra_body`` sets the duplex settings."""
         model = event.session.get("model")
         if isinstance(model, str) and model and model != self.config.model:
             raise ProtocolError(
@@ -129,154 +200,27 @@ class DuplexSession(DuplexCore):
             self.duplex = previous
             raise
 
-    def expire(self) -> None:
-        """The session lifetime is over: ``session.expired``, then close 4008."""
-        self._expired("lifetime_expired")
-
-    def expire_idle(self) -> None:
-        """No client event for ``idle_timeout_s`` (the transport keeps the clock)."""
-        self._expired("idle_ttl_expired")
-
-    def _expired(self, reason: str) -> None:
-        self._emit("session.expired", session_id=self.id, incarnation=0, reason=reason)
-        self.shutdown()
-        self.effects.append(Close(CloseCode.SESSION_EXPIRED, "session expired"))
-
-    # --- client events -------------------------------------------------------------
-
-    def handle(self, event: de.ClientEvent) -> None:
-        if not isinstance(event, _DUPLEX_EVENTS):
-            super().handle(event)  # type: ignore[arg-type]
-            return
-        try:
-            self._handle_duplex(event)
-        except ProtocolError as err:
-            if err.event_id is None:
-                err.event_id = event.event_id
-            self.error(err)
-
-    def _handle_duplex(self, event: de.DuplexEvent) -> None:
-        match event:
-            case de.Append():
-                self._append(event)
-            case de.Commit():
-                self._duplex_commit(event)
-            case de.InputCancel():
-                self._text, self._text_len = [], 0
-                self.epoch += 1
-                self._clear()
-            case de.TextAppend():
-                if self._text_len + len(event.text) > MAX_PENDING_TEXT:
-                    raise ProtocolError(
-                        "input_text_too_large",
-                        f"At most {MAX_PENDING_TEXT} characters of "
-                        "input.text.append may wait for a commit; commit first.",
-                        param="text",
-                    )
-                self._text.append(event.text)
-                self._text_len += len(event.text)
-            case de.OutputAudioClear():
-                self._clear_output()
-            case de.BargeIn():
-                self._barge_in("barge_in")
-                self._turn_event("barge_in")
-            case de.TurnSignal():
-                self._turn_signal(event)
-            case de.PlaybackAck():
-                self._playback_ack(event)
-
-    # --- what goes out -------------------------------------------------------------------
-
-    def _emit(self, type_: str, **fields: Any) -> dict[str, Any]:
-        resp = self._response
-        if resp is not None and type_ in _FIRST_OUTPUT and self._spoken != resp.id:
-            self._spoken = resp.id  # the answer speaks: said once, before its first delta
-            self.turn_state = "assistant_playing"
-            meta = {"session_id": self.id, "epoch": self.epoch, "model_speak": True}
-            assert resp.message is not None
-            where = {"response_id": resp.id, "item_id": resp.message.id, "output_index": 0, "content_index": 0}
-            super()._emit("response.speak", **where, metadata=meta)
-        if type_ == "response.output_audio.delta" and resp is not None:
-            self._audio_metadata(resp, fields)
-        elif type_ == "input_audio_buffer.committed":
-            # Upstream's commit fan-out is added, created, committed, done: held until the item is added.
-            self._held_commit = fields
-            return fields
-        elif type_ in ("conversation.item.deleted", "conversation.item.truncated"):
-            fields["event"] = {"type": type_, **fields}
-        event = super()._emit(type_, **fields)
-        if type_ == "conversation.item.added":
-            super()._emit("conversation.item.created", **fields)  # upstream sends both spellings
-            held, self._held_commit = self._held_commit, None
-            if held is not None:
-                self._committed_event(held, resp)
-        elif type_ == "input_audio_buffer.speech_started":
-            self.turn_state = "user_speaking"
-        elif type_ == "response.created" and resp is not None:
-            self.turn_state = "assistant_generating"
-            self._overlap_ms, self._overlap_decided = 0.0, False
-            assert resp.message is not None
-            self.ledgers[resp.id] = Ledger(resp.id, resp.message.id)
-            while len(self.ledgers) > MAX_LEDGERS:
-                del self.ledgers[next(iter(self.ledgers))]
-        return event
-
-    def _committed_event(self, fields: dict[str, Any], resp: Any) -> None:
-        self.turn_id += 1
-        self.turn_state = "user_committed"
-        fields["event"] = {
-            "type": "input.committed",
-            "session_id": self.id,
-            "turn_id": self.turn_id,
-            "epoch": self.epoch,
-            "history_len": len(self.conversation),
-            "realtime_item_id": fields.get("item_id"),
-            "message": {"role": "user", "content": [{"type": "input_audio"}]},
-            "response_create_deferred": self._respond_next and resp is not None,
-        }
-        super()._emit("input_audio_buffer.committed", **fields)
-
-    def _audio_metadata(self, resp: Any, fields: dict[str, Any]) -> None:
-        """Upstream's audio delta extensions: format, rate, and the metadata of the answer so far."""
-        assert resp.part is not None
-        ledger = self.ledgers.get(resp.id)
-        if ledger is not None:
-            ledger.generated_ms = resp.part.audio_ms
-        fields["format"] = beta_format(resp.output_format)
-        fields["sample_rate_hz"] = resp.output_format.rate
-        audio_ms = round(resp.part.audio_ms)
-        fields["metadata"] = {
-            "session_id": self.id,
-            "epoch": self.epoch,
-            "model_speak": True,
-            "end_of_turn": False,
-            "audio_duration_ms": audio_ms,  # cumulative, as upstream's
-            "audio_text_marks": [{"text_chars": len(resp.part.transcript or ""), "audio_end_ms": audio_ms}],
-            "playback": ledger.view() if ledger is not None else dict(EMPTY_VIEW),
-        }
-
     # --- snapshots -------------------------------------------------------------------------
 
     def snapshot_state(self, *, with_items: bool = True) -> dict[str, Any]:
         state = super().snapshot_state(with_items=with_items)
         state["dialect"] = "duplex"
         state["duplex"] = duplex_to_dict(self.duplex)
-        state["turn_id"] = self.turn_id
-        state["turn_state"] = self.turn_state
+        state["turn_id"] = self._duplex.turn_id
+        state["turn_state"] = self._duplex.turn_state
         state["attachment_generation"] = self.attachment_generation
-        state["ledgers"] = [ledger.to_dict() for ledger in self.ledgers.values()]
+        state["ledgers"] = self._duplex.playback.to_list()
         return state
 
     @classmethod
     def restore(cls, state: dict[str, Any], *, engine: EngineInfo, **kwargs: Any) -> DuplexSession:
         session = super().restore(state, engine=engine, **kwargs)
         assert isinstance(session, DuplexSession)
-        session.duplex = duplex_from_dict(state["duplex"])
-        session.turn_id = state["turn_id"]
-        session.turn_state = state["turn_state"]
+        turns = session._duplex
+        turns.duplex = duplex_from_dict(state["duplex"])
+        turns.turn_id = state["turn_id"]
+        turns.turn_state = state["turn_state"]
         session.attachment_generation = state["attachment_generation"]
-        for entry in state["ledgers"]:
-            ledger = Ledger.from_dict(entry)
-            session.ledgers[ledger.response_id] = ledger
+        turns.playback.restore(state["ledgers"])
         session.dirty = False
         return session

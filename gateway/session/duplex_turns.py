@@ -1,9 +1,17 @@
-"""The turns of a duplex session (Sans-I/O): input, commits, overlap, interruption
-and playback truth, the part of ``DuplexSession`` (duplex.py) that decides them.
+"""The duplex dialect's turn-taking (Sans-I/O): the ``TurnTaking`` of ``DuplexSession``.
 
-See duplex.py for the whole; this part owns the duplex state the session model
-does not have: the turn counter and state, the playback ledgers, the overlap
-decision of the running answer, the answer owed after it, the pending text.
+``DuplexTurns`` owns the duplex state the Realtime API's session does not
+have: the turn counter and state, the playback ledgers (``Playback``), the
+overlap decision over the running answer, the answer owed once the current one
+ends, the pending ``input.text.append`` text, and the duplex spellings of
+events (``spell``: ``response.speak`` before an answer's first output, audio
+``metadata``, ``conversation.item.created`` after every
+``conversation.item.added``, ``input_audio_buffer.committed`` held until its
+item is added, ``event`` echoes).
+
+It steers the session's parts only through their public methods (``bind``):
+the event log, the history, the input audio and the responses. It knows
+nothing of the facade (duplex.py) that dispatches the client's events to it.
 """
 
 from __future__ import annotations
@@ -17,26 +25,34 @@ from gateway.protocol import client_events as ce
 from gateway.protocol import duplex_events as de
 from gateway.protocol.duplex_config import DuplexConfig
 from gateway.protocol.errors import Code, ProtocolError
-from gateway.protocol.session_config import beta_format
+from gateway.protocol.session_config import SessionConfig, beta_format
 from gateway.session.conversation import Item, Part
-from gateway.session.playback import MAX_LEDGERS, Ledger
-from gateway.session.session import RealtimeSession
+from gateway.session.events import Spelling
+from gateway.session.playback import EMPTY_VIEW, Playback
+from gateway.session.response import Response
+from gateway.session.turn_taking import Parts
 
 MAX_PENDING_TEXT = 100_000  # characters of input.text.append awaiting a commit; more: input_text_too_large
 
+_FIRST_OUTPUT = frozenset(
+    {"response.output_audio.delta", "response.output_audio_transcript.delta", "response.output_text.delta"}
+)
 
-class DuplexCore(RealtimeSession):
-    """The duplex session's turns; ``DuplexSession`` adds the wire and the lifecycle."""
 
-    def __init__(self, *, duplex: DuplexConfig | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.duplex = duplex or DuplexConfig()
+class DuplexTurns:
+    """See the module docstring."""
+
+    lazy_message = False  # a response's message exists from response.created (its playback ledger)
+
+    def __init__(self, session_id: str, duplex: DuplexConfig) -> None:
+        self.duplex = duplex  # the session's extra_body settings, set again on every update
         self.turn_id = 0  # committed turns
         self.turn_state = "idle"
-        self.attachment_generation = 1  # the sockets this session had: the transport counts resumes
-        self.ledgers: dict[str, Ledger] = {}  # by response id, oldest first
+        self.playback = Playback()
+        self.response_turn: int | None = None  # the turn the last answer created answers
+        self._ledgers = self.playback.ledgers  # (the hot path reads it per audio delta)
+        self._session_id = session_id
         self._spoken: str | None = None  # the answer that has sent response.speak
-        self._response_turn: int | None = None
         self._deferred: ce.ResponseParams | None = None  # an answer owed once the current one ends
         self._respond_next = True  # whether the commit under way creates an answer
         self._vad_commit = False
@@ -47,13 +63,79 @@ class DuplexCore(RealtimeSession):
         self._video_warned = False
         self._held_commit: dict[str, Any] | None = None  # input_audio_buffer.committed, until its item is added
 
-    def _cancel(self, event: ce.ResponseCancel) -> None:
-        super()._cancel(event)
-        self.epoch += 1  # every interruption advances the fence (upstream's epoch)
+    def bind(self, parts: Parts, config: SessionConfig) -> None:
+        self.config = config
+        self._log = parts.log
+        self._emit = parts.log.emit
+        self._write = parts.log.write
+        self._history = parts.history
+        self._input = parts.input
+        self._responses = parts.responses
+
+    @property
+    def spelling(self) -> Spelling:
+        return self.spell
+
+    def session_state(self) -> dict[str, Any]:
+        """The ``state`` of the duplex session object."""
+        resp = self._responses.current
+        return {
+            "turn_state": self.turn_state,
+            "epoch": self._log.epoch,
+            "turn_id": self.turn_id,
+            "active_request_id": resp.id if resp else None,
+            "active_response_id": resp.id if resp else None,
+            "active_response_turn_id": self.response_turn if resp else None,
+            "playback": self.playback.view(),
+        }
+
+    # --- what the parts ask (TurnTaking) ------------------------------------------------
+
+    def commit_turn(self, event_id: str | None) -> bool:
+        self._respond_next = self.duplex.auto_response
+        # Read by the next answer() (a VAD turn is answered only with auto_response); a VAD
+        # commit that no answer follows (a full buffer) leaves it set for the next one.
+        self._vad_commit = True
+        done = self._input.commit(event_id, manual=False)
+        if not done:
+            self._vad_commit = False
+        return done
+
+    def answer(self, params: ce.ResponseParams, event_id: str | None, turn_started_at: float | None = None) -> None:
+        if self._vad_commit:
+            self._vad_commit = False
+            if not self._respond_next:
+                return
+        if self._responses.current is not None and event_id is None:
+            self._deferred = params  # a turn committed while an answer runs: answered after it
+            return
+        self._responses.create(params, event_id, turn_started_at)
+        self.response_turn = self.turn_id
+
+    def speech_during_response(self) -> None:
+        if self.duplex.policy(self.config) == "barge_in_on_speech":
+            self._decide("barge_in", "server_vad_utterance_active")
+            self.barge_in("barge_in")
+        else:
+            self._decide(
+                "listen", "long_overlap_speech", buffer_audio=True, defer_runtime_append=True, force_listen=True
+            )
+
+    def answer_ending(self, resp: Response, status: str) -> None:
+        assert resp.part is not None  # the duplex dialect opens a response's message at once
+        self.playback.answer_ending(resp.id, resp.part, status, self.duplex.playback_commit_policy)
+
+    def answer_ended(self, resp: Response, status: str) -> None:
+        assert resp.part is not None
+        self.playback.answer_ended(resp.id, resp.part, status, self.duplex.playback_commit_policy)
+        self.turn_state = "idle"
+        if self._deferred is not None:
+            params, self._deferred = self._deferred, None
+            self.answer(params, None)
 
     # --- input ---------------------------------------------------------------------
 
-    def _append(self, event: de.Append) -> None:
+    def append(self, event: de.Append) -> None:
         fmt = self.config.input_format
         if event.sample_rate_hz is not None and event.sample_rate_hz != fmt.rate:
             raise ProtocolError(
@@ -77,12 +159,27 @@ class DuplexCore(RealtimeSession):
                 message="'video_frames' are accepted but not used: this engine takes no camera input.",
             )
         self._overlap(event)
-        self.append_audio(event.audio, event.event_id)
+        self._input.append(event.audio, event.event_id)
+
+    def append_text(self, text: str) -> None:
+        if self._text_len + len(text) > MAX_PENDING_TEXT:
+            raise ProtocolError(
+                "input_text_too_large",
+                f"At most {MAX_PENDING_TEXT} characters of input.text.append may wait for a commit; commit first.",
+                param="text",
+            )
+        self._text.append(text)
+        self._text_len += len(text)
+
+    def cancel_input(self) -> None:
+        self._text, self._text_len = [], 0
+        self._log.epoch += 1
+        self._input.clear()
 
     def _overlap(self, event: de.Append) -> None:
         """Speech (client hint, else RMS) over a running answer, on manual turns (server
-        VAD decides by itself: ``_speech_during_response``)."""
-        if self._response is None or not self._manual or self._overlap_decided or not event.audio:
+        VAD decides by itself: ``speech_during_response``)."""
+        if self._responses.current is None or not self._input.manual or self._overlap_decided or not event.audio:
             return
         fmt = self.config.input_format
         speech = event.is_speech
@@ -95,7 +192,7 @@ class DuplexCore(RealtimeSession):
             policy = d.policy(self.config)
             if policy == "barge_in_on_speech" and self._overlap_ms >= d.overlap_barge_in_ms:
                 self._decide("barge_in", "overlap_speech")
-                self._barge_in("barge_in")
+                self.barge_in("barge_in")
             elif policy == "listen_only" and self._overlap_ms >= d.overlap_short_ack_ms:
                 self._decide(
                     "listen", "long_overlap_speech", buffer_audio=True, defer_runtime_append=True, force_listen=True
@@ -103,35 +200,26 @@ class DuplexCore(RealtimeSession):
         elif self._overlap_ms:
             if self._overlap_ms < d.overlap_short_ack_ms:
                 self._decide("drop", "short_overlap_speech", buffer_audio=False)
-                self._drop_input()
+                self._input.drop()
                 self._overlap_decided = False  # another remark may follow
             self._overlap_ms = 0.0
-
-    def _speech_during_response(self) -> None:
-        if self.duplex.policy(self.config) == "barge_in_on_speech":
-            self._decide("barge_in", "server_vad_utterance_active")
-            self._barge_in("barge_in")
-        else:
-            self._decide(
-                "listen", "long_overlap_speech", buffer_audio=True, defer_runtime_append=True, force_listen=True
-            )
 
     def _decide(self, action: str, reason: str, **extra: Any) -> None:
         self._overlap_decided = True
         fields = {"overlap_ms": round(self._overlap_ms), **extra} if extra else {}
         self._emit(
             "overlap.decision",
-            session_id=self.id,
-            epoch=self.epoch,
+            session_id=self._session_id,
+            epoch=self._log.epoch,
             policy=self.duplex.policy(self.config),
             action=action,
             reason=reason,
             **fields,
         )
 
-    def _duplex_commit(self, event: de.Commit) -> None:
+    def commit(self, event: de.Commit) -> None:
         if event.is_speech is False:  # a silence declaration: nothing to answer
-            self._drop_input()
+            self._input.drop()
             self._listen("no_speech")
             return
         auto = self.duplex.auto_response
@@ -139,90 +227,76 @@ class DuplexCore(RealtimeSession):
         text = "".join(self._text)
         if text:
             self._text, self._text_len = [], 0
-            item = Item(self._new_id("item"), "user", [Part("input_text", text=text)])
-            prev = self._insert(item, None)
+            item = Item(self._log.new_id("item"), "user", [Part("input_text", text=text)])
+            prev = self._history.insert(item, None)
             self._emit("conversation.item.added", previous_item_id=prev, item=item.render(False))
             self._emit("conversation.item.done", previous_item_id=prev, item=item.render(False))
-        has_audio = self._input is not None and self._buffer_ms >= self.limits.min_commit_ms
+        has_audio = self._input.can_commit
         if has_audio or not text:
-            self._commit(event.event_id, manual=True)  # raises commit_empty without text or audio
-        elif self._input is not None:
-            self._drop_input()  # under the minimum, next to text: dropped
+            self._input.commit(event.event_id, manual=True)  # raises commit_empty without text or audio
+        elif self._input.is_open:
+            self._input.drop()  # under the minimum, next to text: dropped
         if not has_audio:
             self.turn_id += 1
             self.turn_state = "user_committed"
         if self._respond_next:
-            self.create_response(ce.ResponseParams(), None)
-
-    def _commit(self, event_id: str | None, *, manual: bool) -> bool:
-        if not manual:
-            self._respond_next = self.duplex.auto_response
-            self._vad_commit = True
-        done = super()._commit(event_id, manual=manual)
-        if not done:
-            self._vad_commit = False
-        return done
-
-    def create_response(
-        self, params: ce.ResponseParams, event_id: str | None, turn_started_at: float | None = None
-    ) -> None:
-        if self._vad_commit:
-            self._vad_commit = False
-            if not self._respond_next:
-                return
-        if self._response is not None and event_id is None:
-            self._deferred = params  # a turn committed while an answer runs: answered after it
-            return
-        super().create_response(params, event_id, turn_started_at)
-        self._response_turn = self.turn_id
+            self.answer(ce.ResponseParams(), None)
 
     def _listen(self, reason: str) -> None:
+        sid, epoch = self._session_id, self._log.epoch
         self._emit(
             "response.listen",
-            session_id=self.id,
-            epoch=self.epoch,
+            session_id=sid,
+            epoch=epoch,
             response={
                 "object": "realtime.response",
                 "status": "listening",
-                "metadata": {"type": "response.listen", "session_id": self.id, "epoch": self.epoch, "reason": reason},
+                "metadata": {"type": "response.listen", "session_id": sid, "epoch": epoch, "reason": reason},
             },
         )
 
     # --- interruption ----------------------------------------------------------------
 
-    def _barge_in(self, reason: str) -> bool:
+    def cancel_response(self, response_id: str | None) -> None:
+        """``response.cancel``: as the Realtime API's, and it advances the fence."""
+        self._responses.cancel(response_id)
+        self._log.epoch += 1  # every interruption advances the fence (upstream's epoch)
+
+    def barge_in(self, reason: str) -> bool:
         """Stop the running answer where the user stopped hearing it; True if one ran."""
         self._deferred = None  # the next commit's answer covers the whole conversation
-        if self._response is None:
+        if self._responses.current is None:
             return False
-        self.epoch += 1
-        self._end_response("cancelled", {"type": "cancelled", "reason": reason}, cancel=True)
+        self._log.epoch += 1
+        self._responses.end_current("cancelled", {"type": "cancelled", "reason": reason}, cancel=True)
         self.turn_state = "barge_in"
         return True
 
-    def _clear_output(self) -> None:
-        resp = self._response
-        last = next(reversed(self.ledgers), None)
-        self.epoch += 1
+    def clear_output(self) -> None:
+        resp = self._responses.current
+        last = next(reversed(self._ledgers), None)
+        self._log.epoch += 1
         self._emit("output_audio_buffer.cleared", response_id=resp.id if resp else last)
         if resp is not None:
-            self._end_response("cancelled", {"type": "cancelled", "reason": "output_audio_buffer_clear"}, cancel=True)
+            self._responses.end_current(
+                "cancelled", {"type": "cancelled", "reason": "output_audio_buffer_clear"}, cancel=True
+            )
 
-    def _turn_signal(self, event: de.TurnSignal) -> None:
+    def turn_signal(self, event: de.TurnSignal) -> None:
         kind = event.event
         if kind == "barge_in":
-            self._barge_in("barge_in")
+            self.barge_in("barge_in")
         elif kind == "user_started":
             self.turn_state = "user_speaking"
         elif kind == "user_committed":
-            self._duplex_commit(de.Commit(event.event_id))
+            self.commit(de.Commit(event.event_id))
         elif kind == "assistant_started":
             self.turn_state = "assistant_generating"
         elif kind == "assistant_done":
             self.turn_state = "idle"
         elif kind == "playback_ack":
             p = event.payload
-            self._playback_ack(
+            self.playback_ack(
                 de.PlaybackAck(
                     event.event_id,
                     _ms(p.get("played_ms")),
@@ -232,59 +306,43 @@ class DuplexCore(RealtimeSession):
                     p.get("truncate") is True,
                 )
             )
-        self._turn_event(kind)
+        self.turn_event(kind)
 
-    def _turn_event(self, kind: str) -> None:
-        self._emit("turn.event", session_id=self.id, event=kind, turn_state=self.turn_state, epoch=self.epoch)
+    def turn_event(self, kind: str) -> None:
+        self._emit(
+            "turn.event", session_id=self._session_id, event=kind, turn_state=self.turn_state, epoch=self._log.epoch
+        )
 
     # --- playback truth ---------------------------------------------------------------
 
-    def _ledger(self, event: de.PlaybackAck) -> Ledger:
-        if event.response_id is not None:
-            ledger = self.ledgers.get(event.response_id)
-        elif event.item_id is not None:
-            ledger = next((x for x in self.ledgers.values() if x.item_id == event.item_id), None)
-        else:
-            ledger = next(reversed(self.ledgers.values()), None)
-        if ledger is None:
-            named = event.response_id or event.item_id
-            raise ProtocolError(
-                Code.ITEM_NOT_FOUND,
-                f"No answer {named!r} to acknowledge (the last {MAX_LEDGERS} answers are kept)."
-                if named
-                else "No answer has played yet.",
-                param="response_id" if event.response_id else "item_id" if event.item_id else None,
-            )
-        return ledger
-
-    def _playback_ack(self, event: de.PlaybackAck) -> None:
-        ledger = self._ledger(event)
-        resp = self._response if self._response is not None and self._response.id == ledger.response_id else None
+    def playback_ack(self, event: de.PlaybackAck) -> None:
+        ledger = self.playback.find(event.response_id, event.item_id)
+        current = self._responses.current
+        resp = current if current is not None and current.id == ledger.response_id else None
         if resp is not None and resp.part is not None:
             ledger.capture(resp.part)
         ledger.ack(event.played_ms, event.committed_ms, truncate=event.truncate)
-        item = self.conversation.get(ledger.item_id)
+        item = self._history.get(ledger.item_id)
+        policy = self.duplex.playback_commit_policy
         if event.truncate and resp is not None:
             # The client stopped playing this answer: stop generating it too (the end cuts it).
-            self._end_response("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
+            self._responses.end_current("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
         elif (
             item is not None
             and item.content
             and item.content[0].type == "output_audio"
             and ledger.done
-            and (event.truncate or self.duplex.playback_commit_policy == "ack_only")
+            and (event.truncate or policy == "ack_only")
         ):
             ledger.cut(item.content[0])
-            self._touch(item)  # its record (the history) follows what was heard
-        committed = ledger.done and (
-            self.duplex.playback_commit_policy == "commit_all_on_done" or ledger.committed_ms >= ledger.generated_ms
-        )
+            self._log.touch(item)  # its record (the history) follows what was heard
+        committed = ledger.done and (policy == "commit_all_on_done" or ledger.committed_ms >= ledger.generated_ms)
         self._emit(
             "playback.acknowledged",
             event={
                 "type": "playback.acknowledged",
-                "session_id": self.id,
-                "epoch": self.epoch,
+                "session_id": self._session_id,
+                "epoch": self._log.epoch,
                 "item_id": ledger.item_id,
                 "response_id": ledger.response_id,
                 "played_ms": round(ledger.played_ms),
@@ -295,26 +353,75 @@ class DuplexCore(RealtimeSession):
             },
         )
 
-    def _end_response(self, status: str, details: dict[str, Any] | None, *, cancel: bool = False) -> None:
-        resp = self._response
-        assert resp is not None
-        ledger = self.ledgers.get(resp.id)
+    # --- the spelling (EventLog.spell) ---------------------------------------------------
+
+    def spell(self, type_: str, fields: dict[str, Any]) -> None:
+        """Every event the parts emit, as the duplex dialect sends it (module docstring)."""
+        write = self._write
+        resp = self._responses.current
+        if resp is not None and type_ in _FIRST_OUTPUT and self._spoken != resp.id:
+            self._spoken = resp.id  # the answer speaks: said once, before its first delta
+            self.turn_state = "assistant_playing"
+            meta = {"session_id": self._session_id, "epoch": self._log.epoch, "model_speak": True}
+            assert resp.message is not None
+            where = {"response_id": resp.id, "item_id": resp.message.id, "output_index": 0, "content_index": 0}
+            write("response.speak", {**where, "metadata": meta})
+        if type_ == "response.output_audio.delta" and resp is not None:
+            self._audio_metadata(resp, fields)
+        elif type_ == "input_audio_buffer.committed":
+            # Upstream's commit fan-out is added, created, committed, done: held until the item is added.
+            self._held_commit = fields
+            return
+        elif type_ in ("conversation.item.deleted", "conversation.item.truncated"):
+            fields["event"] = {"type": type_, **fields}
+        write(type_, fields)
+        if type_ == "conversation.item.added":
+            write("conversation.item.created", fields)  # upstream sends both spellings
+            held, self._held_commit = self._held_commit, None
+            if held is not None:
+                self._committed_event(held, resp)
+        elif type_ == "input_audio_buffer.speech_started":
+            self.turn_state = "user_speaking"
+        elif type_ == "response.created" and resp is not None:
+            self.turn_state = "assistant_generating"
+            self._overlap_ms, self._overlap_decided = 0.0, False
+            assert resp.message is not None
+            self.playback.open(resp.id, resp.message.id)
+
+    def _committed_event(self, fields: dict[str, Any], resp: Response | None) -> None:
+        self.turn_id += 1
+        self.turn_state = "user_committed"
+        fields["event"] = {
+            "type": "input.committed",
+            "session_id": self._session_id,
+            "turn_id": self.turn_id,
+            "epoch": self._log.epoch,
+            "history_len": len(self._history),
+            "realtime_item_id": fields.get("item_id"),
+            "message": {"role": "user", "content": [{"type": "input_audio"}]},
+            "response_create_deferred": self._respond_next and resp is not None,
+        }
+        self._write("input_audio_buffer.committed", fields)
+
+    def _audio_metadata(self, resp: Response, fields: dict[str, Any]) -> None:
+        """Upstream's audio delta extensions: format, rate, and the metadata of the answer so far."""
         part = resp.part
-        assert part is not None  # the duplex dialect opens a response's message at once
-        audio = part.type == "output_audio"
+        assert part is not None
+        ledger = self._ledgers.get(resp.id)
         if ledger is not None:
-            ledger.capture(part)
-            if audio and status == "cancelled" and (ledger.acked or self.duplex.playback_commit_policy == "ack_only"):
-                ledger.cut(part)  # history holds what the user heard
-        super()._end_response(status, details, cancel=cancel)
-        if ledger is not None:
-            ledger.done = True
-            if audio and status != "cancelled" and self.duplex.playback_commit_policy == "ack_only":
-                ledger.cut(part)  # only what is acknowledged enters the history
-        self.turn_state = "idle"
-        if self._deferred is not None:
-            params, self._deferred = self._deferred, None
-            self.create_response(params, None)
+            ledger.generated_ms = part.audio_ms
+        fields["format"] = beta_format(resp.output_format)
+        fields["sample_rate_hz"] = resp.output_format.rate
+        audio_ms = round(part.audio_ms)
+        fields["metadata"] = {
+            "session_id": self._session_id,
+            "epoch": self._log.epoch,
+            "model_speak": True,
+            "end_of_turn": False,
+            "audio_duration_ms": audio_ms,  # cumulative, as upstream's
+            "audio_text_marks": [{"text_chars": len(part.transcript or ""), "audio_end_ms": audio_ms}],
+            "playback": ledger.view() if ledger is not None else dict(EMPTY_VIEW),
+        }
 
 
 def de_codec(encoding: str) -> str:

@@ -46,9 +46,11 @@ class Cancel:
 
 
 @dataclass(frozen=True, slots=True)
-class Close:
+class CloseSocket:
+    """Close the client's connection (the session is over: it expired)."""
+
     code: int
     reason: str
 
 
-Effect = StartTranscription | StartResponse | Feed | EndInput | Cancel | Close
+Effect = StartTranscription | StartResponse | Feed | EndInput | Cancel | CloseSocket

@@ -8,6 +8,10 @@ marks (the audio offset at which each piece of text was produced), so that the
 assistant item can be cut back to any point and grown again: the item holds
 the text whose audio had started before ``committed_ms``, and exactly
 ``committed_ms`` of audio, to the millisecond.
+
+``Playback`` keeps the ledgers of the last ``MAX_LEDGERS`` answers and decides,
+around the end of an answer, what its item keeps (``playback_commit_policy``).
+It knows the answer's content part, never the session or the conversation.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.protocol.errors import Code, ProtocolError
 from gateway.session.conversation import Part
 
 MAX_LEDGERS = 16  # answers whose playback a client may still acknowledge; older ones are forgotten
@@ -85,3 +90,73 @@ class Ledger:
 
 
 EMPTY_VIEW = {"generated_ms": 0, "sent_ms": 0, "played_ms": 0, "committed_ms": 0}
+
+
+class Playback:
+    """The playback ledgers of the last ``MAX_LEDGERS`` answers, by response id, oldest first."""
+
+    def __init__(self) -> None:
+        self.ledgers: dict[str, Ledger] = {}
+
+    def open(self, response_id: str, item_id: str) -> Ledger:
+        """A new answer (response.created): its ledger; the oldest beyond the bound is forgotten."""
+        ledger = self.ledgers[response_id] = Ledger(response_id, item_id)
+        while len(self.ledgers) > MAX_LEDGERS:
+            del self.ledgers[next(iter(self.ledgers))]
+        return ledger
+
+    def latest(self) -> Ledger | None:
+        return next(reversed(self.ledgers.values()), None)
+
+    def view(self) -> dict[str, int]:
+        """The latest answer's cursors (the duplex session object's ``playback``)."""
+        latest = self.latest()
+        return latest.view() if latest else dict(EMPTY_VIEW)
+
+    def find(self, response_id: str | None, item_id: str | None) -> Ledger:
+        """The ledger a ``playback.ack`` names (by response, else by item, else the latest)."""
+        if response_id is not None:
+            ledger = self.ledgers.get(response_id)
+        elif item_id is not None:
+            ledger = next((x for x in self.ledgers.values() if x.item_id == item_id), None)
+        else:
+            ledger = self.latest()
+        if ledger is None:
+            named = response_id or item_id
+            raise ProtocolError(
+                Code.ITEM_NOT_FOUND,
+                f"No answer {named!r} to acknowledge (the last {MAX_LEDGERS} answers are kept)."
+                if named
+                else "No answer has played yet.",
+                param="response_id" if response_id else "item_id" if item_id else None,
+            )
+        return ledger
+
+    def answer_ending(self, response_id: str, part: Part, status: str, policy: str) -> None:
+        """Before the answer's closing events: take what it generated; a cancelled answer's
+        item is cut back to what the user heard once the client acknowledged any playback
+        (``ack_only``: always)."""
+        ledger = self.ledgers.get(response_id)
+        if ledger is None:
+            return
+        ledger.capture(part)
+        if part.type == "output_audio" and status == "cancelled" and (ledger.acked or policy == "ack_only"):
+            ledger.cut(part)  # history holds what the user heard
+
+    def answer_ended(self, response_id: str, part: Part, status: str, policy: str) -> None:
+        """After response.done: the ledger is final; ``ack_only`` keeps in the history
+        only what is acknowledged."""
+        ledger = self.ledgers.get(response_id)
+        if ledger is None:
+            return
+        ledger.done = True
+        if part.type == "output_audio" and status != "cancelled" and policy == "ack_only":
+            ledger.cut(part)  # only what is acknowledged enters the history
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [ledger.to_dict() for ledger in self.ledgers.values()]
+
+    def restore(self, entries: list[dict[str, Any]]) -> None:
+        for entry in entries:
+            ledger = Ledger.from_dict(entry)
+            self.ledgers[ledger.response_id] = ledger

@@ -1,8 +1,13 @@
-"""Responses: from response.create (or a VAD turn) to response.done.
+"""Responses (Sans-I/O): from response.create (or a turn) to response.done.
+
+``Responses`` owns the running responses: the conversation's (``current``, at
+most one) and the out-of-band ones (conversation ``"none"``), their outputs as
+they stream, and ``audio_out_ms``. It builds each engine request (context,
+voice, tools) and turns engine outputs into events.
 
 A response that needs a transcript still being finished starts at once and
-receives the transcript as a streamed input chunk, so the engine is never idle
-waiting for the whole pipeline.
+receives the transcript as a streamed input chunk (``transcribed``), so the
+engine is never idle waiting for the whole pipeline.
 
 Outputs follow the GA order. An assistant message: ``response.output_item.added``,
 ``conversation.item.added``, ``response.content_part.added``, its deltas, then
@@ -12,11 +17,17 @@ at the end ``..._audio.done``/``..._text.done``, ``response.content_part.done``,
 ``conversation.item.added``, ``response.function_call_arguments.delta``..., then
 ``response.function_call_arguments.done``, ``response.output_item.done``,
 ``conversation.item.done``. ``response.done`` carries every output.
+
+It knows the event log, the history (to add outputs and read the context), and
+through callbacks what it may not know itself: how a client's item spec becomes
+an item (``make_item``), who wants to know an answer ended (``answered``), and
+the dialect's turn-taking (``ResponseTurns``). It knows nothing of input audio.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from gateway.audio.codecs import encode_from_pcm16
 from gateway.audio.resample import StreamResampler
@@ -24,57 +35,134 @@ from gateway.protocol import client_events as ce
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import (
     OPENAI_VOICES,
-    beta_format,
+    SessionConfig,
     engine_voice,
-    ga_format,
     parse_beta_format,
     parse_ga_format,
 )
 from gateway.protocol.session_fields import check_tool_choice_names
 from gateway.session.context import fit_context
 from gateway.session.conversation import Item, Part, to_messages
-from gateway.session.core import SessionCore, _Response
-from gateway.session.effects import Cancel, EndInput, StartResponse
+from gateway.session.effects import Cancel, EndInput, Feed, StartResponse
+from gateway.session.events import EventLog
+from gateway.session.history import History
+from gateway.session.limits import SessionLimits
+from gateway.session.response import Response, engine_tool_choice, engine_tools
 from orchestrator.engine import (
     AudioDelta,
+    EngineInfo,
     EngineOutput,
     Finished,
-    FunctionTool,
     ResponseRequest,
+    TextChunk,
     TextDelta,
     ToolCallDelta,
-    ToolChoice,
 )
 
 
-def engine_tools(tools: tuple[dict[str, Any], ...]) -> tuple[FunctionTool, ...]:
-    """The function tools (MCP tools are kept in the session, never offered)."""
-    return tuple(
-        FunctionTool(t["name"], t.get("description", ""), t.get("parameters") or {"type": "object", "properties": {}})
-        for t in tools
-        if t.get("type") == "function"
-    )
+class ResponseTurns(Protocol):
+    """What the responses part tells the dialect's turn-taking (``turn_taking.TurnTaking``):
+    the conversation's answer ends (an out-of-band one ends unannounced)."""
+
+    def answer_ending(self, resp: Response, status: str) -> None:
+        """Before its closing events: what the dialect must capture of it."""
+
+    def answer_ended(self, resp: Response, status: str) -> None:
+        """After its ``response.done``: the dialect may start the next answer."""
 
 
-def engine_tool_choice(choice: str | dict[str, Any]) -> ToolChoice:
-    if isinstance(choice, dict):
-        if choice.get("type") == "function":
-            return ToolChoice("function", choice["name"])
-        return ToolChoice("auto")  # an MCP tool: none is offered here, the model decides without it
-    return ToolChoice(choice)  # type: ignore[arg-type]
+class Responses:
+    """See the module docstring."""
 
+    def __init__(
+        self,
+        log: EventLog,
+        history: History,
+        turns: ResponseTurns,
+        *,
+        engine: EngineInfo,
+        limits: SessionLimits,
+        beta: bool,
+        config: SessionConfig,
+        lazy_message: bool,
+        make_item: Callable[[ce.ItemSpec, str], Item],
+        answered: Callable[[float], None],
+        rate_limits: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        """``make_item(spec, param)``: an item of ``response.input``; ``answered(audio_ms)``:
+        the conversation's answer ended, with ``audio_ms`` of audio for the client to play;
+        ``rate_limits()``: the fields of rate_limits.updated (sent after each response.done).
+        ``lazy_message``: a response that may call a function opens its message on its first
+        text or audio, so that a call alone is the whole output (False: always at once, as the
+        duplex dialect's playback ledgers need it when the response is created)."""
+        self.config = config  # the session's, set again on every update
+        self.current: Response | None = None  # the conversation's (conversation "auto")
+        self.audio_out_ms = 0.0  # output audio made on this replica (the host meters it per tenant)
+        self._oob: dict[str, Response] = {}  # out-of-band responses (conversation "none"), by id
+        self._log = log
+        self._emit = log.emit
+        self._effects = log.effects  # (the same list for the session's life)
+        self._new_id = log.new_id
+        self._history = history
+        self._turns = turns
+        self._engine = engine
+        self._limits = limits
+        self._beta = beta
+        self._lazy_message = lazy_message
+        self._make_item = make_item
+        self._answered = answered
+        self._rate_limits = rate_limits
 
-class Responses(SessionCore):
-    # A response that may call a function opens its message on its first text or audio, so
-    # that a call alone is the whole output. False: always at once (the duplex dialect's
-    # playback ledgers need the message item when the response is created).
-    lazy_message = True
+    # --- what the session asks ---------------------------------------------------
+
+    @property
+    def out_of_band(self) -> list[Response]:
+        """The out-of-band responses running, oldest first."""
+        return list(self._oob.values())
+
+    def running(self) -> list[Response]:
+        """Every running response: the conversation's first."""
+        return [r for r in (self.current, *self._oob.values()) if r is not None]
+
+    def answering(self) -> bool:
+        """Whether the conversation's answer runs."""
+        return self.current is not None
+
+    def writes(self, item: Item) -> bool:
+        """Whether ``item`` is an output of the conversation's running answer."""
+        resp = self.current
+        return resp is not None and any(item is out for out in resp.outputs)
+
+    def restore(self, current: Response | None, out_of_band: list[Response]) -> None:
+        """The responses a snapshot held (``recover`` ends them)."""
+        self.current = current
+        self._oob = {resp.id: resp for resp in out_of_band}
+
+    def shutdown(self) -> None:
+        """Cancel every running request (client gone or session over)."""
+        effects = self._effects
+        if self.current is not None:
+            effects.append(Cancel(self.current.id))
+            self.current = None
+        for request_id in self._oob:
+            effects.append(Cancel(request_id))
+        self._oob.clear()
+
+    def transcribed(self, item_id: str, text: str) -> None:
+        """The transcript of ``item_id`` is final: the responses waiting for it get it."""
+        effects = self._effects
+        for resp in (self.current, *self._oob.values()):
+            if resp is not None and item_id in resp.awaiting:
+                resp.awaiting.discard(item_id)
+                if text:
+                    effects.append(Feed(resp.id, TextChunk(text)))
+                if not resp.awaiting:
+                    effects.append(EndInput(resp.id))
 
     # --- responses ----------------------------------------------------------
 
-    def create_response(
-        self, params: ce.ResponseParams, event_id: str | None, turn_started_at: float | None = None
-    ) -> None:
+    def create(self, params: ce.ResponseParams, event_id: str | None, turn_started_at: float | None = None) -> None:
+        """Start a response, or raise the ProtocolError that refuses it."""
         cfg = self.config
         if cfg.type == "transcription":
             raise ProtocolError(
@@ -84,18 +172,18 @@ class Responses(SessionCore):
                 event_id=event_id,
             )
         in_conversation = params.conversation == "auto"
-        if in_conversation and self._response is not None:
+        if in_conversation and self.current is not None:
             raise ProtocolError(
                 Code.RESPONSE_ACTIVE,
-                f"Conversation already has an active response {self._response.id!r}; "
+                f"Conversation already has an active response {self.current.id!r}; "
                 'cancel it or wait for response.done (an out-of-band response, conversation "none", '
                 "may run beside it).",
                 event_id=event_id,
             )
-        if not in_conversation and len(self._oob) >= self.limits.max_out_of_band:
+        if not in_conversation and len(self._oob) >= self._limits.max_out_of_band:
             raise ProtocolError(
                 Code.RESPONSE_ACTIVE,
-                f"At most {self.limits.max_out_of_band} out-of-band responses run at once; "
+                f"At most {self._limits.max_out_of_band} out-of-band responses run at once; "
                 "cancel one or wait for its response.done.",
                 event_id=event_id,
             )
@@ -103,7 +191,7 @@ class Responses(SessionCore):
         voice = cfg.voice
         if params.voice is not None:
             voice = params.voice
-            if not params.custom_voice and voice not in OPENAI_VOICES and voice not in self.engine.voices:
+            if not params.custom_voice and voice not in OPENAI_VOICES and voice not in self._engine.voices:
                 raise ProtocolError(
                     Code.INVALID_VALUE, f"Unknown voice {voice!r}.", param="response.audio.output.voice"
                 )
@@ -119,7 +207,7 @@ class Responses(SessionCore):
         parallel = cfg.parallel_tool_calls if params.parallel_tool_calls is None else params.parallel_tool_calls
         instructions = cfg.instructions if params.instructions is None else params.instructions
         context, awaiting = self._context(params, instructions, max_tokens)
-        resp = _Response(
+        resp = Response(
             id=self._new_id("resp"),
             in_conversation=in_conversation,
             modalities=modalities,
@@ -127,7 +215,7 @@ class Responses(SessionCore):
             voice=voice,
             max_output_tokens=max_tokens,
             metadata=params.metadata,
-            resampler=StreamResampler(self.engine.output_sample_rate, out_fmt.rate),
+            resampler=StreamResampler(self._engine.output_sample_rate, out_fmt.rate),
             awaiting=awaiting,
             instructions=params.instructions,
             event_id=event_id,
@@ -146,7 +234,7 @@ class Responses(SessionCore):
             messages=tuple(context),
             instructions=instructions,
             modalities=modalities,
-            voice=engine_voice(voice, self.engine.voices, self.engine.default_voice),
+            voice=engine_voice(voice, self._engine.voices, self._engine.default_voice),
             max_output_tokens=max_tokens,
             temperature=cfg.temperature if params.temperature is None else params.temperature,
             speed=cfg.speed,
@@ -155,119 +243,92 @@ class Responses(SessionCore):
             parallel_tool_calls=parallel,
         )
         if in_conversation:
-            self._response = resp
+            self.current = resp
         else:
             self._oob[resp.id] = resp
-        eager = not (request.calls_tools and self.lazy_message)
+        eager = not (request.calls_tools and self._lazy_message)
         if eager:
             self._new_message(resp)
-        self._emit("response.created", response=self._render_response(resp, "in_progress", None))
+        self._emit("response.created", response=self._render(resp, "in_progress", None))
         if eager:
             self._announce_message(resp)
-        self.effects.append(StartResponse(request, turn_started_at))
+        self._effects.append(StartResponse(request, turn_started_at))
         if not awaiting:
-            self.effects.append(EndInput(resp.id))
+            self._effects.append(EndInput(resp.id))
 
     def _context(
         self, params: ce.ResponseParams, instructions: str, max_tokens: int | None
     ) -> tuple[list[Any], set[str]]:
         if params.input is None:
-            items = list(self.conversation)
-            items = fit_context(items, instructions, self.config.truncation, self.engine.max_context_tokens, max_tokens)
+            items = list(self._history.conversation)
+            items = fit_context(
+                items, instructions, self.config.truncation, self._engine.max_context_tokens, max_tokens
+            )
         else:
             items = []
             for i, entry in enumerate(params.input):
                 if isinstance(entry, str):
-                    ref = self.conversation.get(entry)
+                    ref = self._history.get(entry)
                     if ref is None:
                         raise ProtocolError(
                             Code.ITEM_NOT_FOUND, f"Item with item_id {entry!r} not found.", param=f"response.input[{i}]"
                         )
                     items.append(ref)
                 else:
-                    items.append(self._item_from_spec(entry, f"response.input[{i}]"))
+                    items.append(self._make_item(entry, f"response.input[{i}]"))
         awaiting = {it.id for it in items if it.pending_transcription}
         # A pending item is sent with empty text; its transcript follows as a streamed input chunk.
         return to_messages(items), awaiting
 
     # --- outputs ----------------------------------------------------------------
 
-    def _add_output(self, resp: _Response, item: Item) -> None:
+    def _add_output(self, resp: Response, item: Item) -> None:
         resp.outputs.append(item)
         index = len(resp.outputs) - 1
-        self._emit("response.output_item.added", response_id=resp.id, output_index=index, item=item.render(self.beta))
+        self._emit("response.output_item.added", response_id=resp.id, output_index=index, item=item.render(self._beta))
         if resp.in_conversation:
-            prev = self._insert(item, None)
-            self._emit("conversation.item.added", previous_item_id=prev, item=item.render(self.beta))
+            prev = self._history.insert(item, None)
+            self._emit("conversation.item.added", previous_item_id=prev, item=item.render(self._beta))
 
-    def _new_message(self, resp: _Response) -> Part:
+    def _new_message(self, resp: Response) -> Part:
         item = Item(self._new_id("item"), "assistant", [], status="in_progress")
         part = Part("output_audio", transcript="") if "audio" in resp.modalities else Part("output_text", text="")
         resp.message, resp.part = item, part
         return part
 
-    def _announce_message(self, resp: _Response) -> None:
+    def _announce_message(self, resp: Response) -> None:
         item, part = resp.message, resp.part
         assert item is not None and part is not None
         self._add_output(resp, item)
         item.content.append(part)
         self._emit("response.content_part.added", **self._where(resp, item), part=part.render_part())
 
-    def _open_message(self, resp: _Response) -> Part:
+    def _open_message(self, resp: Response) -> Part:
         """The response's message, made and announced on its first text or audio."""
         part = self._new_message(resp)
         self._announce_message(resp)
         return part
 
-    def _where(self, resp: _Response, item: Item) -> dict[str, Any]:
+    def _where(self, resp: Response, item: Item) -> dict[str, Any]:
         return {"response_id": resp.id, "item_id": item.id, "output_index": resp.index_of(item), "content_index": 0}
 
-    def _render_response(self, resp: _Response, status: str, details: dict[str, Any] | None) -> dict[str, Any]:
-        usage = None
-        if resp.usage is not None:
-            u = resp.usage
-            usage = {
-                "total_tokens": u.input_tokens + u.output_tokens,
-                "input_tokens": u.input_tokens,
-                "output_tokens": u.output_tokens,
-                "input_token_details": {
-                    "text_tokens": u.input_text_tokens,
-                    "audio_tokens": u.input_audio_tokens,
-                    "cached_tokens": 0,
-                },
-                "output_token_details": {"text_tokens": u.output_text_tokens, "audio_tokens": u.output_audio_tokens},
-            }
-        out: dict[str, Any] = {
-            "object": "realtime.response",
-            "id": resp.id,
-            "status": status,
-            "status_details": details,
-            "output": [it.render(self.beta) for it in resp.outputs] if status != "in_progress" else [],
-            "conversation_id": self.conversation_id if resp.in_conversation else None,
-            "max_output_tokens": "inf" if resp.max_output_tokens is None else resp.max_output_tokens,
-            "usage": usage,
-            "metadata": resp.metadata,
-        }
-        if self.beta:
-            out["modalities"] = ["audio", "text"] if "audio" in resp.modalities else ["text"]
-            out["voice"] = resp.voice
-            out["output_audio_format"] = beta_format(resp.output_format)
-        else:
-            out["output_modalities"] = list(resp.modalities)
-            out["audio"] = {"output": {"format": ga_format(resp.output_format), "voice": resp.voice}}
-        return out
+    def _render(self, resp: Response, status: str, details: dict[str, Any] | None) -> dict[str, Any]:
+        return resp.render(status, details, beta=self._beta, conversation_id=self._history.id)
 
-    def _running(self, request_id: str) -> _Response | None:
+    def find(self, request_id: str) -> Response | None:
         """The running response ``request_id``: the conversation's, or an out-of-band one."""
-        resp = self._response
+        resp = self.current
         if resp is not None and resp.id == request_id:
             return resp
         return self._oob.get(request_id)
 
-    def on_response(self, request_id: str, output: EngineOutput) -> None:
-        resp = self._running(request_id)
-        if resp is None:
-            return  # output that raced a cancel
+    def on_output(self, request_id: str, output: EngineOutput) -> None:
+        """An output of the engine for the response ``request_id`` (the hot path)."""
+        resp = self.current
+        if resp is None or resp.id != request_id:  # find(), inlined (the hot path)
+            resp = self._oob.get(request_id)
+            if resp is None:
+                return  # output that raced a cancel
         if isinstance(output, AudioDelta):
             if "audio" in resp.modalities:
                 pcm = resp.resampler.process(output.pcm)
@@ -283,11 +344,11 @@ class Responses(SessionCore):
                 self._audio_delta(resp, resp.part, resp.resampler.flush())
             resp.usage = output.usage
             if output.reason == "length":
-                self._end(resp, "incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
+                self.end(resp, "incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
             else:
-                self._end(resp, "completed", None)
+                self.end(resp, "completed", None)
 
-    def _text_delta(self, resp: _Response, part: Part, text: str) -> None:
+    def _text_delta(self, resp: Response, part: Part, text: str) -> None:
         assert resp.message is not None
         where = self._where(resp, resp.message)
         if part.type == "output_audio":
@@ -298,7 +359,7 @@ class Responses(SessionCore):
             part.text = (part.text or "") + text
             self._emit("response.output_text.delta", **where, delta=text)
 
-    def _audio_delta(self, resp: _Response, part: Part, pcm: bytes) -> None:
+    def _audio_delta(self, resp: Response, part: Part, pcm: bytes) -> None:
         if not pcm or resp.message is None:
             return
         data = encode_from_pcm16(resp.output_format, pcm)
@@ -307,7 +368,7 @@ class Responses(SessionCore):
         self.audio_out_ms += ms
         self._emit("response.output_audio.delta", **self._where(resp, resp.message), delta=data)
 
-    def _call_delta(self, resp: _Response, delta: ToolCallDelta) -> None:
+    def _call_delta(self, resp: Response, delta: ToolCallDelta) -> None:
         item = resp.calls.get(delta.index)
         if item is None:
             item = Item(
@@ -332,44 +393,47 @@ class Responses(SessionCore):
                 delta=delta.arguments,
             )
 
-    def on_response_failed(self, request_id: str, code: str, message: str) -> None:
-        resp = self._running(request_id)
+    def on_failed(self, request_id: str, code: str, message: str) -> None:
+        resp = self.find(request_id)
         if resp is None:
             return
-        self._fail(code, message, resp.event_id)
-        self._end(
+        self._log.fail(code, message, resp.event_id)
+        self.end(
             resp, "failed", {"type": "failed", "error": {"type": "server_error", "code": code, "message": message}}
         )
 
-    def _cancel(self, event: ce.ResponseCancel) -> None:
+    def cancel(self, response_id: str | None) -> None:
         """The response named, or without a name the conversation's (else the latest out-of-band one)."""
-        if event.response_id is not None:
-            resp = self._running(event.response_id)
+        if response_id is not None:
+            resp = self.find(response_id)
         else:
-            resp = self._response or next(reversed(self._oob.values()), None)
+            resp = self.current or next(reversed(self._oob.values()), None)
         if resp is None:
             raise ProtocolError(
                 Code.RESPONSE_NOT_ACTIVE,
-                "There is no active response to cancel"
-                + (f" with id {event.response_id!r}." if event.response_id else "."),
-                param="response_id" if event.response_id else None,
+                "There is no active response to cancel" + (f" with id {response_id!r}." if response_id else "."),
+                param="response_id" if response_id else None,
             )
-        self._end(resp, "cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
+        self.end(resp, "cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
 
-    def _end(self, resp: _Response, status: str, details: dict[str, Any] | None, *, cancel: bool = False) -> None:
-        if resp is self._response:
-            self._end_response(status, details, cancel=cancel)
+    def end(self, resp: Response, status: str, details: dict[str, Any] | None, *, cancel: bool = False) -> None:
+        """End ``resp`` with ``status`` (``cancel``: abort its engine request too)."""
+        if resp is self.current:
+            self.end_current(status, details, cancel=cancel)
         else:
             self._finish(resp, status, details, cancel=cancel)
 
-    def _end_response(self, status: str, details: dict[str, Any] | None, *, cancel: bool = False) -> None:
-        """End the conversation's response (a dialect may add to this)."""
-        assert self._response is not None
-        self._finish(self._response, status, details, cancel=cancel)
+    def end_current(self, status: str, details: dict[str, Any] | None, *, cancel: bool = False) -> None:
+        """End the conversation's response, between the dialect's two hooks."""
+        resp = self.current
+        assert resp is not None
+        self._turns.answer_ending(resp, status)
+        self._finish(resp, status, details, cancel=cancel)
+        self._turns.answer_ended(resp, status)
 
-    def _finish(self, resp: _Response, status: str, details: dict[str, Any] | None, *, cancel: bool = False) -> None:
+    def _finish(self, resp: Response, status: str, details: dict[str, Any] | None, *, cancel: bool = False) -> None:
         if cancel:
-            self.effects.append(Cancel(resp.id))
+            self._effects.append(Cancel(resp.id))
         for index, item in enumerate(resp.outputs):
             if item.type == "function_call":
                 self._emit(
@@ -391,20 +455,16 @@ class Responses(SessionCore):
                     self._emit("response.output_text.done", **where, text=part.text or "")
                 self._emit("response.content_part.done", **where, part=part.render_part())
             item.status = "completed" if status == "completed" else "incomplete"
-            rendered = item.render(self.beta)
+            rendered = item.render(self._beta)
             self._emit("response.output_item.done", response_id=resp.id, output_index=index, item=rendered)
-            if resp.in_conversation and self.conversation.get(item.id) is not None:
+            if resp.in_conversation and self._history.get(item.id) is not None:
                 self._emit("conversation.item.done", previous_item_id=None, item=rendered)
-        if resp is self._response:
-            self._response = None
+        if resp is self.current:
+            self.current = None
             # idle_timeout_ms counts from when the client has played this answer's audio.
-            self._idle_from_ms = self.audio_ms + (resp.part.audio_ms if resp.part is not None else 0.0)
+            self._answered(resp.part.audio_ms if resp.part is not None else 0.0)
         else:
             self._oob.pop(resp.id, None)
-        self._emit("response.done", response=self._render_response(resp, status, details))
+        self._emit("response.done", response=self._render(resp, status, details))
         if self._rate_limits is not None:
             self._emit("rate_limits.updated", **self._rate_limits())
-
-    @property
-    def active_response_id(self) -> str | None:
-        return self._response.id if self._response else None

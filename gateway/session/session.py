@@ -1,55 +1,194 @@
-"""The realtime session state machine (Sans-I/O).
+"""The realtime session (Sans-I/O): the facade the host and the transport drive.
 
 Inputs: decoded client events, input audio, and engine outputs delivered by
-the shell. Outputs: server events appended to ``outbox`` (GA-shaped dicts,
-each with ``event_id`` and a monotonic ``server_event_seq``) and effects
-appended to ``effects`` for the shell to carry out. Nothing here awaits,
-sleeps or touches a socket, so every rule below is unit-testable.
+the shell. Outputs: server events in ``events`` (GA-shaped dicts, each with
+``event_id`` and a monotonic ``server_event_seq``) and effects in ``effects``
+for the shell to carry out; ``take()`` hands both over. Nothing here awaits,
+sleeps or touches a socket, so every rule is unit-testable.
 
-Input audio flows as it arrives: it is decoded from the session format,
-resampled to the engine's rate and streamed into a transcription request
-(vLLM's streaming-input shape: first chunk starts it, commit ends it). With
-server VAD the request opens when speech starts (with ``prefix_padding_ms``
-of audio before it) and is committed when speech stops. A response that
-needs a transcript still being finished starts at once and receives the
-transcript as a streamed input chunk, so the engine is never idle waiting for
-the whole pipeline.
+``RealtimeSession`` is composed of parts, each owning one topic and each
+testable alone (tests/unit/test_session_parts.py):
+
+- ``EventLog`` (events.py): seq, epoch, ids, pending events and effects, what
+  the next snapshot writes;
+- ``History`` (history.py): the conversation within its item and byte limits;
+- ``InputAudio`` (input.py): the input buffer, server VAD, transcriptions;
+- ``Responses`` (responses.py): the running responses and their outputs;
+- a ``TurnTaking`` (turn_taking.py): what the dialect decides about turns
+  (``RealtimeTurns`` here; the duplex dialect's in duplex_turns.py).
+
+The facade owns the configuration, the lifecycle, the dispatch of client
+events, the conversation item events and snapshots, and wires the parts to
+one another (each gets what it needs, explicitly, when built). The hot paths
+(``append_audio``, ``on_response``) are the parts' own methods, bound here
+once, with no layer between the host and the part.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
-from gateway.audio.codecs import AudioFormat, decode_to_pcm16
-from gateway.audio.resample import StreamResampler
 from gateway.protocol import client_events as ce
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
-from gateway.protocol.session_config import SessionConfig, apply_update, render
+from gateway.protocol.session_config import ConfigLimits, SessionConfig, apply_update, render
 from gateway.session import snapshot
-from gateway.session.conversation import Item, Part
-from gateway.session.core import VAD_RATE, SessionCore, SessionLimits, VadStream, _Response
-from gateway.session.effects import Cancel, Close, EndInput, Feed, StartTranscription
-from gateway.session.input import InputAudio
+from gateway.session.conversation import Conversation, Item, item_from_spec
+from gateway.session.effects import CloseSocket, Effect
+from gateway.session.events import STATE_EVENTS, EventLog
+from gateway.session.history import History
+from gateway.session.input import VAD_RATE, InputAudio, VadStream
+from gateway.session.limits import SessionLimits
 from gateway.session.responses import Responses
-from orchestrator.engine import (
-    AudioChunk,
-    EngineInfo,
-)
+from gateway.session.turn_taking import Parts, RealtimeTurns, TurnTaking
+from orchestrator.engine import EngineInfo, EngineOutput
 
-__all__ = ["VAD_RATE", "RealtimeSession", "SessionCore", "SessionLimits", "VadStream"]
+__all__ = ["STATE_EVENTS", "VAD_RATE", "RealtimeSession", "SessionLimits", "VadStream"]
 
 
-class RealtimeSession(InputAudio, Responses):
-    """The whole session: lifecycle, client events, conversation items, snapshots."""
+class RealtimeSession:
+    """See the module docstring."""
 
-    # --- lifecycle ----------------------------------------------------------
+    # The hot paths and the engine's callbacks: the parts' methods, bound in __init__.
+    append_audio: Callable[[bytes, str | None], None]  # input_audio_buffer.append (raises ProtocolError)
+    on_response: Callable[[str, EngineOutput], None]  # (request id, output) of a response
+    on_response_failed: Callable[[str, str, str], None]  # (request id, code, message)
+    on_transcription: Callable[[str, EngineOutput], None]
+    on_transcription_failed: Callable[[str, str, str], None]
 
-    def start(self, resume_token: str | None = None) -> None:
-        """``resume_token`` (gateway extension) lets the client resume the session later."""
-        if resume_token is None:
-            self._emit("session.created", session=self.render_config())
-        else:
-            self._emit("session.created", session=self.render_config(), resume_token=resume_token)
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        config: SessionConfig,
+        engine: EngineInfo,
+        beta: bool = False,
+        limits: SessionLimits | None = None,
+        vad_factory: Callable[[], VadStream] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rate_limits: Callable[[], dict[str, Any]] | None = None,  # the fields of rate_limits.updated
+        created_at: float | None = None,
+        turn_taking: TurnTaking | None = None,  # the dialect's; None: the Realtime API's
+    ) -> None:
+        self.id = session_id
+        self.engine = engine
+        self.beta = beta
+        self.limits = limits = limits or SessionLimits()
+        self.created_at = created_at if created_at is not None else time.time()
+        self.expires_at = int(self.created_at + limits.lifetime_s)
+        self._config = config
+        self._config_limits = ConfigLimits(voices=engine.voices, ignored_fields=engine.ignored_fields)
+        self._warned: set[str] = set()  # ignored fields already reported (session.warning)
+        self._vad_factory = vad_factory
+        self.conversation = Conversation()
+        self.dirty = True  # state changed since the last snapshot (the host clears it once it wrote one)
+        log = self._log = EventLog(self.conversation.forget, self._state_changed)
+        self._emit = log.emit
+        # What take() hands over: the log's two lists, held here (read by the host on every flush).
+        self.events: list[dict[str, Any]] = log.events
+        self.effects: list[Effect] = log.effects
+        turns = self._turns = turn_taking or RealtimeTurns()
+        # History and responses, input and responses, know each other only through the
+        # callbacks given here (those that name a part built later look it up when called).
+        history = self._history = History(self.conversation, limits, log.emit, keep=lambda it: responses.writes(it))
+        responses = self._responses = Responses(
+            log,
+            history,
+            turns,
+            engine=engine,
+            limits=limits,
+            beta=beta,
+            config=config,
+            lazy_message=turns.lazy_message,
+            make_item=self._item_from_spec,
+            answered=lambda played_ms: self._input.arm_idle(played_ms),
+            rate_limits=rate_limits,
+        )
+        self._input = InputAudio(
+            log,
+            history,
+            turns,
+            engine=engine,
+            limits=limits,
+            beta=beta,
+            config=config,
+            responding=responses.answering,
+            transcribed=responses.transcribed,
+            vad_factory=vad_factory,
+            clock=clock,
+        )
+        turns.bind(Parts(log, history, self._input, responses), config)
+        log.spell = turns.spelling
+        self.append_audio = self._input.append
+        self.on_transcription = self._input.on_transcription
+        self.on_transcription_failed = self._input.on_transcription_failed
+        self.on_response = responses.on_output
+        self.on_response_failed = responses.on_failed
+
+    # --- state the shell reads ------------------------------------------------
+
+    @property
+    def config(self) -> SessionConfig:
+        return self._config
+
+    @config.setter
+    def config(self, new: SessionConfig) -> None:
+        self._config = new
+        self._input.configure(new)
+        self._responses.config = new
+        self._turns.config = new
+
+    @property
+    def seq(self) -> int:
+        """The ``server_event_seq`` of the last event."""
+        return self._log.seq
+
+    @seq.setter
+    def seq(self, value: int) -> None:
+        self._log.seq = value
+
+    @property
+    def epoch(self) -> int:
+        """Bumped on barge-in and on takeover by another replica."""
+        return self._log.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._log.epoch = value
+
+    @property
+    def audio_ms(self) -> float:
+        """All input audio ever appended: the clock of audio_start/end_ms."""
+        return self._input.audio_ms
+
+    @audio_ms.setter
+    def audio_ms(self, value: float) -> None:
+        self._input.audio_ms = value
+
+    @property
+    def audio_out_ms(self) -> float:
+        """Output audio made on this replica (the host meters it per tenant)."""
+        return self._responses.audio_out_ms
+
+    @property
+    def conversation_id(self) -> str:
+        return self._history.id
+
+    @property
+    def active_response_id(self) -> str | None:
+        resp = self._responses.current
+        return resp.id if resp else None
+
+    @property
+    def responses(self) -> Responses:
+        """The responses part (tests and introspection; the shell uses the methods here)."""
+        return self._responses
+
+    @property
+    def input_audio(self) -> InputAudio:
+        """The input audio part (tests and introspection)."""
+        return self._input
 
     @property
     def dialect(self) -> str:
@@ -63,32 +202,50 @@ class RealtimeSession(InputAudio, Responses):
         (``gateway_events``)."""
         return self.config.gateway_events
 
+    def take(self) -> tuple[list[dict[str, Any]], list[Effect]]:
+        """Hand the pending events and effects to the shell."""
+        # EventLog.take(), inlined: the host takes on every flush (every delta).
+        events, effects = self.events, self.effects
+        out, eff = events.copy(), effects.copy()
+        events.clear()
+        effects.clear()
+        return out, eff
+
+    def take_item_changes(self) -> tuple[set[str], set[str]]:
+        """(changed, dropped) item ids since the last call: the next snapshot's item records."""
+        return self._log.take_item_changes()
+
+    def error(self, err: ProtocolError) -> None:
+        self._log.error(err)
+
+    def _state_changed(self) -> None:
+        self.dirty = True
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def start(self, resume_token: str | None = None) -> None:
+        """``resume_token`` (gateway extension) lets the client resume the session later."""
+        if resume_token is None:
+            self._emit("session.created", session=self.render_config())
+        else:
+            self._emit("session.created", session=self.render_config(), resume_token=resume_token)
+
     def render_config(self) -> dict[str, Any]:
         return render(self.config, session_id=self.id, expires_at=self.expires_at, beta=self.beta)
 
     def expire(self) -> None:
-        self._fail(
+        self._log.fail(
             Code.SESSION_EXPIRED,
             f"The session reached its maximum lifetime of {self.limits.lifetime_s:.0f} s; open a new session.",
             None,
         )
         self.shutdown()
-        self.effects.append(Close(CloseCode.SESSION_EXPIRED, "session expired"))
+        self.effects.append(CloseSocket(CloseCode.SESSION_EXPIRED, "session expired"))
 
     def shutdown(self) -> None:
         """Cancel every running request (client gone or session over)."""
-        if self._response is not None:
-            self.effects.append(Cancel(self._response.id))
-            self._response = None
-        for request_id in self._oob:
-            self.effects.append(Cancel(request_id))
-        self._oob.clear()
-        if self._input is not None:
-            self.effects.append(Cancel(self._input.request_id))
-            self._input = None
-        for request_id in self._committed:
-            self.effects.append(Cancel(request_id))
-        self._committed.clear()
+        self._responses.shutdown()
+        self._input.shutdown()
 
     # --- client events ------------------------------------------------------
 
@@ -100,9 +257,9 @@ class RealtimeSession(InputAudio, Responses):
                 case ce.SessionUpdate():
                     self._session_update(event)
                 case ce.AudioCommit():
-                    self._commit(event.event_id, manual=True)
+                    self._input.commit(event.event_id, manual=True)
                 case ce.AudioClear():
-                    self._clear()
+                    self._input.clear()
                 case ce.ItemCreate():
                     self._item_create(event)
                 case ce.ItemRetrieve():
@@ -112,9 +269,9 @@ class RealtimeSession(InputAudio, Responses):
                 case ce.ItemDelete():
                     self._delete(event)
                 case ce.ResponseCreate():
-                    self.create_response(event.response, event.event_id)
+                    self._turns.answer(event.response, event.event_id)
                 case ce.ResponseCancel():
-                    self._cancel(event)
+                    self._responses.cancel(event.response_id)
                 case ce.OutputAudioClear():
                     raise ProtocolError(
                         Code.UNSUPPORTED,
@@ -134,10 +291,7 @@ class RealtimeSession(InputAudio, Responses):
     def _apply_config(self, new: SessionConfig, warnings: list[tuple[str, str]]) -> None:
         """Check what needs the engine, then apply ``new`` and announce it (session.updated)."""
         self._check_config(new)
-        old = self.config
         self.config = new
-        if new.input_format != old.input_format or new.turn_detection != old.turn_detection:
-            self._setup_input()
         self._emit("session.updated", session=self.render_config())
         if not self.sends_gateway_events:
             return  # the SDKs have no type for session.warning: only for clients that opted in
@@ -159,7 +313,7 @@ class RealtimeSession(InputAudio, Responses):
                 "set turn_detection to null and commit turns yourself.",
                 param="session.audio.input.turn_detection",
             )
-        if new.type == "transcription" and self._response is not None:
+        if new.type == "transcription" and self._responses.current is not None:
             raise ProtocolError(
                 Code.RESPONSE_ACTIVE,
                 "A session becomes a transcription session only with no response running; "
@@ -185,49 +339,15 @@ class RealtimeSession(InputAudio, Responses):
                 Code.ITEM_NOT_FOUND, f"previous_item_id {prev_id!r} not found.", param="previous_item_id"
             )
         item = self._item_from_spec(spec, "item")
-        prev = self._insert(item, prev_id)
+        prev = self._history.insert(item, prev_id)
         self._emit("conversation.item.added", previous_item_id=prev, item=item.render(self.beta))
         self._emit("conversation.item.done", previous_item_id=prev, item=item.render(self.beta))
 
     def _item_from_spec(self, spec: ce.ItemSpec, param: str) -> Item:
-        """Build an item; validates every part before asking for any work."""
-        if spec.type != "message":
-            return Item(
-                spec.id or self._new_id("item"),
-                spec.role,
-                [],
-                type=spec.type,
-                call_id=spec.call_id or self._new_id("call"),
-                name=spec.name,
-                arguments=spec.arguments,
-                output=spec.output,
-            )
-        item = Item(spec.id or self._new_id("item"), spec.role, [])
-        fmt = self.config.input_format
-        audio: bytes | None = None
-        for i, p in enumerate(spec.content):
-            if p.audio is not None and p.transcript is None:
-                if len(p.audio) % fmt.bytes_per_sample:
-                    raise ProtocolError(
-                        Code.INVALID_AUDIO,
-                        f"Audio length {len(p.audio)} is not a whole number of {fmt.codec} samples.",
-                        param=f"{param}.content[{i}].audio",
-                    )
-                if audio is not None:
-                    raise ProtocolError(
-                        Code.INVALID_VALUE, "Only one input_audio part per item.", param=f"{param}.content"
-                    )
-                audio = p.audio
-            item.content.append(Part(p.type, text=p.text, transcript=p.transcript))
+        """Build an item; validates every part before asking for any work (its audio's transcription)."""
+        item, audio = item_from_spec(spec, param, self._log.new_id, self.config.input_format)
         if audio is not None:
-            request_id = f"input_{item.id}"
-            pcm = decode_to_pcm16(fmt, audio)
-            resampler = StreamResampler(fmt.rate, self.engine.input_sample_rate)
-            self.effects.append(StartTranscription(self._transcription_request(request_id)))
-            self.effects.append(Feed(request_id, AudioChunk(resampler.process(pcm) + resampler.flush())))
-            self.effects.append(EndInput(request_id))
-            self._committed[request_id] = item.id
-            item.pending_transcription = True
+            self._input.transcribe_item(item, audio)
         return item
 
     def _truncate(self, event: ce.ItemTruncate) -> None:
@@ -247,10 +367,10 @@ class RealtimeSession(InputAudio, Responses):
                 f"audio_end_ms {event.audio_end_ms} is beyond the item's audio ({part.audio_ms:.0f} ms).",
                 param="audio_end_ms",
             )
-        resp = self._response
+        resp = self._responses.current
         if resp is not None and resp.message is item:
             # The client stopped playing this answer: stop generating it too.
-            self._end_response("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
+            self._responses.end_current("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
         self._cut(item, event.content_index, event.audio_end_ms)
 
     # --- playback (a connection that plays the audio: WebRTC) ---------------------------
@@ -265,9 +385,9 @@ class RealtimeSession(InputAudio, Responses):
         if kind != "cleared":
             self._emit(f"output_audio_buffer.{kind}", response_id=response_id)
             return
-        resp = self._running(response_id)
+        resp = self._responses.find(response_id)
         if resp is not None:
-            self._end(resp, "cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
+            self._responses.end(resp, "cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
         item = self.conversation.get(item_id) if item_id is not None else None
         if item is not None and item.content and item.content[0].type == "output_audio":
             self._cut(item, 0, min(audio_end_ms, int(item.content[0].audio_ms)))
@@ -288,9 +408,9 @@ class RealtimeSession(InputAudio, Responses):
 
     def _delete(self, event: ce.ItemDelete) -> None:
         item = self._item(event)
-        if self._response is not None and any(item is out for out in self._response.outputs):
-            self._end_response("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
-        self._remove(item.id)
+        if self._responses.writes(item):
+            self._responses.end_current("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
+        self._history.remove(item.id)
         self._emit("conversation.item.deleted", item_id=item.id)
 
     # --- snapshots (resume) --------------------------------------------------
@@ -299,21 +419,22 @@ class RealtimeSession(InputAudio, Responses):
         """Everything another replica needs to carry the session on. ``with_items``
         False: the conversation's items are left out (stored one record each, see
         ``take_item_changes``); ``item_ids`` keeps their order either way."""
+        log, responses = self._log, self._responses
         return {
             "id": self.id,
             "beta": self.beta,
             "config": self.config,  # written by snapshot.dumps, read back by config_from_dict
             "created_at": self.created_at,
-            "seq": self.seq,
-            "epoch": self.epoch,
-            "conversation_id": self.conversation_id,
-            "id_base": self._id_base,
-            "id_counter": self._id_counter,
+            "seq": log.seq,
+            "epoch": log.epoch,
+            "conversation_id": self._history.id,
+            "id_base": log.id_base,
+            "id_counter": log.id_counter,
             "audio_ms": self.audio_ms,
             "item_ids": [it.id for it in self.conversation],
             **({"items": [snapshot.item_to_dict(it) for it in self.conversation]} if with_items else {}),
-            "response": None if self._response is None else _response_state(self._response),
-            "oob": [_response_state(resp) for resp in self._oob.values()],
+            "response": None if responses.current is None else snapshot.response_to_dict(responses.current),
+            "oob": [snapshot.response_to_dict(resp) for resp in responses.out_of_band],
         }
 
     @classmethod
@@ -327,49 +448,21 @@ class RealtimeSession(InputAudio, Responses):
             created_at=state["created_at"],
             **kwargs,
         )
-        session.seq = state["seq"]
-        session.epoch = state["epoch"]
-        session.conversation_id = state["conversation_id"]
-        session._id_base = state["id_base"]
-        session._id_counter = state["id_counter"]
+        log = session._log
+        log.seq = state["seq"]
+        log.epoch = state["epoch"]
+        log.id_base = state["id_base"]
+        log.id_counter = state["id_counter"]
         session.audio_ms = state["audio_ms"]
-        session._setup_input()
-        for entry in state["items"]:
-            item = snapshot.item_from_dict(entry)
-            session.conversation.insert(item)
-            session._item_bytes[item.id] = size = item.text_bytes()
-            session._conversation_bytes += size
-        if state["response"] is not None:
-            session._response = session._restore_response(state["response"])
-        for r in state.get("oob", ()):
-            resp = session._restore_response(r)
-            session._oob[resp.id] = resp
+        session._history.restore((snapshot.item_from_dict(entry) for entry in state["items"]), state["conversation_id"])
+        rate = engine.output_sample_rate
+        current = state["response"]
+        session._responses.restore(
+            None if current is None else snapshot.response_from_dict(current, session.conversation, rate),
+            [snapshot.response_from_dict(r, session.conversation, rate) for r in state.get("oob", ())],
+        )
         session.dirty = False
         return session
-
-    def _restore_response(self, r: dict[str, Any]) -> _Response:
-        outputs = [self.conversation.get(d["id"]) or snapshot.item_from_dict(d) for d in r["outputs"]]
-        by_id = {it.id: it for it in outputs}
-        message = by_id.get(r["message"]) if r["message"] else None
-        codec, rate = r["output_format"]
-        fmt = AudioFormat(codec, rate)
-        return _Response(
-            id=r["id"],
-            outputs=outputs,
-            message=message,
-            part=message.content[0] if message is not None and message.content else None,
-            calls={int(index): by_id[item_id] for index, item_id in r["calls"].items()},
-            overrides=r["overrides"],
-            in_conversation=r["in_conversation"],
-            modalities=tuple(r["modalities"]),
-            output_format=fmt,
-            voice=r["voice"],
-            max_output_tokens=r["max_output_tokens"],
-            metadata=r["metadata"],
-            resampler=StreamResampler(self.engine.output_sample_rate, fmt.rate),
-            awaiting=set(),
-            instructions=r["instructions"],
-        )
 
     def recover(self, reason: str) -> None:
         """After a takeover: end what died with the old replica, explicitly.
@@ -379,20 +472,18 @@ class RealtimeSession(InputAudio, Responses):
         ``reissue_interrupted_responses`` is off, is created again from the
         conversation. A transcription that was running is reported failed.
         """
-        self.epoch += 1
+        self._log.epoch += 1
         for item in self.conversation:
             if item.pending_transcription:
                 item.pending_transcription = False
                 item.content[0].transcript = ""
-                self._report_transcription_failure(
-                    item.id, "replica_lost", "The replica transcribing this audio was lost."
-                )
-        for resp in [r for r in (self._response, *self._oob.values()) if r is not None]:
+                self._input.report_failure(item.id, "replica_lost", "The replica transcribing this audio was lost.")
+        for resp in self._responses.running():
             # The SDK's status_details.reason has no value for this: the gateway's own
             # reason goes in the extension field gateway_reason.
-            self._end(resp, "incomplete", {"type": "incomplete", "gateway_reason": reason})
+            self._responses.end(resp, "incomplete", {"type": "incomplete", "gateway_reason": reason})
             if self.config.reissue_interrupted_responses:
-                self.create_response(
+                self._turns.answer(
                     ce.ResponseParams(
                         output_modalities=resp.modalities,
                         instructions=resp.instructions,
@@ -406,21 +497,3 @@ class RealtimeSession(InputAudio, Responses):
                     ),
                     None,
                 )
-
-
-def _response_state(resp: _Response) -> dict[str, Any]:
-    """A running response in a snapshot (its outputs so far, and what re-issuing it needs)."""
-    return {
-        "id": resp.id,
-        "outputs": [snapshot.item_to_dict(it) for it in resp.outputs],
-        "message": None if resp.message is None else resp.message.id,
-        "calls": {str(index): it.id for index, it in resp.calls.items()},
-        "overrides": resp.overrides,
-        "in_conversation": resp.in_conversation,
-        "modalities": list(resp.modalities),
-        "output_format": [resp.output_format.codec, resp.output_format.rate],
-        "voice": resp.voice,
-        "max_output_tokens": resp.max_output_tokens,
-        "metadata": resp.metadata,
-        "instructions": resp.instructions,
-    }

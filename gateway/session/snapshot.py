@@ -1,7 +1,7 @@
 """Session snapshots: what a replica needs to carry a session on (pure).
 
 A snapshot holds the configuration, the conversation, the event sequence and
-epoch, and the response that was running. It does not hold audio: the
+epoch, and the responses that were running. It does not hold audio: the
 uncommitted input buffer and running engine requests live only on the replica
 that owns the session; a takeover ends them explicitly (see ``restore``).
 """
@@ -13,8 +13,10 @@ from typing import Any
 import orjson
 
 from gateway.audio.codecs import AudioFormat
+from gateway.audio.resample import StreamResampler
 from gateway.protocol.session_config import SessionConfig, Transcription, TurnDetection
-from gateway.session.conversation import Item, Part
+from gateway.session.conversation import Conversation, Item, Part
+from gateway.session.response import Response
 
 VERSION = 1
 
@@ -96,3 +98,49 @@ def loads(data: bytes) -> dict[str, Any]:
     if state.get("v") != VERSION:
         raise ValueError(f"unsupported snapshot version {state.get('v')!r}")
     return state
+
+
+def response_to_dict(resp: Response) -> dict[str, Any]:
+    """A running response in a snapshot (its outputs so far, and what re-issuing it needs)."""
+    return {
+        "id": resp.id,
+        "outputs": [item_to_dict(it) for it in resp.outputs],
+        "message": None if resp.message is None else resp.message.id,
+        "calls": {str(index): it.id for index, it in resp.calls.items()},
+        "overrides": resp.overrides,
+        "in_conversation": resp.in_conversation,
+        "modalities": list(resp.modalities),
+        "output_format": [resp.output_format.codec, resp.output_format.rate],
+        "voice": resp.voice,
+        "max_output_tokens": resp.max_output_tokens,
+        "metadata": resp.metadata,
+        "instructions": resp.instructions,
+    }
+
+
+def response_from_dict(r: dict[str, Any], conversation: Conversation, engine_rate: int) -> Response:
+    """A response ``response_to_dict`` wrote; its outputs already in ``conversation`` are
+    those items (the rest, an out-of-band answer's, are made again); ``engine_rate``:
+    the sample rate of the engine's output audio."""
+    outputs = [conversation.get(d["id"]) or item_from_dict(d) for d in r["outputs"]]
+    by_id = {it.id: it for it in outputs}
+    message = by_id.get(r["message"]) if r["message"] else None
+    codec, rate = r["output_format"]
+    fmt = AudioFormat(codec, rate)
+    return Response(
+        id=r["id"],
+        outputs=outputs,
+        message=message,
+        part=message.content[0] if message is not None and message.content else None,
+        calls={int(index): by_id[item_id] for index, item_id in r["calls"].items()},
+        overrides=r["overrides"],
+        in_conversation=r["in_conversation"],
+        modalities=tuple(r["modalities"]),
+        output_format=fmt,
+        voice=r["voice"],
+        max_output_tokens=r["max_output_tokens"],
+        metadata=r["metadata"],
+        resampler=StreamResampler(engine_rate, fmt.rate),
+        awaiting=set(),
+        instructions=r["instructions"],
+    )

@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from support.gateway import Client, RunningGateway, connect, run_gateway
 from support.redis_server import REDIS_BINARY, RedisServer
 
-from gateway.session.core import STATE_EVENTS
+from gateway.session.events import STATE_EVENTS
 from gateway.settings import Settings
 from orchestrator.engines.passthrough import PassthroughEngine
 

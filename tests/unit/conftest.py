@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from gateway.session import snapshot
-from gateway.session.core import SessionCore
+from gateway.session.session import RealtimeSession
 
 CHECKED = ("test_session", "test_duplex_session")  # modules that drive a bare session (no host)
 
@@ -23,7 +23,7 @@ def incremental_snapshots_stay_exact(request: pytest.FixtureRequest, monkeypatch
     if request.module.__name__.rsplit(".", 1)[-1] not in CHECKED:
         yield
         return
-    take = SessionCore.take
+    take = RealtimeSession.take
     records: dict[int, dict[str, bytes]] = {}  # id(session) -> the records a store would hold
 
     def checked_take(self: Any) -> Any:
@@ -36,7 +36,7 @@ def incremental_snapshots_stay_exact(request: pytest.FixtureRequest, monkeypatch
             item = self.conversation.get(item_id)
             if item is not None:
                 stored[item_id] = snapshot.item_bytes(item)
-        response = getattr(self, "_response", None)
+        response = self.responses.current
         streaming = {out.id for out in response.outputs} if response is not None else set()
         for item in self.conversation:
             if item.id in streaming or item.pending_transcription:
@@ -46,5 +46,5 @@ def incremental_snapshots_stay_exact(request: pytest.FixtureRequest, monkeypatch
             assert got == want, f"item {item.id} changed without an event naming it: stored {got}, now {want}"
         return out
 
-    monkeypatch.setattr(SessionCore, "take", checked_take)
+    monkeypatch.setattr(RealtimeSession, "take", checked_take)
     yield

@@ -16,9 +16,9 @@ from gateway.protocol import duplex_events as de
 from gateway.protocol.duplex_config import DuplexConfig, apply_duplex_update, default_session_config
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import ConfigLimits, TurnDetection
-from gateway.session.core import STATE_EVENTS
 from gateway.session.duplex import DuplexSession
-from gateway.session.effects import Cancel, Close, StartResponse
+from gateway.session.effects import Cancel, CloseSocket, StartResponse
+from gateway.session.events import STATE_EVENTS
 from orchestrator.engine import AudioDelta, Finished, TextDelta
 from orchestrator.engines.passthrough import PassthroughEngine
 
@@ -86,7 +86,7 @@ class Driver:
 
     def answer(self, words: int, *, finish: bool = False) -> str:
         """Produce ``words`` passthrough-like outputs (a word, then 20 ms) on the running answer."""
-        resp = self.session._response
+        resp = self.session.responses.current
         assert resp is not None
         if not resp.part.transcript:
             self.words = 0
@@ -282,7 +282,7 @@ def test_a_silence_commit_is_answered_with_response_listen() -> None:
     d.append(loud(200))
     events = d.send({"type": "input_audio_buffer.commit", "is_speech": False})
     assert d.types(events) == ["response.listen"]
-    assert d.session._input is None
+    assert not d.session.input_audio.is_open
 
 
 def test_every_state_event_of_the_dialect_marks_a_snapshot_that_restores_it() -> None:
@@ -311,7 +311,7 @@ def test_idle_and_lifetime_expiry_say_session_expired_and_close_4008() -> None:
     d.session.expire_idle()
     events = d.take()
     assert events[-1]["type"] == "session.expired" and events[-1]["reason"] == "idle_ttl_expired"
-    assert Close(4008, "session expired") in d.effects
+    assert CloseSocket(4008, "session expired") in d.effects
     e = Driver()
     e.session.expire()
     assert e.take()[-1]["reason"] == "lifetime_expired"

@@ -23,7 +23,7 @@ from gateway.protocol import client_events as ce
 from gateway.protocol.dialects import GA
 from gateway.protocol.session_config import SessionConfig
 from gateway.session import snapshot
-from gateway.session.core import STATE_EVENTS
+from gateway.session.events import STATE_EVENTS
 from gateway.session.session import RealtimeSession
 from gateway.session.snapshot import assemble
 from gateway.store.memory import MemoryStore

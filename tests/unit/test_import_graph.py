@@ -184,9 +184,9 @@ def test_no_floor_imports_a_higher_one() -> None:
 
 
 def test_an_upward_import_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    looped = {**GRAPH, "gateway.session.core": GRAPH["gateway.session.core"] | {"gateway.hosting.host"}}
+    looped = {**GRAPH, "gateway.session.events": GRAPH["gateway.session.events"] | {"gateway.hosting.host"}}
     monkeypatch.setitem(globals(), "GRAPH", looped)
-    assert _upward() == ["gateway.session.core (session) imports gateway.hosting.host (hosting)"]
+    assert _upward() == ["gateway.session.events (session) imports gateway.hosting.host (hosting)"]
 
 
 def test_the_sdk_imports_nothing_of_the_gateway() -> None:

@@ -13,7 +13,7 @@ from gateway.audio.codecs import ulaw_encode
 from gateway.protocol import client_events as ce
 from gateway.protocol.errors import CloseCode, Code
 from gateway.protocol.session_config import OPENAI_VOICES, SessionConfig, TurnDetection
-from gateway.session.effects import Cancel, Close, EndInput, Feed, StartResponse, StartTranscription
+from gateway.session.effects import Cancel, CloseSocket, EndInput, Feed, StartResponse, StartTranscription
 from gateway.session.session import RealtimeSession, SessionLimits
 from orchestrator.engine import AudioChunk, AudioDelta, Finished, Message, TextChunk, TextDelta, Usage
 from orchestrator.engines.passthrough import PassthroughEngine
@@ -909,7 +909,7 @@ def test_expire_reports_session_expired_cancels_and_closes_4008(d: Driver) -> No
     assert events[0]["type"] == "error"
     assert events[0]["error"]["code"] == Code.SESSION_EXPIRED
     assert Cancel(resp_id) in effects and Cancel(input_rid) in effects
-    assert effects[-1] == Close(CloseCode.SESSION_EXPIRED, "session expired")
+    assert effects[-1] == CloseSocket(CloseCode.SESSION_EXPIRED, "session expired")
 
 
 def test_shutdown_cancels_every_running_request(d: Driver) -> None:

@@ -15,7 +15,7 @@ import orjson
 
 from gateway.protocol import client_events as ce
 from gateway.protocol.session_config import SessionConfig
-from gateway.session.core import STATE_EVENTS
+from gateway.session.events import STATE_EVENTS
 from gateway.session.session import RealtimeSession
 from orchestrator.engine import AudioDelta, Finished, TextDelta
 from orchestrator.engines.passthrough import PassthroughEngine

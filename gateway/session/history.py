@@ -1,0 +1,77 @@
+"""The conversation within its limits (Sans-I/O).
+
+``History`` owns the session's ``Conversation`` (conversation.py: the items, in
+order), its id, and the accounting of ``max_items`` and
+``max_conversation_bytes``: an item's text is counted as it was added, and
+once either limit is passed the oldest items are deleted, each announced with
+``conversation.item.deleted``. It never deletes the item being added, nor one
+that the running answer is still writing (``keep``).
+
+It knows the limits, how to emit an event, and ``keep``; not the responses,
+the input audio or the dialect.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterable
+
+from gateway.session.conversation import Conversation, Item
+from gateway.session.limits import SessionLimits
+
+
+class History:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        conversation: Conversation,
+        limits: SessionLimits,
+        emit: Callable[..., None],
+        keep: Callable[[Item], bool],
+    ) -> None:
+        """``emit(type_, **fields)`` sends an event; ``keep(item)``: the item may not be evicted."""
+        self.conversation = conversation
+        self.id = "conv_" + secrets.token_hex(8)  # the conversation_id of responses
+        self._limits = limits
+        self._emit = emit
+        self._keep = keep
+        self._item_bytes: dict[str, int] = {}  # each item's text as it was added
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.conversation)
+
+    def get(self, item_id: str) -> Item | None:
+        return self.conversation.get(item_id)
+
+    def insert(self, item: Item, previous_item_id: str | None) -> str | None:
+        """Add ``item`` after ``previous_item_id`` (None: at the end), evicting the oldest
+        items past the limits; returns the id of the item before it. The caller
+        announces the item itself."""
+        conversation = self.conversation
+        prev = conversation.insert(item, previous_item_id)
+        size = self._item_bytes[item.id] = item.text_bytes()
+        self._bytes += size
+        limits = self._limits
+        while len(conversation) > limits.max_items or self._bytes > limits.max_conversation_bytes:
+            oldest = conversation.oldest()
+            assert oldest is not None
+            if oldest is item or self._keep(oldest):
+                break
+            self.remove(oldest.id)
+            self._emit("conversation.item.deleted", item_id=oldest.id)
+        return prev
+
+    def remove(self, item_id: str) -> Item:
+        """Out of the conversation (the caller announces it)."""
+        self._bytes -= self._item_bytes.pop(item_id, 0)
+        return self.conversation.remove(item_id)
+
+    def restore(self, items: Iterable[Item], conversation_id: str) -> None:
+        """The items of a snapshot, in order (no limit applies: they fitted when written)."""
+        self.id = conversation_id
+        for item in items:
+            self.conversation.insert(item)
+            self._item_bytes[item.id] = size = item.text_bytes()
+            self._bytes += size

@@ -1,0 +1,108 @@
+"""One response (pure data): what a running response holds and how it renders.
+
+``Response`` is the state ``Responses`` (responses.py) keeps for each running
+response; a snapshot writes it (snapshot.py) so that another replica can end
+and re-issue it. The engine's view of tools is here too (``engine_tools``,
+``engine_tool_choice``): what a response offers the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gateway.audio.codecs import AudioFormat
+from gateway.audio.resample import StreamResampler
+from gateway.protocol.session_config import beta_format, ga_format
+from gateway.session.conversation import Item, Part
+from orchestrator.engine import FunctionTool, ToolChoice, Usage
+
+
+def engine_tools(tools: tuple[dict[str, Any], ...]) -> tuple[FunctionTool, ...]:
+    """The function tools (MCP tools are kept in the session, never offered)."""
+    return tuple(
+        FunctionTool(t["name"], t.get("description", ""), t.get("parameters") or {"type": "object", "properties": {}})
+        for t in tools
+        if t.get("type") == "function"
+    )
+
+
+def engine_tool_choice(choice: str | dict[str, Any]) -> ToolChoice:
+    if isinstance(choice, dict):
+        if choice.get("type") == "function":
+            return ToolChoice("function", choice["name"])
+        return ToolChoice("auto")  # an MCP tool: none is offered here, the model decides without it
+    return ToolChoice(choice)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class Response:
+    """A running response. Its outputs, in ``output_index`` order, are at most one
+    assistant message (``message``, with its one content ``part``) and the
+    function calls the engine makes (``calls``, by the engine's call index). A
+    response that may call tools opens its message on the first text or audio;
+    one that cannot, at once (its first delta then needs no announcement)."""
+
+    id: str
+    in_conversation: bool
+    modalities: tuple[Literal["text", "audio"], ...]
+    output_format: AudioFormat
+    voice: str
+    max_output_tokens: int | None
+    metadata: dict[str, Any] | None
+    resampler: StreamResampler
+    awaiting: set[str]  # items whose transcript the engine still waits for
+    instructions: str | None = None  # the response's own override, kept to re-issue it
+    event_id: str | None = None  # the response.create that asked for it (echoed in its errors)
+    usage: Usage | None = None
+    outputs: list[Item] = field(default_factory=list)
+    message: Item | None = None
+    part: Part | None = None
+    calls: dict[int, Item] = field(default_factory=dict)
+    # The response.create's own tools, tool_choice, parallel_tool_calls (kept to re-issue it).
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def index_of(self, item: Item) -> int:
+        outputs = self.outputs
+        if outputs and outputs[-1] is item:  # every delta of the item being written (the hot path)
+            return len(outputs) - 1
+        return next(i for i, out in enumerate(outputs) if out is item)
+
+    def render(
+        self, status: str, details: dict[str, Any] | None, *, beta: bool, conversation_id: str
+    ) -> dict[str, Any]:
+        """The ``realtime.response`` object of response.created (``in_progress``) and response.done."""
+        resp = self
+        usage = None
+        if resp.usage is not None:
+            u = resp.usage
+            usage = {
+                "total_tokens": u.input_tokens + u.output_tokens,
+                "input_tokens": u.input_tokens,
+                "output_tokens": u.output_tokens,
+                "input_token_details": {
+                    "text_tokens": u.input_text_tokens,
+                    "audio_tokens": u.input_audio_tokens,
+                    "cached_tokens": 0,
+                },
+                "output_token_details": {"text_tokens": u.output_text_tokens, "audio_tokens": u.output_audio_tokens},
+            }
+        out: dict[str, Any] = {
+            "object": "realtime.response",
+            "id": resp.id,
+            "status": status,
+            "status_details": details,
+            "output": [it.render(beta) for it in resp.outputs] if status != "in_progress" else [],
+            "conversation_id": conversation_id if resp.in_conversation else None,
+            "max_output_tokens": "inf" if resp.max_output_tokens is None else resp.max_output_tokens,
+            "usage": usage,
+            "metadata": resp.metadata,
+        }
+        if beta:
+            out["modalities"] = ["audio", "text"] if "audio" in resp.modalities else ["text"]
+            out["voice"] = resp.voice
+            out["output_audio_format"] = beta_format(resp.output_format)
+        else:
+            out["output_modalities"] = list(resp.modalities)
+            out["audio"] = {"output": {"format": ga_format(resp.output_format), "voice": resp.voice}}
+        return out
