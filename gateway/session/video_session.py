@@ -63,17 +63,17 @@ class VideoSession:
         self.state = "idle"  # idle -> streaming -> done
         self.request_id: str | None = None
         self.chunks = 0  # chunks the engine produced
-        self.outbox: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []  # what the client is to be told, in order (take())
         self.effects: list[VideoEffect] = []
         self._event_ids: set[str] = set()
 
     def take(self) -> tuple[list[dict[str, Any]], list[VideoEffect]]:
-        out, eff = self.outbox, self.effects
-        self.outbox, self.effects = [], []
+        out, eff = self.events, self.effects
+        self.events, self.effects = [], []
         return out, eff
 
     def error(self, err: ProtocolError) -> None:
-        self.outbox.append(
+        self.events.append(
             ve.error_event(err.code, err.message, event_id=err.event_id, param=err.param, request_id=self.request_id)
         )
 
@@ -89,7 +89,7 @@ class VideoSession:
                 case ve.InteractionEvent():
                     self.interact(event.interaction)
                 case ve.Ping():
-                    self.outbox.append({"type": "session.pong"})
+                    self.events.append({"type": "session.pong"})
                 case ve.Stop():
                     self.stop()
                 case ve.Playback():
@@ -165,7 +165,7 @@ class VideoSession:
             **start.echo,
             **start.sampling_params,
         }
-        self.outbox.append(
+        self.events.append(
             {
                 "type": "video.start",
                 "request_id": request.request_id,
@@ -211,21 +211,21 @@ class VideoSession:
         return Interaction(spec.event_id, prompt=spec.prompt, camera=camera, transition_chunks=k)
 
     def on_interaction_queued(self, event_id: str) -> None:
-        self.outbox.append({"type": "session.interaction.queued", "request_id": self.request_id, "event_id": event_id})
+        self.events.append({"type": "session.interaction.queued", "request_id": self.request_id, "event_id": event_id})
 
     def on_interaction_failed(self, event_id: str, code: str, message: str) -> None:
         """The engine refused an interaction it was given: upstream's ``interaction_failed``, with
         the engine's own code as ``reason``."""
         self._event_ids.discard(event_id)  # refused: the id may be used again
         error = ve.error_event(INTERACTION_FAILED, message, event_id=event_id, request_id=self.request_id)
-        self.outbox.append({**error, "reason": code})
+        self.events.append({**error, "reason": code})
 
     def stop(self) -> None:
         if self.state == "streaming" and self.request_id is not None:
             self.effects.append(StopVideo(self.request_id))
         if self.state != "done":
             self.state = "done"
-            self.outbox.append(
+            self.events.append(
                 {"type": "session.done", "request_id": self.request_id, "chunks": self.chunks, "stopped": True}
             )
 
@@ -250,14 +250,14 @@ class VideoSession:
     def on_done(self) -> None:
         if self.state == "streaming":
             self.state = "done"
-            self.outbox.append(
+            self.events.append(
                 {"type": "session.done", "request_id": self.request_id, "chunks": self.chunks, "stopped": False}
             )
 
     def on_failed(self, code: str, message: str) -> None:
         if self.state == "streaming":
-            self.outbox.append(ve.error_event(code, message, request_id=self.request_id))
+            self.events.append(ve.error_event(code, message, request_id=self.request_id))
             self.state = "done"
-            self.outbox.append(
+            self.events.append(
                 {"type": "session.done", "request_id": self.request_id, "chunks": self.chunks, "stopped": True}
             )
