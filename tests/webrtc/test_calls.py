@@ -261,9 +261,9 @@ async def test_refusals_come_in_openais_shape(gw: RunningGateway) -> None:
         r = await post_offer(gw, offer, {**AUTH, "Origin": "https://evil.example"})
         assert r.status_code == 403 and r.json()["error"]["code"] == Code.ORIGIN_NOT_ALLOWED
         async with httpx.AsyncClient() as http:
+            smell = b'{"type": "realtime", "output_modalities": ["smell"]}'
             r = await http.post(f"{gw.http}/v1/realtime/calls", headers=AUTH, files={
-                "sdp": (None, offer, "application/sdp"),
-                "session": (None, b'{"type": "realtime", "output_modalities": ["smell"]}', "application/json")})  # fmt: skip
+                "sdp": (None, offer, "application/sdp"), "session": (None, smell, "application/json")})  # fmt: skip
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == "session.output_modalities"  # checked as a client secret's would be
         resume = orjson.dumps({"session_id": "sess_nope", "resume_token": "rt_x"}).decode()
