@@ -30,11 +30,11 @@ if os.environ.get("CI"):
 else:
     pytest.importorskip("aiortc")
 
-from aiortc import RTCSessionDescription  # noqa: E402
-from conftest import Harness  # noqa: E402
-from webrtc.rtc_support import Browser, make_browser, rms, wait_for  # noqa: E402
+from aiortc import RTCSessionDescription
+from conftest import Harness
+from webrtc.rtc_support import Browser, make_browser, rms, wait_for
 
-from gateway.store.redis import RedisStore  # noqa: E402
+from gateway.store.redis import RedisStore
 
 pytestmark = pytest.mark.timeout(180)
 

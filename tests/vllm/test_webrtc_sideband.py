@@ -26,9 +26,9 @@ if os.environ.get("CI"):
 else:
     pytest.importorskip("aiortc")
 
-import httpx  # noqa: E402
-from aiortc import RTCSessionDescription  # noqa: E402
-from webrtc.rtc_support import make_browser, wait_for  # noqa: E402
+import httpx
+from aiortc import RTCSessionDescription
+from webrtc.rtc_support import make_browser, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
 
@@ -56,8 +56,8 @@ async def test_a_sideband_answers_the_calls_function_call(gw: RunningGateway, vl
             browser.channel.on("message", received)
             await browser.pc.setRemoteDescription(RTCSessionDescription(sdp=r.text, type="answer"))
             await wait_for(lambda: any(e["type"] == "session.created" for e in events), "session.created")
-            async with websockets.connect(f"{gw.url}?call_id={call_id}",
-                                          additional_headers={"Authorization": "Bearer sk-backend"}) as side:  # fmt: skip
+            backend = {"Authorization": "Bearer sk-backend"}
+            async with websockets.connect(f"{gw.url}?call_id={call_id}", additional_headers=backend) as side:
                 # The browser speaks (here: types) and asks for the answer.
                 browser.channel.send(orjson.dumps({"type": "conversation.item.create", "item": {
                     "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
@@ -68,8 +68,8 @@ async def test_a_sideband_answers_the_calls_function_call(gw: RunningGateway, vl
                 assert call["type"] == "function_call" and call["name"] == "get_weather"
                 args = valid_weather(call["arguments"])
                 result = json.dumps({"city": args["city"], "forecast": "sunny"})
-                await side.send(orjson.dumps({"type": "conversation.item.create", "item": {
-                    "type": "function_call_output", "call_id": call["call_id"], "output": result}}).decode())  # fmt: skip
+                output = {"type": "function_call_output", "call_id": call["call_id"], "output": result}
+                await side.send(orjson.dumps({"type": "conversation.item.create", "item": output}).decode())
                 await side.send(orjson.dumps({"type": "response.create", "response": {"tool_choice": "none"}}).decode())
                 second = await side_until(side, "response.done")
             assert second["response"]["status"] in ("completed", "incomplete")
