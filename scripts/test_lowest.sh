@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The transport and protocol tests on the LOWEST websockets, uvicorn and starlette that
-# pyproject.toml admits (the main CI run has the newest: what `pip install` resolves).
+# pyproject.toml admits, and the WebRTC calls on the lowest aiortc, av and python-multipart
+# of the webrtc extra (the main CI run has the newest: what `pip install` resolves).
 # Builds a fresh virtual environment (.venv-lowest) every run; .ci/run calls it.
 #
 # Environment: PYTHON (default: python3), LOWEST_VENV (default: .venv-lowest).
@@ -13,8 +14,9 @@ say() { echo "test_lowest: $*" >&2; }
 # The lower bounds, read from pyproject.toml so they cannot drift from what we declare.
 pins=$("$PY" - <<'PYEOF'
 import re, tomllib
-deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
-for name in ("websockets", "uvicorn", "starlette"):
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+deps = project["dependencies"] + project["optional-dependencies"]["webrtc"]
+for name in ("websockets", "uvicorn", "starlette", "aiortc", "av", "python-multipart"):
     spec = next(d for d in deps if re.match(rf"{name}\b", d))
     low = re.search(r">=\s*([\w.]+)", spec)
     if not low:
@@ -30,7 +32,7 @@ say "pins: $(tr '\n' ' ' <"$constraints")"
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 # (this machine's pip config names index folders that may not exist: their warnings are noise)
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$constraints" 'torch==2.13.0' -e '.[cpu,video,dev]' \
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$constraints" 'torch==2.13.0' -e '.[cpu,video,dev,webrtc]' \
     2> >(grep -v '^WARNING: Location' >&2)
 "$VENV/bin/python" - "$constraints" <<'PYEOF'
 import importlib.metadata as md, sys
@@ -49,4 +51,5 @@ PYEOF
     tests/integration/test_video_protocol.py \
     tests/integration/test_openai_sdk.py \
     tests/unit/test_protocol.py \
+    tests/webrtc \
     tests/client
