@@ -52,11 +52,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def test_the_first_command_installs_into_a_fresh_venv_without_the_dev_extra(served: Served) -> None:
-    assert "omni-gateway serve" in INSTALL_AND_SERVE and ".[cpu,video]" in INSTALL_AND_SERVE
+    assert "omni-gateway serve" in INSTALL_AND_SERVE and ".[cpu,video,webrtc]" in INSTALL_AND_SERVE
     python = served.log_path.parent / ".venv" / "bin" / "python"  # the venv the command made
     pip_list = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True)
     installed = {line.split("==")[0].lower() for line in pip_list.stdout.splitlines()}
-    assert {"websockets", "uvicorn", "starlette", "torch", "av", "silero-vad"} <= installed
+    assert {"websockets", "uvicorn", "starlette", "torch", "av", "silero-vad", "aiortc", "python-multipart"} <= installed
     assert not {"pytest", "openai", "playwright"} & installed  # nothing of the dev extra
 
 
@@ -77,6 +77,18 @@ async def test_the_first_command_gives_a_gateway_that_plain_clients_talk_to(serv
     assert video["done"]["stopped"] is True
 
 
+async def test_the_first_command_gives_a_gateway_that_answers_a_webrtc_call(served: Served, tmp_path: Path) -> None:
+    """A spoken turn over WebRTC (an aiortc caller: the microphone plays a spoken WAV),
+    answered on the embedded default: its transcript on the data channel, its audio on
+    the answer's track."""
+    from support.serve import webrtc_turn
+
+    heard, done, loud_frames = await webrtc_turn(served.http, "what is your name", tmp_path)
+    assert heard.strip(), "the cascade heard nothing over the call"
+    assert done["response"]["status"] == "completed", done
+    assert loud_frames > 25, "less than half a second of answer audio on the track"
+
+
 def test_the_gateway_served_the_demo_pages(served: Served) -> None:
     import urllib.request
 
@@ -93,7 +105,8 @@ def test_the_suite_runs_on_the_releases_a_user_gets(served: Served) -> None:
     import importlib.metadata as md
 
     python = served.log_path.parent / ".venv" / "bin" / "python"
-    for name in ("websockets", "uvicorn", "starlette", "httptools", "orjson", "redis", "soxr", "prometheus-client"):
+    for name in ("websockets", "uvicorn", "starlette", "httptools", "orjson", "redis", "soxr", "prometheus-client",
+                 "aiortc", "av", "python-multipart"):  # fmt: skip
         theirs = subprocess.run(
             [python, "-c", f"import importlib.metadata as m; print(m.version({name!r}))"],
             capture_output=True, text=True, check=True,

@@ -190,3 +190,72 @@ async def video_turn(
             elif event["type"] == "session.done":
                 done = event
         return {"start": started, "bytes": chunk_bytes, "completed": completed, "done": done}
+
+
+async def webrtc_turn(http_url: str, said: str, workdir: Path) -> tuple[str, dict[str, Any], int]:
+    """A spoken turn over a WebRTC call (server VAD): an aiortc caller whose microphone
+    plays ``said`` from a WAV. (transcript heard, response.done, loud frames of answer audio)."""
+    import wave
+
+    import httpx
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+    from aiortc.contrib.media import MediaPlayer
+    from aiortc.mediastreams import MediaStreamError
+
+    pcm = silence(300) + await speak(said) + silence(1500)
+    path = workdir / "said.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(24000)
+        w.writeframes(pcm)
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    channel = pc.createDataChannel("oai-events")
+    events: list[dict[str, Any]] = []
+    channel.on("message", lambda m: events.append(orjson.loads(m)))
+    loud = 0
+
+    async def listen(track: Any) -> None:
+        nonlocal loud
+        try:
+            while True:
+                frame = await track.recv()
+                samples = frame.to_ndarray().astype("float64")
+                loud += float((samples**2).mean()) ** 0.5 > 200
+        except MediaStreamError:
+            return
+
+    tasks: list[asyncio.Task[None]] = []
+    pc.on("track", lambda track: tasks.append(asyncio.ensure_future(listen(track))))
+    player: MediaPlayer | None = None
+    try:
+        player = MediaPlayer(str(path))  # the microphone: it plays once the call connects
+        assert player.audio is not None
+        pc.addTrack(player.audio)
+        await pc.setLocalDescription(await pc.createOffer())
+        session = {"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}}
+        async with httpx.AsyncClient(timeout=30) as http:  # the unified form: the offer and the session
+            r = await http.post(f"{http_url}/v1/realtime/calls", files={
+                "sdp": (None, pc.localDescription.sdp, "application/sdp"),
+                "session": (None, orjson.dumps(session), "application/json")})  # fmt: skip
+        assert r.status_code == 201, r.text
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=r.text, type="answer"))
+        deadline = asyncio.get_running_loop().time() + 90
+        heard = ""
+        while True:
+            done = next((e for e in events if e["type"] == "response.done"), None)
+            if done is not None and loud > 25:
+                return heard, done, loud
+            for event in events:
+                assert event["type"] != "error", event
+                if event["type"] == "conversation.item.input_audio_transcription.completed":
+                    heard = event["transcript"]
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"no answer over the call; events: {[e['type'] for e in events][-20:]}")
+            await asyncio.sleep(0.05)
+    finally:
+        for task in tasks:
+            task.cancel()
+        if player is not None and player.audio is not None:
+            player.audio.stop()
+        await pc.close()
