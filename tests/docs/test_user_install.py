@@ -56,7 +56,8 @@ def test_the_first_command_installs_into_a_fresh_venv_without_the_dev_extra(serv
     python = served.log_path.parent / ".venv" / "bin" / "python"  # the venv the command made
     pip_list = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True)
     installed = {line.split("==")[0].lower() for line in pip_list.stdout.splitlines()}
-    assert {"websockets", "uvicorn", "starlette", "torch", "av", "silero-vad", "aiortc", "python-multipart"} <= installed
+    wanted = {"websockets", "uvicorn", "starlette", "torch", "av", "silero-vad", "aiortc", "python-multipart"}
+    assert wanted <= installed
     assert not {"pytest", "openai", "playwright"} & installed  # nothing of the dev extra
 
 
