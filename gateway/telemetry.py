@@ -288,6 +288,10 @@ class SessionTrace:
         if audio:
             self._finish_turn(time.time_ns(), "audio")
 
+    def played(self) -> None:
+        """The turn's first audio went out on a call's track (WebRTC: the gateway plays it)."""
+        self._finish_turn(time.time_ns(), "audio")
+
     def _finish_turn(self, end: int, outcome: str) -> None:
         turn, self._turn = self._turn, None
         if turn is None:

@@ -201,6 +201,9 @@ class Call:
 
     def _started(self, response_id: str) -> None:
         if self.door is not None:
+            trace = self.door.trace
+            if trace is not None and trace.awaiting_socket:
+                trace.played()  # a traced turn ends when its first audio leaves, here on the track
             asyncio.get_running_loop().call_soon(self.door.played, "started", response_id)
 
     def _stopped(self, response_id: str) -> None:
