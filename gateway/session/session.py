@@ -382,8 +382,11 @@ class RealtimeSession:
         what was heard: ``conversation.item.truncated``). OpenAI's WebRTC-only events."""
         if response_id is None:
             return  # nothing played and nothing runs: nothing to clear
-        if kind != "cleared":
-            self._emit(f"output_audio_buffer.{kind}", response_id=response_id)
+        if kind == "started":
+            self._emit("output_audio_buffer.started", response_id=response_id)
+            return
+        if kind == "stopped":
+            self._emit("output_audio_buffer.stopped", response_id=response_id)
             return
         resp = self._responses.find(response_id)
         if resp is not None:

@@ -226,7 +226,10 @@ async def test_client_secret_is_minted_in_the_ga_shape(http: httpx.AsyncClient) 
     r = await mint(http, {"session": {"type": "realtime", "instructions": "Talk like a pirate."}})
     assert r.status_code == 200
     body = r.json()
-    assert set(body) == {"value", "expires_at", "session"}
+    # OpenAI's three fields, and the one documented extension: the STUN/TURN servers a page
+    # gives its RTCPeerConnection for a WebRTC call (README, "WebRTC calls").
+    assert set(body) == {"value", "expires_at", "session", "ice_servers"}
+    assert body["ice_servers"] == []  # none configured
     assert body["value"].startswith("ek_")
     assert before + 600 - 2 <= body["expires_at"] <= time.time() + 600 + 1  # the default TTL
     session = body["session"]

@@ -22,9 +22,9 @@ carries on from the journal, with no event lost or repeated (the listener hears 
 while the browser re-offers, then the answer from where the journal had it).
 
 ``POST /v1/realtime/calls/{call_id}/hangup`` ends a call (its session ends for good) on
-any replica. ``GET /v1/realtime/calls/ice_servers`` tells a page the STUN/TURN servers to
-give its ``RTCPeerConnection`` (OpenAI has no such field: they also come with every
-client secret, as ``ice_servers``).
+any replica. ``GET /v1/realtime/calls/ice_servers`` (a key) tells a backend the STUN/TURN
+servers a page should give its ``RTCPeerConnection`` (OpenAI has no such field: they come
+with every client secret too, as ``ice_servers``, which is how a page gets them).
 """
 
 from __future__ import annotations
@@ -312,6 +312,11 @@ class CallsEndpoint:
             return _error(403, Code.ORIGIN_NOT_ALLOWED, "This page may not ask here.")
         if request.method == "OPTIONS":
             return self._preflight(request, cors)
+        # TURN credentials are nobody else's: a key or token (a page gets them with the client
+        # secret its backend minted, which a single-use secret cannot be spent on here).
+        if await self.rt.auth.authenticate_http(request.headers) is None:
+            self.rt.hosting.metrics.auth_failures.inc()
+            return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.", **cors)
         book = self.rt.calls
         servers = book.config.client_ice_servers() if book is not None else []
         return JSONResponse({"ice_servers": servers}, headers=cors)
