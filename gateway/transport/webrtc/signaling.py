@@ -200,25 +200,24 @@ class CallsEndpoint:
         rt = self.rt
 
         def on_ended(call: Call) -> None:
-            book.calls.pop(call.call_id, None)
+            if book.calls.get(call.call_id) is call:  # (a re-offer's new call may hold the id already)
+                del book.calls[call.call_id]
             rt.hosting.metrics.sessions.dec()
             rt.hosting.spawn(seat.close())
 
         call = Call("", book.factory, on_ended=on_ended, max_message_size=max_message_size)
+        rt.hosting.metrics.sessions.inc()  # (on_ended takes it off, however the call ends)
+        rt.hosting.metrics.sessions_total.inc()
         try:
             answer = await call.answer(offer)
         except OfferError as err:
             await call.end("offer refused")
-            await seat.close()
             return JSONResponse(err.body(), status_code=err.status)
         except Exception as exc:  # aiortc failing on what the offer check let through
             log.warning("webrtc: answering an offer failed: %s", exc)
             await call.end("answer failed")
-            await seat.close()
             return _error(400, "invalid_offer", f"Invalid SDP offer: it could not be answered ({type(exc).__name__}).",
                           "sdp")  # fmt: skip
-        rt.hosting.metrics.sessions.inc()
-        rt.hosting.metrics.sessions_total.inc()
         door = Door(rt.hosting, rt.sessions, call, dialect=GA, principal=grant.principal, model=model,
                     max_message_bytes=rt.settings.max_message_bytes, seat=seat, media=call)  # fmt: skip
         if resume is not None:
