@@ -97,14 +97,16 @@ async def call(gw: RunningGateway, headers: dict[str, str] | None = None, **post
         caller = Caller(browser, location.rsplit("/", 1)[1])
         assert browser.channel is not None
 
+        resumes = "X-Omni-Resume" in (headers or {})  # it speaks the gateway's extensions (session.resumed)
+
         def received(message: str) -> None:
             event = orjson.loads(message)
-            check_event(event)  # exactly the WebSocket dialect's events, as the SDK models them
+            check_event(event, extensions=resumes)  # exactly the WebSocket dialect's events, as the SDK models them
             caller.events.append(event)
 
         browser.channel.on("message", received)
         await browser.pc.setRemoteDescription(RTCSessionDescription(sdp=r.text, type="answer"))
-        await caller.wait_for("session.created")
+        await caller.wait_for("session.resumed" if resumes else "session.created")
         yield caller
     finally:
         await browser.close()
@@ -289,3 +291,28 @@ async def test_a_peer_that_never_completes_ice_is_hung_up_and_its_session_stays_
         await wait_for(lambda: not gw.runtime.calls.calls, "the watchdog to hang up")  # type: ignore[union-attr]
         (host,) = gw.runtime.hosts.values()
         assert not host.ended and host.doors == []  # detached: resumable for the grace period
+
+
+async def test_a_re_offer_to_the_same_replica_takes_the_session_over_from_the_old_call(gw: RunningGateway) -> None:
+    async with call(gw) as first:
+        first.send({"type": "conversation.item.create", "item": TEXT})
+        await first.wait_for("conversation.item.done")
+        created = first.events[0]
+        last = first.events[-1]["server_event_seq"]
+        resume = {
+            "session_id": created["session"]["id"],
+            "resume_token": created["resume_token"],
+            "last_received_server_event_seq": last - 1,
+        }  # fmt: skip (it missed the last event)
+        async with call(gw, {**AUTH, "X-Omni-Resume": orjson.dumps(resume).decode()}) as second:
+            resumed = await second.wait_for("session.resumed")
+            assert resumed["replay_from"] == last and second.call_id == first.call_id
+            replayed = await second.wait_for("conversation.item.done")
+            assert replayed["server_event_seq"] == last  # the one it missed, once
+            await wait_for(lambda: first.browser.pc.connectionState in ("closed", "failed"), "the old call to end")
+            (live,) = gw.runtime.calls.calls.values()  # type: ignore[union-attr]
+            assert live.door is not None and live.door.host is not None
+            sessions = gw.runtime.metrics.sessions._value.get()  # the gauge counts the one call left
+            assert sessions == 1, sessions
+            second.send({"type": "response.create"})
+            assert (await second.wait_for("response.done"))["response"]["status"] == "completed"
