@@ -316,3 +316,30 @@ async def test_a_re_offer_to_the_same_replica_takes_the_session_over_from_the_ol
             assert sessions == 1, sessions
             second.send({"type": "response.create"})
             assert (await second.wait_for("response.done"))["response"]["status"] == "completed"
+
+
+async def test_a_tenants_limits_and_models_hold_for_calls_as_for_sockets() -> None:
+    import hashlib
+
+    acme = "sk-webrtc-acme"
+    tenants = orjson.dumps({"tenants": [{"name": "acme", "key_sha256": hashlib.sha256(acme.encode()).hexdigest(),
+                                         "limits": {"max_sessions": 1}, "models": ["omni-cascade"]}]}).decode()  # fmt: skip
+    settings = Settings(engine="passthrough", video_engine="none", api_keys=(KEY,), keys_file=tenants)
+    async with run_gateway(settings, engine=PassthroughEngine(), vad_factory=False) as gw:
+        headers = {"Authorization": f"Bearer {acme}"}
+        async with call(gw, headers):  # the tenant's one session...
+            browser, offer = await make_browser()
+            try:
+                r = await post_offer(gw, offer, headers)  # ...and no second, call or socket
+                assert r.status_code == 429 and r.json()["error"]["code"] == Code.RATE_LIMIT_EXCEEDED, r.text
+            finally:
+                await browser.close()
+        browser, offer = await make_browser()
+        try:
+            async with httpx.AsyncClient(timeout=30) as http:
+                session = orjson.dumps({"type": "realtime", "model": "another-model"})
+                r = await http.post(f"{gw.http}/v1/realtime/calls", headers=headers, files={
+                    "sdp": (None, offer, "application/sdp"), "session": (None, session, "application/json")})  # fmt: skip
+            assert r.status_code == 403 and r.json()["error"]["code"] == Code.MODEL_NOT_ALLOWED, r.text
+        finally:
+            await browser.close()
