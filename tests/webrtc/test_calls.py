@@ -322,8 +322,9 @@ async def test_a_tenants_limits_and_models_hold_for_calls_as_for_sockets() -> No
     import hashlib
 
     acme = "sk-webrtc-acme"
-    tenants = orjson.dumps({"tenants": [{"name": "acme", "key_sha256": hashlib.sha256(acme.encode()).hexdigest(),
-                                         "limits": {"max_sessions": 1}, "models": ["omni-cascade"]}]}).decode()  # fmt: skip
+    tenant = {"name": "acme", "key_sha256": hashlib.sha256(acme.encode()).hexdigest(),
+              "limits": {"max_sessions": 1}, "models": ["omni-cascade"]}  # fmt: skip
+    tenants = orjson.dumps({"tenants": [tenant]}).decode()
     settings = Settings(engine="passthrough", video_engine="none", api_keys=(KEY,), keys_file=tenants)
     async with run_gateway(settings, engine=PassthroughEngine(), vad_factory=False) as gw:
         headers = {"Authorization": f"Bearer {acme}"}
@@ -338,8 +339,8 @@ async def test_a_tenants_limits_and_models_hold_for_calls_as_for_sockets() -> No
         try:
             async with httpx.AsyncClient(timeout=30) as http:
                 session = orjson.dumps({"type": "realtime", "model": "another-model"})
-                r = await http.post(f"{gw.http}/v1/realtime/calls", headers=headers, files={
-                    "sdp": (None, offer, "application/sdp"), "session": (None, session, "application/json")})  # fmt: skip
+                form = {"sdp": (None, offer, "application/sdp"), "session": (None, session, "application/json")}
+                r = await http.post(f"{gw.http}/v1/realtime/calls", headers=headers, files=form)
             assert r.status_code == 403 and r.json()["error"]["code"] == Code.MODEL_NOT_ALLOWED, r.text
         finally:
             await browser.close()
