@@ -6,7 +6,8 @@ sends, as it arrives, in order:
 
 - ``receive(text)``: a JSON text message in the connection's dialect;
 - ``receive_frame(data)``: a binary frame (``omni-binary.v1`` input audio);
-- ``receive_audio(audio)``: input audio already decoded (a WebRTC track).
+- ``receive_audio(audio)`` / ``receive_pcm(pcm, rate)``: input audio already decoded (a
+  WebRTC track): it counts against the tenant's input audio, not its messages.
 
 Each returns None once the message is handled, or an awaitable that the
 transport awaits before it hands in the next message: the message waits for
@@ -138,7 +139,9 @@ class Door:
         self.generation = 0  # (duplex) the session's attachment generation on this connection
         self._client_events = 0
         self._paid = False  # the message being handled was counted against the events limit
+        self._audio_refused = False  # the track's audio was refused (said once, until taken again)
         self._binary_counter = ctx.metrics.client_event_counter("binary.append")
+        self._track_counter = ctx.metrics.client_event_counter("track.audio")  # a call's microphone, 20 ms a chunk
         self._loop = asyncio.get_running_loop()
         self._last_event = self._loop.time()
         self._idle: asyncio.TimerHandle | None = None
@@ -194,8 +197,8 @@ class Door:
         seat = self.seat
         pending: Pending = None
         try:
-            if seat is not None and not self._paid:
-                seat.message()  # the events limit, before any work on the message
+            if seat is not None and not self._paid and kind != "audio":
+                seat.message()  # the events limit, before any work on the message (a track's audio is no message)
                 self._paid = True
             if kind == "text":
                 pending = self._text(host, message)
@@ -206,15 +209,20 @@ class Door:
                     audio = decode_input_frame(message)
                 if seat is not None:
                     seat.audio_in(host.input_ms(len(audio)), None)
-                self._binary_counter.inc()
+                (self._binary_counter if kind == "frame" else self._track_counter).inc()
                 self._client_events += 1
+                self._audio_refused = False
                 host.receive_audio(audio)
         except NeedBudget as need:
             return self._after_budget(need, message, kind)  # paid: taken again without paying
         except ce.AckError as err:
             self.delivery.send_now(self.dialect.error(err))  # never an event with a seq: it would be acked
         except ProtocolError as err:
-            host.refuse(err)
+            if kind != "audio" or not self._audio_refused:
+                host.refuse(err)
+            # A track's audio comes every 20 ms whatever happens: its refusal is said once,
+            # until audio is taken again (a tenant's input limit, reached).
+            self._audio_refused = kind == "audio"
         except Exception:  # a bug must cost one event, not the session
             log.exception("session %s: unexpected failure handling a client message", host.id)
             host.refuse(ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error"))

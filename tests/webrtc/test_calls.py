@@ -344,3 +344,36 @@ async def test_a_tenants_limits_and_models_hold_for_calls_as_for_sockets() -> No
             assert r.status_code == 403 and r.json()["error"]["code"] == Code.MODEL_NOT_ALLOWED, r.text
         finally:
             await browser.close()
+
+
+async def test_a_tenants_input_audio_limit_stops_a_calls_microphone_with_one_error(tmp_path: Any) -> None:
+    import hashlib
+
+    from rtc_support import tone, write_wav
+
+    acme = "sk-webrtc-acme-audio"
+    tenant = {"name": "acme", "key_sha256": hashlib.sha256(acme.encode()).hexdigest(),
+              "limits": {"audio_in_s_per_min": 1, "events_per_s": 5}}  # fmt: skip
+    settings = Settings(engine="passthrough", video_engine="none", api_keys=(KEY,),
+                        keys_file=orjson.dumps({"tenants": [tenant]}).decode())  # fmt: skip
+    async with run_gateway(settings, engine=PassthroughEngine(), vad_factory=False) as gw:
+        wav = write_wav(tmp_path / "tone.wav", tone(440, 4000, 48000), 48000)  # 4 s of microphone
+        browser, offer = await make_browser(wav=wav)
+        events: list[dict[str, Any]] = []
+        try:
+            r = await post_offer(gw, offer, {"Authorization": f"Bearer {acme}"})
+            assert r.status_code == 201, r.text
+            assert browser.channel is not None
+            browser.channel.on("message", lambda m: events.append(orjson.loads(m)))
+            await browser.pc.setRemoteDescription(RTCSessionDescription(sdp=r.text, type="answer"))
+            # 50 chunks a second of microphone, a limit of 5 messages a second: the track's
+            # audio is not messages. Past 1 s of audio the limit of audio stops it, said once.
+            await wait_for(lambda: any(e["type"] == "error" for e in events), "the audio limit", 30)
+            (live,) = gw.runtime.calls.calls.values()  # type: ignore[union-attr]
+            await wait_for(lambda: live._audio_in is not None and live._audio_in.chunks >= 150, "3 s of microphone")
+            errors = [e["error"]["code"] for e in events if e["type"] == "error"]
+            assert errors == [Code.RATE_LIMIT_EXCEEDED], errors
+            (host,) = gw.runtime.hosts.values()
+            assert 900 <= host.session.audio_ms <= 1100  # 1 s taken, the rest dropped
+        finally:
+            await browser.close()
