@@ -1,6 +1,8 @@
-"""The voice page (web_demo/voice.html) in Chromium against a real gateway running
+"""The voice page (web_demo/voice.html) over the WebSocket (``?transport=websocket``: the
+page's fallback where WebRTC is not to be had) in Chromium against a real gateway running
 the CPU voice cascade. The microphone is Chromium's fake capture device fed
-from a WAV of synthesized speech (Chromium loops the file)."""
+from a WAV of synthesized speech (Chromium loops the file). Its WebRTC path (the default):
+test_voice_webrtc.py."""
 
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ async def wait_until(page: Any, condition: str, timeout_s: float = 30.0, log: Pa
 async def open_voice_page(context: Any, gateway: RunningGateway) -> tuple[Any, PageLog]:
     page = await context.new_page()
     log = PageLog(page)
-    await page.goto(gateway.http + "/voice.html")
+    await page.goto(gateway.http + "/voice.html?transport=websocket")
     await page.get_by_role("button", name="Start").click()
     await wait_until(page, "v.client && v.client.state === 'open'", 15, log)
     return page, log
@@ -236,7 +238,7 @@ async def test_push_to_talk_turns_server_vad_off_and_sends_the_turn_on_release(t
     ):
         page = await context.new_page()
         log = PageLog(page)
-        await page.goto(gateway.http + "/voice.html")
+        await page.goto(gateway.http + "/voice.html?transport=websocket")
         await page.get_by_role("switch", name="Push to talk").check()
         await page.get_by_role("button", name="Start").click()
         await wait_until(page, "v.client && v.client.state === 'open'", 15, log)
