@@ -40,6 +40,7 @@ const seen = {
   latencies: [], // ms, speech_stopped (or commit) -> first audio delta, per turn
   truncations: [], // {itemId, audioEndMs, receivedMs} (WebRTC: the gateway's conversation.item.truncated, why "gateway")
   playback: [], // WebRTC: output_audio_buffer.started/stopped/cleared, {type, responseId, at}
+  events: [], // {type, seq} of every server event, in order (the latest 2000)
   transport: null, // "webrtc" or "websocket"
   fallback: null, // why WebRTC was given up for the WebSocket
   bargeIns: 0,
@@ -226,7 +227,11 @@ function onMicrophone(pcm, level) {
 function wire(rt) {
   client = rt; // (a fallback to the WebSocket wires a second client)
   rt.on("state", (change) => rt === client && onState(change));
-  rt.on("event", showCounters);
+  rt.on("event", (e) => {
+    seen.events.push({ type: e.type, seq: e.server_event_seq ?? null, at: performance.now() });
+    if (seen.events.length > 2000) seen.events.shift();
+    showCounters();
+  });
   rt.on("session.updated", (e) => {
     seen.session = e.session;
   });

@@ -169,6 +169,7 @@ export class AudioIO {
  * @property {number} activeMs how long the level was above `threshold`
  * @property {number} energy the sum of level^2 * seconds (audio energy, as WebRTC's stats count it)
  * @property {number} lastActiveAt performance.now() of the latest window above threshold (0: none yet)
+ * @property {number[][]} bursts [from, to] (performance.now()) of the stretches above threshold, the latest 200
  * @property {number} samples windows read
  */
 
@@ -186,7 +187,7 @@ export class LevelMeter {
     this.source.connect(this.analyser);
     this.threshold = threshold;
     /** @type {LevelStats} */
-    this.stats = { level: 0, peak: 0, activeMs: 0, energy: 0, lastActiveAt: 0, samples: 0 };
+    this.stats = { level: 0, peak: 0, activeMs: 0, energy: 0, lastActiveAt: 0, bursts: [], samples: 0 };
     const buf = new Float32Array(this.analyser.fftSize);
     let last = performance.now();
     // A timer, not requestAnimationFrame: it keeps measuring in a background tab.
@@ -205,6 +206,11 @@ export class LevelMeter {
       s.samples++;
       if (level > threshold) {
         s.activeMs += dt * 1000;
+        const burst = s.bursts[s.bursts.length - 1];
+        // A pause shorter than ~3 windows is within one stretch of speech.
+        if (burst && now - burst[1] <= 3 * intervalMs + 10) burst[1] = now;
+        else s.bursts.push([now, now]);
+        if (s.bursts.length > 200) s.bursts.shift();
         s.lastActiveAt = now;
       }
       onLevel?.(s);
