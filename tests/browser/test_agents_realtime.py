@@ -47,7 +47,9 @@ import { OpenAIRealtimeWebRTC, RealtimeAgent, RealtimeSession, tool }
   from "/vendor/agents-realtime/openai-realtime-agents.mjs";
 
 const seen = window.seen = { tool: [], events: [], errors: [], transcripts: {}, status: null, callId: null };
-window.run = async ({ secret, iceServers }) => {
+// toolChoice: the session's (a model that calls only when made to: "required"); autoAfterTool:
+// the tool, as it runs, lets the model decide again, so the answer after its result is spoken.
+window.run = async ({ secret, iceServers, toolChoice = "auto", autoAfterTool = false }) => {
   // No zod in a plain page: the tool's parameters as JSON schema (strict).
   const getWeather = tool({
     name: "get_weather",
@@ -57,6 +59,10 @@ window.run = async ({ secret, iceServers }) => {
     strict: true,
     execute: async (args) => {
       seen.tool.push({ args, at: performance.now() });
+      if (autoAfterTool) {
+        const update = { type: "session.update", session: { type: "realtime", tool_choice: "auto" } };
+        window.session.transport.sendEvent(update);
+      }
       return `It is sunny in ${args.city} today.`;
     },
   });
@@ -72,7 +78,10 @@ window.run = async ({ secret, iceServers }) => {
   });
   const session = window.session = new RealtimeSession(agent, {
     transport, model: "omni-cascade",
-    config: { audio: { input: { transcription: { model: "whisper-1" }, turnDetection: { type: "server_vad" } } } },
+    config: {
+      toolChoice,
+      audio: { input: { transcription: { model: "whisper-1" }, turnDetection: { type: "server_vad" } } },
+    },
   });
   session.on("transport_event", (e) => {
     seen.events.push({ type: e.type, at: performance.now() });
@@ -160,6 +169,46 @@ class WeatherThinker:
         yield "I can only tell the weather."
 
 
+async def question_wav(path: Path) -> Path:
+    """One question, then a long silence: one turn (the fake device loops the file)."""
+    speech = silence(1500, 48000) + await speak("what is the weather in paris", 48000) + silence(30000, 48000)
+    return write_wav(path, speech, 48000)
+
+
+async def converse(gateway: Any, context: Any, **options: Any) -> tuple[Any, PageLog, dict[str, Any]]:
+    """Mint a client secret (the page's backend, with its key), run the agent in the page
+    (``options``: window.run's), wait for its tool to run and the answer after it to be
+    spoken; the page, its log and what it saw."""
+    async with httpx.AsyncClient() as http:
+        res = await http.post(
+            gateway.http + "/v1/realtime/client_secrets",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"session": {"type": "realtime", "model": "omni-cascade"}},
+        )
+    minted = res.json()
+    assert minted["value"].startswith("ek_") and "ice_servers" in minted, minted  # the SDK wants an ek_ in a browser
+    page = await context.new_page()
+    log = PageLog(page)
+    await page.route(gateway.http + "/agents.html", lambda r: r.fulfill(body=PAGE, content_type="text/html"))
+    await page.goto(gateway.http + "/agents.html")
+    await page.wait_for_function("() => window.ready === true", timeout=20_000)
+    run = {"secret": minted["value"], "iceServers": minted["ice_servers"], **options}
+    await page.evaluate("(a) => window.run(a)", run)
+    seen = await page.evaluate("() => window.seen")
+    assert seen["status"] == "connected", (seen, str(log))
+    [call] = gateway.runtime.calls.calls.values()
+    assert seen["callId"] == call.call_id  # from the answer's Location
+    await page.wait_for_function("() => window.seen.tool.length >= 1", timeout=60_000, polling=100)
+    # The answer after the tool's result, spoken on the track: its audio started after the call.
+    spoken = """() => {
+      const events = window.seen.events, types = events.map((e) => e.type);
+      const called = types.indexOf("response.function_call_arguments.done");
+      return called >= 0 && types.indexOf("output_audio_buffer.stopped", called) > called;
+    }"""
+    await page.wait_for_function(spoken, timeout=60_000, polling=100)
+    return page, log, await page.evaluate("() => window.seen")
+
+
 @pytest.fixture
 def folder() -> Path:
     return bundle()
@@ -168,42 +217,15 @@ def folder() -> Path:
 async def test_the_agents_sdk_webrtc_transport_holds_a_voice_turn_with_a_function_tool(
     folder: Path, tmp_path: Path
 ) -> None:
-    # One question, then a long silence: one turn (the fake device loops the file).
-    speech = silence(1500, 48000) + await speak("what is the weather in paris", 48000) + silence(30000, 48000)
-    wav = write_wav(tmp_path / "speech.wav", speech, 48000)
+    wav = await question_wav(tmp_path / "speech.wav")
     thinker = WeatherThinker()
     settings = Settings(engine="cascade", video_engine="none", api_keys=(KEY,))
     async with (
         run_gateway(settings, engine=CascadeEngine(thinker=thinker), wrap=serving(folder)) as gateway,
         browser(wav) as context,
     ):
-        # The page's backend mints a client secret with its key (the SDK wants an ek_ in a browser).
-        async with httpx.AsyncClient() as http:
-            minted = (
-                await http.post(
-                    gateway.http + "/v1/realtime/client_secrets",
-                    headers={"Authorization": f"Bearer {KEY}"},
-                    json={"session": {"type": "realtime", "model": "omni-cascade"}},
-                )
-            ).json()
-        assert minted["value"].startswith("ek_") and "ice_servers" in minted
-        page = await context.new_page()
-        log = PageLog(page)
-        await page.route(gateway.http + "/agents.html", lambda r: r.fulfill(body=PAGE, content_type="text/html"))
-        await page.goto(gateway.http + "/agents.html")
-        await page.wait_for_function("() => window.ready === true", timeout=20_000)
-        await page.evaluate("(a) => window.run(a)", {"secret": minted["value"], "iceServers": minted["ice_servers"]})
-        seen = await page.evaluate("() => window.seen")
-        assert seen["status"] == "connected", (seen, str(log))
-        [call] = gateway.runtime.calls.calls.values()
-        assert seen["callId"] == call.call_id  # from the answer's Location
-
-        # The tool ran in the page with the arguments the model gave, once.
-        await page.wait_for_function("() => window.seen.tool.length >= 1", timeout=60_000, polling=100)
-        # The next answer, made from the tool's result, was spoken on the track.
-        spoken = "() => window.seen.events.filter((e) => e.type === 'output_audio_buffer.stopped').length >= 1"
-        await page.wait_for_function(spoken, timeout=40_000, polling=100)
-        seen = await page.evaluate("() => window.seen")
+        page, log, seen = await converse(gateway, context)
+        # The tool ran in the page, once, with the arguments the model gave.
         [made] = thinker.calls
         [ran] = seen["tool"]
         assert ran["args"] == json.loads(made["arguments"])
@@ -214,7 +236,6 @@ async def test_the_agents_sdk_webrtc_transport_holds_a_voice_turn_with_a_functio
         assert any(m.tool_calls and m.tool_calls[0].call_id == made["call_id"] for m in thinker.prompts[-1])
         assert list(seen["transcripts"].values()) == [f"Here is the weather. {result}"]
         types = [e["type"] for e in seen["events"]]
-        assert types.index("response.function_call_arguments.done") < types.index("output_audio_buffer.started")
         assert "response.output_audio.delta" not in types  # the audio is on the track
         inbound = await page.evaluate("() => window.inbound()")
         assert inbound["packets"] > 0 and inbound["energy"] > 0.001, inbound
