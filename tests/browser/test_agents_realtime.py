@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from browser_support import REPO, PageLog, browser, screenshot, write_wav
+from starlette.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
 from support.gateway import run_gateway
 from support.speech import silence, speak
@@ -41,7 +42,7 @@ PREFIX = "/vendor/agents-realtime"
 KEY = "sk-agents-test-key"
 RESULT = "It is sunny in {city} today."
 
-PAGE = """<!doctype html><meta charset="utf-8"><title>agents-realtime</title><body>
+PAGE = """<!doctype html><meta charset="utf-8"><title>agents-realtime</title><link rel="icon" href="data:,"><body>
 <script type="module">
 import { OpenAIRealtimeWebRTC, RealtimeAgent, RealtimeSession, tool }
   from "/vendor/agents-realtime/openai-realtime-agents.mjs";
@@ -118,13 +119,19 @@ def bundle() -> Path:
 
 
 def serving(folder: Path) -> Any:
-    """An ASGI wrapper: the bundle at /vendor/agents-realtime/, the gateway for the rest."""
+    """An ASGI wrapper: the bundle at /vendor/agents-realtime/ and the test's page at
+    /agents.html (served, not fulfilled by a test router: Chromium's local network checks
+    want a page that came from 127.0.0.1), the gateway for the rest."""
     static = StaticFiles(directory=folder)
+    page = HTMLResponse(PAGE)
 
     def wrap(app: Any) -> Any:
         async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
             if scope["type"] == "http" and scope["path"].startswith(PREFIX + "/"):
                 await static({**scope, "root_path": PREFIX}, receive, send)
+                return
+            if scope["type"] == "http" and scope["path"] == "/agents.html":
+                await page(scope, receive, send)
                 return
             await app(scope, receive, send)
 
@@ -189,7 +196,6 @@ async def converse(gateway: Any, context: Any, **options: Any) -> tuple[Any, Pag
     assert minted["value"].startswith("ek_") and "ice_servers" in minted, minted  # the SDK wants an ek_ in a browser
     page = await context.new_page()
     log = PageLog(page)
-    await page.route(gateway.http + "/agents.html", lambda r: r.fulfill(body=PAGE, content_type="text/html"))
     await page.goto(gateway.http + "/agents.html")
     await page.wait_for_function("() => window.ready === true", timeout=20_000)
     run = {"secret": minted["value"], "iceServers": minted["ice_servers"], **options}

@@ -3,7 +3,7 @@
 // WebRTC (WebRTCClient) where the page can hold a call (RTCPeerConnection and getUserMedia),
 // else the WebSocket (RealtimeClient). With transport "auto" a first call that the gateway
 // cannot take (501 webrtc_unavailable: no WebRTC there) or that never connects (UDP
-// blocked on the way: code "timeout") falls back to the WebSocket too. Both clients emit
+// blocked on the way: code "call_failed") falls back to the WebSocket too. Both clients emit
 // the same events and take the same client-event methods; over WebRTC the audio is the
 // call's tracks, over the WebSocket it is appendAudio() and the audio delta events.
 //
@@ -13,7 +13,7 @@
 import { RealtimeClient } from "./realtime.js";
 import { WebRTCClient, webrtcSupported } from "./webrtc.js";
 
-const FALLBACK_CODES = new Set(["webrtc_unavailable", "webrtc_unsupported", "timeout"]);
+const FALLBACK_CODES = new Set(["webrtc_unavailable", "webrtc_unsupported", "call_failed"]);
 
 /**
  * @typedef {"auto"|"webrtc"|"websocket"} Transport

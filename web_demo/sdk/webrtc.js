@@ -142,7 +142,8 @@ export class WebRTCClient extends ClientEvents {
    * Open the microphone, offer the call and wait for `session.created` (also emitted).
    * The first call is not retried: a refusal rejects with a RealtimeError whose code is the
    * gateway's (unauthorized, server_busy, webrtc_unavailable, ...; `status` the HTTP status),
-   * "connect_failed" (unreachable), "microphone" or "timeout" (ICE never connected).
+   * "connect_failed" (unreachable), "microphone", or "call_failed" (answered, but the call did
+   * not connect: ICE failed or timed out, as where UDP is blocked).
    * @returns {Promise<object>} the session.created event
    */
   async connect() {
@@ -159,7 +160,8 @@ export class WebRTCClient extends ClientEvents {
     }
     if (outcome === "live") return this._created;
     const error = outcome instanceof RealtimeError ? outcome
-      : new RealtimeError(outcome === "closed" ? "closed before the session was created" : outcome, { code: outcome === "closed" ? "closed" : "timeout" });
+      : outcome === "closed" ? new RealtimeError("closed before the session was created", { code: "closed" })
+        : new RealtimeError(outcome, { code: "call_failed" });
     this._end(error);
     throw error;
   }
