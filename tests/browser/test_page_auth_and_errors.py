@@ -75,9 +75,10 @@ async def test_pages_ask_for_a_credential_and_connect_with_a_key_or_a_client_sec
         await page.get_by_role("button", name="Start").click()
         await page.locator('#status[data-state="streaming"]').wait_for(timeout=15_000)
         # The refused offer (the voice page calls over WebRTC) is the browser's own console
-        # line; the page read the 401's JSON error itself.
+        # line (a gateway whose ICE servers need a key refuses that GET too); the page read
+        # the 401's JSON error itself.
         refused = [e for e in log.errors if "status of 401" in e]
-        assert len(refused) == 1, log
+        assert refused, log
         assert [e for e in log.errors if e not in refused] == [], log
 
 

@@ -45,7 +45,8 @@ export function webrtcSupported() {
  * @property {string} [clientSecret] an ephemeral "ek_" secret; single use, so only for the first offer
  * @property {() => Promise<string|{value: string, ice_servers?: RTCIceServer[]}>} [getClientSecret]
  *   mints a fresh secret for each offer (the answer of POST /v1/realtime/client_secrets will do: its ice_servers are used)
- * @property {RTCIceServer[]} [iceServers] default: the client secret's, else GET /v1/realtime/calls/ice_servers
+ * @property {RTCIceServer[]} [iceServers] default: the minted client secret's (getClientSecret), else
+ *   GET /v1/realtime/calls/ice_servers (with apiKey: that endpoint wants a key)
  * @property {MediaStream} [mediaStream] the microphone; default: getUserMedia({audio}) at connect (stopped by close)
  * @property {boolean|MediaTrackConstraints} [audio] getUserMedia's audio constraints (true)
  * @property {HTMLMediaElement} [audioElement] gets every call's remote stream as srcObject
@@ -265,10 +266,14 @@ export class WebRTCClient extends ClientEvents {
     }
   }
 
+  /** GET /v1/realtime/calls/ice_servers: it wants a key or token (TURN credentials are not for
+   * anyone); with none, or a client secret (which it does not take), the answer is a 401 and
+   * the call gathers host candidates only: pass the minted secret's ice_servers instead. */
   async _fetchIceServers() {
+    const headers = this._apiKey ? { Authorization: `Bearer ${this._apiKey}` } : {};
     let res;
     try {
-      res = await this._fetch(`${this.url}/ice_servers`, { cache: "no-store" });
+      res = await this._fetch(`${this.url}/ice_servers`, { cache: "no-store", headers });
     } catch (err) {
       throw new RealtimeError(`cannot reach the gateway at ${this.baseUrl}: ${err?.message ?? err}`, { code: "connect_failed" });
     }
