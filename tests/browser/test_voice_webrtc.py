@@ -155,7 +155,7 @@ async def test_barge_in_cuts_the_answer_track_within_a_frame_and_truncates_to_wh
         # The speech that barged in is answered: its audio is fed after the cut.
         await wait_until(page, "v.seen.playback.filter((p) => p.type === 'started').length >= 2", 30, log)
 
-        [clear] = [c for c in watch.clears if c["result"] is not None]
+        clear = next(c for c in watch.clears if c["result"] is not None)  # (the loop may barge in again later)
         cut = clear["result"]
         # Not one frame of audio after the clear: the frame after it was silence, and every
         # one until the next answer (the track kept running: it sent silence meanwhile).
