@@ -1,6 +1,8 @@
-"""The voice page (web_demo/voice.html) in Chromium against a real gateway running
+"""The voice page (web_demo/voice.html) over the WebSocket (``?transport=websocket``: the
+page's fallback where WebRTC is not to be had) in Chromium against a real gateway running
 the CPU voice cascade. The microphone is Chromium's fake capture device fed
-from a WAV of synthesized speech (Chromium loops the file)."""
+from a WAV of synthesized speech (Chromium loops the file). Its WebRTC path (the default):
+test_voice_webrtc.py."""
 
 from __future__ import annotations
 
@@ -10,87 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_support import PageLog, browser, client_event_count, screenshot, write_wav
+from browser_support import PageLog, browser, client_event_count, screenshot
 from support.gateway import RunningGateway, run_gateway
-from support.speech import silence, speak
+from voice_support import MS, RATE, LongAnswerThinker, RecordingThinker, speech_wav, wait_until
+from voice_support import open_voice_page as open_page
 
 from gateway.settings import Settings
-from orchestrator.engine import Message
 from orchestrator.engines.cascade import CascadeEngine
-from orchestrator.engines.cascade.thinker import EchoThinker
 
 pytestmark = pytest.mark.timeout(120)
 
-SPOKEN = "what is your name"  # pocketsphinx hears "what" in every eSpeak rendering
-RATE = 48000  # the WAV's rate: the page resamples the device's audio to 24 kHz itself
-MS = 24  # 24 kHz: samples per millisecond of the answer audio
-
-
-async def speech_wav(path: Path, lead_ms: int, tail_ms: int) -> Path:
-    pcm = silence(lead_ms, RATE) + await speak(SPOKEN, RATE) + silence(tail_ms, RATE)
-    return write_wav(path, pcm, RATE)
-
-
-async def wait_until(page: Any, condition: str, timeout_s: float = 30.0, log: PageLog | None = None) -> Any:
-    """Poll a JS expression over ``window.__voice`` until it is truthy; its value."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        value = await page.evaluate(f"() => {{ const v = window.__voice; return ({condition}); }}")
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            seen = await page.evaluate("() => window.__voice.seen")
-            raise AssertionError(f"timed out waiting for {condition}\nseen: {seen}\n{log or ''}")
-        await asyncio.sleep(0.1)
-
 
 async def open_voice_page(context: Any, gateway: RunningGateway) -> tuple[Any, PageLog]:
-    page = await context.new_page()
-    log = PageLog(page)
-    await page.goto(gateway.http + "/voice.html")
-    await page.get_by_role("button", name="Start").click()
-    await wait_until(page, "v.client && v.client.state === 'open'", 15, log)
-    return page, log
-
-
-class LongAnswerThinker:
-    """Echo, then a long tail, one word every 100 ms: still generating and far from
-    played when the looped speech comes round again."""
-
-    description = "slow long echo (test)"
-    TAIL = " ".join(["I am still talking about this and that, so you can interrupt me."] * 4)
-
-    async def think(self, messages: tuple[Message, ...], instructions: str):  # type: ignore[no-untyped-def]
-        async for word in EchoThinker().think(messages, instructions):
-            await asyncio.sleep(0.1)
-            yield word
-        yield "."
-        for word in self.TAIL.split(" "):
-            await asyncio.sleep(0.1)
-            yield " " + word
-
-
-class RecordingThinker:
-    """Echo, then three sentences 300 ms apart; records what it heard and answered."""
-
-    description = "recording echo (test)"
-    SENTENCES = (". The first sentence is here.", " The second sentence follows it.", " The third one ends it.")
-
-    def __init__(self) -> None:
-        self.heard: list[str] = []
-        self.answers: list[str] = []
-
-    async def think(self, messages: tuple[Message, ...], instructions: str):  # type: ignore[no-untyped-def]
-        self.heard.append(next(m.text for m in reversed(messages) if m.role == "user"))
-        answer = ""
-        async for word in EchoThinker().think(messages, instructions):
-            answer += word
-            yield word
-        for sentence in self.SENTENCES:
-            await asyncio.sleep(0.3)
-            answer += sentence
-            yield sentence
-        self.answers.append(answer)
+    return await open_page(context, gateway, "websocket")
 
 
 async def test_a_spoken_turn_shows_the_transcripts_and_plays_the_answer(tmp_path: Path) -> None:
@@ -236,7 +170,7 @@ async def test_push_to_talk_turns_server_vad_off_and_sends_the_turn_on_release(t
     ):
         page = await context.new_page()
         log = PageLog(page)
-        await page.goto(gateway.http + "/voice.html")
+        await page.goto(gateway.http + "/voice.html?transport=websocket")
         await page.get_by_role("switch", name="Push to talk").check()
         await page.get_by_role("button", name="Start").click()
         await wait_until(page, "v.client && v.client.state === 'open'", 15, log)

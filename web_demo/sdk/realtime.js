@@ -16,12 +16,15 @@
 //   rt.sessionUpdate({ type: "realtime", audio: { input: { transcription: { model: "whisper-1" } } } });
 //   rt.appendAudio(int16Samples);
 
-import { Emitter } from "./emitter.js";
+import { ClientEvents } from "./client-events.js";
+import { RealtimeError } from "./errors.js";
 import { BINARY_SUBPROTOCOL, FrameError, base64ToBytes, bytesToBase64, decodeAudioFrame, encodeInputFrame, pcm16 } from "./frames.js";
 
 export const REALTIME_SUBPROTOCOL = "realtime";
 export const BETA_SUBPROTOCOL = "openai-beta.realtime-v1";
 export const KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key.";
+export { RealtimeError };
+
 const AUDIO_DELTAS = new Set(["response.output_audio.delta", "response.audio.delta"]);
 const RESUME_REFUSALS = new Set(["session_not_found", "resume_token_invalid", "resume_forbidden", "resume_seq_invalid"]);
 const PROTOCOL_FAULTS = new Set([1002, 1003, 1007, 1008, 1009, 1010]); // a reconnect would fail the same way
@@ -76,17 +79,6 @@ export const DEFAULT_RECONNECT = Object.freeze({
  * @property {RealtimeError} [error] why the session ended
  */
 
-/** An error with a stable `code` (and the close code when a close caused it). */
-export class RealtimeError extends Error {
-  /** @param {string} message @param {{code?: string, closeCode?: number}} [info] */
-  constructor(message, { code = "error", closeCode } = {}) {
-    super(message);
-    this.name = "RealtimeError";
-    this.code = code;
-    this.closeCode = closeCode;
-  }
-}
-
 /** Counters since the client was created (read `client.stats`). */
 export function newStats() {
   return {
@@ -109,7 +101,7 @@ export function newStats() {
 }
 
 /** A realtime session that reconnects and resumes on its own. */
-export class RealtimeClient extends Emitter {
+export class RealtimeClient extends ClientEvents {
   /** @param {RealtimeOptions} [options] */
   constructor(options = {}) {
     super();
@@ -241,26 +233,9 @@ export class RealtimeClient extends Emitter {
     return this.state === "open";
   }
 
-  /**
-   * Resolve with the next event of `type` (or matching `predicate`).
-   * @param {string|((event: object) => boolean)} match
-   * @param {{timeoutMs?: number}} [options]
-   * @returns {Promise<object>}
-   */
-  waitFor(match, { timeoutMs = 30000 } = {}) {
-    const test = typeof match === "string" ? (e) => e.type === match : match;
-    return new Promise((resolve, reject) => {
-      const off = this.on("event", (e) => {
-        if (!test(e)) return;
-        off();
-        clearTimeout(timer);
-        resolve(e);
-      });
-      const timer = setTimeout(() => {
-        off();
-        reject(new RealtimeError(`timed out waiting for ${typeof match === "string" ? match : "an event"}`, { code: "timeout" }));
-      }, timeoutMs);
-    });
+  /** This client's transport (WebRTCClient says "webrtc"). */
+  get transport() {
+    return "websocket";
   }
 
   // --- sends ----------------------------------------------------------------------------------
@@ -299,32 +274,6 @@ export class RealtimeClient extends Emitter {
     if (this.binary) ws.send(encodeInputFrame(audio));
     else ws.send(JSON.stringify({ type: "input_audio_buffer.append", audio: bytesToBase64(audio) }));
   }
-
-  /** @param {object} session the session.update `session` object */
-  sessionUpdate(session) { this.send({ type: "session.update", session }); }
-  commit() { this.send({ type: "input_audio_buffer.commit" }); }
-  clearInput() { this.send({ type: "input_audio_buffer.clear" }); }
-  /** @param {object} item @param {string} [previousItemId] */
-  createItem(item, previousItemId) {
-    this.send({ type: "conversation.item.create", item, ...(previousItemId !== undefined ? { previous_item_id: previousItemId } : {}) });
-  }
-  /** A user message with one input_text part (then call createResponse). @param {string} text */
-  sendText(text) { this.createItem({ type: "message", role: "user", content: [{ type: "input_text", text }] }); }
-  /** @param {string} itemId */
-  retrieveItem(itemId) { this.send({ type: "conversation.item.retrieve", item_id: itemId }); }
-  /**
-   * Trim an assistant item to the audio the user heard.
-   * @param {string} itemId @param {number} contentIndex @param {number} audioEndMs
-   */
-  truncate(itemId, contentIndex, audioEndMs) {
-    this.send({ type: "conversation.item.truncate", item_id: itemId, content_index: contentIndex, audio_end_ms: Math.max(0, Math.round(audioEndMs)) });
-  }
-  /** @param {string} itemId */
-  deleteItem(itemId) { this.send({ type: "conversation.item.delete", item_id: itemId }); }
-  /** @param {object} [response] the response.create `response` object */
-  createResponse(response) { this.send(response ? { type: "response.create", response } : { type: "response.create" }); }
-  /** @param {string} [responseId] */
-  cancelResponse(responseId) { this.send(responseId ? { type: "response.cancel", response_id: responseId } : { type: "response.cancel" }); }
 
   _checkUsable() {
     if (this.state === "new") throw new RealtimeError("not connected: call connect() first", { code: "not_connected" });

@@ -1,15 +1,21 @@
 // The voice page: microphone -> gateway -> answer playback, with barge-in, push to
 // talk, live transcripts, per-turn latency and the connection/resume state.
 //
+// Transport: a WebRTC call where the page can hold one (the microphone and the answer are
+// Opus tracks; the gateway cuts the answer on a barge-in and truncates it itself), else the
+// WebSocket (the page captures and plays the audio, and truncates what it played).
+// `?transport=websocket` or `?transport=webrtc` forces one.
+//
 // For tests and curious people, `window.__voice` holds the client, the audio and
-// what the page saw (transcripts, latencies, truncations, playback counters).
+// what the page saw (transcripts, latencies, truncations, playback counters, levels).
 
 import { $, askForCredential, credentialFrom, explain, fmtMs, statusView } from "../common.js";
-import { RealtimeClient } from "../sdk/realtime.js";
+import { connectRealtime } from "../sdk/connect.js";
 import { AudioIO, MicrophoneError } from "./audio.js";
 
 const params = new URLSearchParams(location.search);
 const MODEL = params.get("model") || undefined;
+const TRANSPORT = params.get("transport") || "auto"; // auto | webrtc | websocket
 const SAMPLES_PER_MS = 24; // 24 kHz
 
 const ui = {
@@ -18,6 +24,7 @@ const ui = {
   status: $("status"), sessionId: $("session-id"), seq: $("seq"), path: $("path"),
   resumes: $("resumes"), replayed: $("replayed"),
   micLevel: $("mic-level"), playLevel: $("play-level"), playStats: $("play-stats"),
+  answer: $("answer"), answerLevel: $("answer-level"), bufferedLabel: $("buffered-label"), answerLabel: $("answer-label"),
   error: $("error"), log: $("log"), textForm: $("text-form"), text: $("text"), sendText: $("send-text"),
   latency: $("latency"),
 };
@@ -31,7 +38,11 @@ const seen = {
   outputDone: {}, // assistant item id -> the transcript of response.output_audio_transcript.done
   responses: [], // {id, status, reason}
   latencies: [], // ms, speech_stopped (or commit) -> first audio delta, per turn
-  truncations: [], // {itemId, audioEndMs, receivedMs}
+  truncations: [], // {itemId, audioEndMs, receivedMs} (WebRTC: the gateway's conversation.item.truncated, why "gateway")
+  playback: [], // WebRTC: output_audio_buffer.started/stopped/cleared, {type, responseId, at}
+  events: [], // {type, seq} of every server event, in order (the latest 2000)
+  transport: null, // "webrtc" or "websocket"
+  fallback: null, // why WebRTC was given up for the WebSocket
   bargeIns: 0,
   errors: [],
   states: [],
@@ -46,8 +57,16 @@ let awaitingFirstAudio = false;
 const items = new Map(); // item id -> {li, body, note, role, audioDone, notes}
 const interrupted = new Set(); // assistant items whose playback was stopped: later audio is ignored
 let activeAudioItem = null; // the assistant item whose audio was last queued for playback
+let playingResponse = null; // WebRTC: the response whose audio the gateway is playing
+let answerMeter = null; // WebRTC: the answer track's level, measured here
+let micMeter = null;
 
-window.__voice = { seen, get client() { return client; }, get audio() { return audio; }, start, stop };
+window.__voice = {
+  seen, start, stop,
+  get client() { return client; },
+  get audio() { return audio; },
+  get answerLevel() { return answerMeter?.stats ?? null; }, // WebRTC: the answer track's audio in this page
+};
 
 // --- controls --------------------------------------------------------------------------------
 
@@ -81,13 +100,24 @@ async function start() {
     setBusy(false);
     return showError(`Audio could not start: ${err.message}`);
   }
-  // Connect first, then open the microphone: no speech is captured before it can be sent.
-  const credential = credentialFrom(ui.credential);
-  client = new RealtimeClient({ model: MODEL, binary: true, resumeFallback: "new_session", ...credential });
-  wire(client);
-  setStatus("connecting", "Connecting…");
+  // The microphone first: a WebRTC call offers it as its track (the WebSocket path sends
+  // nothing of it before the session is open).
+  let stream;
   try {
-    await client.connect();
+    stream = await audio.openMicrophone({ echoCancellation: params.get("ec") !== "0" });
+  } catch (err) {
+    await teardown();
+    setStatus("ended", "Not connected: the microphone is unavailable.");
+    return showError(err instanceof MicrophoneError ? err.message : `The microphone failed: ${err.message}`);
+  }
+  for (const track of stream.getAudioTracks()) track.enabled = !ui.ptt.checked; // push to talk: silent until Talk
+  setStatus("connecting", "Connecting…");
+  let connected;
+  try {
+    connected = await connectRealtime({
+      transport: TRANSPORT, model: MODEL, binary: true, resumeFallback: "new_session", ...credentialFrom(ui.credential),
+      mediaStream: stream, audioElement: ui.answer, wire,
+    });
   } catch (err) {
     await teardown();
     setStatus("ended", "Not connected.");
@@ -95,14 +125,15 @@ async function start() {
     if (err.code === "unauthorized" || err.code === "refused") askForCredential(ui.auth, ui.credential);
     return;
   }
+  seen.transport = client.transport;
+  seen.fallback = connected.fallback ? { code: connected.fallback.code, message: connected.fallback.message } : null;
+  showTransport();
   applyTurnMode(); // transcription on, server VAD or push to talk, before any speech
-  try {
-    await audio.startMicrophone(onMicrophone, { echoCancellation: params.get("ec") !== "0" });
-  } catch (err) {
-    client.close();
-    await teardown();
-    setStatus("ended", "Not connected: the microphone is unavailable.");
-    return showError(err instanceof MicrophoneError ? err.message : `The microphone failed: ${err.message}`);
+  if (client.transport === "webrtc") {
+    micMeter = audio.meter(stream, (s) => (ui.micLevel.value = Math.min(1, s.level * 4)));
+  } else {
+    for (const track of stream.getAudioTracks()) track.enabled = true; // the capture worklet holds push to talk
+    await audio.startMicrophone(onMicrophone);
   }
   ui.stop.disabled = false;
   ui.talk.disabled = !ui.ptt.checked; // the microphone is open now
@@ -121,6 +152,9 @@ async function teardown() {
   const a = audio;
   audio = null;
   talking = false;
+  answerMeter = micMeter = null; // (stopped with the audio)
+  playingResponse = null;
+  ui.answer.srcObject = null;
   if (a) await a.close();
   setBusy(false);
   ui.stop.disabled = true;
@@ -147,8 +181,14 @@ function applyTurnMode() {
     type: "realtime",
     audio: { input: { transcription: { model: "whisper-1" }, turn_detection: ptt ? null : { type: "server_vad" } } },
   });
-  audio?.setSending(!ptt || talking);
+  setSending(!ptt || talking);
   if (ptt && !talking) setTalkLabel();
+}
+
+/** The microphone goes to the gateway (true) or not (false: push to talk released). */
+function setSending(on) {
+  audio?.setSending(on); // the WebSocket path's capture
+  if (client?.transport === "webrtc") client.setMicrophoneEnabled(on); // the call's track: silence when off
 }
 
 function beginTalk() {
@@ -156,13 +196,13 @@ function beginTalk() {
   talking = true;
   bargeIn("push_to_talk");
   client.clearInput();
-  audio?.setSending(true);
+  setSending(true);
   setTalkLabel();
 }
 
 function endTalk() {
   talking = false;
-  audio?.setSending(false);
+  setSending(false);
   setTalkLabel();
   if (!client?.connected) return;
   client.commit();
@@ -185,15 +225,21 @@ function onMicrophone(pcm, level) {
 // --- server events ---------------------------------------------------------------------------
 
 function wire(rt) {
-  rt.on("state", onState);
-  rt.on("event", showCounters);
+  client = rt; // (a fallback to the WebSocket wires a second client)
+  rt.on("state", (change) => rt === client && onState(change));
+  rt.on("event", (e) => {
+    seen.events.push({ type: e.type, seq: e.server_event_seq ?? null, at: performance.now() });
+    if (seen.events.length > 2000) seen.events.shift();
+    showCounters();
+  });
   rt.on("session.updated", (e) => {
     seen.session = e.session;
   });
   rt.on("session.created", (e) => {
     seen.session = e.session;
     ui.sessionId.textContent = e.session.id;
-    ui.path.textContent = rt.binary ? "binary frames (omni-binary.v1)" : "base64 JSON";
+    ui.path.textContent = rt.transport === "webrtc" ? "WebRTC (Opus tracks, oai-events)"
+      : rt.binary ? "binary frames (omni-binary.v1)" : "base64 JSON";
   });
   rt.on("session.resumed", (e) => {
     const n = Math.max(0, e.replay_to - e.replay_from + 1);
@@ -255,7 +301,34 @@ function wire(rt) {
       for (const item of r.output ?? []) markEntry(item.id, "status", `${r.status}${why}`);
     }
   });
-  rt.on("conversation.item.truncated", (e) => markEntry(e.item_id, "truncated", `trimmed to what you heard (${fmtMs(e.audio_end_ms)})`));
+  rt.on("conversation.item.truncated", (e) => {
+    markEntry(e.item_id, "truncated", `trimmed to what you heard (${fmtMs(e.audio_end_ms)})`);
+    if (rt.transport === "webrtc") {
+      // The gateway played the audio: it cut the track and says how much had gone out.
+      seen.truncations.push({ itemId: e.item_id, audioEndMs: e.audio_end_ms, why: "gateway" });
+      markEntry(e.item_id, "barge-in", `you interrupted after ${fmtMs(e.audio_end_ms)}`);
+    }
+  });
+  // WebRTC: the gateway plays the answer on the track and says when it starts, ends or is cut.
+  rt.on("track", ({ stream }) => {
+    answerMeter?.stop();
+    answerMeter = audio?.meter(stream, showAnswerLevel) ?? null;
+  });
+  rt.on("output_audio_buffer.started", (e) => {
+    seen.playback.push({ type: "started", responseId: e.response_id, at: performance.now() });
+    playingResponse = e.response_id;
+    if (awaitingFirstAudio && turnEndedAt !== null) {
+      awaitingFirstAudio = false;
+      addLatency(performance.now() - turnEndedAt);
+    }
+  });
+  for (const type of ["output_audio_buffer.stopped", "output_audio_buffer.cleared"]) {
+    rt.on(type, (e) => {
+      seen.playback.push({ type: type.split(".")[1], responseId: e.response_id, at: performance.now() });
+      if (playingResponse === e.response_id) playingResponse = null;
+      if (type.endsWith("cleared")) seen.bargeIns++;
+    });
+  }
   rt.on("error", (e) => {
     seen.errors.push(e.error);
     showError(`Server: ${e.error?.message ?? "error"} (${e.error?.code ?? "?"})`);
@@ -278,6 +351,7 @@ function onState(change) {
       setStatus("resuming", "Reconnected. Resuming the session…");
       break;
     case "ended":
+      if (change.previous === "connecting") break; // a first connection that failed: start() says why
       setStatus("ended", change.error ? "Disconnected." : "The session ended.");
       if (change.error) {
         showError(explain(change.error, client?.url ?? "the gateway"));
@@ -296,6 +370,12 @@ function onState(change) {
  */
 async function bargeIn(why) {
   if (!audio || !client) return;
+  if (client.transport === "webrtc") {
+    // The gateway plays the answer: on speech (server VAD) it cuts it itself; for a typed
+    // message or push to talk, ask it to (it truncates the item to what went out).
+    if (why !== "speech_started" && playingResponse && client.connected) client.clearAudio();
+    return;
+  }
   const item = activeAudioItem;
   const stats = audio.stats;
   const unplayed = item && (stats.bufferedMs > 0 || !items.get(item)?.audioDone);
@@ -360,6 +440,17 @@ function addLatency(ms) {
 function showPlayback(stats) {
   ui.playLevel.value = Math.min(2000, stats.bufferedMs);
   ui.playStats.textContent = `${fmtMs(stats.playedSamples / SAMPLES_PER_MS)} played · ${stats.underruns} underruns · ${fmtMs(stats.droppedSamples / SAMPLES_PER_MS)} skipped`;
+}
+
+function showAnswerLevel(stats) {
+  ui.answerLevel.value = Math.min(1, stats.level * 4);
+}
+
+function showTransport() {
+  const rtc = client?.transport === "webrtc";
+  ui.playLevel.hidden = ui.bufferedLabel.hidden = ui.playStats.hidden = rtc;
+  ui.answerLevel.hidden = ui.answerLabel.hidden = !rtc;
+  if (seen.fallback) setStatus("open", `Connected over the WebSocket (WebRTC: ${seen.fallback.message}).`);
 }
 
 function showCounters() {

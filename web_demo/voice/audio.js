@@ -1,4 +1,5 @@
-// The page's audio: microphone capture and answer playback, each in an AudioWorklet.
+// The page's audio: microphone capture and answer playback, each in an AudioWorklet
+// (the WebSocket path), and level meters on streams (a WebRTC call's tracks).
 
 const here = (path) => new URL(path, import.meta.url).href;
 
@@ -42,6 +43,7 @@ export class AudioIO {
     this.stream = null;
     this.capture = null;
     this.sending = true;
+    this.meters = new Set();
     /** The playback worklet's latest counters (receivedBytes, playedSamples, underruns, ...). */
     this.stats = { receivedBytes: 0, receivedChunks: 0, playedSamples: 0, droppedSamples: 0, underruns: 0, bufferedMs: 0, playing: false, positions: {} };
     this._onStats = onStats;
@@ -58,23 +60,31 @@ export class AudioIO {
   }
 
   /**
-   * Open the microphone and stream 20 ms PCM16 frames at 24 kHz to `onAudio`.
-   * @param {(pcm: ArrayBuffer, level: number) => void} onAudio
-   * @param {{echoCancellation?: boolean}} [options] frames are posted while `setSending(true)` holds (the default)
+   * Ask for the microphone (MicrophoneError when it cannot be had).
+   * @param {{echoCancellation?: boolean}} [options]
+   * @returns {Promise<MediaStream>}
    */
-  async startMicrophone(onAudio, { echoCancellation = true } = {}) {
+  async openMicrophone({ echoCancellation = true } = {}) {
     if (!navigator.mediaDevices?.getUserMedia) {
       throw new MicrophoneError("This page cannot use a microphone here: open it over https:// or from localhost.", "insecure");
     }
-    let stream;
     try {
-      stream = await navigator.mediaDevices.getUserMedia({
+      this.stream = await navigator.mediaDevices.getUserMedia({
         audio: { channelCount: 1, echoCancellation, noiseSuppression: echoCancellation, autoGainControl: echoCancellation },
       });
     } catch (err) {
       throw micError(err);
     }
-    this.stream = stream;
+    return this.stream;
+  }
+
+  /**
+   * Stream the microphone as 20 ms PCM16 frames at 24 kHz to `onAudio` (the WebSocket path).
+   * @param {(pcm: ArrayBuffer, level: number) => void} onAudio
+   * @param {{echoCancellation?: boolean}} [options] frames are posted while `setSending(true)` holds (the default)
+   */
+  async startMicrophone(onAudio, options) {
+    const stream = this.stream ?? await this.openMicrophone(options);
     const source = this.ctx.createMediaStreamSource(stream);
     const capture = new AudioWorkletNode(this.ctx, "capture-processor", {
       numberOfInputs: 1,
@@ -90,6 +100,18 @@ export class AudioIO {
     const mute = new GainNode(this.ctx, { gain: 0 });
     capture.connect(mute).connect(this.ctx.destination);
     this.capture = capture;
+  }
+
+  /**
+   * A level meter on a stream (the microphone, or a WebRTC call's answer track), read
+   * every `intervalMs`; never connected to the speakers.
+   * @param {MediaStream} stream
+   * @param {(level: LevelStats) => void} [onLevel]
+   */
+  meter(stream, onLevel) {
+    const m = new LevelMeter(this.ctx, stream, onLevel);
+    this.meters.add(m);
+    return m;
   }
 
   /**
@@ -130,11 +152,74 @@ export class AudioIO {
 
   /** Release the microphone and the audio device. */
   async close() {
+    for (const m of this.meters) m.stop();
+    this.meters.clear();
     for (const track of this.stream?.getTracks() ?? []) track.stop();
     this.stream = null;
     this.capture?.disconnect();
     this.player.disconnect();
     await this.ctx.close().catch(() => {});
+  }
+}
+
+/**
+ * @typedef {object} LevelStats
+ * @property {number} level RMS of the latest window, in [0, 1]
+ * @property {number} peak the highest level so far
+ * @property {number} activeMs how long the level was above `threshold`
+ * @property {number} energy the sum of level^2 * seconds (audio energy, as WebRTC's stats count it)
+ * @property {number} lastActiveAt performance.now() of the latest window above threshold (0: none yet)
+ * @property {number[][]} bursts [from, to] (performance.now()) of the stretches above threshold, the latest 200
+ * @property {number} samples windows read
+ */
+
+/** The level of a MediaStream through an AnalyserNode (a WebRTC track's audio, measured in the page). */
+export class LevelMeter {
+  /**
+   * @param {AudioContext} ctx
+   * @param {MediaStream} stream
+   * @param {(stats: LevelStats) => void} [onLevel]
+   * @param {{intervalMs?: number, threshold?: number}} [options]
+   */
+  constructor(ctx, stream, onLevel, { intervalMs = 20, threshold = 0.01 } = {}) {
+    this.source = ctx.createMediaStreamSource(stream);
+    this.analyser = new AnalyserNode(ctx, { fftSize: 1024 });
+    this.source.connect(this.analyser);
+    this.threshold = threshold;
+    /** @type {LevelStats} */
+    this.stats = { level: 0, peak: 0, activeMs: 0, energy: 0, lastActiveAt: 0, bursts: [], samples: 0 };
+    const buf = new Float32Array(this.analyser.fftSize);
+    let last = performance.now();
+    // A timer, not requestAnimationFrame: it keeps measuring in a background tab.
+    this._timer = setInterval(() => {
+      const now = performance.now();
+      const dt = (now - last) / 1000;
+      last = now;
+      this.analyser.getFloatTimeDomainData(buf);
+      let sum = 0;
+      for (let i = 0; i < buf.length; i++) sum += buf[i] * buf[i];
+      const level = Math.sqrt(sum / buf.length);
+      const s = this.stats;
+      s.level = level;
+      s.peak = Math.max(s.peak, level);
+      s.energy += level * level * dt;
+      s.samples++;
+      if (level > threshold) {
+        s.activeMs += dt * 1000;
+        const burst = s.bursts[s.bursts.length - 1];
+        // A pause shorter than ~3 windows is within one stretch of speech.
+        if (burst && now - burst[1] <= 3 * intervalMs + 10) burst[1] = now;
+        else s.bursts.push([now, now]);
+        if (s.bursts.length > 200) s.bursts.shift();
+        s.lastActiveAt = now;
+      }
+      onLevel?.(s);
+    }, intervalMs);
+  }
+
+  stop() {
+    clearInterval(this._timer);
+    this.source.disconnect();
   }
 }
 

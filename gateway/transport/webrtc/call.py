@@ -48,6 +48,7 @@ log = logging.getLogger("omni.webrtc")
 
 TRACK_RATE = 24_000  # the answer's track and the microphone's chunks (the GA default formats' rate)
 _AUDIO_DELTA_JSON = b'"response.output_audio.delta"'
+_SPEECH_STARTED = "input_audio_buffer.speech_started"
 _CUT = frozenset({"cancelled", "failed"})  # an answer that ends so has its audio cut at once
 _MAX_FORMATS = 16  # responses whose output format is remembered (a response.create may set its own)
 
@@ -136,6 +137,8 @@ class Call:
                 self._note_format(event["response"])
             elif kind == "response.done":
                 self._answer_ended(event["response"])
+            elif kind == _SPEECH_STARTED:
+                self._speech_started()
         try:
             self.channel.send(data)
         except MessageTooLarge as exc:
@@ -193,6 +196,24 @@ class Call:
                     )
                 return
         self.track.end_response(response_id)  # stopped once its last frame has gone
+
+    def _speech_started(self) -> None:
+        """Server VAD heard the caller. An answer still being written is cancelled by the
+        session (its response.done cuts the track), but one already written (engines write
+        faster than real time) would play on from the track's queue: barge-in cuts it here,
+        as OpenAI's WebRTC does (output_audio_buffer.cleared on speech_started)."""
+        host = self.door.host if self.door is not None else None
+        detection = host.session.config.turn_detection if host is not None else None
+        if detection is None or not detection.interrupt_response:
+            return
+        if self.track.playing is None and not self.track.queued_ms:
+            return
+        cut = self.track.clear()
+        if cut is not None and self.door is not None:
+            # Deferred to the next loop turn: the session is in the middle of a flush.
+            asyncio.get_running_loop().call_soon(
+                self.door.played, "cleared", cut.response_id, cut.item_id, cut.audio_end_ms
+            )
 
     def clear_audio(self) -> tuple[str, str, int] | None:
         """The door's ``Media``: ``output_audio_buffer.clear`` cuts the audio now."""
