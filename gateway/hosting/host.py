@@ -284,6 +284,12 @@ class SessionHost:
         self.flush()
 
     @property
+    def interrupted_by_speech(self) -> bool:
+        """Server VAD with ``interrupt_response``: speech over an answer interrupts it."""
+        detection = self.session.config.turn_detection
+        return detection is not None and detection.interrupt_response
+
+    @property
     def input_format(self) -> AudioFormat:
         return self.session.config.input_format
 

@@ -202,9 +202,7 @@ class Call:
         session (its response.done cuts the track), but one already written (engines write
         faster than real time) would play on from the track's queue: barge-in cuts it here,
         as OpenAI's WebRTC does (output_audio_buffer.cleared on speech_started)."""
-        host = self.door.host if self.door is not None else None
-        detection = host.session.config.turn_detection if host is not None else None
-        if detection is None or not detection.interrupt_response:
+        if self.door is None or not self.door.interrupted_by_speech:
             return
         if self.track.playing is None and not self.track.queued_ms:
             return
