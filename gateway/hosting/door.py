@@ -159,12 +159,6 @@ class Door:
         return self.host is not None and self.host.interrupted_by_speech
 
     @property
-    def interrupted_by_speech(self) -> bool:
-        """Whether the caller's speech interrupts an answer (server VAD's ``interrupt_response``):
-        a connection that plays the audio cuts it then, even an answer already written."""
-        return self.host is not None and self.host.interrupted_by_speech
-
-    @property
     def trace(self) -> SessionTrace | None:
         """The trace of the session behind the door (what reached the client ends a turn)."""
         return self.host.trace if self.host is not None else None
