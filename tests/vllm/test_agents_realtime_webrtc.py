@@ -3,8 +3,7 @@ function tool, and a model that decides: the cascade with vLLM as its thinker (t
 random-weight model). The agent's session asks for a call (``tool_choice: required``, which
 vLLM's structured outputs make the model meet); the tool, as it runs in the page, sets
 ``tool_choice: auto``, and the next answer, spoken on the call's track, is generated from a
-prompt holding the call and its result. The page and its flow are
-tests/browser/test_agents_realtime.py's (there with a scripted tool caller).
+prompt holding the call and its result. The page and its flow: tests/browser/agents_support.py.
 
 Needs Chromium and the npm package (scripts/install_browser.sh): skipped without them,
 except under CI, where that fails.
@@ -27,8 +26,8 @@ from orchestrator.engines.cascade import CascadeEngine
 from orchestrator.engines.vllm_engine import VllmEngine, VllmThinker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "browser"))
-from browser_support import browser, missing_browser
-from test_agents_realtime import KEY, RESULT, bundle, converse, question_wav, serving
+from agents_support import KEY, RESULT, bundle, converse, question_wav, serving
+from browser_support import browser, missing_browser, screenshot
 
 pytestmark = [pytest.mark.vllm, pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
 
@@ -59,7 +58,10 @@ async def test_the_agents_sdk_webrtc_transport_calls_a_tool_chosen_by_a_vllm_mod
         # The answer after the tool was generated from a prompt holding its result.
         result = RESULT.format(city=ran["args"]["city"])
         assert any(result in prompt for prompt in sent), sent[-1:]
+        types = [e["type"] for e in seen["events"]]
+        assert "response.output_audio.delta" not in types  # the audio is on the track
         inbound = await page.evaluate("() => window.inbound()")
         assert inbound["packets"] > 0 and inbound["energy"] > 0.001, inbound
         assert seen["errors"] == [], seen["errors"]
+        await screenshot(page, "agents_realtime_webrtc.png")
         assert not log.errors, log
