@@ -90,35 +90,56 @@ async def hang_up(ctx: HostContext, session_id: str, principal: str) -> bool:
     return True
 
 
+class Outbound:
+    """Bus messages to one replica, published one after another: the store's client may
+    carry concurrent publishes on different connections, so order is kept here."""
+
+    def __init__(self, ctx: HostContext, replica: str) -> None:
+        self.ctx, self.channel = ctx, replica_channel(replica)
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._task = ctx.spawn(self._run())
+
+    def put(self, body: dict[str, Any], *, last: bool = False) -> None:
+        self._queue.put_nowait(orjson.dumps(body))
+        if last:
+            self.stop()
+
+    def stop(self) -> None:
+        """No more messages: the sender stops once the queued ones are out."""
+        self._queue.put_nowait(None)
+
+    async def _run(self) -> None:
+        while (message := await self._queue.get()) is not None:
+            with contextlib.suppress(StoreError):  # a lost message: the other side's watch closes the sideband
+                await self.ctx.store.publish(self.channel, message)
+
+
 # --- the sideband, on the replica that owns the session ------------------------------
 
 
 class BusPeer:
-    """A sideband's socket on another replica, as the owner's door sees it (``Peer``)."""
+    """A sideband's socket on another replica, as the owner's door sees it (``Peer``).
+    ``on_closed``: the door closed it (the session ended here, or moved)."""
 
-    def __init__(self, ctx: HostContext, replica: str, link: str) -> None:
-        self.ctx, self.channel, self.link = ctx, replica_channel(replica), link
+    def __init__(self, ctx: HostContext, replica: str, link: str, on_closed: Callable[[], None]) -> None:
+        self.link = link
+        self.outbound = Outbound(ctx, replica)
         self.closed = False
+        self._on_closed = on_closed
 
     def send(self, data: bytes, event: dict[str, Any] | None = None) -> None:
         if not self.closed:
-            self._publish({"type": "sideband.out", "link": self.link, "data": data.decode()})
+            self.outbound.put({"type": "sideband.out", "link": self.link, "data": data.decode()})
 
     def close(self, code: int, reason: str) -> None:
         if not self.closed:
             self.closed = True
-            self._publish({"type": "sideband.close", "link": self.link, "code": code, "reason": reason})
+            self.outbound.put({"type": "sideband.close", "link": self.link, "code": code, "reason": reason}, last=True)
+            self._on_closed()
 
     def joined(self) -> None:
         """The sideband joined the session: its socket may go on."""
-        self._publish({"type": "sideband.joined", "link": self.link})
-
-    def _publish(self, body: dict[str, Any]) -> None:
-        self.ctx.spawn(self._send(orjson.dumps(body)))
-
-    async def _send(self, message: bytes) -> None:
-        with contextlib.suppress(StoreError):
-            await self.ctx.store.publish(self.channel, message)
+        self.outbound.put({"type": "sideband.joined", "link": self.link})
 
 
 class Links:
@@ -126,7 +147,7 @@ class Links:
 
     def __init__(self, ctx: HostContext, host: SessionHost) -> None:
         self.ctx, self.host = ctx, host
-        self.doors: dict[str, tuple[Door, asyncio.Queue[str]]] = {}
+        self.doors: dict[str, tuple[Door, asyncio.Queue[str | None], BusPeer]] = {}
 
     def on_bus(self, body: dict[str, Any]) -> None:
         kind, link = body.get("type"), str(body.get("link", ""))
@@ -134,26 +155,35 @@ class Links:
             self._open(link, str(body.get("replica", "")), str(body.get("principal", "")))
         elif kind == "sideband.in" and link in self.doors:
             self.doors[link][1].put_nowait(str(body.get("text", "")))
-        elif kind == "sideband.close" and link in self.doors:
-            door, _ = self.doors.pop(link)
+        elif kind == "sideband.close" and link in self.doors:  # the socket on the other replica went
+            door, _, peer = self.doors[link]
             door.detach()
+            peer.outbound.stop()
+            self._forget(link)
+
+    def _forget(self, link: str) -> None:
+        entry = self.doors.pop(link, None)
+        if entry is not None:
+            entry[1].put_nowait(None)  # its feed ends
 
     def _open(self, link: str, replica: str, principal: str) -> None:
-        peer = BusPeer(self.ctx, replica, link)
+        peer = BusPeer(self.ctx, replica, link, on_closed=lambda: self._forget(link))
         if principal != self.host.principal or self.host.ended or not replica:
             peer.close(CloseCode.UNKNOWN_MODEL, Code.CALL_NOT_FOUND)  # another's call: as one that does not exist
             return
         door = Door(self.ctx, None, peer, dialect=GA, principal=principal, model=self.host.session.config.model,
                     max_message_bytes=self.ctx.max_message_bytes)  # fmt: skip
         door.join(self.host)
-        inbox: asyncio.Queue[str] = asyncio.Queue()
-        self.doors[link] = (door, inbox)
+        inbox: asyncio.Queue[str | None] = asyncio.Queue()
+        self.doors[link] = (door, inbox, peer)
         peer.joined()
-        self.ctx.spawn(self._feed(link, door, inbox))
+        self.ctx.spawn(self._feed(door, inbox))
 
-    async def _feed(self, link: str, door: Door, inbox: asyncio.Queue[str]) -> None:
-        while link in self.doors:
-            pending = door.receive(await inbox.get())
+    async def _feed(self, door: Door, inbox: asyncio.Queue[str | None]) -> None:
+        """The backend's messages, handed to its door one after another (a message that waits
+        on the store holds the ones after it, as on a socket)."""
+        while (text := await inbox.get()) is not None:
+            pending = door.receive(text)
             if pending is not None:
                 await pending
 
@@ -169,6 +199,7 @@ class Relay:
     def __init__(self, ctx: HostContext, peer: Peer, *, session_id: str, owner: str, principal: str) -> None:
         self.ctx, self.peer, self.session_id, self.owner, self.principal = ctx, peer, session_id, owner, principal
         self.link = "lnk_" + secrets.token_hex(8)
+        self.outbound = Outbound(ctx, owner)
         self.delivery = Delivery(peer, gated=False)
         self.host = None
         self.ready = True  # every message goes to the owner: none waits here
@@ -181,16 +212,15 @@ class Relay:
 
     async def open(self) -> bool:
         """Ask the owner to join the session; False: it refused (or did not answer in time)."""
-        await self._publish({"type": "sideband.open", "session_id": self.session_id, "link": self.link,
-                             "replica": self.ctx.replica_id, "principal": self.principal})  # fmt: skip
+        self.outbound.put({"type": "sideband.open", "session_id": self.session_id, "link": self.link,
+                           "replica": self.ctx.replica_id, "principal": self.principal})  # fmt: skip
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.ctx.lease_ttl_ms / 1000):
                 await self._joined.wait()
         return self._joined.is_set() and not self._closed
 
     def receive(self, text: str) -> Pending:
-        self.ctx.spawn(self._publish({"type": "sideband.in", "session_id": self.session_id, "link": self.link,
-                                      "text": text}))  # fmt: skip
+        self.outbound.put({"type": "sideband.in", "session_id": self.session_id, "link": self.link, "text": text})
         return None
 
     def receive_frame(self, data: bytes) -> Pending:
@@ -213,19 +243,16 @@ class Relay:
 
     def detach(self) -> None:
         if not self._closed:
-            self.ctx.spawn(self._publish({"type": "sideband.close", "session_id": self.session_id, "link": self.link}))
+            self.outbound.put({"type": "sideband.close", "session_id": self.session_id, "link": self.link}, last=True)
         self._end()
 
     def _end(self) -> None:
         self._closed = True
+        self.outbound.stop()
         self._joined.set()
         self._watch.cancel()
         self.ctx.links.pop(self.link, None)
         self.ctx.doors.discard(self)
-
-    async def _publish(self, body: dict[str, Any]) -> None:
-        with contextlib.suppress(StoreError):
-            await self.ctx.store.publish(replica_channel(self.owner), orjson.dumps(body))
 
     async def _watch_owner(self) -> None:
         """The owner died or the session moved (a call re-offered elsewhere): close, so the
