@@ -182,6 +182,13 @@ async def test_a_sideband_on_another_replica_holds_the_call_and_a_hangup_anywher
             assert updated["session"]["instructions"] == "From the sideband."
             echoed = orjson.loads(await asyncio.wait_for(side.recv(), 10))
             assert (echoed["type"], echoed["server_event_seq"]) == ("session.updated", updated["server_event_seq"])
+            # In order through the relay, however fast the backend writes.
+            for i in range(30):
+                item = {**TEXT, "id": f"item_side_{i:02d}"}
+                await side.send(orjson.dumps({"type": "conversation.item.create", "item": item}).decode())
+            await wait_for(lambda: sum(e["type"] == "conversation.item.done" for e in c.events) == 30, "30 items")
+            done = [e["item"]["id"] for e in c.events if e["type"] == "conversation.item.done"]
+            assert done == [f"item_side_{i:02d}" for i in range(30)]
             async with httpx.AsyncClient(timeout=10) as http:  # hung up through replica 2
                 r = await http.post(f"{harness.cluster.replicas[2].http}/v1/realtime/calls/{c.call_id}/hangup",
                                     headers=auth)  # fmt: skip
