@@ -97,6 +97,7 @@ SENTENCE = "What is the weather like in Paris today?"  # ~2.2 s; the echo thinke
 SHORT = "Hello there, how are you?"  # the latency phase's turn (~1.3 s)
 LATENCY_CYCLE_S = 3.0
 STALL_AFTER_S = 1.0  # a stall this soon after an end of turn is put down to it
+QUIET_CORES = 0.15  # others' CPU in a window above this: --retries measures it again
 IDLE_S = 3.0  # the gateway's idle CPU is read over this long before the calls
 PASSTHROUGH_MODEL = "bench-passthrough"
 SPEECH_STARTED = "input_audio_buffer.speech_started"
@@ -244,7 +245,8 @@ def mic_track(packets: list[bytes], offset: int, on_sent: Callable[[int, float],
             super().__init__()
             self.n = 0
             self.t0: float | None = None
-            self.max_lag_s = 0.0  # the caller's own lateness (its core too busy?)
+            self.max_lag_s = 0.0  # the caller's own lateness in the window (its core too busy?)
+            self.recording = False
 
         async def recv(self) -> av.Packet:
             if self.readyState != "live":
@@ -256,7 +258,8 @@ def mic_track(packets: list[bytes], offset: int, on_sent: Callable[[int, float],
             if due > now:
                 await asyncio.sleep(due - now)
                 now = time.monotonic()
-            self.max_lag_s = max(self.max_lag_s, now - due)
+            if self.recording:
+                self.max_lag_s = max(self.max_lag_s, now - due)
             i = (offset + self.n) % len(packets)
             packet = av.Packet(packets[i])
             packet.pts, packet.time_base = self.n * FRAME_TS, time_base
@@ -382,7 +385,7 @@ class Caller:
         return self.pc.connectionState == "connected" and self.channel.readyState == "open" and self.session
 
     def record(self, on: bool) -> None:
-        self.recording = self.rx.recording = on
+        self.recording = self.rx.recording = self.mic.recording = on
         if self.probe is not None:
             self.probe.recording = on
 
@@ -684,9 +687,23 @@ class Setup:
     late_ms: float
     late_share: float
     wait_quiet_s: float = 0.0
+    retries: int = 0
 
 
 def measure(engine: str, n: int, setup: Setup, mode: str = "load") -> dict[str, Any]:
+    """``measure_once``, again (up to ``setup.retries`` times) while other processes used more than
+    ``QUIET_CORES`` during the window; the quietest run is kept."""
+    runs: list[dict[str, Any]] = []
+    for attempt in range(1 + setup.retries):
+        runs.append(measure_once(engine, n, setup, mode))
+        if runs[-1]["others_cores"] <= QUIET_CORES:
+            break
+        if attempt < setup.retries:
+            print(f"  others used {100 * runs[-1]['others_cores']:.0f} % of a core: measuring again", flush=True)
+    return min(runs, key=lambda r: float(r["others_cores"]))
+
+
+def measure_once(engine: str, n: int, setup: Setup, mode: str = "load") -> dict[str, Any]:
     """One run: a fresh gateway, N calls (and, for latency, N WebSocket sessions), one window."""
     if setup.wait_quiet_s:
         wait_quiet(setup.wait_quiet_s)
@@ -843,11 +860,15 @@ def find_max(engine: str, setup: Setup, steps: list[int]) -> tuple[list[dict[str
     figs: list[dict[str, Any]] = []
     best = None
     for n in steps:
-        print(f"{engine}: N={n} ...", flush=True)
-        fig = load_figures(measure(engine, n, setup), setup)
-        figs.append(fig)
-        print(f"  gateway {100 * fig['gateway_cores']:.0f} %, paced {fig['paced']}, late {fig['late']}, skipped "
-              f"{fig['skipped']}, connected {fig['connected']}/{n}, errors {fig['errors']}", flush=True)  # fmt: skip
+        for _ in (1, 2):  # a failing step is measured once more: one episode of others' load can sink it
+            print(f"{engine}: N={n} ...", flush=True)
+            fig = load_figures(measure(engine, n, setup), setup)
+            figs.append(fig)
+            print(f"  gateway {100 * fig['gateway_cores']:.0f} %, paced {fig['paced']}, late {fig['late']}, skipped "
+                  f"{fig['skipped']}, connected {fig['connected']}/{n}, errors {fig['errors']}, others "
+                  f"{100 * fig['others_cores']:.0f} %", flush=True)  # fmt: skip
+            if fig["paced"] and fig["healthy"]:
+                break
         if not (fig["paced"] and fig["healthy"]):
             break
         best = fig
@@ -896,6 +917,13 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
         metavar="S",
         help="before each run, wait up to S s for other processes to use < 20%% of a core (default 0)",
     )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=0,
+        help="measure a run again (up to this many times) while other processes used > 15%% of a core "
+        "in its window; the quietest is kept (default 0)",
+    )
     p.add_argument("--json", type=Path, help="also write every figure here, as JSON")
     p.add_argument("--callers", help=argparse.SUPPRESS)
     args = p.parse_args(argv)  # fmt: skip
@@ -903,7 +931,8 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
     pin = args.pin and len(cpus) >= 2
     setup = Setup(gateway_cpus=(cpus[0],) if pin else None, caller_cpus=tuple(cpus[1:]) if pin else None,
                   warmup=args.warmup, duration=args.duration, cycle_s=args.cycle_s, answer_s=args.answer_s,
-                  late_ms=args.late_ms, late_share=args.late_share, wait_quiet_s=args.wait_quiet)  # fmt: skip
+                  late_ms=args.late_ms, late_share=args.late_share, wait_quiet_s=args.wait_quiet,
+                  retries=args.retries)  # fmt: skip
     return args, setup
 
 
