@@ -26,24 +26,24 @@ channel; one Opus track each way).
    measured (an Opus packet of more than 10 bytes is sound: the gateway's encoder makes 3-byte
    packets of its digital silence), but not decoded or played.
 
-2. **Latency** (``--latency``; passthrough by default, ``--latency-engine``): WebSocket
-   sessions and WebRTC calls on the same gateway, at the same time, with the same audio (a
-   short sentence after silence, every 3 s; server VAD with ``create_response`` off). The
-   passthrough engine does not echo the input (no engine does), so two legs:
+2. **Latency** (after part 1, or alone with ``--only-latency``; the passthrough engine unless
+   ``--latency-engine``): WebSocket sessions and WebRTC calls on the same gateway, at the same
+   time, with the same audio (a short sentence after silence, every 3 s; server VAD with
+   ``create_response`` off). No engine echoes the input, so two legs:
 
    - **in**: the caller hands the first 20 ms carrying the onset to its transport (the
      WebSocket append, or the Opus packet to aiortc's sender) -> ``speech_started`` arrives
      (the socket, or the data channel). The VAD is the same code on the same audio either way;
      what differs is the path (Opus, the gateway's receive buffer, resampling).
-   - **out**: the caller sends ``response.create`` as ``speech_stopped`` arrives -> the first
-     audio of the answer arrives (the first ``response.output_audio.delta``; the first RTP
-     packet with sound, before any jitter buffer: a browser's playout buffer comes on top, as
-     a WebSocket client's does). For WebRTC the ``output_audio_buffer.started`` event (the
+   - **out**: the caller sends ``response.create`` 0-20 ms (at random) after ``speech_stopped``
+     arrives -> the first audio of the answer arrives (the first ``response.output_audio.delta``;
+     the first RTP packet with sound, before any jitter buffer: a browser's playout buffer comes
+     on top, as a WebSocket client's does). For WebRTC the ``output_audio_buffer.started`` event (the
      gateway handing the first frame to its sender) is shown too.
 
-    python bench/webrtc_calls.py                             # both engines at N=8, then --latency: ~2 min
-    python bench/webrtc_calls.py --engine passthrough --calls 24 --duration 30
-    python bench/webrtc_calls.py --find-max --engine both    # ramp N: up to ~10 min
+    python bench/webrtc_calls.py                             # both engines at N=8, then the latency: ~3 min
+    python bench/webrtc_calls.py --engine passthrough --calls 16 --duration 30 --no-latency
+    python bench/webrtc_calls.py --find-max --engine passthrough --steps 8,12,16,18,20   # ~4 min
     python bench/webrtc_calls.py --only-latency --latency-s 60
 
 Only 127.0.0.1 signals and the machine's own address carries media; the gateway and the
