@@ -169,6 +169,21 @@ async def test_a_stall_is_skipped_not_burst() -> None:
     assert track.stalls == 1 and track.sent_ms("i1") == 80  # no audio was dropped
 
 
+async def test_stalls_that_are_not_whole_frames_leave_the_timestamps_on_the_clock() -> None:
+    """The RTP time of every frame stays what the wall clock says, stall after stall (no
+    drift of the fraction of a frame each stall would lose)."""
+    clock = FakeClock()
+    track = make(clock)
+    start = clock.now
+    await track.recv()
+    for _ in range(5):
+        clock.now += 0.195  # a stall of 9.75 frames
+        await track.recv()
+        frame = await track.recv()
+        assert abs(start + frame.pts / 24000 - clock.now) < 0.020, (frame.pts, clock.now - start)
+    assert track.stalls == 5
+
+
 async def test_a_short_delay_is_caught_up_on_schedule() -> None:
     clock = FakeClock()
     track = make(clock, max_catchup_frames=2)

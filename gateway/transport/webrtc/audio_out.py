@@ -208,10 +208,13 @@ class AudioOutTrack(MediaStreamTrack):
             late = now - self._next
             self.max_late_s = max(self.max_late_s, late)
             if late > self._max_catchup * self._frame_s:
-                # Fell behind (a stalled loop): skip the lost schedule instead of bursting.
+                # Fell behind (a stalled loop): skip the lost schedule instead of bursting. The
+                # schedule moves by the whole frames skipped, as the timestamps do: re-anchoring on
+                # the clock instead would lose the fraction of a frame each time, and the RTP
+                # time would drift behind the wall clock stall after stall.
                 skipped = int(late / self._frame_s)
                 self._pts += skipped * self.frame_samples
-                self._next = now
+                self._next += skipped * self._frame_s
                 self.stalls += 1
         frame = self._compose()  # composed when due, so a clear() before now is honoured
         frame.pts = self._pts
