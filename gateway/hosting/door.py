@@ -142,6 +142,8 @@ class Door:
         self._audio_refused = False  # the track's audio was refused (said once, until taken again)
         self._binary_counter = ctx.metrics.client_event_counter("binary.append")
         self._track_counter = ctx.metrics.client_event_counter("track.audio")  # a call's microphone, 20 ms a chunk
+        self._counters: dict[type, Any] = {}  # client event type -> its metric's counter, bound once
+        self._controls = dialect.control  # None: the dialect has no connection events but acks and resumes
         self._loop = asyncio.get_running_loop()
         self._last_event = self._loop.time()
         self._idle: asyncio.TimerHandle | None = None
@@ -199,7 +201,8 @@ class Door:
             # No session yet (the duplex dialect opens on the first event), or none any
             # more (replaced, closed): then what still comes before the close is ignored.
             return None if self.opened else self._first(message, kind)
-        self._last_event = self._loop.time()
+        if self._idle is not None:
+            self._last_event = self._loop.time()  # (the duplex dialect's idle clock)
         seat = self.seat
         pending: Pending = None
         try:
@@ -242,7 +245,11 @@ class Door:
         event = self.dialect.decode(text)
         if self.seat is not None and isinstance(event, _AUDIO_APPENDS):
             self.seat.audio_in(host.input_ms(len(event.audio)), event.event_id)
-        self.ctx.metrics.client_event_counter(self.dialect.event_name(type(event))).inc()
+        kind = type(event)
+        counter = self._counters.get(kind)
+        if counter is None:
+            counter = self._counters[kind] = self.ctx.metrics.client_event_counter(self.dialect.event_name(kind))
+        counter.inc()
         if isinstance(event, ce.SessionResume):
             if self.sideband:
                 raise ProtocolError(Code.UNSUPPORTED, "A sideband socket holds its call's session: it resumes none.",
@@ -252,7 +259,7 @@ class Door:
             host.ack(event.last_received_server_event_seq)
             return None
         self._client_events += 1
-        control = self.dialect.control(event)
+        control = self._controls(event) if self._controls is not None else None
         if control is not None:
             self._control(host, control)
         elif self.media is not None and isinstance(event, ce.OutputAudioClear):
@@ -348,7 +355,7 @@ class Door:
         except ProtocolError as err:
             self.delivery.send_now(self.dialect.error(err))
             return
-        control = self.dialect.control(event)
+        control = self._controls(event) if self._controls is not None else None
         if isinstance(event, ce.SessionUpdate):
             await self._open_with(event)
         elif isinstance(event, ce.SessionResume):

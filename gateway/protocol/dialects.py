@@ -65,7 +65,7 @@ class Dialect:
     resumed: Callable[[Resumed], bytes]
     resync: Callable[[Resync], bytes]
     replaced: Callable[[str, int], bytes]  # (session id, attachment generation)
-    control: Callable[[Any], Control | None]
+    control: Callable[[Any], Control | None] | None  # None: no connection events but acks and resumes
     event_names: Mapping[type, str]  # client event type -> its name in metrics
     gated: bool  # session events go out only once the store holds them
     heartbeat_ack: Callable[[str | None], bytes] | None = None  # for a ``heartbeat`` control
@@ -90,10 +90,6 @@ def _ga_resync(r: Resync) -> bytes:
         session_id=r.session_id, resume_token=r.resume_token, reason=r.reason, message=r.message,
         session=r.session, conversation=r.conversation, last_server_event_seq=r.last_server_event_seq,
     )  # fmt: skip
-
-
-def _no_control(event: Any) -> Control | None:
-    return None
 
 
 GA_EVENT_NAMES: dict[type, str] = {
@@ -121,7 +117,7 @@ def _realtime(name: Literal["ga", "beta"]) -> Dialect:
         resumed=_ga_resumed,
         resync=_ga_resync,
         replaced=lambda session_id, generation: conn.replaced_event(session_id),
-        control=_no_control,
+        control=None,
         event_names=GA_EVENT_NAMES,
         gated=False,
     )
