@@ -41,8 +41,8 @@ worker, as ``torch.set_num_threads(1)``).
 Only 127.0.0.1 is used; every phase is bounded in time; the server and the
 client process are killed on exit, error or Ctrl-C.
 
-    python bench/video_sockets.py                      # both thread modes, ~5 min
-    python bench/video_sockets.py --threads 1 --steps 1,2,4,6,8 --duration 8
+    python bench/video_sessions.py                      # both thread modes, ~5 min
+    python bench/video_sessions.py --threads 1 --steps 1,2,4,6,8 --duration 8
 """
 
 from __future__ import annotations
