@@ -53,7 +53,8 @@ async def test_the_agents_sdk_webrtc_transport_calls_a_tool_chosen_by_a_vllm_mod
     async with browser(wav) as context:
         with prompts(vllm_engine) as sent:
             page, log, seen = await converse(voice_gw, context, toolChoice="required", autoAfterTool=True)
-        [ran] = seen["tool"]
+        # The first call (a slow machine may let the fake microphone, which loops its file, ask again).
+        ran = seen["tool"][0]
         assert ran["args"]["city"] in ("Paris", "Oslo", "Lima"), ran  # the schema's enum, the model's choice
         # The answer after the tool was generated from a prompt holding its result.
         result = RESULT.format(city=ran["args"]["city"])
