@@ -33,14 +33,12 @@ from typing import Any, Literal, Protocol
 
 from gateway.audio.codecs import AudioFormat, encode_from_pcm16
 from gateway.audio.resample import StreamResampler
-from gateway.hosting.claim import claim
 from gateway.hosting.context import HostContext
 from gateway.hosting.delivery import Delivery
 from gateway.hosting.host import SessionHost
 from gateway.hosting.peer import Peer
-from gateway.hosting.takeover import Replay, Resync, plan
+from gateway.hosting.resume import take_over
 from gateway.protocol import client_events as ce
-from gateway.protocol import dialects
 from gateway.protocol import duplex_events as de
 from gateway.protocol.dialects import Control, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
@@ -448,7 +446,7 @@ class Door:
                     "session.resume must be the first event on a connection; reconnect and send it first.",
                     param="type",
                 )
-            await self._take_over(event, provisional)
+            await take_over(self, event, provisional)
         except ProtocolError as err:
             err.event_id = event.event_id
             refusal = err
@@ -473,60 +471,14 @@ class Door:
         else:
             host.refuse(err)
 
-    async def _take_over(self, event: ce.SessionResume, provisional: SessionHost | None) -> None:
-        """Move ``event.session_id`` onto this connection and carry out the plan:
-        replay what the client missed (or send the state to resync from), then live."""
-        assert self.sessions is not None
-        taken = await claim(self.ctx, event, self.principal, provisional=provisional,
-                            restore=self.sessions.restore_session)  # fmt: skip
-        host, last = taken.host, event.last_received_server_event_seq
-        token = host.rotate_token()
-        delivery = self.delivery
-        delivery.hold()  # live events from here on wait until the replay is out
+    def took_over(self, host: SessionHost) -> None:
+        """``host``'s session came to this connection by a resume (``resume.take_over``)."""
         self.host = host
         self.opened = True
         host.attach(self)
         self.generation = host.reattached()
         self._last_event = self._loop.time()
         self._arm_idle()
-        try:
-            read = await taken.read()
-        except StoreError:
-            # Attached but cannot replay: let the client retry the resume shortly.
-            delivery.release(host.session.seq)
-            again = ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; resume again shortly.")
-            delivery.send_now(self.dialect.error(again))
-            delivery.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
-            host.detach(self)
-            if provisional is not None:
-                await provisional.end(reason="resume failed", delete=True)
-            return
-        outcome = plan(taken.held, read, event, self.principal)
-        s = host.session
-        if isinstance(outcome, Resync):
-            delivery.send_now(self.dialect.resync(dialects.Resync(
-                session_id=s.id, resume_token=token, reason=outcome.reason, message=outcome.message,
-                session=s.render_config(), conversation=[it.render(s.beta) for it in s.conversation],
-                last_server_event_seq=s.seq, generation=self.generation,
-            )))  # fmt: skip
-            delivery.release(s.seq)
-        elif isinstance(outcome, Replay):
-            delivery.send_now(self.dialect.resumed(dialects.Resumed(
-                session_id=s.id, resume_token=token, replay_from=outcome.replay_from, replay_to=outcome.replay_to,
-                generation=self.generation, session=s.render_config(),
-            )))  # fmt: skip
-            for _, data in outcome.events:
-                delivery.replay(data)
-            delivery.release(outcome.replay_to or 0)
-        else:  # admitted before the claim, so a refusal cannot come now
-            raise AssertionError(f"a refusal after the claim: {outcome}")
-        self.ctx.metrics.resumes.labels("resync" if isinstance(outcome, Resync) else "replayed").inc()
-        log.info("session %s resumed (last seq %d, %d replayed, gap=%s)", s.id, last, len(read.events), read.gap)
-        if taken.recovered:
-            s.recover("replica_lost")
-        host.flush()  # also writes the snapshot with the rotated token
-        if provisional is not None:
-            await provisional.end(reason="replaced by a resumed session", delete=True)
 
     # --- what hosting tells the connection ------------------------------------------------
 
