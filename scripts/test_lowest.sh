@@ -2,7 +2,8 @@
 # The transport and protocol tests on the LOWEST websockets, uvicorn and starlette that
 # pyproject.toml admits, and the WebRTC calls on the lowest aiortc, av and python-multipart
 # of the webrtc extra (the main CI run has the newest: what `pip install` resolves).
-# Builds a fresh virtual environment (.venv-lowest) every run; .ci/run calls it.
+# Builds a fresh virtual environment (.venv-lowest) every run, with the same extras as the main
+# run (the WebRTC tests trace a cascade turn with OpenTelemetry); .ci/run calls it.
 #
 # Environment: PYTHON (default: python3), LOWEST_VENV (default: .venv-lowest).
 set -euo pipefail
@@ -32,7 +33,7 @@ say "pins: $(tr '\n' ' ' <"$constraints")"
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 # (this machine's pip config names index folders that may not exist: their warnings are noise)
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$constraints" 'torch==2.13.0' -e '.[cpu,video,dev,webrtc]' \
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$constraints" 'torch==2.13.0' -e '.[cpu,video,otel,dev,webrtc]' \
     2> >(grep -v '^WARNING: Location' >&2)
 "$VENV/bin/python" - "$constraints" <<'PYEOF'
 import importlib.metadata as md, sys
