@@ -87,6 +87,8 @@ class HttpApi:
                     "owned_by": "omni-gateway",
                     "engine": engine.info.name,
                     "description": engine.info.description,
+                    # session fields this model accepts but does not act on (session.warning names them too)
+                    "ignored_fields": list(engine.info.ignored_fields),
                     "health": health.get(spec.name, "ok"),
                 }
             )

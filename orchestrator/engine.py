@@ -223,6 +223,10 @@ class EngineInfo:
     # The context the engine's model holds, in tokens (None: unknown). The session's
     # ``truncation`` keeps a response's conversation within it.
     max_context_tokens: int | None = None
+    # Whether a transcription's Finished.text may revise its TextDeltas (a decoder's
+    # partial hypotheses, as pocketsphinx's). The session then sends the client one
+    # delta, the final transcript, so the deltas always add up to ``.completed``.
+    revises_transcripts: bool = False
 
 
 @runtime_checkable

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from gateway.protocol import session_fields
 from gateway.protocol.bounds import MAX_CONTENT_PARTS, shape_violation
 from gateway.protocol.errors import Code, ProtocolError, json_object
+from gateway.protocol.session_fields import MAX_OUTPUT_TOKENS
 
 Role = Literal["user", "assistant", "system"]
 
@@ -65,6 +66,15 @@ class ResponseParams:
 
 @dataclass(frozen=True, slots=True)
 class SessionUpdate:
+    event_id: str | None
+    session: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptionSessionUpdate:
+    """The beta's ``transcription_session.update`` (GA: ``session.update`` with ``type``
+    ``transcription``)."""
+
     event_id: str | None
     session: dict[str, Any]
 
@@ -154,6 +164,7 @@ ClientEvent = (
     SessionResume
     | EventAck
     | SessionUpdate
+    | TranscriptionSessionUpdate
     | AudioAppend
     | AudioCommit
     | AudioClear
@@ -242,6 +253,10 @@ def _session_update(ctx: DecodeContext, d: dict[str, Any]) -> SessionUpdate:
     if not isinstance(session, dict):
         raise ctx.err("'session' must be an object.", "session", Code.INVALID_TYPE)
     return SessionUpdate(ctx.event_id, session)
+
+
+def _transcription_session_update(ctx: DecodeContext, d: dict[str, Any]) -> TranscriptionSessionUpdate:
+    return TranscriptionSessionUpdate(ctx.event_id, _session_update(ctx, d).session)
 
 
 def _append(ctx: DecodeContext, d: dict[str, Any]) -> AudioAppend:
@@ -355,9 +370,16 @@ def _response_create(ctx: DecodeContext, d: dict[str, Any]) -> ResponseCreate:
         return ResponseCreate(ctx.event_id)
     if not isinstance(r, dict):
         raise ctx.err("'response' must be an object.", "response", Code.INVALID_TYPE)
+    # The GA's output_modalities is one of ["audio"], ["text"]; the beta's modalities may be both.
+    ga_mods = "output_modalities" in r
     mods = r.get("output_modalities", r.get("modalities"))
     if mods is not None:
-        if not isinstance(mods, list) or not mods or any(m not in ("text", "audio") for m in mods):
+        if (
+            not isinstance(mods, list)
+            or not mods
+            or any(m not in ("text", "audio") for m in mods)
+            or (ga_mods and len(mods) != 1)
+        ):
             raise ctx.err("'response.output_modalities' must be [\"audio\"] or [\"text\"].",
                           "response.output_modalities")  # fmt: skip
     modalities: tuple[Literal["text", "audio"], ...] | None = None
@@ -387,6 +409,10 @@ def _response_create(ctx: DecodeContext, d: dict[str, Any]) -> ResponseCreate:
         if isinstance(raw_max, bool) or not isinstance(raw_max, int) or raw_max < 1:
             raise ctx.err("'response.max_output_tokens' must be a positive integer or \"inf\".",
                           "response.max_output_tokens")  # fmt: skip
+        if raw_max > MAX_OUTPUT_TOKENS:
+            raise ctx.err(f"Invalid 'response.max_output_tokens': integer above maximum value. Expected a value "
+                          f"<= {MAX_OUTPUT_TOKENS}, but got {raw_max} instead (\"inf\" leaves it to the engine).",
+                          "response.max_output_tokens", Code.INTEGER_ABOVE_MAX)  # fmt: skip
         max_tokens = raw_max
     temperature = r.get("temperature")
     if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, int | float)):
@@ -469,6 +495,7 @@ _PARSERS: dict[str, Any] = {
     "session.resume": _resume,
     "session.event_ack": _ack,
     "session.update": _session_update,
+    "transcription_session.update": _transcription_session_update,
     "input_audio_buffer.append": _append,
     "input_audio_buffer.commit": lambda ctx, d: AudioCommit(ctx.event_id),
     "input_audio_buffer.clear": lambda ctx, d: AudioClear(ctx.event_id),

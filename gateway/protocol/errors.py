@@ -21,6 +21,8 @@ class Code:
     UNKNOWN_PARAMETER = "unknown_parameter"
     MISSING_FIELD = "missing_required_parameter"
     INVALID_VALUE = "invalid_value"
+    INTEGER_ABOVE_MAX = "integer_above_max_value"  # as the API names it (max_output_tokens over 4096)
+    CANNOT_UPDATE_VOICE = "cannot_update_voice"  # a voice change once the conversation holds assistant audio
     INVALID_TYPE = "invalid_type"
     INVALID_BASE64 = "invalid_base64"
     INVALID_AUDIO = "invalid_audio_format"  # bytes that cannot be the session's format

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from gateway.audio.codecs import AudioFormat
 from gateway.protocol import session_fields as f
-from gateway.protocol.errors import Code
+from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_fields import OPENAI_VOICES
 
 __all__ = [
@@ -99,6 +99,7 @@ GATEWAY_IGNORED = ("tracing", "prompt", "reasoning", "noise_reduction", "transcr
 
 # Warning key -> (GA param, beta param), below ``session``.
 WARN_PATHS: dict[str, tuple[str, str]] = {
+    "instructions": ("instructions", "instructions"),
     "temperature": ("temperature", "temperature"),
     "voice": ("audio.output.voice", "voice"),
     "speed": ("audio.output.speed", "speed"),
@@ -120,6 +121,7 @@ WARN_PATHS: dict[str, tuple[str, str]] = {
     "transcription.delay": ("audio.input.transcription.delay", "input_audio_transcription.delay"),
 }
 _WHY = {
+    "instructions": "'instructions' are kept, but this engine's model does not follow them (see /v1/models).",
     "tools.mcp": "MCP tools are kept, but no engine here connects to an MCP server: the model never sees them.",
     "tracing": "'tracing' is kept; the gateway writes no OpenAI traces (see /metrics and the logs).",
     "prompt": "'prompt' is kept; stored prompts live at OpenAI and are not available here.",
@@ -291,10 +293,13 @@ def apply_update(
             )
     else:
         f.check_keys(upd, _GA_TOP, param)
-        if "type" in upd:
-            changes["type"] = f.choice(upd["type"], f"{param}.type", ("realtime", "transcription"))
+        if "type" not in upd:  # as the API answers a GA session object without its type
+            raise ProtocolError(
+                Code.MISSING_FIELD, f"Missing required parameter: '{param}.type'.", param=f"{param}.type"
+            )
+        changes["type"] = f.choice(upd["type"], f"{param}.type", ("realtime", "transcription"))
         if "output_modalities" in upd:
-            changes["output_modalities"] = f.modalities(upd["output_modalities"], f"{param}.output_modalities")
+            changes["output_modalities"] = f.modalities(upd["output_modalities"], f"{param}.output_modalities", ga=True)
         if "max_output_tokens" in upd:
             changes["max_output_tokens"] = f.max_tokens(upd["max_output_tokens"], f"{param}.max_output_tokens")
         if "audio" in upd:
@@ -334,6 +339,50 @@ def apply_update(
     new = replace(current, **changes)
     f.check_tool_choice_names(new.tool_choice, new.tools, f"{param}.tool_choice")
     return new, warnings_for(current, new, limits, beta=beta, param=param)
+
+
+# The beta's transcription session (``transcription_session.update``): its keys.
+_BETA_TRANSCRIPTION_TOP = {
+    "modalities", "input_audio_format", "input_audio_transcription", "turn_detection",
+    "input_audio_noise_reduction", "include", "client_secret",
+}  # fmt: skip
+
+
+def apply_transcription_update(
+    current: SessionConfig, update: Any, *, limits: ConfigLimits
+) -> tuple[SessionConfig, list[tuple[str, str]]]:
+    """The beta's ``transcription_session.update``: the session becomes (or stays) a
+    transcription session with these input settings. Raises ``ProtocolError`` as
+    ``apply_update`` does; ``modalities`` may only be ``["text"]``, ``client_secret`` is
+    the REST call's and ignored here."""
+    upd = f.obj(update, "session")
+    f.check_keys(upd, _BETA_TRANSCRIPTION_TOP, "session")
+    if "modalities" in upd and upd["modalities"] != ["text"]:
+        raise f.err("'session.modalities' of a transcription session can only be [\"text\"].", "session.modalities")
+    settings = {k: v for k, v in upd.items() if k not in ("modalities", "client_secret")}
+    new, warnings = apply_update(current, settings, beta=True, limits=limits)
+    return replace(new, type="transcription"), warnings
+
+
+def render_beta_transcription(cfg: SessionConfig) -> dict[str, Any]:
+    """The session of the beta's ``transcription_session.updated``, in the SDK's
+    ``TranscriptionSession`` shape (its ``client_secret`` only comes from the REST call)."""
+    td = cfg.turn_detection
+    turn_detection: dict[str, Any] | None = None
+    if td is not None:
+        turn_detection = {"type": td.type}
+        if td.type == "server_vad":
+            turn_detection |= {
+                "threshold": td.threshold,
+                "prefix_padding_ms": td.prefix_padding_ms,
+                "silence_duration_ms": td.silence_duration_ms,
+            }
+    return {
+        "modalities": ["text"],
+        "input_audio_format": beta_format(cfg.input_format),
+        "input_audio_transcription": _tr_dict(cfg.transcription, beta=True),
+        "turn_detection": turn_detection,
+    }
 
 
 def _ga_audio(value: Any, param: str, current: SessionConfig, limits: ConfigLimits) -> dict[str, Any]:

@@ -84,18 +84,38 @@ def choice(value: Any, param: str, allowed: tuple[str, ...]) -> str:
     return str(value)
 
 
-def modalities(value: Any, param: str) -> tuple[Literal["text", "audio"], ...]:
-    if not isinstance(value, list) or not value or any(m not in ("text", "audio") for m in value):
+def modalities(value: Any, param: str, *, ga: bool = False) -> tuple[Literal["text", "audio"], ...]:
+    """The beta's ``modalities`` (``["text"]``, ``["audio", "text"]``...) or, with ``ga``, the
+    GA's ``output_modalities``, which the API takes only as ``["audio"]`` or ``["text"]``."""
+    if (
+        not isinstance(value, list)
+        or not value
+        or any(m not in ("text", "audio") for m in value)
+        or (ga and len(value) != 1)
+    ):
         raise err(f'\'{param}\' must be ["audio"] or ["text"].', param)
-    # ["audio"] and ["audio", "text"] both mean audio with its transcript.
+    # beta: ["audio", "text"] means audio with its transcript, as ["audio"] does.
     return ("audio",) if "audio" in value else ("text",)
+
+
+# The API's bound on max_output_tokens (1..4096, or "inf"); kept so a client written to it
+# sees the same answer here. Over it: integer_above_max_value, nothing applied. "inf" leaves
+# the length to the engine's own limit (its model's context, its max_tokens setting).
+MAX_OUTPUT_TOKENS = 4096
 
 
 def max_tokens(value: Any, param: str) -> int | None:
     """``"inf"`` (or null): no limit beyond the engine's own."""
     if value == "inf" or value is None:
         return None
-    return integer(value, param, 1, 1_000_000)
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_OUTPUT_TOKENS:
+        raise err(
+            f"Invalid '{param}': integer above maximum value. Expected a value <= {MAX_OUTPUT_TOKENS}, but got "
+            f'{value} instead ("inf" leaves the length to the engine).',
+            param,
+            Code.INTEGER_ABOVE_MAX,
+        )
+    return integer(value, param, 1, MAX_OUTPUT_TOKENS)
 
 
 def voice(value: Any, param: str, engine_voices: tuple[str, ...]) -> str:

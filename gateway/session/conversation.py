@@ -135,6 +135,15 @@ class Conversation:
     def last_id(self) -> str | None:
         return self._items[-1].id if self._items else None
 
+    def previous_id(self, item_id: str) -> str | None:
+        """The id of the item before ``item_id`` (None: it is first, or not here). Searched
+        from the end: the item asked about is nearly always the newest."""
+        items = self._items
+        for i in range(len(items) - 1, -1, -1):
+            if items[i].id == item_id:
+                return items[i - 1].id if i else None
+        return None
+
     def insert(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Insert after ``previous_item_id`` (None: at the end); returns the id before it."""
         if previous_item_id is None:

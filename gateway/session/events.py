@@ -34,6 +34,7 @@ STATE_EVENTS = frozenset(
     {
         "session.created",
         "session.updated",
+        "transcription_session.updated",
         "input_audio_buffer.committed",
         "conversation.item.added",
         "conversation.item.done",

@@ -18,6 +18,7 @@ It knows nothing of responses.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from orchestrator.engine import (
 )
 
 VAD_RATE = 16000
+log = logging.getLogger(__name__)
 
 
 class VadStream(Protocol):
@@ -128,6 +130,9 @@ class InputAudio:
         # answer's audio has played out); None: not armed.
         self._idle_from_ms: float | None = None
         self._logprobs: dict[str, list[dict[str, Any]]] = {}  # item id -> transcription logprobs so far
+        # item id -> the transcript deltas the client was sent: the completed transcript is
+        # their sum (the rest goes out as a last delta before .completed).
+        self._sent: dict[str, str] = {}
         self._reset_stream()
 
     # --- what the session asks ---------------------------------------------------
@@ -375,7 +380,7 @@ class InputAudio:
             item.content[0].transcript = ""
         else:
             self._committed[inp.request_id] = item.id
-            if inp.held and self.config.transcription is not None:
+            if inp.held and self.config.transcription is not None and not self._engine.revises_transcripts:
                 self._transcription_delta(item.id, "".join(inp.held))
         self._engine_resampler = None  # the next append starts a fresh stream
         return True
@@ -403,6 +408,7 @@ class InputAudio:
         if logprobs is not None:
             fields["logprobs"] = logprobs
         self._emit("conversation.item.input_audio_transcription.delta", **fields)
+        self._sent[item_id] = self._sent.get(item_id, "") + delta
 
     def on_transcription(self, request_id: str, output: EngineOutput) -> None:
         inp = self._input if self._input and self._input.request_id == request_id else None
@@ -417,8 +423,8 @@ class InputAudio:
                 td = self.config.turn_detection
                 if td is not None and td.type == "semantic_vad" and self._detector is not None:
                     self._detector.silence_duration_ms = semantic_silence_ms(inp.text, td.eagerness)
-            if self.config.transcription is None:
-                return
+            if self.config.transcription is None or self._engine.revises_transcripts:
+                return  # (a revising engine's transcript goes out whole, when final)
             logprobs = None
             if output.logprobs is not None and LOGPROBS_INCLUDE in self.config.include:
                 logprobs = [
@@ -461,9 +467,18 @@ class InputAudio:
             item.content[0].transcript = text
             item.pending_transcription = False
             self._log.touch(item)  # no event may announce it (transcription off)
+        sent = self._sent.pop(item_id, "")
         if failure is not None:
             self.report_failure(item_id, *failure)
         elif self.config.transcription is not None:
+            if text.startswith(sent):
+                if len(text) > len(sent):
+                    self._transcription_delta(item_id, text[len(sent) :])
+                    self._sent.pop(item_id, None)
+            else:
+                # The engine revised what it had streamed although it said it would not:
+                # the client's deltas and this transcript differ (engine bug, logged).
+                log.warning("transcription of %s revised its deltas: %r -> %r", item_id, sent, text)
             u = usage or Usage()
             logprobs = self._logprobs.pop(item_id, None)
             self._emit(

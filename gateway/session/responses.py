@@ -26,6 +26,7 @@ the dialect's turn-taking (``ResponseTurns``). It knows nothing of input audio.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -58,6 +59,8 @@ from orchestrator.engine import (
     TextDelta,
     ToolCallDelta,
 )
+
+log = logging.getLogger(__name__)
 
 
 class ResponseTurns(Protocol):
@@ -283,6 +286,10 @@ class Responses:
     # --- outputs ----------------------------------------------------------------
 
     def _add_output(self, resp: Response, item: Item) -> None:
+        outputs = resp.outputs
+        if outputs and outputs[-1].status == "in_progress":
+            # Each item is finished before the next begins, as the API does.
+            self._close_item(resp, len(outputs) - 1, outputs[-1], "completed")
         resp.outputs.append(item)
         index = len(resp.outputs) - 1
         self._emit("response.output_item.added", response_id=resp.id, output_index=index, item=item.render(self._beta))
@@ -333,14 +340,23 @@ class Responses:
             if "audio" in resp.modalities:
                 pcm = resp.resampler.process(output.pcm)
                 if pcm:
-                    self._audio_delta(resp, resp.part or self._open_message(resp), pcm)
+                    part = resp.part
+                    message = resp.message
+                    if part is None or message is None or message.status != "in_progress":  # (a call finished it)
+                        part = self._open_message(resp)
+                    self._audio_delta(resp, part, pcm)
         elif isinstance(output, TextDelta):
             if output.text:
-                self._text_delta(resp, resp.part or self._open_message(resp), output.text)
+                part = resp.part
+                message = resp.message
+                if part is None or message is None or message.status != "in_progress":  # (a call finished it)
+                    part = self._open_message(resp)
+                self._text_delta(resp, part, output.text)
         elif isinstance(output, ToolCallDelta):
             self._call_delta(resp, output)
         elif isinstance(output, Finished):
-            if "audio" in resp.modalities and resp.part is not None:
+            message = resp.message
+            if "audio" in resp.modalities and resp.part is not None and message and message.status == "in_progress":
                 self._audio_delta(resp, resp.part, resp.resampler.flush())
             resp.usage = output.usage
             if output.reason == "length":
@@ -382,6 +398,11 @@ class Responses:
             )
             resp.calls[delta.index] = item
             self._add_output(resp, item)
+        elif item.status != "in_progress":
+            # Arguments for a call already finished (another output began after it): its
+            # arguments.done went out, so they cannot be added. No engine here does this.
+            log.warning("response %s: late arguments for finished call %s dropped", resp.id, item.call_id)
+            return
         if delta.arguments:
             item.arguments += delta.arguments
             self._emit(
@@ -392,6 +413,34 @@ class Responses:
                 call_id=item.call_id,
                 delta=delta.arguments,
             )
+
+    def _close_item(self, resp: Response, index: int, item: Item, status: str) -> None:
+        """Finish output ``index`` of ``resp``: its last events, then ``output_item.done``."""
+        if item.type == "function_call":
+            self._emit(
+                "response.function_call_arguments.done",
+                response_id=resp.id,
+                item_id=item.id,
+                output_index=index,
+                call_id=item.call_id,
+                name=item.name,
+                arguments=item.arguments,
+            )
+        elif item.content:
+            where = {"response_id": resp.id, "item_id": item.id, "output_index": index, "content_index": 0}
+            part = item.content[0]
+            if part.type == "output_audio":
+                self._emit("response.output_audio.done", **where)
+                self._emit("response.output_audio_transcript.done", **where, transcript=part.transcript or "")
+            else:
+                self._emit("response.output_text.done", **where, text=part.text or "")
+            self._emit("response.content_part.done", **where, part=part.render_part())
+        item.status = "completed" if status == "completed" else "incomplete"
+        rendered = item.render(self._beta)
+        self._emit("response.output_item.done", response_id=resp.id, output_index=index, item=rendered)
+        if resp.in_conversation and self._history.get(item.id) is not None:
+            prev = self._history.conversation.previous_id(item.id)
+            self._emit("conversation.item.done", previous_item_id=prev, item=rendered)
 
     def on_failed(self, request_id: str, code: str, message: str) -> None:
         resp = self.find(request_id)
@@ -435,30 +484,8 @@ class Responses:
         if cancel:
             self._effects.append(Cancel(resp.id))
         for index, item in enumerate(resp.outputs):
-            if item.type == "function_call":
-                self._emit(
-                    "response.function_call_arguments.done",
-                    response_id=resp.id,
-                    item_id=item.id,
-                    output_index=index,
-                    call_id=item.call_id,
-                    name=item.name,
-                    arguments=item.arguments,
-                )
-            elif resp.part is not None:
-                where = self._where(resp, item)
-                part = resp.part
-                if part.type == "output_audio":
-                    self._emit("response.output_audio.done", **where)
-                    self._emit("response.output_audio_transcript.done", **where, transcript=part.transcript or "")
-                else:
-                    self._emit("response.output_text.done", **where, text=part.text or "")
-                self._emit("response.content_part.done", **where, part=part.render_part())
-            item.status = "completed" if status == "completed" else "incomplete"
-            rendered = item.render(self._beta)
-            self._emit("response.output_item.done", response_id=resp.id, output_index=index, item=rendered)
-            if resp.in_conversation and self._history.get(item.id) is not None:
-                self._emit("conversation.item.done", previous_item_id=None, item=rendered)
+            if item.status == "in_progress":  # (the others were finished as the next began)
+                self._close_item(resp, index, item, status)
         if resp is self.current:
             self.current = None
             # idle_timeout_ms counts from when the client has played this answer's audio.

@@ -32,7 +32,14 @@ from typing import Any
 
 from gateway.protocol import client_events as ce
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
-from gateway.protocol.session_config import ConfigLimits, SessionConfig, apply_update, render
+from gateway.protocol.session_config import (
+    ConfigLimits,
+    SessionConfig,
+    apply_transcription_update,
+    apply_update,
+    render,
+    render_beta_transcription,
+)
 from gateway.session import snapshot
 from gateway.session.conversation import Conversation, Item, item_from_spec
 from gateway.session.effects import CloseSocket, Effect
@@ -229,6 +236,8 @@ class RealtimeSession:
             self._emit("session.created", session=self.render_config())
         else:
             self._emit("session.created", session=self.render_config(), resume_token=resume_token)
+        # As the API does (and the SDK documents): the conversation right after the session.
+        self._emit("conversation.created", conversation={"id": self._history.id, "object": "realtime.conversation"})
 
     def render_config(self) -> dict[str, Any]:
         return render(self.config, session_id=self.id, expires_at=self.expires_at, beta=self.beta)
@@ -256,6 +265,8 @@ class RealtimeSession:
                     self.append_audio(event.audio, event.event_id)
                 case ce.SessionUpdate():
                     self._session_update(event)
+                case ce.TranscriptionSessionUpdate():
+                    self._transcription_session_update(event)
                 case ce.AudioCommit():
                     self._input.commit(event.event_id, manual=True)
                 case ce.AudioClear():
@@ -286,13 +297,43 @@ class RealtimeSession:
 
     def _session_update(self, event: ce.SessionUpdate) -> None:
         new, warnings = apply_update(self.config, event.session, beta=self.beta, limits=self._config_limits)
+        if new.voice != self.config.voice and self._holds_assistant_audio():
+            # As the API answers: the voice is fixed once the model has spoken.
+            raise ProtocolError(
+                Code.CANNOT_UPDATE_VOICE,
+                "Cannot update a conversation's voice if assistant audio is present.",
+                param="session.voice" if self.beta else "session.audio.output.voice",
+            )
         self._apply_config(new, warnings)
 
-    def _apply_config(self, new: SessionConfig, warnings: list[tuple[str, str]]) -> None:
-        """Check what needs the engine, then apply ``new`` and announce it (session.updated)."""
+    def _transcription_session_update(self, event: ce.TranscriptionSessionUpdate) -> None:
+        if not self.beta:
+            raise ProtocolError(
+                Code.UNKNOWN_EVENT,
+                "transcription_session.update is the beta protocol's; over the GA protocol send "
+                'session.update with session.type "transcription".',
+                param="type",
+            )
+        new, warnings = apply_transcription_update(self.config, event.session, limits=self._config_limits)
+        self._apply_config(new, warnings, announce="transcription_session.updated")
+
+    def _holds_assistant_audio(self) -> bool:
+        return any(
+            item.role == "assistant" and any(p.type == "output_audio" and p.audio_ms > 0 for p in item.content)
+            for item in self.conversation
+        )
+
+    def _apply_config(
+        self, new: SessionConfig, warnings: list[tuple[str, str]], *, announce: str = "session.updated"
+    ) -> None:
+        """Check what needs the engine, then apply ``new`` and announce it (``announce``:
+        session.updated, or the beta's transcription_session.updated)."""
         self._check_config(new)
         self.config = new
-        self._emit("session.updated", session=self.render_config())
+        if announce == "transcription_session.updated":
+            self._emit(announce, session=render_beta_transcription(new))
+        else:
+            self._emit(announce, session=self.render_config())
         if not self.sends_gateway_events:
             return  # the SDKs have no type for session.warning: only for clients that opted in
         for param, message in warnings:

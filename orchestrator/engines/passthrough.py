@@ -52,6 +52,7 @@ class PassthroughEngine:
             default_voice="tone",
             transcription_models=("passthrough",),
             ignored_fields=(
+                "instructions",  # no model: nothing follows them
                 "temperature",
                 "tools",
                 "tool_choice",

@@ -175,7 +175,9 @@ def _outputs(message: Any) -> list[EngineOutput]:
     out: list[EngineOutput] = []
     if message.content:
         out.append(TextDelta(message.content))
-    for call in message.tool_calls or []:
+    # By index: a parser may hand a call's last arguments beside the next call's start, and
+    # the session finishes each call as the next begins.
+    for call in sorted(message.tool_calls or [], key=lambda c: c.index):
         function = call.function
         if isinstance(function, dict):  # some parsers hand over the dumped model
             name, arguments = function.get("name"), function.get("arguments")

@@ -115,6 +115,48 @@ def test_text_then_two_calls_get_their_own_output_indexes() -> None:
     assert done["output"][0]["content"] == [{"type": "output_text", "text": "Let me look."}]
 
 
+def test_each_output_is_finished_before_the_next_begins() -> None:
+    """As the API streams parallel calls: call 0's arguments.done and output_item.done come
+    before call 1's output_item.added, and the message is done before the first call."""
+    d = Driver(output_modalities=("text",), tools=(WEATHER,))
+    d.user_text("Oslo and Rome?")
+    rid = d.respond()
+    events = d.output(
+        rid,
+        TextDelta("Let me look."),
+        ToolCallDelta(0, '{"city":', call_id="c0", name="get_weather"),
+        ToolCallDelta(0, ' "Oslo"}'),
+        ToolCallDelta(1, '{"city": "Rome"}', call_id="c1", name="get_weather"),
+        ToolCallDelta(0, "late"),  # a finished call's arguments cannot grow any more
+        Finished(),
+    )
+    seq = [(e["type"], e.get("output_index")) for e in events if e["type"].startswith("response.")]
+    assert seq == [
+        ("response.output_item.added", 0),
+        ("response.content_part.added", 0),
+        ("response.output_text.delta", 0),
+        ("response.output_text.done", 0),
+        ("response.content_part.done", 0),
+        ("response.output_item.done", 0),
+        ("response.output_item.added", 1),
+        ("response.function_call_arguments.delta", 1),
+        ("response.function_call_arguments.delta", 1),
+        ("response.function_call_arguments.done", 1),
+        ("response.output_item.done", 1),
+        ("response.output_item.added", 2),
+        ("response.function_call_arguments.delta", 2),
+        ("response.function_call_arguments.done", 2),
+        ("response.output_item.done", 2),
+        ("response.done", None),
+    ]
+    done = events[-1]["response"]
+    assert [o.get("arguments") for o in done["output"]] == [None, '{"city": "Oslo"}', '{"city": "Rome"}']
+    # every conversation.item.done names the item before it, as its .added did
+    added = {e["item"]["id"]: e["previous_item_id"] for e in events if e["type"] == "conversation.item.added"}
+    finished = {e["item"]["id"]: e["previous_item_id"] for e in events if e["type"] == "conversation.item.done"}
+    assert finished == added and None not in finished.values()
+
+
 def test_the_output_of_a_call_is_accepted_and_the_next_response_sees_both() -> None:
     d = Driver(output_modalities=("text",), tools=(WEATHER,), tool_choice="required")
     d.user_text("Weather in Paris?")

@@ -69,6 +69,7 @@ GOOD_EVENTS: list[tuple[dict[str, Any], type]] = [
         {"type": "conversation.item.truncate", "item_id": "item_1", "content_index": 0, "audio_end_ms": 10},
         ce.ItemTruncate,
     ),
+    ({"type": "transcription_session.update", "session": {}}, ce.TranscriptionSessionUpdate),
     ({"type": "response.create"}, ce.ResponseCreate),
     ({"type": "response.cancel"}, ce.ResponseCancel),
     ({"type": "output_audio_buffer.clear"}, ce.OutputAudioClear),
@@ -469,7 +470,8 @@ BASE = SessionConfig(model="m", turn_detection=None)
 
 
 def ga(update: dict[str, Any], current: SessionConfig = BASE) -> tuple[SessionConfig, list[tuple[str, str]]]:
-    return apply_update(current, update, beta=False, limits=LIMITS)
+    """A GA update (with its required ``type``: ``realtime`` unless the test names one)."""
+    return apply_update(current, {"type": "realtime", **update}, beta=False, limits=LIMITS)
 
 
 def beta(update: dict[str, Any], current: SessionConfig = BASE) -> tuple[SessionConfig, list[tuple[str, str]]]:
@@ -478,7 +480,7 @@ def beta(update: dict[str, Any], current: SessionConfig = BASE) -> tuple[Session
 
 def config_refused(update: dict[str, Any], *, is_beta: bool = False) -> ProtocolError:
     with pytest.raises(ProtocolError) as info:
-        apply_update(BASE, update, beta=is_beta, limits=LIMITS)
+        apply_update(BASE, update if is_beta else {"type": "realtime", **update}, beta=is_beta, limits=LIMITS)
     return info.value
 
 
@@ -627,7 +629,10 @@ def test_refused_update_returns_nothing_and_leaves_current_untouched() -> None:
     current = SessionConfig(model="m", instructions="old", turn_detection=None)
     with pytest.raises(ProtocolError):
         apply_update(
-            current, {"instructions": "new", "audio": {"output": {"voice": "nobody"}}}, beta=False, limits=LIMITS
+            current,
+            {"type": "realtime", "instructions": "new", "audio": {"output": {"voice": "nobody"}}},
+            beta=False,
+            limits=LIMITS,
         )
     assert current.instructions == "old"
 

@@ -4,6 +4,7 @@ and on_transcription(). No socket, no engine task, no clock."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -38,7 +39,7 @@ def assert_well_sequenced(events: list[dict[str, Any]], start: int = 1) -> None:
 # --- event envelope ---------------------------------------------------------------
 
 
-def test_start_emits_session_created_as_the_first_event() -> None:
+def test_start_emits_session_created_then_conversation_created() -> None:
     s = RealtimeSession(
         session_id="sess_x",
         config=SessionConfig(model="m", turn_detection=None),
@@ -47,10 +48,13 @@ def test_start_emits_session_created_as_the_first_event() -> None:
     )
     s.start()
     events, effects = s.take()
-    assert [e["type"] for e in events] == ["session.created"]
+    assert [e["type"] for e in events] == ["session.created", "conversation.created"]
     assert events[0]["server_event_seq"] == 1
     assert events[0]["session"]["id"] == "sess_x"
     assert events[0]["session"]["type"] == "realtime"
+    # the conversation every response names (response.conversation_id)
+    assert events[1]["conversation"] == {"id": s.conversation_id, "object": "realtime.conversation"}
+    assert events[1]["server_event_seq"] == 2
     assert effects == []
 
 
@@ -63,7 +67,7 @@ def test_every_event_has_an_event_id_and_a_strictly_increasing_seq(d: Driver) ->
     resp = d.respond()
     d.send({"type": "response.cancel"})
     d.output(resp, TextDelta("late"))
-    d.send({"type": "session.update", "session": {"instructions": "x"}})
+    d.send({"type": "session.update", "session": {"type": "realtime", "instructions": "x"}})
     assert len(d.events) > 25
     assert_well_sequenced(d.events)  # from session.created on
     assert d.session.seq == d.events[-1]["server_event_seq"]
@@ -182,7 +186,12 @@ def test_clear_frees_the_buffer_for_more_audio() -> None:
 
 def test_pcmu_input_is_decoded_and_resampled_for_the_engine() -> None:
     d = Driver()
-    d.send({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+        }
+    )
     ulaw = ulaw_encode(bytes(2 * 800))  # 100 ms at 8 kHz, one byte a sample
     assert len(ulaw) == 800
     _, effects = d.send({"type": "input_audio_buffer.append", "audio": _b64(ulaw)})
@@ -206,21 +215,54 @@ def commit_turn(d: Driver, ms: int = 100) -> tuple[str, str]:
 
 def test_transcription_events_follow_the_engine_when_transcription_is_on() -> None:
     d = Driver()
-    d.send({"type": "session.update", "session": {"audio": {"input": {"transcription": {"model": "whisper-1"}}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}},
+        }
+    )
     rid, item_id = commit_turn(d)
     s = d.session
-    s.on_transcription(rid, TextDelta("1 "))
+    s.on_transcription(rid, TextDelta("hello"))
     s.on_transcription(rid, Finished(text="hello there", usage=Usage(input_audio_tokens=3)))
     events, _ = d.take()
     assert d.types(events) == [
         "conversation.item.input_audio_transcription.delta",
+        "conversation.item.input_audio_transcription.delta",
         "conversation.item.input_audio_transcription.completed",
     ]
-    assert (events[0]["item_id"], events[0]["delta"]) == (item_id, "1 ")
-    assert events[1]["transcript"] == "hello there"
-    assert events[1]["usage"]["input_tokens"] == 3
+    assert (events[0]["item_id"], events[0]["delta"]) == (item_id, "hello")
+    assert events[1]["delta"] == " there"  # what the final transcript adds: the deltas add up to it
+    assert events[2]["transcript"] == "hello there"
+    assert events[2]["usage"]["input_tokens"] == 3
     events, _ = d.send({"type": "conversation.item.retrieve", "item_id": item_id})
     assert events[0]["item"]["content"][0]["transcript"] == "hello there"
+
+
+def test_a_revising_engines_transcript_goes_out_whole_so_the_deltas_add_up() -> None:
+    """A decoder's partial hypotheses are revised by its final decode (pocketsphinx's
+    "you said what is on whether" became "dude what is the weather"): the client gets one
+    delta, the final transcript, never words the completed transcript takes back."""
+    engine = dataclasses.replace(PassthroughEngine().info, revises_transcripts=True)
+    d = Driver(engine=engine)
+    d.send(
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}},
+        }
+    )
+    _, effects = append(d, 100)
+    rid = effects[0].request.request_id
+    d.session.on_transcription(rid, TextDelta("you said"))  # before the commit
+    d.send({"type": "input_audio_buffer.commit"})
+    d.session.on_transcription(rid, TextDelta(" what is on whether"))  # after it
+    d.session.on_transcription(rid, Finished(text="dude what is the weather"))
+    d.take()
+    transcription = [e for e in d.events if "input_audio_transcription" in e["type"]]
+    assert [(e["type"].rsplit(".", 1)[1], e.get("delta"), e.get("transcript")) for e in transcription] == [
+        ("delta", "dude what is the weather", None),
+        ("completed", None, "dude what is the weather"),
+    ]
 
 
 def test_transcript_is_kept_but_not_announced_when_transcription_is_off(d: Driver) -> None:
@@ -234,7 +276,12 @@ def test_transcript_is_kept_but_not_announced_when_transcription_is_off(d: Drive
 
 def test_deltas_before_commit_are_held_until_the_item_exists() -> None:
     d = Driver()
-    d.send({"type": "session.update", "session": {"audio": {"input": {"transcription": {"model": "whisper-1"}}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}},
+        }
+    )
     _, effects = append(d, 100)
     rid = effects[0].request.request_id
     d.session.on_transcription(rid, TextDelta("1 "))
@@ -262,7 +309,12 @@ def test_failed_transcription_without_transcription_config_is_an_error_event(d: 
 
 def test_failed_transcription_with_transcription_config_is_a_failed_event() -> None:
     d = Driver(transcription=None)
-    d.send({"type": "session.update", "session": {"audio": {"input": {"transcription": {"model": "whisper-1"}}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}},
+        }
+    )
     rid, item_id = commit_turn(d)
     d.session.on_transcription_failed(rid, Code.TRANSCRIPTION_FAILED, "boom")
     events, _ = d.take()
@@ -326,7 +378,7 @@ def test_response_lifecycle_events_come_in_the_ga_order(d: Driver) -> None:
 
 
 def test_response_asks_for_the_engine_with_the_conversation(d: Driver) -> None:
-    d.send({"type": "session.update", "session": {"instructions": "be brief"}})
+    d.send({"type": "session.update", "session": {"type": "realtime", "instructions": "be brief"}})
     d.user_text("first")
     d.user_text("second")
     start = len(d.effects)
@@ -344,7 +396,7 @@ def test_response_asks_for_the_engine_with_the_conversation(d: Driver) -> None:
 
 
 def test_response_instructions_override_the_session_for_one_response(d: Driver) -> None:
-    d.send({"type": "session.update", "session": {"instructions": "session"}})
+    d.send({"type": "session.update", "session": {"type": "realtime", "instructions": "session"}})
     d.respond(instructions="just this once")
     assert d.effects[-2].request.instructions == "just this once"
 
@@ -780,7 +832,7 @@ def test_conversation_over_max_conversation_bytes_deletes_the_oldest() -> None:
 
 
 def update(d: Driver, session: dict[str, Any], event_id: str = "u") -> tuple[list[dict[str, Any]], list[Any]]:
-    return d.send({"type": "session.update", "event_id": event_id, "session": session})
+    return d.send({"type": "session.update", "event_id": event_id, "session": {"type": "realtime", **session}})
 
 
 @pytest.mark.parametrize("model", ["whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "passthrough"])
@@ -803,7 +855,13 @@ def test_openai_voices_are_accepted_by_the_session(d: Driver, voice: str) -> Non
 
 
 def test_unknown_voice_is_refused_by_the_session(d: Driver) -> None:
-    err = d.error({"type": "session.update", "event_id": "v", "session": {"audio": {"output": {"voice": "hal"}}}})
+    err = d.error(
+        {
+            "type": "session.update",
+            "event_id": "v",
+            "session": {"type": "realtime", "audio": {"output": {"voice": "hal"}}},
+        }
+    )
     assert (err["code"], err["param"], err["event_id"]) == (Code.INVALID_VALUE, "session.audio.output.voice", "v")
     assert d.session.config.voice == "alloy"
 
@@ -813,7 +871,7 @@ def test_pcm_at_16k_is_refused_by_the_session(d: Driver) -> None:
         {
             "type": "session.update",
             "event_id": "f",
-            "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
+            "session": {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
         }
     )
     assert (err["code"], err["event_id"]) == (Code.UNSUPPORTED_FORMAT, "f")
@@ -821,7 +879,13 @@ def test_pcm_at_16k_is_refused_by_the_session(d: Driver) -> None:
 
 def test_unknown_parameter_is_refused_and_nothing_applied(d: Driver) -> None:
     before = d.session.config
-    err = d.error({"type": "session.update", "event_id": "p", "session": {"instructions": "new", "mood": "happy"}})
+    err = d.error(
+        {
+            "type": "session.update",
+            "event_id": "p",
+            "session": {"type": "realtime", "instructions": "new", "mood": "happy"},
+        }
+    )
     assert (err["code"], err["param"], err["event_id"]) == (Code.UNKNOWN_PARAMETER, "session.mood", "p")
     assert d.session.config == before
 
@@ -831,7 +895,7 @@ def test_server_vad_is_refused_without_a_speech_detector(d: Driver) -> None:
         {
             "type": "session.update",
             "event_id": "t",
-            "session": {"audio": {"input": {"turn_detection": {"type": "server_vad"}}}},
+            "session": {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}},
         }
     )
     assert (err["code"], err["event_id"]) == (Code.INVALID_VALUE, "t")

@@ -26,12 +26,13 @@ SILENCE_200MS = b"\x00\x00" * 4800
 
 
 class Steps:
-    def __init__(self) -> None:
+    def __init__(self, *, beta: bool = False) -> None:
         self.session = RealtimeSession(
             session_id="sess_state",
             config=SessionConfig(model="m", turn_detection=None),
             engine=INFO,
             vad_factory=None,
+            beta=beta,
         )
         self.seen: set[str] = set()
 
@@ -111,7 +112,15 @@ def test_every_state_event_marks_a_snapshot_that_holds_what_it_announces() -> No
     assert restored.conversation.get(added["item"]["id"]) is None
     assert _items(restored) == _items(t.session)
 
-    assert t.seen == STATE_EVENTS, f"never produced: {sorted(STATE_EVENTS - t.seen)}"
+    # The beta's transcription sessions (a beta session is rebuilt as a beta one).
+    b = Steps(beta=True)
+    b.step(lambda s: s.start(resume_token="rt_x"))
+    update = {"input_audio_transcription": {"model": "whisper-1"}}
+    events, restored = b.step(b.client({"type": "transcription_session.update", "session": update}))
+    assert [e["type"] for e in events] == ["transcription_session.updated"]
+    assert restored.config.type == "transcription" and restored.config.transcription is not None
+    seen = t.seen | b.seen
+    assert seen == STATE_EVENTS, f"never produced: {sorted(STATE_EVENTS - seen)}"
 
 
 def test_the_state_events_are_the_ones_the_readme_names() -> None:
@@ -119,6 +128,7 @@ def test_the_state_events_are_the_ones_the_readme_names() -> None:
     assert STATE_EVENTS == {
         "session.created",
         "session.updated",
+        "transcription_session.updated",
         "input_audio_buffer.committed",
         "conversation.item.added",
         "conversation.item.done",

@@ -105,8 +105,11 @@ class CascadeEngine:
             voices=self._tts.voices(),
             default_voice=DEFAULT_VOICE,
             transcription_models=("pocketsphinx",),
+            revises_transcripts=True,  # the final decode may differ from the partial hypotheses
             modalities=("text", "audio"),
-            ignored_fields=IGNORED_FIELDS + (() if self._calls_tools else TOOL_FIELDS),
+            ignored_fields=IGNORED_FIELDS
+            + (() if self._calls_tools else TOOL_FIELDS)
+            + (() if getattr(self._thinker, "follows_instructions", True) else ("instructions",)),
         )
         # At most one worker per decoder: each utterance runs one call at a time.
         self._stt_executor: ThreadPoolExecutor | None = None

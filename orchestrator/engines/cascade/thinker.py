@@ -50,6 +50,7 @@ class EchoThinker:
     """
 
     description = "EchoThinker (repeats the last user message; not a language model; cannot call tools)"
+    follows_instructions = False  # the session warns that instructions have no effect
     calls_tools = False  # tools are ignored with tool_choice auto; required or a named function fail
 
     async def think(self, messages: tuple[Message, ...], instructions: str) -> AsyncIterator[str | ToolCallDelta]:
