@@ -89,6 +89,7 @@ class HttpApi:
                     "description": engine.info.description,
                     # session fields this model accepts but does not act on (session.warning names them too)
                     "ignored_fields": list(engine.info.ignored_fields),
+                    "accepts_images": engine.info.accepts_images,  # input_image parts (PNG, JPEG)
                     "health": health.get(spec.name, "ok"),
                 }
             )

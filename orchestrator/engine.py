@@ -31,6 +31,7 @@ everything it holds for that request in either case. An engine raises
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -63,16 +64,34 @@ class ToolCall:
 
 
 @dataclass(frozen=True, slots=True)
+class Image:
+    """An image a user sent (an ``input_image`` part): the encoded file, checked to be
+    the format ``mime`` names. ``detail``: the client's ``low``/``high``/``auto`` (an
+    engine may use it to pick a resolution)."""
+
+    mime: Literal["image/png", "image/jpeg"]
+    data: bytes
+    detail: Literal["auto", "low", "high"] = "auto"
+
+    def data_url(self) -> str:
+        """As the Realtime API's ``image_url`` carries it."""
+        return f"data:{self.mime};base64,{base64.b64encode(self.data).decode('ascii')}"
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     """One conversation turn as the engine sees it (audio already transcribed).
 
     An assistant turn may carry the function calls it made (``tool_calls``);
-    a ``tool`` turn is the output of the call ``tool_call_id``."""
+    a ``tool`` turn is the output of the call ``tool_call_id``. A user turn may
+    carry images (only to an engine whose ``info.accepts_images``); ``text`` is then
+    the turn's text around them."""
 
     role: Literal["system", "user", "assistant", "tool"]
     text: str
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    images: tuple[Image, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +246,9 @@ class EngineInfo:
     # partial hypotheses, as pocketsphinx's). The session then sends the client one
     # delta, the final transcript, so the deltas always add up to ``.completed``.
     revises_transcripts: bool = False
+    # Whether user turns may carry images (Message.images). Otherwise the session refuses
+    # an input_image part with a coded error naming it; the engine never sees one.
+    accepts_images: bool = False
 
 
 @runtime_checkable

@@ -21,6 +21,9 @@ from typing import Any
 
 MAX_DEPTH = 32  # deep enough for any JSON schema of a tool's parameters
 MAX_NODES = 50_000  # members and elements in one event (a 15 MiB item of tiny parts has fewer than this)
+# One input_image, decoded (PNG or JPEG; never a URL to fetch). Larger: invalid_value, the
+# item is not added. (The message limit, max_message_bytes, bounds the base64 before it.)
+MAX_IMAGE_BYTES = 10 << 20
 MAX_CONTENT_PARTS = 64  # parts of one conversation item; more: invalid_value (a response's context
 #   walks every part of every item, so parts are bounded where they come in)
 

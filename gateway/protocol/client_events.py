@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.protocol import session_fields
-from gateway.protocol.bounds import MAX_CONTENT_PARTS, shape_violation
+from gateway.protocol.bounds import MAX_CONTENT_PARTS, MAX_IMAGE_BYTES, shape_violation
 from gateway.protocol.errors import Code, ProtocolError, json_object
 from gateway.protocol.session_fields import MAX_OUTPUT_TOKENS
 
@@ -24,10 +24,13 @@ Role = Literal["user", "assistant", "system"]
 class PartSpec:
     """A content part as a client sent it, normalised to GA names."""
 
-    type: Literal["input_text", "input_audio", "output_text", "output_audio"]
+    type: Literal["input_text", "input_audio", "input_image", "output_text", "output_audio"]
     text: str | None = None
     audio: bytes | None = None  # decoded input_audio bytes, in the session's input format
     transcript: str | None = None
+    # input_image: a checked data URL (data:image/png;base64,... or image/jpeg), and its detail
+    image_url: str | None = None
+    detail: Literal["auto", "low", "high"] = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,15 +290,67 @@ def _part(ctx: DecodeContext, p: Any, param: str, role: Role) -> PartSpec:
         if audio is None and transcript is None:
             raise ctx.err(f"'{param}' needs 'audio' or 'transcript'.", f"{param}.audio", Code.MISSING_FIELD)
         return PartSpec("input_audio", audio=audio, transcript=transcript)
+    if kind == "input_image":
+        if role != "user":
+            raise ctx.err(f"Only user messages carry images; this item's role is {role!r}.", f"{param}.type")
+        url = p.get("image_url")
+        if not isinstance(url, str):
+            code = Code.MISSING_FIELD if url is None else Code.INVALID_TYPE
+            raise ctx.err(f"'{param}.image_url' must be a data URL string.", f"{param}.image_url", code)
+        raw_detail = p.get("detail") or "auto"
+        detail: Literal["auto", "low", "high"]
+        if raw_detail == "low":
+            detail = "low"
+        elif raw_detail == "high":
+            detail = "high"
+        elif raw_detail == "auto":
+            detail = "auto"
+        else:
+            raise ctx.err(f"'{param}.detail' must be auto, low or high.", f"{param}.detail")
+        return PartSpec("input_image", image_url=_image_url(ctx, url, f"{param}.image_url"), detail=detail)
     if kind == "output_audio":
         transcript = p.get("transcript")
         if not isinstance(transcript, str):
             raise ctx.err(f"'{param}.transcript' must be a string.", f"{param}.transcript", Code.MISSING_FIELD)
         return PartSpec("output_audio", transcript=transcript)
     raise ctx.err(
-        f"Unsupported content type {kind!r}; use input_text, input_audio, output_text or output_audio.",
+        f"Unsupported content type {kind!r}; use input_text, input_audio, input_image, output_text or output_audio.",
         f"{param}.type",
     )
+
+
+# The first bytes of each image format taken (what a file of that type starts with).
+_IMAGE_MAGIC: dict[str, bytes] = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
+
+
+def _image_url(ctx: DecodeContext, url: str, param: str) -> str:
+    """``url``, a ``data:image/png;base64,...`` (or JPEG) URL whose bytes are checked to be
+    that image type, as ``data:<type>;base64,<body>``. Any other URL is refused: the
+    gateway fetches nothing on a client's behalf."""
+    if not url.startswith("data:"):
+        raise ctx.err(
+            f"'{param}' must be a data URL (data:image/png;base64,... or data:image/jpeg;base64,...); "
+            "the gateway fetches no URL.",
+            param,
+        )
+    head, _, body = url.partition(",")
+    media = head[len("data:") :].split(";")
+    kind = media[0].lower()
+    mime: Literal["image/png", "image/jpeg"]
+    if kind == "image/png":
+        mime = "image/png"
+    elif kind in ("image/jpeg", "image/jpg"):
+        mime = "image/jpeg"
+    else:
+        raise ctx.err(f"Unsupported image type {media[0]!r} in '{param}'; send PNG or JPEG.", param)
+    if "base64" not in media[1:]:
+        raise ctx.err(f"'{param}' must carry its image as base64 (data:{mime};base64,...).", param)
+    if len(body) > (MAX_IMAGE_BYTES + 2) // 3 * 4:
+        raise ctx.err(f"The image in '{param}' is over {MAX_IMAGE_BYTES >> 20} MiB; send a smaller one.", param)
+    data = ctx.b64(body, param)
+    if not data.startswith(_IMAGE_MAGIC[mime]):
+        raise ctx.err(f"'{param}' does not hold a {mime} image (its bytes do not start as one).", param)
+    return f"data:{mime};base64,{body}"
 
 
 def _field(ctx: DecodeContext, item: dict[str, Any], key: str, param: str, *, required: bool) -> str | None:

@@ -5,12 +5,14 @@ Items render in the GA shape, or the beta shape for beta clients: messages
 JSON arguments) and their results (``function_call_output``). Input audio
 is not kept once it has been transcribed: an ``input_audio`` part holds its
 transcript only (documented in the README), so a long session's memory stays
-proportional to its text. ``item_from_spec`` makes an item of what a client
+proportional to its text. An ``input_image`` part keeps its image (a checked data
+URL), counted in the conversation's bytes. ``item_from_spec`` makes an item of what a client
 sent (``conversation.item.create``, a response's ``input``).
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -18,9 +20,9 @@ from typing import Any, Literal
 from gateway.audio.codecs import AudioFormat
 from gateway.protocol import client_events as ce
 from gateway.protocol.errors import Code, ProtocolError
-from orchestrator.engine import Message, ToolCall
+from orchestrator.engine import Image, Message, ToolCall
 
-PartType = Literal["input_text", "input_audio", "output_text", "output_audio"]
+PartType = Literal["input_text", "input_audio", "input_image", "output_text", "output_audio"]
 ItemType = Literal["message", "function_call", "function_call_output"]
 _BETA_PART = {"output_text": "text", "output_audio": "audio"}
 
@@ -34,13 +36,27 @@ class Part:
     # (audio offset in ms when the text was produced, text length after it):
     # lets truncate keep only the transcript whose audio had started playing.
     marks: list[tuple[float, int]] = field(default_factory=list)
+    # input_image: its checked data URL (the protocol's) and detail; echoed as sent
+    image_url: str | None = None
+    detail: str | None = None
 
     def render(self, beta: bool) -> dict[str, Any]:
         """As content of a conversation item (GA ``output_audio``, beta ``audio``)."""
         kind = _BETA_PART.get(self.type, self.type) if beta else self.type
         if self.type in ("input_text", "output_text"):
             return {"type": kind, "text": self.text or ""}
+        if self.type == "input_image":
+            return {"type": "input_image", "image_url": self.image_url, "detail": self.detail}
         return {"type": kind, "transcript": self.transcript}
+
+    def image(self) -> Image:
+        """An input_image part as the engine takes it (its URL was checked when it came in)."""
+        head, _, body = (self.image_url or "").partition(",")
+        mime: Literal["image/png", "image/jpeg"] = "image/jpeg" if head.startswith("data:image/jpeg") else "image/png"
+        detail: Literal["auto", "low", "high"] = (
+            "low" if self.detail == "low" else "high" if self.detail == "high" else "auto"
+        )
+        return Image(mime, base64.b64decode(body), detail)
 
     def render_part(self) -> dict[str, Any]:
         """As the ``part`` of ``response.content_part.added/done``: both dialects
@@ -101,14 +117,15 @@ class Item:
         }
 
     def text_bytes(self) -> int:
-        """The UTF-8 size of the item's text (what max_conversation_bytes counts)."""
-        return sum(len(p.content_text.encode()) for p in self.content)
+        """The UTF-8 size of the item's text and images (what max_conversation_bytes counts)."""
+        return sum(len(p.content_text.encode()) + len(p.image_url or "") for p in self.content)
 
     def as_message(self) -> Message:
         message = self._message
         if message is None:
             text = " ".join(p.content_text for p in self.content if p.content_text)
-            message = self._message = Message(self.role, text)
+            images = tuple(p.image() for p in self.content if p.type == "input_image")
+            message = self._message = Message(self.role, text, images=images)
         return message
 
     def forget(self) -> None:
@@ -227,5 +244,8 @@ def item_from_spec(
             if audio is not None:
                 raise ProtocolError(Code.INVALID_VALUE, "Only one input_audio part per item.", param=f"{param}.content")
             audio = p.audio
-        item.content.append(Part(p.type, text=p.text, transcript=p.transcript))
+        if p.type == "input_image":
+            item.content.append(Part("input_image", image_url=p.image_url, detail=p.detail))
+        else:
+            item.content.append(Part(p.type, text=p.text, transcript=p.transcript))
     return item, audio

@@ -331,9 +331,9 @@ class RealtimeSession:
         self._check_config(new)
         self.config = new
         if announce == "transcription_session.updated":
-            self._emit(announce, session=render_beta_transcription(new))
+            self._emit("transcription_session.updated", session=render_beta_transcription(new))
         else:
-            self._emit(announce, session=self.render_config())
+            self._emit("session.updated", session=self.render_config())
         if not self.sends_gateway_events:
             return  # the SDKs have no type for session.warning: only for clients that opted in
         for param, message in warnings:
@@ -386,6 +386,16 @@ class RealtimeSession:
 
     def _item_from_spec(self, spec: ce.ItemSpec, param: str) -> Item:
         """Build an item; validates every part before asking for any work (its audio's transcription)."""
+        for i, part in enumerate(spec.content):
+            if part.type == "input_image" and (self.beta or not self.engine.accepts_images):
+                raise ProtocolError(
+                    Code.UNSUPPORTED,
+                    "The beta protocol has no input_image parts; use the GA protocol."
+                    if self.beta
+                    else f"Model {self.config.model!r} (engine {self.engine.name}) takes no images: describe the "
+                    "image in text, or use a model that takes images (their /v1/models entry says accepts_images).",
+                    param=f"{param}.content[{i}]",
+                )
         item, audio = item_from_spec(spec, param, self._log.new_id, self.config.input_format)
         if audio is not None:
             self._input.transcribe_item(item, audio)

@@ -44,7 +44,7 @@ def item_to_dict(item: Item) -> dict[str, Any]:
         "role": item.role,
         "status": item.status,
         "pending": item.pending_transcription,
-        "content": item.content,  # orjson writes each Part as {type, text, transcript, audio_ms, marks}
+        "content": item.content,  # orjson writes each Part's fields (dataclass)
     }
     if item.type != "message":
         out.update(type=item.type, call_id=item.call_id, name=item.name, arguments=item.arguments, output=item.output)
@@ -59,6 +59,8 @@ def item_from_dict(d: dict[str, Any]) -> Item:
             transcript=p["transcript"],
             audio_ms=p["audio_ms"],
             marks=[(m[0], m[1]) for m in p["marks"]],
+            image_url=p.get("image_url"),  # (snapshots written before images have none)
+            detail=p.get("detail"),
         )
         for p in d["content"]
     ]

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.images import png
 
 from orchestrator.engine import (
     AudioChunk,
@@ -32,6 +33,7 @@ from orchestrator.engine import (
     EngineError,
     Finished,
     FunctionTool,
+    Image,
     Message,
     ResponseRequest,
     TextChunk,
@@ -323,6 +325,27 @@ async def test_text_and_audio_outputs_map_to_deltas_and_finished_with_usage() ->
         "additional_information": {"speaker": ["Ethan"]},
     }
     assert engine.info.output_sample_rate == 24000 and engine.info.name == "omni"
+
+
+async def test_images_of_a_user_turn_go_as_multi_modal_data_with_their_placeholders() -> None:
+    async def script(call: Call) -> AsyncIterator[Output]:
+        yield text("A red square.", finish="stop")
+
+    fake = FakeAsyncOmni(script)
+    engine = await started(fake)
+    assert engine.info.accepts_images
+    picture = Image("image/png", png(4, 3, (200, 30, 60)), "low")
+    outs = await collect(
+        engine.respond(request(Message("user", "What is this?", images=(picture, picture))), inputs_of())
+    )
+    assert isinstance(outs[-1], Finished)
+    prompt = fake.calls[0].prompt
+    placeholder = "<|vision_bos|><|IMAGE|><|vision_eos|>"
+    assert f"<|im_start|>user\n{placeholder}{placeholder}What is this?<|im_end|>" in prompt["prompt"]
+    images = prompt["multi_modal_data"]["image"]
+    assert [(im.mode, im.size, im.getpixel((0, 0))) for im in images] == [("RGB", (4, 3), (200, 30, 60))] * 2
+    # a model configured without images says so (the session then refuses input_image parts)
+    assert not (await started(FakeAsyncOmni(script), image_placeholder=None)).info.accepts_images
 
 
 async def test_text_only_request_asks_for_text_and_ignores_audio() -> None:

@@ -320,7 +320,7 @@ BAD_EVENTS: list[tuple[dict[str, Any], str, str]] = [
         "item.content[0]",
     ),
     (
-        {"type": "conversation.item.create", "item": {"role": "user", "content": [{"type": "input_image"}]}},
+        {"type": "conversation.item.create", "item": {"role": "user", "content": [{"type": "input_video"}]}},
         Code.INVALID_VALUE,
         "item.content[0].type",
     ),

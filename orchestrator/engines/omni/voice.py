@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import io
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from orchestrator.engine import (
     EngineInput,
     EngineOutput,
     Finished,
+    Image,
     ResponseRequest,
     TextChunk,
     TextDelta,
@@ -36,6 +38,7 @@ AUDIO_TOKENS_PER_SECOND = 10  # as the cascade: 100 ms of audio is one token
 DEFAULT_OUTPUT_RATE = 24000  # Qwen2.5/3-Omni's code2wav
 ASR_RATE = 16000  # what the audio encoders of omni models take
 QWEN_AUDIO_PLACEHOLDER = "<|audio_bos|><|AUDIO|><|audio_eos|>"
+QWEN_IMAGE_PLACEHOLDER = "<|vision_bos|><|IMAGE|><|vision_eos|>"  # one per image, before the turn's text
 _PENDING = "\x00pending-user-turn\x00"  # split point of a streamed user turn in a rendered prompt
 
 
@@ -199,6 +202,17 @@ class _OutputMapper:
         )
 
 
+def decode_image(image: Image) -> Any:
+    """An input image as vLLM's multimodal processors take it: a PIL image, in RGB."""
+    from PIL import Image as PILImage  # vLLM's own dependency: present wherever AsyncOmni is
+
+    try:
+        with PILImage.open(io.BytesIO(image.data)) as opened:
+            return opened.convert("RGB")
+    except Exception as exc:  # a file that starts as PNG/JPEG but does not decode
+        raise EngineError("invalid_image", f"an input image ({image.mime}) could not be decoded: {exc}") from exc
+
+
 def chatml(messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
     """ChatML, the template of the Qwen family (the fallback renderer)."""
     out = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
@@ -217,7 +231,9 @@ class OmniEngine(OmniClientUser):
     passed as ``prompt["additional_information"][voice_field]``.
     ``system_prompt``: used when a request has no instructions (Qwen-Omni
     speaks only under its own system prompt). ``transcription_prompt``:
-    enables ``transcribe`` (see the module docstring).
+    enables ``transcribe`` (see the module docstring). ``image_placeholder``: what
+    stands for each image of a user turn in the prompt (the images go as
+    ``multi_modal_data["image"]``, in order); None: the model takes no images.
     ``streaming_input_cls``: vLLM's ``StreamingInput`` (imported from vLLM when
     None and importable).
     """
@@ -236,6 +252,7 @@ class OmniEngine(OmniClientUser):
         system_prompt: str | None = None,
         transcription_prompt: str | None = None,
         audio_placeholder: str = QWEN_AUDIO_PLACEHOLDER,
+        image_placeholder: str | None = QWEN_IMAGE_PLACEHOLDER,
         streaming_input_cls: Callable[..., Any] | None = None,
         description: str | None = None,
     ) -> None:
@@ -251,7 +268,9 @@ class OmniEngine(OmniClientUser):
             transcription_models=(str(name),) if transcription_prompt else (),
             modalities=("text", "audio"),
             ignored_fields=("tools", "tool_choice", "noise_reduction", "speed"),
+            accepts_images=image_placeholder is not None,
         )
+        self.image_placeholder = image_placeholder
         self.voice_field = voice_field
         self.system_prompt = system_prompt
         self.transcription_prompt = transcription_prompt
@@ -352,6 +371,8 @@ class OmniEngine(OmniClientUser):
             if i == pending:
                 if streamed is not None:
                     out.append({"role": "user", "content": streamed})
+            elif m.images and self.image_placeholder:
+                out.append({"role": m.role, "content": self.image_placeholder * len(m.images) + m.text})
             elif m.text:
                 out.append({"role": m.role, "content": m.text})
         if pending < 0 and streamed:
@@ -360,6 +381,9 @@ class OmniEngine(OmniClientUser):
 
     def _prompt(self, text: str, request: ResponseRequest) -> dict[str, Any]:
         prompt: dict[str, Any] = {"prompt": text}
+        images = [image for m in request.messages for image in m.images]
+        if images and self.image_placeholder:
+            prompt["multi_modal_data"] = {"image": [decode_image(image) for image in images]}
         voice = request.voice or self.info.default_voice
         if voice and self.voice_field:
             prompt["additional_information"] = {self.voice_field: [voice]}

@@ -211,6 +211,7 @@ class RemoteEngine(PooledEngine):
             transcription_models=tuple(transcription_models),  # a mapping: the names clients may use
             modalities=("text", "audio"),
             ignored_fields=(),  # everything is passed upstream, which reports what it ignores
+            accepts_images=True,  # passed upstream as input_image parts; an upstream that takes none says so
         )
         self._stt_names: Mapping[str, str] | None = (
             dict(transcription_models) if isinstance(transcription_models, Mapping) else None
@@ -415,7 +416,14 @@ class RemoteEngine(PooledEngine):
             await self._create(lease, {"type": "function_call_output", "call_id": message.tool_call_id or "",
                                        "output": message.text})  # fmt: skip
             return
-        if message.text:
+        if message.images:  # one user item: its text and its images, as the client sent them
+            content: list[dict[str, Any]] = [{"type": "input_text", "text": message.text}] if message.text else []
+            content += [
+                {"type": "input_image", "image_url": image.data_url(), "detail": image.detail}
+                for image in message.images
+            ]
+            await self._create(lease, {"type": "message", "role": "user", "content": content})
+        elif message.text:
             await self._add_item(lease, message.role, message.text)
         for call in message.tool_calls:
             await self._create(lease, {"type": "function_call", "call_id": call.call_id, "name": call.name,

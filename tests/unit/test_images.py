@@ -1,0 +1,122 @@
+"""Images in: ``input_image`` parts (GA), checked where they come in, kept in the
+conversation (and its snapshot), handed to engines that take images, and refused
+with a coded error naming the part everywhere else. No URL is ever fetched."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import orjson
+import pytest
+from support.images import data_url, png
+from support.session_driver import Driver
+
+from gateway.protocol import client_events as ce
+from gateway.protocol.bounds import MAX_IMAGE_BYTES
+from gateway.protocol.errors import Code, ProtocolError
+from gateway.session.effects import StartResponse
+from gateway.session.session import RealtimeSession
+from orchestrator.engine import Image
+from orchestrator.engines.passthrough import PassthroughEngine
+
+PNG = png(4, 3)
+SEEING = dataclasses.replace(PassthroughEngine().info, accepts_images=True)  # an engine that takes images
+
+
+def item(*parts: dict[str, Any], role: str = "user") -> dict[str, Any]:
+    return {"type": "conversation.item.create", "event_id": "img",
+            "item": {"type": "message", "role": role, "content": list(parts)}}  # fmt: skip
+
+
+def image_part(url: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"type": "input_image", "image_url": url or data_url(PNG), **extra}
+
+
+def refused(event: dict[str, Any]) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        ce.decode(orjson.dumps(event))
+    return info.value
+
+
+def test_a_png_data_url_decodes_as_an_input_image_part() -> None:
+    event = ce.decode(orjson.dumps(item({"type": "input_text", "text": "What is it?"}, image_part(detail="low"))))
+    assert isinstance(event, ce.ItemCreate)
+    part = event.item.content[1]
+    assert (part.type, part.detail, part.image_url) == ("input_image", "low", data_url(PNG))
+    jpeg = b"\xff\xd8\xff\xe0" + bytes(16)
+    event = ce.decode(orjson.dumps(item(image_part(data_url(jpeg, "image/jpg")))))
+    assert event.item.content[0].image_url == data_url(jpeg, "image/jpeg")  # (image/jpg named as it is)
+
+
+@pytest.mark.parametrize(
+    ("part", "param", "says"),
+    [
+        (image_part("https://example.com/cat.png"), "item.content[0].image_url", "fetches no URL"),
+        (image_part("file:///etc/passwd"), "item.content[0].image_url", "fetches no URL"),
+        (image_part(data_url(b"GIF89a....", "image/gif")), "item.content[0].image_url", "PNG or JPEG"),
+        (image_part(data_url(b"\xff\xd8\xff not a png")), "item.content[0].image_url", "does not hold a image/png"),
+        (image_part("data:image/png,rawbytes"), "item.content[0].image_url", "base64"),
+        (image_part("data:image/png;base64,@@@"), "item.content[0].image_url", "not valid base64"),
+        (image_part(detail="ultra"), "item.content[0].detail", "auto, low or high"),
+        ({"type": "input_image"}, "item.content[0].image_url", "data URL"),
+    ],
+)
+def test_a_bad_image_is_refused_naming_the_part(part: dict[str, Any], param: str, says: str) -> None:
+    err = refused(item(part))
+    assert (err.param, err.event_id) == (param, "img")
+    assert says in err.message
+
+
+def test_an_image_over_the_bound_is_refused_before_it_is_decoded() -> None:
+    big = "data:image/png;base64," + "A" * ((MAX_IMAGE_BYTES + 2) // 3 * 4 + 4)
+    err = refused(item(image_part(big)))
+    assert err.param == "item.content[0].image_url" and f"{MAX_IMAGE_BYTES >> 20} MiB" in err.message
+
+
+def test_only_user_messages_carry_images() -> None:
+    err = refused(item(image_part(), role="assistant"))
+    assert (err.code, err.param) == (Code.INVALID_VALUE, "item.content[0].type")
+
+
+def test_an_engine_that_takes_no_images_refuses_the_part_and_the_session_goes_on() -> None:
+    d = Driver()  # the passthrough engine: no images
+    err = d.error(item({"type": "input_text", "text": "look"}, image_part()))
+    assert (err["code"], err["param"], err["event_id"]) == (Code.UNSUPPORTED, "item.content[1]", "img")
+    assert "takes no images" in err["message"] and "accepts_images" in err["message"]
+    assert len(d.session.conversation) == 0
+    d.user_text("still here")
+    assert len(d.session.conversation) == 1
+    # response.input items are checked the same way
+    err = d.error({"type": "response.create", "response": {"conversation": "none", "input": [
+        {"type": "message", "role": "user", "content": [image_part()]}]}})  # fmt: skip
+    assert (err["code"], err["param"]) == (Code.UNSUPPORTED, "response.input[0].content[0]")
+
+
+def test_the_beta_protocol_has_no_images() -> None:
+    d = Driver(beta=True, engine=SEEING)
+    err = d.error(item(image_part()))
+    assert (err["code"], err["param"]) == (Code.UNSUPPORTED, "item.content[0]")
+
+
+def test_an_image_reaches_the_engine_is_echoed_as_sent_and_survives_a_snapshot() -> None:
+    d = Driver(engine=SEEING)
+    events, _ = d.send(item({"type": "input_text", "text": "What colour?"}, image_part(detail="high")))
+    added = next(e for e in events if e["type"] == "conversation.item.added")
+    assert added["item"]["content"][1] == {"type": "input_image", "image_url": data_url(PNG), "detail": "high"}
+    _, effects = d.send({"type": "response.create"})
+    request = next(e for e in effects if isinstance(e, StartResponse)).request
+    (message,) = request.messages
+    assert message.text == "What colour?"
+    assert message.images == (Image("image/png", PNG, "high"),)
+    # Another replica, from the snapshot, gives the engine the same image.
+    state = orjson.loads(orjson.dumps(d.session.snapshot_state()))
+    again = RealtimeSession.restore(state, engine=SEEING, vad_factory=None)
+    assert again.conversation.messages()[0].images == (Image("image/png", PNG, "high"),)
+
+
+def test_images_count_in_the_conversations_bytes() -> None:
+    d = Driver(engine=SEEING)
+    d.send(item(image_part()))
+    (only,) = d.session.conversation
+    assert only.text_bytes() == len(data_url(PNG))
