@@ -140,19 +140,22 @@ DECODE_ERRORS: list[tuple[str, dict[str, Any], str, str | None]] = [
     ),
     (
         "unsupported_audio_format",
-        {"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}},
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
+        },
         Code.UNSUPPORTED_FORMAT,
         "session.audio.input.format.rate",
     ),
     (
         "unknown_parameter",
-        {"type": "session.update", "session": {"instructions": "x", "loudness": 11}},
+        {"type": "session.update", "session": {"type": "realtime", "instructions": "x", "loudness": 11}},
         Code.UNKNOWN_PARAMETER,
         "session.loudness",
     ),
     (
         "invalid_value_voice",
-        {"type": "session.update", "session": {"audio": {"output": {"voice": "robot"}}}},
+        {"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"voice": "robot"}}}},
         Code.INVALID_VALUE,
         "session.audio.output.voice",
     ),
@@ -164,25 +167,37 @@ DECODE_ERRORS: list[tuple[str, dict[str, Any], str, str | None]] = [
     ),
     (
         "invalid_value_tool_choice_names_no_tool",
-        {"type": "session.update", "session": {"tool_choice": {"type": "function", "name": "nowhere"}}},
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "tool_choice": {"type": "function", "name": "nowhere"}},
+        },
         Code.INVALID_VALUE,
         "session.tool_choice.name",
     ),
     (
         "invalid_value_noise_reduction",
-        {"type": "session.update", "session": {"audio": {"input": {"noise_reduction": {"type": "loud"}}}}},
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"noise_reduction": {"type": "loud"}}}},
+        },
         Code.INVALID_VALUE,
         "session.audio.input.noise_reduction.type",
     ),
     (
         "invalid_value_vad",
-        {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "server_vad"}}}}},
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}},
+        },
         Code.INVALID_VALUE,
         "session.audio.input.turn_detection",
     ),
     (
         "invalid_value_transcription_delay",
-        {"type": "session.update", "session": {"audio": {"input": {"transcription": {"delay": "soon"}}}}},
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"transcription": {"delay": "soon"}}}},
+        },
         Code.INVALID_VALUE,
         "session.audio.input.transcription.delay",
     ),

@@ -29,6 +29,7 @@ with every client secret too, as ``ice_servers``, which is how a page gets them)
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -54,6 +55,11 @@ log = logging.getLogger("omni.webrtc")
 
 RESUME_HEADER = "x-omni-resume"
 MAX_BODY_BYTES = 1 << 20  # an offer (64 KiB at most, sdp.py) and a session object; larger: 400
+# A form part is read up to MAX_BODY_BYTES: Starlette's max_part_size where it takes one (not
+# 0.40, the lowest we declare, whose fixed limit is the same 1 MiB).
+_PART_SIZE: dict[str, int] = (
+    {"max_part_size": MAX_BODY_BYTES} if "max_part_size" in inspect.signature(Request.form).parameters else {}
+)
 _RESUME_STATUS = {  # a refused re-offer, by its code
     Code.SESSION_NOT_FOUND: 404,
     Code.RESUME_TOKEN_INVALID: 401,
@@ -248,7 +254,7 @@ class CallsEndpoint:
         resume_raw: Any = request.headers.get(RESUME_HEADER)
         if kind == "multipart/form-data":
             try:
-                form = await request.form(max_files=4, max_fields=8, max_part_size=MAX_BODY_BYTES)
+                form = await request.form(max_files=4, max_fields=8, **_PART_SIZE)
             except Exception:
                 return _error(400, Code.INVALID_VALUE, "The multipart body could not be read.", "body")
             offer_field = form.get("sdp")

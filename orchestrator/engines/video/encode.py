@@ -201,10 +201,12 @@ class Fmp4Encoder(_CodecEncoder):
         ctx.max_b_frames = 0
         ctx.thread_count = 1
         ctx.flags |= av.codec.context.Flags.global_header  # SPS/PPS in extradata, for avcC
+        # The codec context's profile, not libx264's "profile" option: PyAV 14 refuses the
+        # option (EINVAL); both give x264's baseline, which is constrained baseline (42 c0).
+        ctx.profile = "Baseline"
         ctx.options = {
             "preset": H264_PRESET,
             "tune": "zerolatency",  # one packet out per frame in: a chunk is complete when encoded
-            "profile": "baseline",
             "crf": str(crf),
             "x264-params": (
                 f"keyint={frames_per_chunk}:scenecut=0:forced-idr=1:threads=1:"
