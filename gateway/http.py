@@ -126,7 +126,8 @@ class HttpApi:
         )
         try:
             limits = ConfigLimits(voices=self.rt.engine.info.voices)
-            config, _ = apply_update(config, session, beta=False, limits=limits)
+            if body.get("session") is not None:  # (given, it needs its type, as the API's does)
+                config, _ = apply_update(config, session, beta=False, limits=limits)
         except ProtocolError as err:
             return _error(400, err.code, err.message, err.param)
         if self.rt.vad_factory is None:

@@ -93,7 +93,7 @@ class PassthroughEngine:
             async for chunk in inputs:
                 n += 1
                 samples += len(chunk.pcm) // 2
-                yield TextDelta(f"{n} ")
+                yield TextDelta(f" {n}" if n > 1 else "1")  # the deltas add up to the final transcript
             text = " ".join(str(i) for i in range(1, n + 1))
             yield Finished(text=text, usage=Usage(input_audio_tokens=samples * 10 // RATE))
         finally:

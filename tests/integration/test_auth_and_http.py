@@ -254,11 +254,11 @@ async def test_client_secret_lifetime_out_of_range_is_refused(http: httpx.AsyncC
 
 
 async def test_client_secret_with_a_bad_session_is_refused(http: httpx.AsyncClient) -> None:
-    r = await mint(http, {"session": {"instructions": "x", "colour": "red"}})
+    r = await mint(http, {"session": {"type": "realtime", "instructions": "x", "colour": "red"}})
     assert r.status_code == 400
     err = r.json()["error"]
     assert (err["code"], err["param"]) == (Code.UNKNOWN_PARAMETER, "session.colour")
-    r = await mint(http, {"session": {"audio": {"output": {"voice": "nobody"}}}})
+    r = await mint(http, {"session": {"type": "realtime", "audio": {"output": {"voice": "nobody"}}}})
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "session.audio.output.voice"
 
@@ -339,7 +339,7 @@ def _comparable(session: dict[str, Any]) -> dict[str, Any]:
 async def test_minted_session_describes_the_session_the_secret_opens(
     gw: RunningGateway, http: httpx.AsyncClient
 ) -> None:
-    minted = (await mint(http, {"session": {"instructions": "x"}})).json()
+    minted = (await mint(http, {"session": {"type": "realtime", "instructions": "x"}})).json()
     async with connect(gw.url, subprotocols=[KEY_PROTO + minted["value"]]) as c:
         created = await c.wait_for("session.created")
     assert _comparable(minted["session"]) == _comparable(created["session"])
@@ -348,13 +348,15 @@ async def test_minted_session_describes_the_session_the_secret_opens(
 async def test_secret_minted_with_server_vad_on_a_gateway_without_vad_leaves_a_usable_session(
     gw: RunningGateway, http: httpx.AsyncClient
 ) -> None:
-    r = await mint(http, {"session": {"audio": {"input": {"turn_detection": {"type": "server_vad"}}}}})
+    r = await mint(
+        http, {"session": {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}}
+    )
     if r.status_code == 400:  # refusing it when minting is as good as fixing it up later
         assert r.json()["error"]["param"] == "session.audio.input.turn_detection"
         return
     async with connect(gw.url, subprotocols=[KEY_PROTO + r.json()["value"]]) as c:
         await c.wait_for("session.created")
-        await c.send({"type": "session.update", "session": {"instructions": "hello"}})
+        await c.send({"type": "session.update", "session": {"type": "realtime", "instructions": "hello"}})
         got = await c.wait_for(lambda e: e["type"] in ("session.updated", "error"))
         assert got["type"] == "session.updated", got
 

@@ -219,6 +219,7 @@ async def test_an_ack_is_never_answered_with_an_event_that_has_a_seq() -> None:
             assert (await c.recv())["type"] == "session.heartbeat_ack"  # nothing else was queued
         async with connect(gw.url) as ga:  # the GA dialect: the same DuplexClient-style acks are valid
             created = await ga.wait_for("session.created")
+            await ga.wait_for("conversation.created")
             await ga.send({"type": "session.event_ack", "server_event_seq": created["server_event_seq"]})
             await ga.send({"type": "session.event_ack", "server_event_seq": "x"})
             bad = await ga.recv()

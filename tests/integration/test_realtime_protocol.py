@@ -192,7 +192,10 @@ async def test_transcription_of_a_committed_turn_is_reported(gw: RunningGateway)
         await c.send(
             {
                 "type": "session.update",
-                "session": {"audio": {"input": {"transcription": {"model": "gpt-4o-mini-transcribe"}}}},
+                "session": {
+                    "type": "realtime",
+                    "audio": {"input": {"transcription": {"model": "gpt-4o-mini-transcribe"}}},
+                },
             }
         )
         await c.wait_for("session.updated")
@@ -202,7 +205,7 @@ async def test_transcription_of_a_committed_turn_is_reported(gw: RunningGateway)
         done = await c.wait_for("conversation.item.input_audio_transcription.completed")
         assert done["transcript"] == "1 2"  # the passthrough numbers the chunks it was fed
         deltas = [e["delta"] for e in c.events if e["type"] == "conversation.item.input_audio_transcription.delta"]
-        assert "".join(deltas) == "1 2 "
+        assert "".join(deltas) == "1 2"  # the deltas add up to the transcript
         await c.send({"type": "conversation.item.retrieve", "item_id": done["item_id"]})
         got = await c.wait_for("conversation.item.retrieved")
         assert got["item"]["content"][0]["transcript"] == "1 2"
@@ -462,7 +465,10 @@ async def test_binary_input_frames_feed_the_input_buffer(gw: RunningGateway) -> 
     async with connect(gw.url, subprotocols=[BINARY_SUBPROTOCOL]) as c:
         await c.wait_for("session.created")
         await c.send(
-            {"type": "session.update", "session": {"audio": {"input": {"transcription": {"model": "whisper-1"}}}}}
+            {
+                "type": "session.update",
+                "session": {"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}},
+            }
         )
         await c.wait_for("session.updated")
         for _ in range(3):

@@ -116,7 +116,9 @@ async def test_resume_token_rotates_and_the_old_one_is_refused(gateway: RunningG
 async def test_bad_resume_attempts_get_coded_errors_and_no_data(gateway: RunningGateway, case: str, code: str) -> None:
     async with connect(gateway.url, headers=ALICE) as c:
         created = await c.wait_for("session.created")
-        await c.send({"type": "session.update", "session": {"instructions": "alice's secret instructions"}})
+        await c.send(
+            {"type": "session.update", "session": {"type": "realtime", "instructions": "alice's secret instructions"}}
+        )
         await c.wait_for("session.updated")
     sid, token = created["session"]["id"], created["resume_token"]
     resume = {"type": "session.resume", "session_id": sid, "resume_token": token, "last_received_server_event_seq": 2}

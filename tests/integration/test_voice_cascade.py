@@ -72,7 +72,9 @@ async def test_manual_turn_commit_and_response_create(gateway) -> None:
     speech = await speak(SPOKEN)
     async with connect(gateway.url) as c:
         await c.wait_for("session.created")
-        await c.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+        await c.send(
+            {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}}
+        )
         await c.wait_for("session.updated")
         await stream_audio(c, speech)
         await c.send({"type": "input_audio_buffer.commit"})
