@@ -345,7 +345,10 @@ class Runtime:
     async def open_video(self, principal: str, peer: VideoPeer) -> VideoHost:
         """A new streaming video session, owned in the store before it returns."""
         assert self.video_engine is not None
-        session = VideoSession(session_id="vsess_" + secrets.token_hex(10), info=self.video_engine.info)
+        info = self.video_engine.info
+        if self.settings.video_model:  # the route's model, by name: session.start may name no other
+            info = replace(info, model=self.settings.video_model)
+        session = VideoSession(session_id="vsess_" + secrets.token_hex(10), info=info)
         timeouts = VideoTimeouts(
             start_s=self.settings.video_start_timeout_s, stall_s=self.settings.video_stall_timeout_s
         )

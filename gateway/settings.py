@@ -32,7 +32,10 @@ class Settings:
     engine_model: str | None = None  # engine "omni"/"vllm" (or the vllm thinker): the checkpoint
     #   to load (default: ``model``)
     thinker: str = "echo"  # the cascade's text brain: "echo" (repeats what it heard) or "vllm"
-    video_model: str | None = None  # video_engine "omni": a streaming diffusion video checkpoint
+    video_model: str | None = None  # the model /v1/realtime/video serves, by name: a session.start
+    #   naming another is refused (model_not_found, as vLLM-Omni refuses it). video_engine "omni":
+    #   the streaming diffusion checkpoint it loads; None for the others: "cpu-video" for cpu, and
+    #   for remote none (the upstreams' model is not known here, so not matched)
     # Model routes (gateway/routing.py): inline JSON or a file path. None: ``model``
     # -> ``engine`` plus a catch-all, so any model name reaches the one engine.
     models: str | None = None

@@ -223,6 +223,9 @@ class VideoEngineInfo:
     supports_camera: bool = True
     # Request fields the engine accepts and ignores; the session reports them.
     ignored_fields: tuple[str, ...] = ()
+    # The model it serves, by name (vLLM-Omni's served model name): a session.start naming
+    # another is refused. None: not known here (a remote upstream's), so not matched.
+    model: str | None = None
 
 
 @runtime_checkable

@@ -48,7 +48,8 @@ class VideoPeer(Protocol):
     queue, chunks dropped oldest first under pressure)."""
 
     def send_event(self, event: dict[str, Any]) -> None:
-        """A control event (never dropped)."""
+        """A control event (never dropped). ``session.done`` gets its ``chunks`` from the
+        peer: the chunks it delivered, the trailer included (upstream's count)."""
 
     def send_chunk(self, meta: dict[str, Any], media: bytes, init_segment: bytes) -> None:
         """A chunk: its ``video.chunk_metadata`` (the peer adds the transport's fields)

@@ -191,6 +191,8 @@ def _start(d: dict[str, Any]) -> Start:
             sampling.update(value)
     sampling.update({k: v for k, v in d.items() if k not in _START_FIELDS})
     model = d.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _err(Code.INVALID_TYPE, "'model' must be a string (the served model's name), or left out.", "model")
     width, height, fps, num_frames, seconds, echo = _video_params(d)
     return Start(
         prompt=prompt,
@@ -203,7 +205,7 @@ def _start(d: dict[str, Any]) -> Start:
         frames_per_chunk=_int(d, "frames_per_chunk"),
         seed=_int(d, "seed"),
         negative_prompt=negative,
-        model=model if isinstance(model, str) else None,
+        model=model,
         sampling_params=sampling,
         seconds=seconds,
         echo=echo,
@@ -223,7 +225,8 @@ def _video_params(
     if vp is not None:
         if not isinstance(vp, dict):
             raise _err(Code.INVALID_TYPE, "'video_params' must be an object.", "video_params")
-        echo["video_params"] = vp
+        # Echoed as upstream's VideoParams model dumps it (exclude_none): its null fields left out.
+        echo["video_params"] = {k: v for k, v in vp.items() if v is not None}
         for key in top:
             if top[key] is None:
                 top[key] = _positive(vp, key, "video_params.")

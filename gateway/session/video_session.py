@@ -5,7 +5,8 @@ change it while it renders, ``session.stop`` or the last frame ends it.
 The session validates everything a client sends (each refusal is a coded
 ``error`` and the stream goes on), tracks the event ids used in the stream,
 and turns engine chunks into ``video.chunk_metadata`` events. Delivery (the
-binary frames, backpressure, dropped chunks) is the shell's.
+binary frames, backpressure, dropped chunks, and so the ``chunks`` that
+``session.done`` reports) is the shell's.
 """
 
 from __future__ import annotations
@@ -62,7 +63,6 @@ class VideoSession:
         self.info = info
         self.state = "idle"  # idle -> streaming -> done
         self.request_id: str | None = None
-        self.chunks = 0  # chunks the engine produced
         self.events: list[dict[str, Any]] = []  # what the client is to be told, in order (take())
         self.effects: list[VideoEffect] = []
         self._event_ids: set[str] = set()
@@ -122,6 +122,14 @@ class VideoSession:
         if self.state != "idle":
             raise ProtocolError(Code.ALREADY_STARTED, "This connection already streams a video; open another.")
         info = self.info
+        if start.model is not None and info.model is not None and start.model != info.model:
+            # As upstream's handler refuses it (then the socket closes, as for any refused start).
+            raise ProtocolError(
+                Code.MODEL_NOT_FOUND,
+                f"Model mismatch: request specifies {start.model!r} but server is running {info.model!r}. "
+                f"Leave 'model' out or send {info.model!r}.",
+                param="model",
+            )
         if start.format not in info.formats:
             raise ProtocolError(
                 Code.UNSUPPORTED_VIDEO_FORMAT, f"This engine streams {', '.join(info.formats)}.", param="format"
@@ -154,6 +162,7 @@ class VideoSession:
         if start.negative_prompt is not None and "negative_prompt" in info.ignored_fields:
             ignored.append("negative_prompt")
         config = {
+            "model": start.model,
             "prompt": request.prompt,
             "width": request.width,
             "height": request.height,
@@ -171,7 +180,8 @@ class VideoSession:
                 "request_id": request.request_id,
                 "session_id": self.id,
                 "format": start.requested_format,
-                "config": config,
+                # Null fields left out, as upstream's model_dump(exclude_none=True) leaves them out.
+                "config": {key: value for key, value in config.items() if value is not None},
                 "ignored_fields": ignored,
             }
         )
@@ -225,15 +235,12 @@ class VideoSession:
             self.effects.append(StopVideo(self.request_id))
         if self.state != "done":
             self.state = "done"
-            self.events.append(
-                {"type": "session.done", "request_id": self.request_id, "chunks": self.chunks, "stopped": True}
-            )
+            self.events.append({"type": "session.done", "request_id": self.request_id, "stopped": True})
 
     def on_chunk(self, chunk: VideoChunk) -> dict[str, Any] | None:
         """The metadata of a chunk to deliver (the shell adds transport fields)."""
         if self.state != "streaming":
             return None
-        self.chunks += 1
         return {
             "type": "video.chunk_metadata",
             "request_id": self.request_id,
@@ -250,14 +257,10 @@ class VideoSession:
     def on_done(self) -> None:
         if self.state == "streaming":
             self.state = "done"
-            self.events.append(
-                {"type": "session.done", "request_id": self.request_id, "chunks": self.chunks, "stopped": False}
-            )
+            self.events.append({"type": "session.done", "request_id": self.request_id, "stopped": False})
 
     def on_failed(self, code: str, message: str) -> None:
         if self.state == "streaming":
             self.events.append(ve.error_event(code, message, request_id=self.request_id))
             self.state = "done"
-            self.events.append(
-                {"type": "session.done", "request_id": self.request_id, "chunks": self.chunks, "stopped": True}
-            )
+            self.events.append({"type": "session.done", "request_id": self.request_id, "stopped": True})

@@ -7,7 +7,9 @@ ordered queue drained by one writer task, so a slow client never stalls the
 engine:
 
 - control events (``video.start``, ``session.interaction.queued``, errors,
-  ``session.done``) are never dropped;
+  ``session.done``) are never dropped; ``session.done``'s ``chunks`` is set
+  here, when it is written: the chunks this client received (metadata and
+  frame), the trailer included, as upstream counts them;
 - a chunk is a ``video.chunk_metadata`` event followed by exactly one binary
   frame. At most ``video_queue_chunks`` chunks wait; when a new one arrives
   with the queue full, the *oldest waiting chunk* is dropped whole (metadata
@@ -257,7 +259,12 @@ class VideoSocket:
             while queue:
                 item = queue.popleft()
                 if item[0] == "json":
-                    await send({"type": "websocket.send", "text": orjson.dumps(item[1]).decode()})
+                    event = item[1]
+                    if event.get("type") == "session.done":
+                        # vLLM-Omni counts the chunks it sent, the trailer among them
+                        # (its chunks_sent); a chunk dropped here was not sent.
+                        event = {**event, "chunks": self._sent_chunks}
+                    await send({"type": "websocket.send", "text": orjson.dumps(event).decode()})
                     continue
                 if item[0] == "trailer":
                     await self._send_trailer(send)

@@ -310,6 +310,7 @@ async def test_a_reader_that_pauses_is_told_what_was_dropped_and_the_queue_stays
 
     assert report["dropped_chunks"] >= 3
     assert done["stopped"] is True
+    assert done["chunks"] == len(stream.chunks)  # the chunks received, as upstream counts: not the dropped ones
     dropped = check_delivery(stream.chunks)
     assert set(report["dropped_generation_chunk_indexes"]) <= set(dropped)
     assert len(dropped) <= gw.runtime.metrics.video_dropped._value.get()

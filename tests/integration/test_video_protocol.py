@@ -28,6 +28,7 @@ import numpy as np
 import orjson
 import pytest
 import websockets
+from support import upstream_docs as doc
 from support.gateway import RunningGateway, run_gateway
 
 from gateway.protocol.errors import Code
@@ -261,7 +262,8 @@ async def test_start_streams_fmp4_that_decodes_to_the_requested_size_and_frame_c
     asked = {"prompt": OLD, "width": 160, "height": H, "fps": FPS, "num_frames": num_frames, "frames_per_chunk": F,
              "seed": 7}  # fmt: skip
     assert start["config"] | asked == start["config"]
-    assert done == {"type": "session.done", "request_id": rid, "chunks": 6, "stopped": False}
+    # six media chunks and the trailer: upstream counts every chunk it sent, the trailer among them
+    assert done == {"type": "session.done", "request_id": rid, "chunks": 7, "stopped": False}
     assert code == 1000
 
     chunks = c.chunks
@@ -306,6 +308,8 @@ async def test_format_is_echoed_as_the_client_spelled_it(gw: RunningGateway) -> 
         ({"type": "session.interaction", "interaction": {"event_id": "early", "event": {"prompt": "x"}}},
          Code.NO_ACTIVE_REQUEST),
         ("{not json", Code.INVALID_JSON),
+        ({"type": "session.start", "model": "BestWishYsh/Helios-Distilled"}, Code.MODEL_NOT_FOUND),  # not the route's
+        ({"type": "session.start", "model": 7}, Code.INVALID_TYPE),
     ],
 )  # fmt: skip
 async def test_a_refused_first_message_is_reported_then_the_socket_closes(
@@ -323,7 +327,7 @@ async def test_a_refused_first_message_is_reported_then_the_socket_closes(
     async with video(gw) as c:
         await c.start(**start_fields(num_frames=F))
         done = await c.wait_for("session.done")
-    assert done["chunks"] == 1 and done["stopped"] is False
+    assert done["chunks"] == 2 and done["stopped"] is False  # one media chunk and the trailer
 
 
 async def test_video_start_reports_the_fields_the_cpu_engine_ignores(gw: RunningGateway) -> None:
@@ -741,3 +745,92 @@ async def test_a_socket_that_sends_no_start_in_time_is_told_and_closed() -> None
         error = await c.error(Code.START_TIMEOUT, timeout=5)
         assert "session.start" in error["message"]
         assert await c.until_closed() == 1000
+
+
+# Upstream (vllm-project/vllm-omni @ 4ebf4479, vllm_omni/entrypoints/openai/serving_video_output_stream.py):
+# ``session.done``'s ``chunks`` is the count of chunks it sent, the encoder's trailer among them;
+# ``video.start``'s ``config`` is ``request.model_dump(exclude_none=True)``; a ``model`` other than
+# the served one is refused ("Model mismatch: ...") and the handler returns (the socket closes).
+
+
+async def test_session_done_counts_every_chunk_received_the_trailer_among_them(gw: RunningGateway) -> None:
+    async with video(gw) as c:  # completed: its media chunks and the trailer
+        await c.start(**start_fields(num_frames=3 * F))
+        done = await c.wait_for("session.done")
+    (trailer,) = c.trailers
+    # VIDEO_INTERACTION "Video Chunk Metadata": the trailer is a chunk with its own transport index ...
+    assert doc.VIDEO_TRAILER_METADATA.keys() <= trailer.meta.keys()
+    assert trailer.meta["transport_chunk_index"] == len(c.chunks) == 3
+    # ... and, as upstream counts them (its chunks_sent), session.done counts it
+    assert done["chunks"] == trailer.meta["transport_chunk_index"] + 1 == 4
+    async with video(gw) as c:  # stopped: no trailer, the chunks received
+        await c.start(**start_fields())
+        await c.next_chunk()
+        await c.send({"type": "session.stop"})
+        done = await c.wait_for("session.done")
+    assert c.trailers == [] and done["stopped"] is True
+    assert done["chunks"] == len(c.chunks) == c.chunks[-1].meta["transport_chunk_index"] + 1
+    async with video(gw) as c:  # JPEG: no trailer
+        await c.start(**start_fields(format="jpeg", num_frames=2 * F))
+        done = await c.wait_for("session.done")
+    assert c.trailers == [] and done["chunks"] == len(c.chunks) == 2
+
+
+def nulls(value: Any, path: str = "") -> list[str]:
+    """Where ``value`` holds a null, at any depth."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in nulls(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in nulls(v, f"{path}[{i}]")]
+    return [path] if value is None else []
+
+
+async def test_video_start_leaves_null_fields_out_as_upstream_does(gw: RunningGateway) -> None:
+    # VIDEO "Protocol": the minimal session.start, for this route's model, sized for the CPU engine;
+    # with no num_frames (it streams until stopped), and nulls where a client may send them.
+    start_msg = {**doc.VIDEO_START, "model": "cpu-video", "width": W, "height": H, "num_frames": None,
+                 "seed": None, "negative_prompt": None, "guidance_scale": None,
+                 "video_params": {"fps": None, "num_frames": 9}}  # fmt: skip
+    async with video(gw) as c:
+        start = await c.start(**start_msg)
+        await c.send({"type": "session.stop"})
+        await c.wait_for("session.done")
+    assert nulls(start) == []
+    config = start["config"]
+    assert config["video_params"] == {"num_frames": 9}  # a nested null left out too, as VideoParams dumps it
+    assert config["num_frames"] == 9  # from video_params, as upstream resolves it
+    assert not {"seed", "negative_prompt", "guidance_scale"} & config.keys()
+    assert (config["model"], config["prompt"], config["fps"]) == ("cpu-video", doc.VIDEO_START["prompt"], 16)
+    async with video(gw) as c:  # no num_frames anywhere: the stream is unbounded, and config says nothing of it
+        start = await c.start(**start_fields())
+        await c.send({"type": "session.stop"})
+        await c.wait_for("session.done")
+    assert nulls(start) == [] and "num_frames" not in start["config"] and "model" not in start["config"]
+
+
+async def test_a_start_naming_another_model_is_refused_as_upstream_refuses_it(gw: RunningGateway) -> None:
+    async with video(gw) as c:
+        await c.send({**doc.VIDEO_START, "width": W, "height": H, "num_frames": F})  # names Helios-Distilled
+        error = await c.error(Code.MODEL_NOT_FOUND)
+        assert await c.until_closed() == 1000
+    assert c.types() == ["error"]  # no video.start: nothing was generated
+    assert error["message"].startswith(
+        "Model mismatch: request specifies 'BestWishYsh/Helios-Distilled' but server is running 'cpu-video'."
+    )
+    assert (error["param"], error["event_id"], error["request_id"]) == ("model", None, None)
+    async with video(gw) as c:  # the route's own model, by name, is served
+        start = await c.start(**start_fields(model="cpu-video", num_frames=F))
+        await c.wait_for("session.done")
+    assert start["config"]["model"] == "cpu-video"
+
+
+async def test_video_model_names_the_route_so_the_upstream_documents_start_is_served() -> None:
+    async with gateway(video_model="BestWishYsh/Helios-Distilled") as gw:
+        async with video(gw) as c:
+            start = await c.start(**{**doc.VIDEO_START, "width": W, "height": H, "num_frames": F})
+            done = await c.wait_for("session.done")
+        assert start["config"]["model"] == doc.VIDEO_START["model"] and done["stopped"] is False
+        async with video(gw) as c:
+            await c.send({"type": "session.start", **start_fields(model="cpu-video")})
+            error = await c.error(Code.MODEL_NOT_FOUND)
+        assert "server is running 'BestWishYsh/Helios-Distilled'" in error["message"]

@@ -574,7 +574,8 @@ class VideoSocket:
             await self.error("Invalid session.start format: expected 'm4s'.")
             return
         self.d.seen.video_starts.append(start)
-        config = {k: v for k, v in start.items() if k not in ("type", "format")}
+        # upstream's handler: request.model_dump(exclude_none=True)
+        config = {k: v for k, v in start.items() if k not in ("type", "format") and v is not None}
         async with self.lock:
             await _send(
                 self.ws, {"type": "video.start", "request_id": self.request_id, "format": "m4s", "config": config}

@@ -1,4 +1,5 @@
-"""``session.start`` as vLLM-Omni resolves it, and the fMP4 trailer (pure)."""
+"""``session.start`` as vLLM-Omni resolves it, ``video.start`` as it answers, and the fMP4
+trailer (pure)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 from gateway.protocol import fmp4
 from gateway.protocol import video_events as ve
 from gateway.protocol.errors import Code, ProtocolError
+from gateway.session.video_session import CloseVideo, StartVideo, VideoSession
+from orchestrator.video_engine import VideoEngineInfo
 
 
 def start(**fields: object) -> ve.Start:
@@ -48,6 +51,61 @@ def test_a_bad_size_seconds_or_video_params_is_refused_with_its_param(
     with pytest.raises(ProtocolError) as refused:
         start(**fields)
     assert (refused.value.param, refused.value.code) == (param, code)
+
+
+def session(model: str | None) -> VideoSession:
+    return VideoSession(session_id="vsess_test", info=VideoEngineInfo(name="test", description="", model=model))
+
+
+def test_a_start_naming_another_model_than_the_routes_is_refused_and_the_socket_closes() -> None:
+    # Upstream (serving_video_output_stream.py, _receive_start): a model that is given, when the
+    # server has one, must be the server's; else "Model mismatch: ..." and the handler returns.
+    s = session("org/served")
+    s.handle(start(model="org/other"))
+    events, effects = s.take()
+    (error,) = events
+    assert error == {
+        "type": "error",
+        "code": Code.MODEL_NOT_FOUND,
+        "message": "Model mismatch: request specifies 'org/other' but server is running 'org/served'. "
+        "Leave 'model' out or send 'org/served'.",
+        "param": "model",
+        "event_id": None,
+        "request_id": None,
+    }
+    assert effects == [CloseVideo(1000, "session.start refused")] and s.state == "done"
+    for accepted, model in ((session("org/served"), "org/served"), (session("org/served"), None),
+                            (session(None), "anything")):  # fmt: skip  # None: the route's model is not known
+        accepted.handle(start() if model is None else start(model=model))
+        events, effects = accepted.take()
+        assert [e["type"] for e in events] == ["video.start"] and isinstance(effects[0], StartVideo)
+
+
+def test_a_model_that_is_not_a_string_is_refused() -> None:
+    with pytest.raises(ProtocolError) as refused:
+        start(model=["org/served"])
+    assert (refused.value.code, refused.value.param) == (Code.INVALID_TYPE, "model")
+
+
+def test_video_start_config_leaves_null_fields_out() -> None:
+    # Upstream: "config": request.model_dump(exclude_none=True), VideoParams nested in it.
+    s = session(None)
+    s.handle(start(seed=None, negative_prompt=None, guidance_scale=None, video_params={"width": 32, "fps": None}))
+    (video_start,), _ = s.take()
+    config = video_start["config"]
+    assert None not in config.values()
+    assert not {"model", "seed", "negative_prompt", "guidance_scale", "num_frames"} & config.keys()
+    assert config["video_params"] == {"width": 32} and config["width"] == 32
+
+
+def test_session_done_leaves_chunks_to_the_transport() -> None:
+    """What the client received is known only where it is delivered (drops, the trailer)."""
+    s = session(None)
+    s.handle(start())
+    s.take()
+    s.on_done()
+    (done,), _ = s.take()
+    assert done == {"type": "session.done", "request_id": s.request_id, "stopped": False}
 
 
 def test_session_playback_is_validated() -> None:

@@ -151,6 +151,7 @@ class OmniVideoEngine(OmniClientUser):
             name="omni",
             description=f"vLLM-Omni AsyncOmni in-process: {shared.model or 'a diffusion video model'}, "
             "streaming output, interactions applied by the model.",
+            model=shared.model,
         )
         self.max_active_requests = max_active_requests
 

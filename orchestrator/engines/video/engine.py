@@ -63,6 +63,7 @@ INFO = VideoEngineInfo(
         "blend over transition_chunks."
     ),
     ignored_fields=("negative_prompt", "sampling_params"),
+    model="cpu-video",
 )
 
 
