@@ -4,7 +4,8 @@
 image file here (PNG), not speech. Writes a JSON report to ``--out``: the session's events,
 the gateway's raw events, every error, and the data URL it sent.
 
-    python agents_image.py --url ws://127.0.0.1:PORT/v1/realtime?model=vision-remote --speech picture.png --out report.json
+    python agents_image.py --url ws://127.0.0.1:PORT/v1/realtime?model=vision-remote \
+        --speech picture.png --out report.json
 """
 
 from __future__ import annotations

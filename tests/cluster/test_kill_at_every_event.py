@@ -408,4 +408,7 @@ async def test_a_kill_after_any_event_ends_in_a_completed_reissued_or_resynced_a
     # The moments that decide an outcome behave as write-ahead says.
     assert by_kind["session.created"] == {"completed"}  # nothing had started: no re-issue, no resync
     assert by_kind["response.done"] == {"completed"}  # the end was stored before it was sent
-    assert by_kind["response.created"] <= {"reissued"}  # it was stored: a running answer to re-issue
+    # It was stored: a running answer to re-issue; or, when the kill landed after the replica had
+    # finished the answer (an unpaced cascade answer takes ~0.1 s: a loaded machine delays the
+    # kill that long), the stored answer, replayed. Never a resync: nothing was sent unstored.
+    assert by_kind["response.created"] <= {"reissued", "completed"}

@@ -79,7 +79,8 @@ async def test_a_client_secret_minted_on_one_replica_connects_once_on_any(
 ) -> None:
     a, b = replicas
     async with httpx.AsyncClient(base_url=a.http) as http:
-        minted = await http.post("/v1/realtime/client_secrets", headers=KEY, json={"session": {"instructions": "x"}})
+        body = {"session": {"type": "realtime", "instructions": "x"}}
+        minted = await http.post("/v1/realtime/client_secrets", headers=KEY, json=body)
     assert minted.status_code == 200, minted.text
     secret = minted.json()["value"]
     credential = ["realtime", "openai-insecure-api-key." + secret]

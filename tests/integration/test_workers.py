@@ -222,8 +222,9 @@ async def test_a_client_secret_minted_by_any_worker_connects_on_any(redis_server
         owners = set()
         for i in range(6):
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{w.port}") as http:
+                body = {"session": {"type": "realtime", "instructions": f"secret {i}"}}
                 minted = await http.post("/v1/realtime/client_secrets", headers={"Authorization": f"Bearer {key}"},
-                                         json={"session": {"instructions": f"secret {i}"}})  # fmt: skip
+                                         json=body)  # fmt: skip
             assert minted.status_code == 200, minted.text
             secret = minted.json()["value"]
             async with connect(w.url, subprotocols=["realtime", "openai-insecure-api-key." + secret]) as c:

@@ -113,6 +113,13 @@ async def test_every_state_event_reaches_the_client_after_redis_holds_it(
         truncate = {"type": "conversation.item.truncate", "item_id": answer, "content_index": 0, "audio_end_ms": 20}
         await step(truncate, "conversation.item.truncated")
         await step({"type": "conversation.item.delete", "item_id": added["item"]["id"]}, "conversation.item.deleted")
+    async with connect(gw.url, headers={"OpenAI-Beta": "realtime=v1"}) as beta:  # the beta's transcription update
+        created = await beta.wait_for("session.created")
+        check.sid = created["session"]["id"]
+        await pause_writes(redis)
+        update = {"input_audio_transcription": {"model": "whisper-1"}, "turn_detection": None}
+        await beta.send({"type": "transcription_session.update", "session": update})
+        await check.until(beta, "transcription_session.updated")
     assert check.problems == []
     assert set(check.checked) >= STATE_EVENTS, f"never checked: {STATE_EVENTS - set(check.checked)}"
 
