@@ -296,7 +296,8 @@ class Door:
         # The client ends the session for good: session.closed is the last event.
         log.info("session %s closed by the client (%s)", host.id, control)
         assert self.dialect.closed is not None
-        self.delivery.send_now(self.dialect.closed(host.id, control))
+        reason = "client_close" if control == "session_close" else "timeout"
+        self.delivery.send_now(self.dialect.closed(host.id, reason))
         self.host = None
         self.peer.close(CloseCode.NORMAL, "session closed")
         self.ctx.spawn(host.end(reason="closed by the client", delete=True))
@@ -363,7 +364,7 @@ class Door:
             self.delivery.send_now(self.dialect.heartbeat_ack(None))
         elif control is not None:
             assert self.dialect.closed is not None
-            self.delivery.send_now(self.dialect.closed(None, "session_close"))
+            self.delivery.send_now(self.dialect.closed(None, "client_close"))
             self.opened = True  # nothing more is taken
             self.peer.close(CloseCode.NORMAL, "session closed")
         elif isinstance(event, ce.EventAck):

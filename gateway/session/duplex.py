@@ -121,7 +121,7 @@ class DuplexSession(RealtimeSession):
     ) -> None:
         """``session.created`` (and, when a session.update opened the session, ``session.updated``
         with the same object and the update's warnings)."""
-        fields: dict[str, Any] = {"incarnation": 0, "attachment_generation": self.attachment_generation}
+        fields: dict[str, Any] = {"attachment_generation": self.attachment_generation}
         if resume_token is not None:
             fields["resume_token"] = resume_token
         self._emit("session.created", **fields, session=self.render_config())
@@ -143,7 +143,7 @@ class DuplexSession(RealtimeSession):
         self._expired("idle_ttl_expired")
 
     def _expired(self, reason: str) -> None:
-        self._emit("session.expired", session_id=self.id, incarnation=0, reason=reason)
+        self._emit("session.expired", session_id=self.id, reason=reason)
         self.shutdown()
         self.effects.append(CloseSocket(CloseCode.SESSION_EXPIRED, "session expired"))
 

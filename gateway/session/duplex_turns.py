@@ -23,7 +23,7 @@ import numpy as np
 from gateway.audio.codecs import decode_to_pcm16
 from gateway.protocol import client_events as ce
 from gateway.protocol import duplex_events as de
-from gateway.protocol.duplex_config import DuplexConfig
+from gateway.protocol.duplex_config import CODECS, DuplexConfig
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import SessionConfig, beta_format
 from gateway.session.conversation import Item, Part
@@ -425,9 +425,7 @@ class DuplexTurns:
 
 
 def de_codec(encoding: str) -> str:
-    return {"pcm16": "pcm16", "pcm": "pcm16", "pcm_s16le": "pcm16", "g711_ulaw": "pcmu", "g711_alaw": "pcma"}.get(
-        encoding, encoding
-    )
+    return CODECS.get(encoding, encoding)
 
 
 def _ms(value: Any, default: int | None = 0) -> Any:

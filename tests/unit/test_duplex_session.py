@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from support import upstream_docs as doc
 
 from gateway.protocol import client_events as ce
 from gateway.protocol import duplex_events as de
@@ -122,13 +123,29 @@ def test_an_ack_takes_either_spelling_and_a_bad_one_is_an_ack_error() -> None:
 
 
 def test_a_resume_without_a_seq_resumes_from_zero_as_upstream_does() -> None:
-    event = de.decode(b'{"type": "session.resume", "session_id": "s", "resume_token": "t", "incarnation": 0}')
+    event = de.decode(b'{"type": "session.resume", "session_id": "s", "resume_token": "t"}')
     assert isinstance(event, ce.SessionResume) and event.last_received_server_event_seq == 0
 
 
-def test_the_encoder_spells_audio_the_duplex_way_and_maps_error_codes() -> None:
+@pytest.mark.parametrize("kind", doc.DUPLEX_NOT_ACCEPTED)
+def test_the_pre_realtime_append_aliases_are_refused_by_name(kind: str) -> None:
+    """ "Event catalogue": push_chunk and input.audio.append "are **not** accepted on this route"."""
+    with pytest.raises(ProtocolError) as refused:
+        de.decode(orjson.dumps({"type": kind, "event_id": "e1", "audio": "AAAA"}))
+    assert (refused.value.code, refused.value.param, refused.value.event_id) == (Code.UNKNOWN_EVENT, "type", "e1")
+    assert kind in refused.value.message and "input_audio_buffer.append" in refused.value.message
+
+
+def test_the_aliases_are_the_documents() -> None:
+    assert de.ALIASES == {**doc.DUPLEX_ALIASES, "input.commit": "input_audio_buffer.commit"}
+
+
+def test_the_encoder_keeps_the_documents_audio_names_and_maps_error_codes() -> None:
+    # "Event catalogue" > "Server to client": response.output_audio.delta, base64 in "delta"
     delta = orjson.loads(de.encode({"type": "response.output_audio.delta", "delta": b"\x01\x02"}))
-    assert delta == {"type": "response.audio.delta", "delta": "AQI="}
+    assert delta == {"type": "response.output_audio.delta", "delta": "AQI="}
+    for kind in ("response.output_audio.done", "response.output_audio_transcript.delta"):
+        assert orjson.loads(de.encode({"type": kind}))["type"] == kind
     done = orjson.loads(de.encode({"type": "response.done", "response": {"id": "resp_1"}}))
     assert done["response_id"] == "resp_1"
     err = orjson.loads(de.encode({"type": "error", "error": {"code": Code.BUFFER_TOO_SMALL, "message": "m"}}))
@@ -164,11 +181,28 @@ def test_the_session_object_takes_the_beta_fields_the_ga_audio_object_and_the_du
     ]
 
 
+@pytest.mark.parametrize("encoding", [f for f in doc.DUPLEX_INPUT_FORMATS if f != "pcm_f32le"])
+def test_every_input_format_of_the_document_but_float_pcm_is_spoken(encoding: str) -> None:
+    config, _, _ = apply_duplex_update(
+        default_session_config("m"), DuplexConfig(), {"input_audio_format": encoding}, limits=ConfigLimits()
+    )
+    assert config.input_format.codec == {"g711_ulaw": "pcmu", "g711_alaw": "pcma"}.get(encoding, "pcm16")
+
+
+def test_float_pcm_is_refused_by_name() -> None:
+    with pytest.raises(ProtocolError) as refused:
+        apply_duplex_update(
+            default_session_config("m"), DuplexConfig(), {"input_audio_format": "pcm_f32le"}, limits=ConfigLimits()
+        )
+    assert "pcm_f32le" in refused.value.message and "s16le" in refused.value.message
+
+
 @pytest.mark.parametrize(
     ("update", "param", "code"),
     [
         ({"sample_rate_hz": 96000}, "session.input_audio_format", Code.UNSUPPORTED_FORMAT),
         ({"input_audio_format": "pcm_f32le"}, "session.input_audio_format", Code.UNSUPPORTED_FORMAT),
+        ({"input_audio_format": "opus"}, "session.input_audio_format", Code.UNSUPPORTED_FORMAT),
         ({"idle_timeout_s": 0}, "session.idle_timeout_s", Code.INVALID_VALUE),
         ({"overlap_barge_in_ms": -1}, "session.overlap_barge_in_ms", Code.INVALID_VALUE),
         ({"playback_commit_policy": "always"}, "session.playback_commit_policy", Code.INVALID_VALUE),
@@ -188,7 +222,9 @@ def test_a_bad_value_of_a_known_key_is_refused_with_its_param(update: dict[str, 
 def test_session_created_carries_the_duplex_identity_and_capabilities() -> None:
     d = Driver()
     created = d.events[0]
-    assert (created["type"], created["incarnation"], created["attachment_generation"]) == ("session.created", 0, 1)
+    # "Session lifecycle": S→C session.created (no incarnation: the session id is never reused)
+    assert doc.gaps(doc.SESSION_CREATED, created) == [] and "incarnation" not in created
+    assert (created["type"], created["attachment_generation"]) == ("session.created", 1)
     assert created["session"]["capabilities"]["supports_session_resume"] is True
 
 
