@@ -259,7 +259,7 @@ class Door:
         self._client_events += 1
         control = self._controls(event) if self._controls is not None else None
         if control is not None:
-            self._control(host, control)
+            self._control(host, control, event)
         elif self.media is not None and isinstance(event, ce.OutputAudioClear):
             # The audio plays here: cut it, and the session ends the answer where it was cut.
             cut = self.media.clear_audio()
@@ -287,20 +287,24 @@ class Door:
         if pending is not None:
             await pending
 
-    def _control(self, host: SessionHost, control: Control) -> None:
-        """An event that is the connection's (the duplex dialect's heartbeat and close)."""
+    def _control(self, host: SessionHost, control: Control, event: Any) -> None:
+        """An event that is the connection's (the duplex dialect's heartbeat and close).
+        Both are answered by the session, in its stream (a seq, journaled, in order)."""
         if control == "heartbeat":
-            assert self.dialect.heartbeat_ack is not None
-            self.delivery.send_now(self.dialect.heartbeat_ack(host.id))
+            host.receive(event)  # session.heartbeat_ack
             return
-        # The client ends the session for good: session.closed is the last event.
+        # The client ends the session for good: session.closed is the last event. Nothing
+        # more is taken; the socket closes once what the commit gate holds is out.
         log.info("session %s closed by the client (%s)", host.id, control)
-        assert self.dialect.closed is not None
-        reason = "client_close" if control == "session_close" else "timeout"
-        self.delivery.send_now(self.dialect.closed(host.id, reason))
         self.host = None
-        self.peer.close(CloseCode.NORMAL, "session closed")
-        self.ctx.spawn(host.end(reason="closed by the client", delete=True))
+        self._disarm_idle()
+        host.receive(event)  # the session stops and says session.closed
+        self.delivery.close(CloseCode.NORMAL, "session closed")
+        self.ctx.spawn(self._end_closed(host))
+
+    async def _end_closed(self, host: SessionHost) -> None:
+        await self.delivery.closed()  # session.closed went out (or the gate gave up waiting)
+        await host.end(reason="closed by the client", delete=True)
 
     # --- opening a session --------------------------------------------------------------
 

@@ -51,6 +51,8 @@ from orchestrator.engine import EngineInfo
 
 # The client events this dialect handles itself (the rest are the Realtime API's).
 _OWN_EVENTS = (
+    de.Heartbeat,
+    de.Close,
     de.Append,
     de.Commit,
     de.InputCancel,
@@ -142,6 +144,15 @@ class DuplexSession(RealtimeSession):
         """No client event for ``idle_timeout_s`` (the transport keeps the clock)."""
         self._expired("idle_ttl_expired")
 
+    def close(self, reason: de.CloseReason) -> None:
+        """The client ends the session for good (``session.close`` and its aliases, reason
+        ``client_close``; ``turn.signal`` ``close`` too, ``timeout`` with that reason): every
+        request stops, then ``session.closed``, the session's last event ("Session
+        lifecycle": ``session_id``, ``epoch``, ``reason``, ``event``), with its seq. The
+        connection closes once it is out (``hosting.door``)."""
+        self.shutdown()
+        self._emit("session.closed", **de.closed_fields(self.id, self.epoch, reason))
+
     def _expired(self, reason: str) -> None:
         self._emit("session.expired", session_id=self.id, reason=reason)
         self.shutdown()
@@ -151,7 +162,7 @@ class DuplexSession(RealtimeSession):
 
     def handle(self, event: de.ClientEvent) -> None:
         if not isinstance(event, _OWN_EVENTS):
-            super().handle(event)  # type: ignore[arg-type]
+            super().handle(event)
             return
         try:
             self._handle_own(event)
@@ -163,6 +174,12 @@ class DuplexSession(RealtimeSession):
     def _handle_own(self, event: de.DuplexEvent | ce.SessionUpdate | ce.ResponseCancel) -> None:
         turns = self._duplex
         match event:
+            case de.Heartbeat():
+                self._emit("session.heartbeat_ack", session_id=self.id)
+            case de.Close():
+                self.close("client_close")
+            case de.TurnSignal(event="close" | "timeout"):
+                self.close("client_close" if event.event == "close" else "timeout")
             case de.Append():
                 turns.append(event)
             case de.Commit():
