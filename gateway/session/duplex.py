@@ -35,7 +35,8 @@ It extends ``RealtimeSession`` only through its public methods.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway.protocol import client_events as ce
@@ -63,14 +64,24 @@ _OWN_EVENTS = (
     de.PlaybackAck,
     ce.SessionUpdate,
     ce.ResponseCancel,
+    ce.AudioClear,
 )
 
 
 class DuplexSession(RealtimeSession):
     """See the module docstring."""
 
-    def __init__(self, *, session_id: str, duplex: DuplexConfig | None = None, **kwargs: Any) -> None:
-        self._duplex = DuplexTurns(session_id, duplex or DuplexConfig())
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        duplex: DuplexConfig | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        **kwargs: Any,
+    ) -> None:
+        """``wall_clock``: the clock of the playback ledgers' playout schedule (in the
+        snapshot: it must mean the same on every replica)."""
+        self._duplex = DuplexTurns(session_id, duplex or DuplexConfig(), clock=wall_clock)
         super().__init__(session_id=session_id, turn_taking=self._duplex, **kwargs)
         self.attachment_generation = 1  # the sockets this session had: the transport counts resumes
 
@@ -171,7 +182,7 @@ class DuplexSession(RealtimeSession):
                 err.event_id = event.event_id
             self.error(err)
 
-    def _handle_own(self, event: de.DuplexEvent | ce.SessionUpdate | ce.ResponseCancel) -> None:
+    def _handle_own(self, event: de.DuplexEvent | ce.SessionUpdate | ce.ResponseCancel | ce.AudioClear) -> None:
         turns = self._duplex
         match event:
             case de.Heartbeat():
@@ -201,6 +212,8 @@ class DuplexSession(RealtimeSession):
                 self._update(event)
             case ce.ResponseCancel():
                 turns.cancel_response(event.response_id)
+            case ce.AudioClear():
+                turns.clear_input()
 
     def _update(self, event: ce.SessionUpdate) -> None:
         """``session.update``: the model cannot change; ``extra_body`` sets the duplex settings."""

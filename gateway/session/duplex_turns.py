@@ -16,6 +16,8 @@ nothing of the facade (duplex.py) that dispatches the client's events to it.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,7 +30,7 @@ from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import SessionConfig, beta_format
 from gateway.session.conversation import Item, Part
 from gateway.session.events import Spelling
-from gateway.session.playback import EMPTY_VIEW, Playback
+from gateway.session.playback import EMPTY_VIEW, Ledger, Playback
 from gateway.session.response import Response
 from gateway.session.turn_taking import Parts
 
@@ -44,8 +46,10 @@ class DuplexTurns:
 
     lazy_message = False  # a response's message exists from response.created (its playback ledger)
 
-    def __init__(self, session_id: str, duplex: DuplexConfig) -> None:
+    def __init__(self, session_id: str, duplex: DuplexConfig, *, clock: Callable[[], float] = time.time) -> None:
+        """``clock``: the wall clock (s) of the playback ledgers' playout schedule."""
         self.duplex = duplex  # the session's extra_body settings, set again on every update
+        self.clock = clock
         self.turn_id = 0  # committed turns
         self.turn_state = "idle"
         self.playback = Playback()
@@ -123,6 +127,10 @@ class DuplexTurns:
 
     def answer_ending(self, resp: Response, status: str) -> None:
         assert resp.part is not None  # the duplex dialect opens a response's message at once
+        if status == "cancelled":
+            # Every cancel of the answer (barge-in, response.cancel, output_audio_buffer.clear, a
+            # truncating ack or truncate, speech over it) advances the fence, before its last events.
+            self._log.epoch += 1
         self.playback.answer_ending(resp.id, resp.part, status, self.duplex.playback_commit_policy)
 
     def answer_ended(self, resp: Response, status: str) -> None:
@@ -172,14 +180,23 @@ class DuplexTurns:
         self._text_len += len(text)
 
     def cancel_input(self) -> None:
+        """``input.cancel``: the buffer and the pending text dropped; it advances the fence."""
         self._text, self._text_len = [], 0
+        self.clear_input()
+
+    def clear_input(self) -> None:
+        """``input_audio_buffer.clear``: a clear advances the fence too (the document's epoch
+        "advances on every cancel, clear, or barge-in")."""
         self._log.epoch += 1
         self._input.clear()
 
     def _overlap(self, event: de.Append) -> None:
-        """Speech (client hint, else RMS) over a running answer, on manual turns (server
-        VAD decides by itself: ``speech_during_response``)."""
-        if self._responses.current is None or not self._input.manual or self._overlap_decided or not event.audio:
+        """Speech (client hint, else RMS) over a running answer, or one that still plays
+        (``Playback.playing``), on manual turns (server VAD decides by itself:
+        ``speech_during_response``)."""
+        if not self._input.manual or self._overlap_decided or not event.audio:
+            return
+        if self._responses.current is None and self.playback.playing(self.clock()) is None:
             return
         fmt = self.config.input_format
         speech = event.is_speech
@@ -206,7 +223,8 @@ class DuplexTurns:
 
     def _decide(self, action: str, reason: str, **extra: Any) -> None:
         self._overlap_decided = True
-        fields = {"overlap_ms": round(self._overlap_ms), **extra} if extra else {}
+        # "Overlap and barge-in": the details under metadata (none for a barge-in).
+        fields = {"metadata": {"overlap_ms": round(self._overlap_ms), **extra}} if extra else {}
         self._emit(
             "overlap.decision",
             session_id=self._session_id,
@@ -258,29 +276,65 @@ class DuplexTurns:
     # --- interruption ----------------------------------------------------------------
 
     def cancel_response(self, response_id: str | None) -> None:
-        """``response.cancel``: as the Realtime API's, and it advances the fence."""
-        self._responses.cancel(response_id)
-        self._log.epoch += 1  # every interruption advances the fence (upstream's epoch)
+        """``response.cancel``: as the Realtime API's, and it advances the fence (for the
+        conversation's answer ``answer_ending`` does, before its last events)."""
+        responses = self._responses
+        if response_id is None:
+            target = responses.current or next(reversed(responses.out_of_band), None)
+        else:
+            target = responses.find(response_id)
+        if target is not None and target is not responses.current:
+            self._log.epoch += 1  # an out-of-band answer: no answer_ending
+        responses.cancel(response_id)  # (refused, untouched, when nothing runs)
 
-    def barge_in(self, reason: str) -> bool:
-        """Stop the running answer where the user stopped hearing it; True if one ran."""
+    def barge_in(self, reason: str) -> None:
+        """Stop the running answer where the user stopped hearing it, or the last answer if
+        it still plays on the client (``Playback.playing``). Every barge-in advances the
+        fence, whether or not anything was interrupted."""
         self._deferred = None  # the next commit's answer covers the whole conversation
-        if self._responses.current is None:
-            return False
+        if self._responses.current is not None:
+            self._responses.end_current("cancelled", {"type": "cancelled", "reason": reason}, cancel=True)
+            self.turn_state = "barge_in"
+            return
         self._log.epoch += 1
-        self._responses.end_current("cancelled", {"type": "cancelled", "reason": reason}, cancel=True)
-        self.turn_state = "barge_in"
-        return True
+        ledger = self.playback.playing(self.clock())
+        if ledger is not None:
+            self._emit("output_audio_buffer.cleared", response_id=ledger.response_id)
+            self._stop_playback(ledger)
+            self.turn_state = "barge_in"
+
+    def _stop_playback(self, ledger: Ledger) -> None:
+        """An answer that had ended stops playing: its item keeps what was heard (once any
+        ack reached it; ``ack_only``: always), said with ``conversation.item.truncated``."""
+        ledger.interrupted = True
+        item = self._history.get(ledger.item_id)
+        policy = self.duplex.playback_commit_policy
+        if item is None or not item.content or item.content[0].type != "output_audio":
+            return
+        if ledger.acked or policy == "ack_only":
+            ledger.cut(item.content[0])
+            self._emit(
+                "conversation.item.truncated",
+                item_id=item.id,
+                content_index=0,
+                audio_end_ms=round(ledger.committed_ms),
+            )
 
     def clear_output(self) -> None:
+        """``output_audio_buffer.clear``: the running answer is cancelled, or the last one
+        stops playing; it advances the fence either way."""
         resp = self._responses.current
         last = next(reversed(self._ledgers), None)
-        self._log.epoch += 1
+        playing = None if resp is not None else self.playback.playing(self.clock())
+        if resp is None:
+            self._log.epoch += 1  # (answer_ending does, for a running answer)
         self._emit("output_audio_buffer.cleared", response_id=resp.id if resp else last)
         if resp is not None:
             self._responses.end_current(
                 "cancelled", {"type": "cancelled", "reason": "output_audio_buffer_clear"}, cancel=True
             )
+        elif playing is not None:
+            self._stop_playback(playing)
 
     def turn_signal(self, event: de.TurnSignal) -> None:
         kind = event.event
@@ -322,6 +376,8 @@ class DuplexTurns:
         if resp is not None and resp.part is not None:
             ledger.capture(resp.part)
         ledger.ack(event.played_ms, event.committed_ms, truncate=event.truncate)
+        if event.truncate:
+            ledger.interrupted = True  # the client stopped playing it
         item = self._history.get(ledger.item_id)
         policy = self.duplex.playback_commit_policy
         if event.truncate and resp is not None:
@@ -382,6 +438,8 @@ class DuplexTurns:
                 self._committed_event(held, resp)
         elif type_ == "input_audio_buffer.speech_started":
             self.turn_state = "user_speaking"
+            if resp is None and not self._input.manual and self.playback.playing(self.clock()) is not None:
+                self.speech_during_response()  # server VAD over an answer that still plays
         elif type_ == "response.created" and resp is not None:
             self.turn_state = "assistant_generating"
             self._overlap_ms, self._overlap_decided = 0.0, False
@@ -409,7 +467,7 @@ class DuplexTurns:
         assert part is not None
         ledger = self._ledgers.get(resp.id)
         if ledger is not None:
-            ledger.generated_ms = part.audio_ms
+            ledger.sent(part.audio_ms, self.clock())
         fields["format"] = beta_format(resp.output_format)
         fields["sample_rate_hz"] = resp.output_format.rate
         audio_ms = round(part.audio_ms)

@@ -35,9 +35,11 @@ MODEL = "openbmb/MiniCPM-o-4_5"  # the document's model: any name routes to the 
 
 
 @contextlib.asynccontextmanager
-async def gateway(**settings: Any) -> AsyncIterator[RunningGateway]:
+async def gateway(engine: PassthroughEngine | None = None, **settings: Any) -> AsyncIterator[RunningGateway]:
     async with run_gateway(
-        Settings(engine="passthrough", video_engine="none", **settings), engine=PassthroughEngine(), vad_factory=None
+        Settings(engine="passthrough", video_engine="none", **settings),
+        engine=engine or PassthroughEngine(),
+        vad_factory=None,
     ) as gw:
         yield gw
 
@@ -364,6 +366,28 @@ async def test_ack_only_keeps_an_answer_in_history_only_as_far_as_acknowledged()
         assert item["item"]["content"][0]["transcript"] == "".join(f"w{i} " for i in range(50))
 
 
+async def test_a_barge_in_stops_an_answer_that_was_all_sent_but_still_plays() -> None:
+    """An engine faster than real time: the answer's second of audio is all sent (response.done)
+    long before the client has played it. The ledger knows it still plays: a barge-in stops
+    it (output_audio_buffer.cleared, the epoch), and the item keeps what the client heard."""
+    async with gateway(PassthroughEngine(paced=False)) as gw, duplex(gw) as c:
+        await c.open()
+        rid = await c.answer()
+        done = await c.wait_for("response.done")
+        item_id = done["response"]["output"][0]["id"]
+        await c.send({"type": "playback.ack", "response_id": rid, "played_ms": 430, "committed_ms": 430})
+        await c.wait_for("playback.acknowledged")
+        await c.send(doc.BARGE_IN)
+        cleared = await c.wait_for("output_audio_buffer.cleared")
+        truncated = await c.wait_for("conversation.item.truncated")
+        turn = await c.wait_for("turn.event")
+        assert cleared["response_id"] == rid and (truncated["item_id"], truncated["audio_end_ms"]) == (item_id, 430)
+        assert turn["epoch"] == 1 and turn["turn_state"] == "barge_in"  # nothing had advanced it before
+        await c.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        item = (await c.wait_for("conversation.item.retrieved"))["item"]
+        assert item["content"][0]["transcript"] == "".join(f"w{i} " for i in range(22))
+
+
 async def test_listen_only_defers_the_answer_to_speech_that_overlaps_one() -> None:
     async with gateway() as gw, duplex(gw) as c:
         await c.open(overlap_policy="listen_only")
@@ -399,7 +423,8 @@ async def test_barge_in_on_speech_cancels_the_answer_and_a_short_remark_is_dropp
         done = await c.wait_for("response.done")
         assert done["response"]["status_details"]["reason"] == "barge_in"
         await c.send(doc.TURN_SIGNAL)
-        assert (await c.wait_for("turn.event"))["epoch"] == barge["epoch"] + 1  # the barge-in advanced it
+        # The barge-in advanced the fence, and so did this signal (every barge-in does).
+        assert (await c.wait_for("turn.event"))["epoch"] == barge["epoch"] + 2
 
 
 async def test_idle_sessions_expire_and_heartbeats_keep_them() -> None:

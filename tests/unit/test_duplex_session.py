@@ -57,12 +57,14 @@ class Driver:
         config = default_session_config("m")
         if vad:
             config = replace(config, turn_detection=TurnDetection(silence_duration_ms=200))
+        self.now = 1000.0  # the wall clock of the playback ledgers (s)
         self.session = DuplexSession(
             session_id="sess_d",
             config=config,
             engine=INFO,
             duplex=DuplexConfig(**duplex),
             vad_factory=EnergyVad if vad else None,
+            wall_clock=lambda: self.now,
         )
         self.events: list[dict[str, Any]] = []
         self.effects: list[Any] = []
@@ -351,3 +353,115 @@ def test_idle_and_lifetime_expiry_say_session_expired_and_close_4008() -> None:
     e = Driver()
     e.session.expire()
     assert e.take()[-1]["reason"] == "lifetime_expired"
+
+
+# --- epoch, overlap decisions, and barge-in over an answer that still plays -------------------
+
+
+def spoken(d: Driver, words: int = 30) -> str:
+    """A committed turn and its answer, finished: ``words`` words, 20 ms of audio each."""
+    d.append(loud(200))
+    d.send({"type": "input_audio_buffer.commit"})
+    return d.answer(words, finish=True)
+
+
+def test_the_epoch_advances_on_every_cancel_clear_and_barge_in() -> None:
+    """ "Endpoint and transport": epoch "advances on every cancel, clear, or barge-in"."""
+    d = Driver()
+    for event in ({"type": "barge_in"}, doc.TURN_SIGNAL, doc.CLEAR, doc.INPUT_CANCEL, doc.OUTPUT_AUDIO_CLEAR):
+        before = d.session.epoch
+        d.send(event)  # nothing runs, nothing plays: the fence advances all the same
+        assert d.session.epoch == before + 1, event
+    d.append(loud(200))
+    d.send({"type": "input_audio_buffer.commit"})
+    rid = d.answer(10)
+    before = d.session.epoch
+    d.send({"type": "playback.ack", "response_id": rid, "played_ms": 100, "truncate": True})
+    assert d.session.epoch == before + 1 and d.session.active_response_id is None  # the truncating ack cancelled it
+    before = d.session.epoch
+    d.send(doc.RESPONSE_CREATE)
+    d.send({"type": "response.cancel"})
+    assert d.session.epoch == before + 1
+    refused = d.send({"type": "response.cancel"})  # nothing to cancel: refused, no fence
+    assert refused[-1]["error"]["code"] == Code.RESPONSE_NOT_ACTIVE and d.session.epoch == before + 1
+
+
+def test_overlap_decisions_carry_their_details_under_metadata() -> None:
+    """ "Overlap and barge-in": listen with metadata {overlap_ms, buffer_audio, ...}; barge_in without."""
+    listen = Driver(overlap_policy="listen_only")
+    listen.append(loud(200))
+    listen.send({"type": "input_audio_buffer.commit"})
+    listen.answer(3)
+    events = listen.append(loud(800), is_speech=True)
+    decision = next(e for e in events if e["type"] == "overlap.decision")
+    assert doc.gaps(doc.OVERLAP_LISTEN, decision) == []
+    assert decision["metadata"] == {**doc.OVERLAP_LISTEN["metadata"], "overlap_ms": 800}
+    assert "overlap_ms" not in decision and "buffer_audio" not in decision
+    barge = Driver(overlap_policy="barge_in_on_speech")
+    barge.append(loud(200))
+    barge.send({"type": "input_audio_buffer.commit"})
+    barge.answer(3)
+    events = barge.append(loud(1200), is_speech=True)
+    decision = next(e for e in events if e["type"] == "overlap.decision")
+    assert set(decision) - {"event_id", "server_event_seq"} == set(doc.OVERLAP_BARGE_IN)
+    assert (decision["policy"], decision["action"]) == ("barge_in_on_speech", "barge_in")
+
+
+def test_a_barge_in_stops_an_answer_that_ended_but_still_plays_and_cuts_it_to_what_was_heard() -> None:
+    d = Driver()
+    rid = spoken(d, 30)  # 600 ms of audio, all sent at once: it plays until now + 0.6 s
+    item_id = d.session.ledgers[rid].item_id
+    d.send({"type": "playback.ack", "response_id": rid, "played_ms": 210})
+    d.now += 0.3
+    before = d.session.epoch
+    events = d.send({"type": "barge_in"})
+    assert d.types(events) == ["output_audio_buffer.cleared", "conversation.item.truncated", "turn.event"]
+    assert events[0]["response_id"] == rid and events[1]["audio_end_ms"] == 210 and events[1]["item_id"] == item_id
+    assert d.session.epoch == before + 1 and events[-1]["epoch"] == before + 1
+    item = d.session.conversation.get(item_id)
+    assert item is not None and item.content[0].audio_ms == 210.0
+    assert item.content[0].transcript == "".join(f"w{i} " for i in range(11))  # w10 began at 200 ms
+    assert d.types(d.send({"type": "barge_in"})) == ["turn.event"]  # stopped already: nothing to stop
+
+
+def test_an_answer_plays_until_its_audio_and_the_margin_have_run_out_or_it_was_all_acked() -> None:
+    late = Driver()
+    spoken(late, 30)
+    late.now += 0.6 + 0.5 + 0.01  # 600 ms of audio, then PLAYBACK_MARGIN_MS
+    assert late.types(late.send({"type": "barge_in"})) == ["turn.event"]
+    heard = Driver()
+    rid = spoken(heard, 30)
+    heard.send({"type": "playback.ack", "response_id": rid, "played_ms": 600})
+    assert heard.types(heard.send({"type": "barge_in"})) == ["turn.event"]
+    silent = Driver()  # never acked: it plays until its schedule says so, and keeps what was generated
+    rid = spoken(silent, 30)
+    events = silent.send({"type": "barge_in"})
+    assert silent.types(events) == ["output_audio_buffer.cleared", "turn.event"]
+    item = silent.session.conversation.get(silent.session.ledgers[rid].item_id)
+    assert item is not None and item.content[0].audio_ms == 600.0
+
+
+def test_speech_over_an_answer_that_still_plays_barges_in_by_its_policy() -> None:
+    d = Driver(vad=True)
+    d.append(loud(400))
+    d.append(bytes(32 * 400))  # the turn ends and is answered
+    rid = d.answer(30, finish=True)
+    events = d.append(loud(300))
+    decision = next(e for e in events if e["type"] == "overlap.decision")
+    assert (decision["action"], decision["reason"]) == ("barge_in", "server_vad_utterance_active")
+    assert next(e for e in events if e["type"] == "output_audio_buffer.cleared")["response_id"] == rid
+    manual = Driver(overlap_policy="barge_in_on_speech", overlap_barge_in_ms=400)
+    rid = spoken(manual, 30)
+    events = manual.append(loud(400), is_speech=True)
+    assert [e["action"] for e in events if e["type"] == "overlap.decision"] == ["barge_in"]
+    assert next(e for e in events if e["type"] == "output_audio_buffer.cleared")["response_id"] == rid
+
+
+def test_the_playout_schedule_survives_a_snapshot() -> None:
+    d = Driver()
+    rid = spoken(d, 30)
+    state = orjson.loads(orjson.dumps(d.session.snapshot_state()))
+    again = DuplexSession.restore(state, engine=INFO, vad_factory=None, wall_clock=lambda: d.now + 0.2)
+    assert again.ledgers[rid].play_end_at == d.session.ledgers[rid].play_end_at
+    again.handle(de.decode(orjson.dumps({"type": "barge_in"})))
+    assert [e["type"] for e in again.events] == ["output_audio_buffer.cleared", "turn.event"]
