@@ -36,10 +36,6 @@ from gateway.session.turn_taking import Parts
 
 MAX_PENDING_TEXT = 100_000  # characters of input.text.append awaiting a commit; more: input_text_too_large
 
-_FIRST_OUTPUT = frozenset(
-    {"response.output_audio.delta", "response.output_audio_transcript.delta", "response.output_text.delta"}
-)
-
 
 class DuplexTurns:
     """See the module docstring."""
@@ -56,7 +52,10 @@ class DuplexTurns:
         self.response_turn: int | None = None  # the turn the last answer created answers
         self._ledgers = self.playback.ledgers  # (the hot path reads it per audio delta)
         self._session_id = session_id
-        self._spoken: str | None = None  # the answer that has sent response.speak
+        self._spoken: set[str] = set()  # answers that have said response.speak (until their response.done)
+        self._unpaired: dict[str, list[str]] = {}  # transcript text awaiting its audio delta, by answer
+        self._held_output: dict[str, Any] | None = None  # response.output_item.added, until its item is added
+        self._ending: tuple[str, str] | None = None  # (response id, status) of the answer ending now
         self._deferred: ce.ResponseParams | None = None  # an answer owed once the current one ends
         self._respond_next = True  # whether the commit under way creates an answer
         self._vad_commit = False
@@ -127,6 +126,7 @@ class DuplexTurns:
 
     def answer_ending(self, resp: Response, status: str) -> None:
         assert resp.part is not None  # the duplex dialect opens a response's message at once
+        self._ending = (resp.id, status)
         if status == "cancelled":
             # Every cancel of the answer (barge-in, response.cancel, output_audio_buffer.clear, a
             # truncating ack or truncate, speech over it) advances the fence, before its last events.
@@ -136,6 +136,7 @@ class DuplexTurns:
     def answer_ended(self, resp: Response, status: str) -> None:
         assert resp.part is not None
         self.playback.answer_ended(resp.id, resp.part, status, self.duplex.playback_commit_policy)
+        self._ending = None
         self.turn_state = "idle"
         if self._deferred is not None:
             params, self._deferred = self._deferred, None
@@ -415,36 +416,102 @@ class DuplexTurns:
         """Every event the parts emit, as the duplex dialect sends it (module docstring)."""
         write = self._write
         resp = self._responses.current
-        if resp is not None and type_ in _FIRST_OUTPUT and self._spoken != resp.id:
-            self._spoken = resp.id  # the answer speaks: said once, before its first delta
-            self.turn_state = "assistant_playing"
-            meta = {"session_id": self._session_id, "epoch": self._log.epoch, "model_speak": True}
-            assert resp.message is not None
-            where = {"response_id": resp.id, "item_id": resp.message.id, "output_index": 0, "content_index": 0}
-            write("response.speak", {**where, "metadata": meta})
-        if type_ == "response.output_audio.delta" and resp is not None:
-            self._audio_metadata(resp, fields)
+        if type_ == "response.output_audio.delta":
+            self._audio_delta(fields, resp)
+            return
+        if type_ == "response.output_audio_transcript.delta":
+            # Held: exactly one transcript delta follows each audio delta, with the text since.
+            self._unpaired.setdefault(fields["response_id"], []).append(fields["delta"])
+            return
+        if type_ == "response.output_audio.done":
+            self._pair_the_rest(fields, resp)
         elif type_ == "input_audio_buffer.committed":
             # Upstream's commit fan-out is added, created, committed, done: held until the item is added.
             self._held_commit = fields
             return
+        elif type_ == "response.output_item.added" and resp is not None and fields["response_id"] == resp.id:
+            # Upstream's answer opens with its item added (and created), then output_item.added.
+            self._held_output = fields
+            return
         elif type_ in ("conversation.item.deleted", "conversation.item.truncated"):
             fields["event"] = {"type": type_, **fields}
+        elif type_ in ("response.created", "response.done"):
+            fields["response"] = self._response_metadata(type_, fields["response"])
         write(type_, fields)
         if type_ == "conversation.item.added":
             write("conversation.item.created", fields)  # upstream sends both spellings
             held, self._held_commit = self._held_commit, None
             if held is not None:
                 self._committed_event(held, resp)
+            output, self._held_output = self._held_output, None
+            if output is not None:
+                write("response.output_item.added", output)
         elif type_ == "input_audio_buffer.speech_started":
             self.turn_state = "user_speaking"
             if resp is None and not self._input.manual and self.playback.playing(self.clock()) is not None:
                 self.speech_during_response()  # server VAD over an answer that still plays
-        elif type_ == "response.created" and resp is not None:
+        elif type_ == "response.created" and resp is not None and fields["response"]["id"] == resp.id:
             self.turn_state = "assistant_generating"
             self._overlap_ms, self._overlap_decided = 0.0, False
             assert resp.message is not None
             self.playback.open(resp.id, resp.message.id)
+        elif type_ == "response.done":
+            rid = fields["response"]["id"]
+            self._spoken.discard(rid)
+            self._unpaired.pop(rid, None)
+
+    def _audio_delta(self, fields: dict[str, Any], resp: Response | None) -> None:
+        """``response.speak`` before an answer's first audio delta ("at most once per response,
+        before the first audio delta"), the delta with upstream's metadata, then its one
+        transcript delta (the text produced since the last one, maybe none)."""
+        rid = fields["response_id"]
+        where = {k: fields[k] for k in ("response_id", "item_id", "output_index", "content_index")}
+        current = resp is not None and resp.id == rid
+        if rid not in self._spoken:
+            self._spoken.add(rid)
+            meta = {"session_id": self._session_id, "epoch": self._log.epoch, "model_speak": True}
+            self._write("response.speak", {**where, "metadata": meta})
+            if current:
+                self.turn_state = "assistant_playing"
+        target = resp if current else self._responses.find(rid)  # (an out-of-band answer's)
+        if target is not None:
+            self._audio_metadata(target, fields)
+        self._write("response.output_audio.delta", fields)
+        text = "".join(self._unpaired.pop(rid, ()))
+        self._write("response.output_audio_transcript.delta", {**where, "delta": text})
+
+    def _pair_the_rest(self, fields: dict[str, Any], resp: Response | None) -> None:
+        """Before ``response.output_audio.done``: text that came after the last audio delta
+        goes out with an empty one (the pairing holds, and the transcript deltas add up to
+        ``.done``'s transcript); a cancelled answer's is dropped (never spoken)."""
+        rid = fields["response_id"]
+        if not self._unpaired.get(rid):
+            return
+        if self._ending == (rid, "cancelled"):
+            self._unpaired.pop(rid, None)
+            return
+        self._audio_delta({**fields, "delta": b""}, resp)
+
+    def _response_metadata(self, type_: str, response: dict[str, Any]) -> dict[str, Any]:
+        """ "Tier 2": the raw duplex event under ``response.metadata`` (``duplex_event`` in
+        response.created; response.done's metadata is the event itself, with the ledger and
+        whether the whole answer entered the history). The request's own metadata keys stay."""
+        rid = response["id"]
+        own = response.get("metadata") or {}
+        if "modalities" not in response and "output_modalities" in response:
+            response = {**response, "modalities": response["output_modalities"]}  # both spellings, as upstream
+        base = {"type": type_, "session_id": self._session_id, "response_id": rid, "epoch": self._log.epoch}
+        if type_ == "response.created":
+            return {**response, "metadata": {**own, "duplex_event": {**base, "turn_id": self.turn_id}}}
+        ledger = self._ledgers.get(rid)
+        policy = self.duplex.playback_commit_policy
+        committed = (
+            ledger is not None
+            and response["status"] == "completed"
+            and (policy == "commit_all_on_done" or ledger.committed_ms >= ledger.generated_ms)
+        )
+        playback = ledger.view() if ledger is not None else dict(EMPTY_VIEW)
+        return {**response, "metadata": {**own, **base, "committed": committed, "playback": playback}}
 
     def _committed_event(self, fields: dict[str, Any], resp: Response | None) -> None:
         self.turn_id += 1

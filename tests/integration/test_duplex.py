@@ -184,7 +184,8 @@ async def test_every_client_example_of_the_document_is_answered_as_documented() 
         assert done["response"]["status"] == "cancelled" and done["response_id"] == rid2
         await c.send(doc.RESPONSE_CREATE)
         created = await c.wait_for("response.created")
-        assert created["response"]["metadata"] == {"trace": "turn-3"}
+        meta = created["response"]["metadata"]
+        assert meta["trace"] == "turn-3" and meta["duplex_event"]["response_id"] == created["response_id"]
         await c.wait_for("response.speak")
         await c.send(doc.OUTPUT_AUDIO_CLEAR)
         cleared = await c.wait_for("output_audio_buffer.cleared")
@@ -382,7 +383,7 @@ async def test_a_barge_in_stops_an_answer_that_was_all_sent_but_still_plays() ->
         truncated = await c.wait_for("conversation.item.truncated")
         turn = await c.wait_for("turn.event")
         assert cleared["response_id"] == rid and (truncated["item_id"], truncated["audio_end_ms"]) == (item_id, 430)
-        assert turn["epoch"] == 1 and turn["turn_state"] == "barge_in"  # nothing had advanced it before
+        assert turn["epoch"] == done["response"]["metadata"]["epoch"] + 1 and turn["turn_state"] == "barge_in"
         await c.send({"type": "conversation.item.retrieve", "item_id": item_id})
         item = (await c.wait_for("conversation.item.retrieved"))["item"]
         assert item["content"][0]["transcript"] == "".join(f"w{i} " for i in range(22))

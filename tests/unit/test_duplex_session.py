@@ -32,6 +32,12 @@ def loud(ms: int) -> bytes:
     return (np.sign(np.sin(2 * np.pi * 200 * t / 16000)) * 3000).astype("<i2").tobytes()
 
 
+def wire(event: dict[str, Any]) -> dict[str, Any]:
+    """The event as the client reads it (the dialect's encoder)."""
+    decoded: dict[str, Any] = orjson.loads(de.encode(event))
+    return decoded
+
+
 class EnergyVad:
     """A speech detector by energy (silero's place in the VadStream protocol): one
     probability per 32 ms frame of 16 kHz PCM16."""
@@ -248,17 +254,95 @@ def test_a_commit_answers_unless_auto_response_is_off() -> None:
     assert "response.created" in quiet.types(quiet.send({"type": "input.commit", "response_create": True}))
 
 
-def test_response_speak_comes_once_before_the_first_delta() -> None:
+def test_an_answer_opens_speaks_and_pairs_each_audio_delta_with_one_transcript_delta_as_documented() -> None:
+    """ "Response lifecycle": created, the assistant item added and created, output item,
+    content part, speak; then each audio delta and "exactly one" transcript delta per audio
+    delta; then the closing events in the document's order."""
     d = Driver()
     d.append(loud(200))
     d.send({"type": "input_audio_buffer.commit"})
-    mark = len(d.events)
-    d.answer(3)
-    kinds = d.types(d.events[mark:])
-    assert kinds[0] == "response.speak" and kinds.count("response.speak") == 1
-    audio = [e for e in d.events[mark:] if e["type"] == "response.output_audio.delta"]
+    mark = next(i for i, e in enumerate(d.events) if e["type"] == "response.created")
+    d.answer(3, finish=True)
+    answer = d.events[mark:]
+    kinds = [k for k in d.types(answer) if not k.endswith(".delta")]
+    assert kinds == [k for k in doc.ANSWER if not k.endswith(".delta") and k != "rate_limits.updated"]  # (no limits)
+    first = d.types(answer).index("response.output_audio.delta")
+    assert d.types(answer)[first - 1] == "response.speak" and d.types(answer).count("response.speak") == 1
+    deltas = [e for e in answer if e["type"].endswith(".delta")]
+    assert d.types(deltas) == ["response.output_audio.delta", "response.output_audio_transcript.delta"] * 3
+    assert [e["delta"] for e in deltas[1::2]] == ["w0 ", "w1 ", "w2 "]
+    for example in (doc.RESPONSE_CREATED, doc.ASSISTANT_ITEM_ADDED, doc.OUTPUT_ITEM_ADDED, doc.RESPONSE_SPEAK,
+                    doc.AUDIO_DELTA, doc.TRANSCRIPT_DELTA, doc.AUDIO_DONE, doc.TRANSCRIPT_DONE,
+                    doc.OUTPUT_ITEM_DONE, doc.RESPONSE_DONE):  # fmt: skip
+        sent = next(e for e in answer if e["type"] == example["type"])
+        assert doc.gaps(example, wire(sent)) == [], example["type"]
+    audio = [e for e in answer if e["type"] == "response.output_audio.delta"]
     assert [e["metadata"]["audio_duration_ms"] for e in audio] == [20, 40, 60]
     assert audio[-1]["sample_rate_hz"] == 24000 and audio[-1]["format"] == "pcm16"
+    transcript = "".join(e["delta"] for e in deltas[1::2])
+    assert next(e for e in answer if e["type"] == "response.output_audio_transcript.done")["transcript"] == transcript
+
+
+def test_text_after_the_last_audio_goes_out_with_an_empty_audio_delta_and_no_audio_no_text() -> None:
+    d = Driver()
+    d.append(loud(200))
+    d.send({"type": "input_audio_buffer.commit"})
+    resp = d.session.responses.current
+    assert resp is not None
+    mark = len(d.events)
+    d.session.on_response(resp.id, AudioDelta(TONE))  # audio with no text yet: its transcript delta is ""
+    d.session.on_response(resp.id, TextDelta("a "))
+    d.session.on_response(resp.id, TextDelta("b "))  # two texts before the next audio: one delta
+    d.session.on_response(resp.id, AudioDelta(TONE))
+    d.session.on_response(resp.id, TextDelta("c."))  # no audio follows
+    d.session.on_response(resp.id, Finished())
+    d.take()
+    deltas = [e for e in d.events[mark:] if e["type"].endswith(".delta")]
+    assert d.types(deltas) == ["response.output_audio.delta", "response.output_audio_transcript.delta"] * 3
+    assert [e["delta"] for e in deltas[1::2]] == ["", "a b ", "c."]
+    assert wire(deltas[4])["delta"] == "" and deltas[4]["metadata"]["audio_duration_ms"] == 40
+    done = next(e for e in d.events[mark:] if e["type"] == "response.output_audio_transcript.done")
+    assert done["transcript"] == "a b c."
+
+
+def test_a_text_only_answer_never_says_response_speak() -> None:
+    """ "response.speak ... before the first audio delta": a text answer has none."""
+    d = Driver()
+    d.send({**doc.ITEM_CREATE})
+    mark = len(d.events)
+    d.send({"type": "response.create", "response": {"modalities": ["text"]}})
+    d.answer(3, finish=True)
+    kinds = d.types(d.events[mark:])
+    assert "response.speak" not in kinds and kinds.count("response.output_text.delta") == 3
+
+
+def test_response_created_and_done_carry_the_duplex_event_under_metadata() -> None:
+    """ "Tier 2": the raw duplex event under response.metadata; done's says committed and the ledger."""
+    d = Driver()
+    d.send(doc.ITEM_CREATE)
+    created = next(e for e in d.send(doc.RESPONSE_CREATE) if e["type"] == "response.created")
+    rid = created["response"]["id"]
+    assert created["response"]["metadata"]["trace"] == "turn-3"  # the request's own metadata stays
+    event = created["response"]["metadata"]["duplex_event"]
+    assert event == {"type": "response.created", "session_id": "sess_d", "response_id": rid, "epoch": 0, "turn_id": 0}
+    d.answer(10, finish=True)
+    done = next(e for e in d.events if e["type"] == "response.done")
+    meta = done["response"]["metadata"]
+    assert doc.gaps(doc.RESPONSE_DONE, wire(done)) == [] and meta["trace"] == "turn-3"
+    assert (meta["type"], meta["response_id"], meta["epoch"], meta["committed"]) == ("response.done", rid, 0, True)
+    assert meta["playback"] == {"generated_ms": 200, "sent_ms": 200, "played_ms": 0, "committed_ms": 0}
+    acked = Driver(playback_commit_policy="ack_only")
+    rid = spoken(acked, 10)
+    done = next(e for e in acked.events if e["type"] == "response.done")
+    assert done["response"]["metadata"]["committed"] is False  # ack_only: nothing acknowledged yet
+    d.send(doc.RESPONSE_CREATE)
+    d.answer(2)
+    before = d.session.epoch
+    cancelled = next(e for e in d.send({"type": "response.cancel"}) if e["type"] == "response.done")
+    # response.cancel advanced the fence before the answer's last events
+    assert (
+        cancelled["response"]["metadata"]["epoch"] == before + 1 and not cancelled["response"]["metadata"]["committed"]
+    )
 
 
 def test_a_barge_in_cuts_the_item_to_the_acknowledged_millisecond() -> None:
