@@ -240,6 +240,7 @@ class DuplexSession(RealtimeSession):
         state["turn_state"] = self._duplex.turn_state
         state["attachment_generation"] = self.attachment_generation
         state["ledgers"] = self._duplex.playback.to_list()
+        state["held_done"] = list(self._duplex.held_done)
         return state
 
     @classmethod
@@ -252,5 +253,6 @@ class DuplexSession(RealtimeSession):
         turns.turn_state = state["turn_state"]
         session.attachment_generation = state["attachment_generation"]
         turns.playback.restore(state["ledgers"])
+        turns.held_done = list(state.get("held_done", ()))
         session.dirty = False
         return session

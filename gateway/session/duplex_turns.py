@@ -41,6 +41,7 @@ class DuplexTurns:
     """See the module docstring."""
 
     lazy_message = False  # a response's message exists from response.created (its playback ledger)
+    reports_transcripts = True  # the commit fan-out has ...transcription.completed, always
 
     def __init__(self, session_id: str, duplex: DuplexConfig, *, clock: Callable[[], float] = time.time) -> None:
         """``clock``: the wall clock (s) of the playback ledgers' playout schedule."""
@@ -56,6 +57,9 @@ class DuplexTurns:
         self._unpaired: dict[str, list[str]] = {}  # transcript text awaiting its audio delta, by answer
         self._held_output: dict[str, Any] | None = None  # response.output_item.added, until its item is added
         self._ending: tuple[str, str] | None = None  # (response id, status) of the answer ending now
+        self._speech_item: str | None = None  # a manual turn's item whose speech_started was said
+        self._fan_out_item: str | None = None  # the item of the commit fanning out now
+        self.held_done: list[str] = []  # committed items whose conversation.item.done awaits the transcript
         self._deferred: ce.ResponseParams | None = None  # an answer owed once the current one ends
         self._respond_next = True  # whether the commit under way creates an answer
         self._vad_commit = False
@@ -167,8 +171,21 @@ class DuplexTurns:
                 param="video_frames",
                 message="'video_frames' are accepted but not used: this engine takes no camera input.",
             )
-        self._overlap(event)
-        self._input.append(event.audio, event.event_id)
+        inp = self._input
+        if self._speech_item is not None and inp.open_item_id != self._speech_item:
+            self._speech_item = None  # (the buffer it began in is gone)
+        overlapping = self._overlapping()
+        speech = None
+        if inp.manual and event.audio and (overlapping or self._speech_item is None):
+            speech = self._is_speech(event)
+        start_ms = inp.audio_ms
+        inp.append(event.audio, event.event_id)
+        if speech and self._speech_item is None and inp.open_item_id is not None:
+            # A manual turn's speech onset ("client hint, or RMS heuristic"), in its item.
+            self._speech_item = inp.open_item_id
+            self._emit("input_audio_buffer.speech_started", audio_start_ms=round(start_ms), item_id=self._speech_item)
+        if overlapping and speech is not None:
+            self._overlap(event, speech)
 
     def append_text(self, text: str) -> None:
         if self._text_len + len(text) > MAX_PENDING_TEXT:
@@ -189,21 +206,34 @@ class DuplexTurns:
         """``input_audio_buffer.clear``: a clear advances the fence too (the document's epoch
         "advances on every cancel, clear, or barge-in")."""
         self._log.epoch += 1
+        self._speech_item = None
         self._input.clear()
 
-    def _overlap(self, event: de.Append) -> None:
-        """Speech (client hint, else RMS) over a running answer, or one that still plays
-        (``Playback.playing``), on manual turns (server VAD decides by itself:
-        ``speech_during_response``)."""
-        if not self._input.manual or self._overlap_decided or not event.audio:
-            return
-        if self._responses.current is None and self.playback.playing(self.clock()) is None:
-            return
+    def _is_speech(self, event: de.Append) -> bool:
+        """The append's ``is_speech`` hint, else its RMS above ``overlap_silence_rms``."""
+        if event.is_speech is not None:
+            return event.is_speech
+        pcm = np.frombuffer(decode_to_pcm16(self.config.input_format, event.audio), dtype="<i2")
+        level = pcm.astype(np.float32) / 32768.0
+        return bool(level.size) and float(np.sqrt(np.mean(level * level))) > self.duplex.overlap_silence_rms
+
+    def _overlapping(self) -> bool:
+        """A manual turn's appends overlap a running answer, or one that still plays
+        (``Playback.playing``), until the overlap is decided (server VAD decides by
+        itself: ``speech_during_response``)."""
+        if not self._input.manual or self._overlap_decided:
+            return False
+        return self._responses.current is not None or self.playback.playing(self.clock()) is not None
+
+    def _speech_stopped(self) -> None:
+        """The end of a manual turn's speech (before its commit, or a dropped remark's)."""
+        item_id, self._speech_item = self._speech_item, None
+        if item_id is not None:
+            self._emit("input_audio_buffer.speech_stopped", audio_end_ms=round(self._input.audio_ms), item_id=item_id)
+
+    def _overlap(self, event: de.Append, speech: bool) -> None:
+        """Speech over an answer (``_overlapping``): decided by the overlap policy."""
         fmt = self.config.input_format
-        speech = event.is_speech
-        if speech is None:
-            pcm = np.frombuffer(decode_to_pcm16(fmt, event.audio), dtype="<i2").astype(np.float32) / 32768.0
-            speech = bool(pcm.size) and float(np.sqrt(np.mean(pcm * pcm))) > self.duplex.overlap_silence_rms
         d = self.duplex
         if speech:
             self._overlap_ms += fmt.duration_ms(len(event.audio))
@@ -218,6 +248,7 @@ class DuplexTurns:
         elif self._overlap_ms:
             if self._overlap_ms < d.overlap_short_ack_ms:
                 self._decide("drop", "short_overlap_speech", buffer_audio=False)
+                self._speech_stopped()
                 self._input.drop()
                 self._overlap_decided = False  # another remark may follow
             self._overlap_ms = 0.0
@@ -238,6 +269,7 @@ class DuplexTurns:
 
     def commit(self, event: de.Commit) -> None:
         if event.is_speech is False:  # a silence declaration: nothing to answer
+            self._speech_item = None
             self._input.drop()
             self._listen("no_speech")
             return
@@ -251,10 +283,13 @@ class DuplexTurns:
             self._emit("conversation.item.added", previous_item_id=prev, item=item.render(False))
             self._emit("conversation.item.done", previous_item_id=prev, item=item.render(False))
         has_audio = self._input.can_commit
+        if has_audio:
+            self._speech_stopped()  # "speech_started -> speech_stopped -> committed"
         if has_audio or not text:
             self._input.commit(event.event_id, manual=True)  # raises commit_empty without text or audio
         elif self._input.is_open:
             self._input.drop()  # under the minimum, next to text: dropped
+        self._speech_item = None
         if not has_audio:
             self.turn_id += 1
             self.turn_state = "user_committed"
@@ -433,8 +468,25 @@ class DuplexTurns:
             # Upstream's answer opens with its item added (and created), then output_item.added.
             self._held_output = fields
             return
+        elif type_ == "conversation.item.done" and fields["item"]["id"] == self._fan_out_item:
+            self._fan_out_item = None
+            item = self._history.get(fields["item"]["id"])
+            if item is not None and item.pending_transcription:
+                self.held_done.append(item.id)  # the fan-out's last event: once the transcript is known
+                return
+        elif type_ == "conversation.item.input_audio_transcription.delta":
+            return  # the fan-out has the transcript whole (.completed), not its deltas
+        elif type_ == "conversation.item.input_audio_transcription.failed":
+            error = fields["error"]
+            message = f"Speech recognition of item {fields['item_id']} failed: {error['message']}"
+            write("error", {"error": {"type": "server_error", "code": error["code"], "message": message,
+                                      "param": None, "event_id": None}})  # fmt: skip
+            self._release_done(fields["item_id"])
+            return
         elif type_ in ("conversation.item.deleted", "conversation.item.truncated"):
             fields["event"] = {"type": type_, **fields}
+            if type_ == "conversation.item.deleted" and fields["item_id"] in self.held_done:
+                self.held_done.remove(fields["item_id"])
         elif type_ in ("response.created", "response.done"):
             fields["response"] = self._response_metadata(type_, fields["response"])
         write(type_, fields)
@@ -459,6 +511,18 @@ class DuplexTurns:
             rid = fields["response"]["id"]
             self._spoken.discard(rid)
             self._unpaired.pop(rid, None)
+        elif type_ == "conversation.item.input_audio_transcription.completed":
+            self._release_done(fields["item_id"])
+
+    def _release_done(self, item_id: str) -> None:
+        """A committed item's transcript is known: its held ``conversation.item.done``, with it."""
+        if item_id not in self.held_done:
+            return
+        self.held_done.remove(item_id)
+        item = self._history.get(item_id)
+        if item is not None:
+            prev = self._history.conversation.previous_id(item_id)
+            self._write("conversation.item.done", {"previous_item_id": prev, "item": item.render(False)})
 
     def _audio_delta(self, fields: dict[str, Any], resp: Response | None) -> None:
         """``response.speak`` before an answer's first audio delta ("at most once per response,
@@ -514,6 +578,7 @@ class DuplexTurns:
         return {**response, "metadata": {**own, **base, "committed": committed, "playback": playback}}
 
     def _committed_event(self, fields: dict[str, Any], resp: Response | None) -> None:
+        self._fan_out_item = fields.get("item_id")
         self.turn_id += 1
         self.turn_state = "user_committed"
         fields["event"] = {
@@ -523,7 +588,10 @@ class DuplexTurns:
             "epoch": self._log.epoch,
             "history_len": len(self._history),
             "realtime_item_id": fields.get("item_id"),
-            "message": {"role": "user", "content": [{"type": "input_audio"}]},
+            "message": {
+                "role": "user",
+                "content": [{"type": "audio_url", "audio_url": {"url": "native-duplex:input-audio"}}],
+            },
             "response_create_deferred": self._respond_next and resp is not None,
         }
         self._write("input_audio_buffer.committed", fields)

@@ -240,18 +240,80 @@ def test_a_commit_answers_unless_auto_response_is_off() -> None:
     d = Driver()
     d.append(loud(200))
     events = d.send({"type": "input_audio_buffer.commit"})
-    assert d.types(events)[:4] == [
-        "conversation.item.added",
-        "conversation.item.created",
-        "input_audio_buffer.committed",
-        "conversation.item.done",
-    ]
     assert "response.created" in d.types(events)
     quiet = Driver(extra_body={"auto_response": False})
     quiet.append(loud(200))
     assert "response.created" not in quiet.types(quiet.send({"type": "input.commit"}))
     quiet.append(loud(200))
     assert "response.created" in quiet.types(quiet.send({"type": "input.commit", "response_create": True}))
+
+
+def transcribed(d: Driver, item_id: str, text: str) -> list[dict[str, Any]]:
+    """The recognizer finishes the item's transcript."""
+    d.session.on_transcription(f"input_{item_id}", Finished(text=text))
+    return d.take()
+
+
+def test_a_manual_turn_fans_out_as_the_document_shows_it() -> None:
+    """ "Input": speech_started at the first append that is speech, speech_stopped before the
+    commit, then the commit fan-out "in this order": added, created, committed, completed, done
+    (done, with the transcript, once the recognizer has it; the answer does not wait)."""
+    d = Driver()
+    assert d.types(d.append(bytes(3200))) == []  # silence (RMS under overlap_silence_rms): no onset
+    started = d.append(loud(200))
+    assert d.types(started) == ["input_audio_buffer.speech_started"]
+    item_id = started[0]["item_id"]
+    assert doc.gaps(doc.SPEECH_STARTED, started[0]) == [] and started[0]["audio_start_ms"] == 100
+    assert d.types(d.append(loud(100), is_speech=True)) == []  # said once per turn
+    events = d.send(doc.COMMIT)
+    assert d.types(events)[:4] == [
+        "input_audio_buffer.speech_stopped",
+        "conversation.item.added",
+        "conversation.item.created",
+        "input_audio_buffer.committed",
+    ]
+    stopped, added, created, committed = events[:4]
+    assert doc.gaps(doc.SPEECH_STOPPED, stopped) == [] and (stopped["item_id"], stopped["audio_end_ms"]) == (
+        item_id,
+        400,
+    )
+    for example, sent in ((doc.USER_ITEM_ADDED, added), (doc.USER_ITEM_CREATED, created), (doc.COMMITTED, committed)):
+        assert doc.gaps(example, sent) == [], example["type"]
+    assert committed["item_id"] == item_id and committed["event"]["message"] == doc.COMMITTED["event"]["message"]
+    assert (committed["event"]["turn_id"], committed["event"]["history_len"]) == (1, 1)
+    assert "conversation.item.done" not in d.types(events) and "response.created" in d.types(events)
+    rest = transcribed(d, item_id, "what is the weather today")
+    assert d.types(rest) == ["conversation.item.input_audio_transcription.completed", "conversation.item.done"]
+    assert rest[0] == {**rest[0], **doc.TRANSCRIPTION_COMPLETED, "item_id": item_id}
+    assert (
+        rest[1]["item"]["id"] == item_id and rest[1]["item"]["content"][0]["transcript"] == "what is the weather today"
+    )
+    names_it = [e for e in d.events if item_id in (e.get("item_id"), e.get("item", {}).get("id"))]
+    fan_out = [e["type"] for e in names_it if e["type"] in doc.COMMIT_FAN_OUT]
+    assert fan_out == list(doc.COMMIT_FAN_OUT)
+    assert not any(e["type"].endswith("input_audio_transcription.delta") for e in d.events)
+
+
+def test_a_failed_transcript_is_an_error_and_the_fan_out_still_ends() -> None:
+    d = Driver()
+    item_id = d.append(loud(200))[0]["item_id"]
+    d.send(doc.COMMIT)
+    d.session.on_transcription_failed(f"input_{item_id}", "stt_failed", "no recognizer")
+    events = d.take()
+    assert d.types(events) == ["error", "conversation.item.done"]
+    assert events[0]["error"]["code"] == "stt_failed" and item_id in events[0]["error"]["message"]
+
+
+def test_a_held_fan_out_survives_a_takeover_and_ends_on_the_new_replica() -> None:
+    d = Driver()
+    item_id = d.append(loud(200))[0]["item_id"]
+    d.send({**doc.COMMIT, "response_create": False})
+    state = orjson.loads(orjson.dumps(d.session.snapshot_state()))
+    again = DuplexSession.restore(state, engine=INFO, vad_factory=None)
+    assert again.snapshot_state()["held_done"] == [item_id]
+    again.recover("replica_lost")  # the transcription died with the old replica
+    kinds = [e["type"] for e in again.events]
+    assert kinds[:2] == ["error", "conversation.item.done"] and again.events[1]["item"]["id"] == item_id
 
 
 def test_an_answer_opens_speaks_and_pairs_each_audio_delta_with_one_transcript_delta_as_documented() -> None:
