@@ -470,9 +470,10 @@ class Door:
 
     def _refuse(self, host: SessionHost | None, err: ProtocolError) -> None:
         """A refused resume: an error in the connection's own session, or on the connection
-        when it has none (or has already moved to the session it asked for)."""
+        when it has none (or has already moved to the session it asked for), in the dialect's
+        handshake shape (duplex: the document's flat one)."""
         if host is None or host is not self.host:
-            self.delivery.send_now(self.dialect.error(err))
+            self.delivery.send_now(self.dialect.refusal(err))
         else:
             host.refuse(err)
 
@@ -489,10 +490,11 @@ class Door:
 
     def replaced(self, session_id: str) -> None:
         """Another connection took the session: say so (to a client that knows the
-        gateway's events: it resumed, or opted in) and close (4009)."""
+        event: it resumed, opted in, or speaks the duplex dialect) and close (4009)."""
         host, self.host = self.host, None
         self._disarm_idle()
-        if self.resumed or (host is not None and host.session.sends_gateway_events):
+        # (the duplex dialect's clients all know session.replaced: its catalogue has it)
+        if self.resumed or self.dialect.name == "duplex" or (host is not None and host.session.sends_gateway_events):
             self.delivery.send_now(self.dialect.replaced(session_id, self.generation))
         self.ctx.metrics.closes.labels(str(int(CloseCode.SESSION_REPLACED))).inc()
         self.peer.close(CloseCode.SESSION_REPLACED, "session replaced")

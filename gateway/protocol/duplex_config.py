@@ -9,8 +9,9 @@ through the same parser as the beta dialect's (``session_config.apply_update``),
 so they are validated alike; the duplex keys land in ``DuplexConfig``. Keys a
 client echoes back from ``session.created`` (``state``, ``epoch``,
 ``capabilities``...) are ignored; any other unknown key is kept out and named
-in a ``session.warning`` (upstream ignores such keys silently; a bad value of
-a known key is an error, as in every dialect).
+in a ``session.warning`` to a client that opted in with ``gateway_events``
+(upstream ignores such keys silently; a bad value of a known key is an error,
+as in every dialect).
 
 Limits (each refused with ``invalid_value`` / ``unsupported_audio_format``
 and the ``param``): ``sample_rate_hz`` of PCM16 (``pcm16``, ``pcm_s16le``,
@@ -108,6 +109,7 @@ _OPENAI_KEYS = {  # parsed as the beta dialect parses them (after the renames be
     "tracing",
     "input_audio_noise_reduction",
     "reissue_interrupted_responses",
+    "gateway_events",  # the gateway's own events (session.warning), as in every dialect
 }
 _DUPLEX_KEYS = {
     "overlap_policy",
@@ -354,6 +356,7 @@ def render_session(
         "ref_audio": duplex.ref_audio,
         "extra_body": duplex.extra_body,
         "reissue_interrupted_responses": config.reissue_interrupted_responses,
+        "gateway_events": config.gateway_events,
         "capabilities": dict(CAPABILITIES),
     }
 

@@ -90,10 +90,6 @@ class DuplexSession(RealtimeSession):
         return "duplex"
 
     @property
-    def sends_gateway_events(self) -> bool:
-        return True  # the duplex dialect's clients get session.warning (no opt-in there)
-
-    @property
     def duplex(self) -> DuplexConfig:
         """The session's ``extra_body`` settings."""
         return self._duplex.duplex
@@ -140,7 +136,10 @@ class DuplexSession(RealtimeSession):
         self._emit("session.created", **fields, session=self.render_config())
         if updated:
             self._emit("session.updated", session=self.render_config())
+        if not self.sends_gateway_events:
+            return  # session.warning is the gateway's: only for clients that opted in (gateway_events)
         for param, message in warnings:
+            self._warned.add(param)
             self._emit("session.warning", code="unsupported_field", message=message, param=param)
 
     def render_config(self) -> dict[str, Any]:

@@ -163,7 +163,7 @@ class DuplexTurns:
                 f"This session's input is {beta_format(fmt)}, not {event.encoding!r}; set it with session.update.",
                 param="format",
             )
-        if event.video_frames and not self._video_warned:
+        if event.video_frames and not self._video_warned and self.config.gateway_events:
             self._video_warned = True
             self._emit(
                 "session.warning",

@@ -611,3 +611,15 @@ def test_the_playout_schedule_survives_a_snapshot() -> None:
     assert again.ledgers[rid].play_end_at == d.session.ledgers[rid].play_end_at
     again.handle(de.decode(orjson.dumps({"type": "barge_in"})))
     assert [e["type"] for e in again.events] == ["output_audio_buffer.cleared", "turn.event"]
+
+
+def test_session_warnings_are_opt_in_and_the_handshake_error_is_flat() -> None:
+    quiet = DuplexSession(session_id="s", config=default_session_config("m"), engine=INFO, vad_factory=None)
+    quiet.start(updated=True, warnings=quiet.configure({"volume": 11}))
+    assert [e["type"] for e in quiet.events] == ["session.created", "session.updated"]
+    told = DuplexSession(session_id="s", config=default_session_config("m"), engine=INFO, vad_factory=None)
+    told.start(updated=True, warnings=told.configure({"volume": 11, "gateway_events": True}))
+    assert [e["type"] for e in told.events][-1] == "session.warning" and told.events[-1]["param"] == "session.volume"
+    # "Errors": handshake-stage errors use the flat native shape
+    flat = orjson.loads(de.handshake_error(ProtocolError(Code.SESSION_NOT_FOUND, "Unknown session 's'.")))
+    assert set(flat) - {"event_id"} == set(doc.HANDSHAKE_ERROR) and flat["code"] == "session_resume_expired"
