@@ -1,31 +1,40 @@
 """The duplex session (Sans-I/O): a ``RealtimeSession`` that speaks vLLM-Omni's
-duplex dialect (``docs/serving/realtime_duplex_api.md``).
+duplex dialect (``docs/serving/realtime_duplex_api.md``, revision 2e9bf1cb).
 
 It is the same session (conversation, responses, streaming input, seq, epoch,
 snapshot, journal, resume) with what the duplex catalogue adds on top:
 
+- **Lifecycle**: ``session.heartbeat_ack`` and ``session.closed`` are the
+  session's events (each with its seq, as every event of the document);
+  ``session.closed`` {session_id, epoch, reason, event} is its last.
 - **Playback truth** (``playback.ack``): each answer has a ``Ledger``
-  (generated / played / committed ms). A barge-in or a cancel cuts the
-  assistant item back to the committed ms (to the millisecond, with the text
-  whose audio had started by then) once the client has acknowledged any
-  playback; ``playback_commit_policy: ack_only`` keeps every answer in the
-  history only as far as acknowledged; a truncating ack sets it exactly.
-- **Turn-taking**: ``response.speak`` before an answer's first audio,
+  (generated / played / committed ms, and its playout schedule). A barge-in or
+  a cancel cuts the assistant item back to the committed ms (to the
+  millisecond, with the text whose audio had started by then) once the client
+  has acknowledged any playback; ``playback_commit_policy: ack_only`` keeps
+  every answer in the history only as far as acknowledged; a truncating ack
+  sets it exactly. An answer that has ended but still plays on the client
+  is stopped by a barge-in too.
+- **Turn-taking**: ``response.speak`` before an answer's first audio delta,
   ``response.listen`` for a silence commit (``is_speech: false``),
   ``barge_in`` / ``turn.signal`` (answered with ``turn.event``),
   ``input.cancel``, ``output_audio_buffer.clear``, and the overlap policy
   (``overlap.decision``): speech over an answer either barges in
   (``barge_in_on_speech``, the default under server VAD) or is listened to and
   answered after the current answer (``listen_only``; a remark shorter than
-  ``overlap_short_ack_ms`` is dropped). Every interruption advances ``epoch``.
-- **Commit answers**: a commit creates the response unless
+  ``overlap_short_ack_ms`` is dropped). Every cancel, clear and barge-in
+  advances ``epoch``.
+- **Commits**: a commit creates the response unless
   ``extra_body.auto_response`` is false (``response_create: false`` leaves the
   decision to this server, which answers speech); a commit while an answer
-  runs is answered after it (``response_create_deferred``).
+  runs is answered after it (``response_create_deferred``); its fan-out is the
+  document's (speech_started/stopped on manual turns too; added, created,
+  committed, transcription.completed, done).
 - The duplex spellings: ``conversation.item.created`` after every
-  ``conversation.item.added`` (its own seq), the duplex ``session`` object,
-  ``event`` echoes and audio ``metadata``; names are the encoder's
-  (``protocol/duplex_events.encode``).
+  ``conversation.item.added`` (its own seq), one transcript delta per audio
+  delta, the duplex ``session`` object, ``event`` echoes, audio and response
+  ``metadata`` (``duplex_turns.DuplexTurns.spell``; the wire form is
+  ``protocol/duplex_events.encode``).
 
 ``DuplexSession`` is the facade: it dispatches the duplex client events,
 keeps the duplex lifecycle and snapshot, and composes ``DuplexTurns``

@@ -2,12 +2,13 @@
 
 ``DuplexTurns`` owns the duplex state the Realtime API's session does not
 have: the turn counter and state, the playback ledgers (``Playback``), the
-overlap decision over the running answer, the answer owed once the current one
-ends, the pending ``input.text.append`` text, and the duplex spellings of
-events (``spell``: ``response.speak`` before an answer's first output, audio
-``metadata``, ``conversation.item.created`` after every
-``conversation.item.added``, ``input_audio_buffer.committed`` held until its
-item is added, ``event`` echoes).
+overlap decision over the running answer (or one that still plays), a manual
+turn's speech onset, the epoch fence of every cancel, clear and barge-in, the
+answer owed once the current one ends, and the pending ``input.text.append``
+text. The duplex spelling of its events is ``DuplexSpelling``
+(duplex_spelling.py), which tells it the moments it must know
+(``TurnMoments``: a turn committed, an answer opened or speaking, speech
+started).
 
 It steers the session's parts only through their public methods (``bind``):
 the event log, the history, the input audio and the responses. It knows
@@ -29,8 +30,9 @@ from gateway.protocol.duplex_config import CODECS, DuplexConfig
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import SessionConfig, beta_format
 from gateway.session.conversation import Item, Part
+from gateway.session.duplex_spelling import DuplexSpelling
 from gateway.session.events import Spelling
-from gateway.session.playback import EMPTY_VIEW, Ledger, Playback
+from gateway.session.playback import Ledger, Playback
 from gateway.session.response import Response
 from gateway.session.turn_taking import Parts
 
@@ -53,13 +55,8 @@ class DuplexTurns:
         self.response_turn: int | None = None  # the turn the last answer created answers
         self._ledgers = self.playback.ledgers  # (the hot path reads it per audio delta)
         self._session_id = session_id
-        self._spoken: set[str] = set()  # answers that have said response.speak (until their response.done)
-        self._unpaired: dict[str, list[str]] = {}  # transcript text awaiting its audio delta, by answer
-        self._held_output: dict[str, Any] | None = None  # response.output_item.added, until its item is added
         self._ending: tuple[str, str] | None = None  # (response id, status) of the answer ending now
         self._speech_item: str | None = None  # a manual turn's item whose speech_started was said
-        self._fan_out_item: str | None = None  # the item of the commit fanning out now
-        self.held_done: list[str] = []  # committed items whose conversation.item.done awaits the transcript
         self._deferred: ce.ResponseParams | None = None  # an answer owed once the current one ends
         self._respond_next = True  # whether the commit under way creates an answer
         self._vad_commit = False
@@ -68,20 +65,28 @@ class DuplexTurns:
         self._overlap_ms = 0.0
         self._overlap_decided = False
         self._video_warned = False
-        self._held_commit: dict[str, Any] | None = None  # input_audio_buffer.committed, until its item is added
 
     def bind(self, parts: Parts, config: SessionConfig) -> None:
         self.config = config
         self._log = parts.log
         self._emit = parts.log.emit
-        self._write = parts.log.write
         self._history = parts.history
         self._input = parts.input
         self._responses = parts.responses
+        self._spelling = DuplexSpelling(self._session_id, self, parts)
 
     @property
     def spelling(self) -> Spelling:
-        return self.spell
+        return self._spelling.spell
+
+    @property
+    def held_done(self) -> list[str]:
+        """Committed items whose ``conversation.item.done`` awaits the transcript (the snapshot's)."""
+        return self._spelling.held_done
+
+    @held_done.setter
+    def held_done(self, value: list[str]) -> None:
+        self._spelling.held_done = value
 
     def session_state(self) -> dict[str, Any]:
         """The ``state`` of the duplex session object."""
@@ -445,176 +450,42 @@ class DuplexTurns:
             },
         )
 
-    # --- the spelling (EventLog.spell) ---------------------------------------------------
+    # --- what the spelling tells (duplex_spelling.TurnMoments) ------------------------------
 
-    def spell(self, type_: str, fields: dict[str, Any]) -> None:
-        """Every event the parts emit, as the duplex dialect sends it (module docstring)."""
-        write = self._write
-        resp = self._responses.current
-        if type_ == "response.output_audio.delta":
-            self._audio_delta(fields, resp)
-            return
-        if type_ == "response.output_audio_transcript.delta":
-            # Held: exactly one transcript delta follows each audio delta, with the text since.
-            self._unpaired.setdefault(fields["response_id"], []).append(fields["delta"])
-            return
-        if type_ == "response.output_audio.done":
-            self._pair_the_rest(fields, resp)
-        elif type_ == "input_audio_buffer.committed":
-            # Upstream's commit fan-out is added, created, committed, done: held until the item is added.
-            self._held_commit = fields
-            return
-        elif type_ == "response.output_item.added" and resp is not None and fields["response_id"] == resp.id:
-            # Upstream's answer opens with its item added (and created), then output_item.added.
-            self._held_output = fields
-            return
-        elif type_ == "conversation.item.done" and fields["item"]["id"] == self._fan_out_item:
-            self._fan_out_item = None
-            item = self._history.get(fields["item"]["id"])
-            if item is not None and item.pending_transcription:
-                self.held_done.append(item.id)  # the fan-out's last event: once the transcript is known
-                return
-        elif type_ == "conversation.item.input_audio_transcription.delta":
-            return  # the fan-out has the transcript whole (.completed), not its deltas
-        elif type_ == "conversation.item.input_audio_transcription.failed":
-            error = fields["error"]
-            message = f"Speech recognition of item {fields['item_id']} failed: {error['message']}"
-            write("error", {"error": {"type": "server_error", "code": error["code"], "message": message,
-                                      "param": None, "event_id": None}})  # fmt: skip
-            self._release_done(fields["item_id"])
-            return
-        elif type_ in ("conversation.item.deleted", "conversation.item.truncated"):
-            fields["event"] = {"type": type_, **fields}
-            if type_ == "conversation.item.deleted" and fields["item_id"] in self.held_done:
-                self.held_done.remove(fields["item_id"])
-        elif type_ in ("response.created", "response.done"):
-            fields["response"] = self._response_metadata(type_, fields["response"])
-        write(type_, fields)
-        if type_ == "conversation.item.added":
-            write("conversation.item.created", fields)  # upstream sends both spellings
-            held, self._held_commit = self._held_commit, None
-            if held is not None:
-                self._committed_event(held, resp)
-            output, self._held_output = self._held_output, None
-            if output is not None:
-                write("response.output_item.added", output)
-        elif type_ == "input_audio_buffer.speech_started":
-            self.turn_state = "user_speaking"
-            if resp is None and not self._input.manual and self.playback.playing(self.clock()) is not None:
-                self.speech_during_response()  # server VAD over an answer that still plays
-        elif type_ == "response.created" and resp is not None and fields["response"]["id"] == resp.id:
-            self.turn_state = "assistant_generating"
-            self._overlap_ms, self._overlap_decided = 0.0, False
-            assert resp.message is not None
-            self.playback.open(resp.id, resp.message.id)
-        elif type_ == "response.done":
-            rid = fields["response"]["id"]
-            self._spoken.discard(rid)
-            self._unpaired.pop(rid, None)
-        elif type_ == "conversation.item.input_audio_transcription.completed":
-            self._release_done(fields["item_id"])
+    @property
+    def ending(self) -> tuple[str, str] | None:
+        return self._ending
 
-    def _release_done(self, item_id: str) -> None:
-        """A committed item's transcript is known: its held ``conversation.item.done``, with it."""
-        if item_id not in self.held_done:
-            return
-        self.held_done.remove(item_id)
-        item = self._history.get(item_id)
-        if item is not None:
-            prev = self._history.conversation.previous_id(item_id)
-            self._write("conversation.item.done", {"previous_item_id": prev, "item": item.render(False)})
-
-    def _audio_delta(self, fields: dict[str, Any], resp: Response | None) -> None:
-        """``response.speak`` before an answer's first audio delta ("at most once per response,
-        before the first audio delta"), the delta with upstream's metadata, then its one
-        transcript delta (the text produced since the last one, maybe none)."""
-        rid = fields["response_id"]
-        where = {k: fields[k] for k in ("response_id", "item_id", "output_index", "content_index")}
-        current = resp is not None and resp.id == rid
-        if rid not in self._spoken:
-            self._spoken.add(rid)
-            meta = {"session_id": self._session_id, "epoch": self._log.epoch, "model_speak": True}
-            self._write("response.speak", {**where, "metadata": meta})
-            if current:
-                self.turn_state = "assistant_playing"
-        target = resp if current else self._responses.find(rid)  # (an out-of-band answer's)
-        if target is not None:
-            self._audio_metadata(target, fields)
-        self._write("response.output_audio.delta", fields)
-        text = "".join(self._unpaired.pop(rid, ()))
-        self._write("response.output_audio_transcript.delta", {**where, "delta": text})
-
-    def _pair_the_rest(self, fields: dict[str, Any], resp: Response | None) -> None:
-        """Before ``response.output_audio.done``: text that came after the last audio delta
-        goes out with an empty one (the pairing holds, and the transcript deltas add up to
-        ``.done``'s transcript); a cancelled answer's is dropped (never spoken)."""
-        rid = fields["response_id"]
-        if not self._unpaired.get(rid):
-            return
-        if self._ending == (rid, "cancelled"):
-            self._unpaired.pop(rid, None)
-            return
-        self._audio_delta({**fields, "delta": b""}, resp)
-
-    def _response_metadata(self, type_: str, response: dict[str, Any]) -> dict[str, Any]:
-        """ "Tier 2": the raw duplex event under ``response.metadata`` (``duplex_event`` in
-        response.created; response.done's metadata is the event itself, with the ledger and
-        whether the whole answer entered the history). The request's own metadata keys stay."""
-        rid = response["id"]
-        own = response.get("metadata") or {}
-        if "modalities" not in response and "output_modalities" in response:
-            response = {**response, "modalities": response["output_modalities"]}  # both spellings, as upstream
-        base = {"type": type_, "session_id": self._session_id, "response_id": rid, "epoch": self._log.epoch}
-        if type_ == "response.created":
-            return {**response, "metadata": {**own, "duplex_event": {**base, "turn_id": self.turn_id}}}
-        ledger = self._ledgers.get(rid)
-        policy = self.duplex.playback_commit_policy
-        committed = (
-            ledger is not None
-            and response["status"] == "completed"
-            and (policy == "commit_all_on_done" or ledger.committed_ms >= ledger.generated_ms)
-        )
-        playback = ledger.view() if ledger is not None else dict(EMPTY_VIEW)
-        return {**response, "metadata": {**own, **base, "committed": committed, "playback": playback}}
-
-    def _committed_event(self, fields: dict[str, Any], resp: Response | None) -> None:
-        self._fan_out_item = fields.get("item_id")
+    def committed(self, item_id: str | None, resp: Response | None) -> dict[str, Any]:
         self.turn_id += 1
         self.turn_state = "user_committed"
-        fields["event"] = {
+        return {
             "type": "input.committed",
             "session_id": self._session_id,
             "turn_id": self.turn_id,
             "epoch": self._log.epoch,
             "history_len": len(self._history),
-            "realtime_item_id": fields.get("item_id"),
+            "realtime_item_id": item_id,
             "message": {
                 "role": "user",
                 "content": [{"type": "audio_url", "audio_url": {"url": "native-duplex:input-audio"}}],
             },
             "response_create_deferred": self._respond_next and resp is not None,
         }
-        self._write("input_audio_buffer.committed", fields)
 
-    def _audio_metadata(self, resp: Response, fields: dict[str, Any]) -> None:
-        """Upstream's audio delta extensions: format, rate, and the metadata of the answer so far."""
-        part = resp.part
-        assert part is not None
-        ledger = self._ledgers.get(resp.id)
-        if ledger is not None:
-            ledger.sent(part.audio_ms, self.clock())
-        fields["format"] = beta_format(resp.output_format)
-        fields["sample_rate_hz"] = resp.output_format.rate
-        audio_ms = round(part.audio_ms)
-        fields["metadata"] = {
-            "session_id": self._session_id,
-            "epoch": self._log.epoch,
-            "model_speak": True,
-            "end_of_turn": False,
-            "audio_duration_ms": audio_ms,  # cumulative, as upstream's
-            "audio_text_marks": [{"text_chars": len(part.transcript or ""), "audio_end_ms": audio_ms}],
-            "playback": ledger.view() if ledger is not None else dict(EMPTY_VIEW),
-        }
+    def answer_opened(self, resp: Response) -> None:
+        self.turn_state = "assistant_generating"
+        self._overlap_ms, self._overlap_decided = 0.0, False
+        assert resp.message is not None
+        self.playback.open(resp.id, resp.message.id)
+
+    def speaking(self) -> None:
+        self.turn_state = "assistant_playing"
+
+    def speech_started(self) -> None:
+        self.turn_state = "user_speaking"
+        if self._responses.current is None and not self._input.manual and self.playback.playing(self.clock()):
+            self.speech_during_response()  # server VAD over an answer that still plays
 
 
 def de_codec(encoding: str) -> str:
