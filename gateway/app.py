@@ -66,6 +66,7 @@ def create_app(
             *HttpApi(rt).routes(),
             *CallsEndpoint(rt).routes(),
             WebSocketRoute("/v1/realtime", RealtimeEndpoint(rt)),
+            WebSocketRoute("/v1/duplex", RealtimeEndpoint(rt, duplex=True)),  # vLLM-Omni's alias of ?duplex=1
             WebSocketRoute("/v1/realtime/video", VideoEndpoint(rt)),
             # The browser demo and SDK, last so that it never shadows the API.
             Mount("/", StaticFiles(directory=WEB_DEMO, html=True, check_dir=False), name="web_demo"),

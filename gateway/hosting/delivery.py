@@ -10,7 +10,9 @@ journal allows:
 - **Commit gate** (``gated``: the duplex dialect): a session event goes out only
   once the store holds it (``committed``), so a replica's crash never leaves
   the client ahead of the store. Nothing passes an event that waits, and a
-  close waits (at most ``GATE_CLOSE_WAIT_S``) for what the gate still holds.
+  close waits (at most ``GATE_CLOSE_WAIT_S``) for what the gate still holds,
+  and what a hold keeps back, so that the last event sent is the last event
+  (the duplex dialect's ``session.closed``); ``closed()`` awaits it.
 - **Replay**: a journaled event sent again as it was first sent, neither held
   nor gated (the store has it).
 
@@ -39,6 +41,7 @@ class Delivery:
         self._gate: deque[tuple[dict[str, Any], bytes]] = deque()
         self._committed = 0  # the store holds the session's events up to this seq
         self._close_after_gate: tuple[int, str] | None = None
+        self._closed = asyncio.Event()  # the peer was closed through close()
         self.closing = False
 
     def send(self, event: dict[str, Any], data: bytes) -> None:
@@ -72,6 +75,8 @@ class Delivery:
         for event, data in held:
             if event["server_event_seq"] > after:
                 self._pass(event, data)
+        if self._close_after_gate is not None and not self._gate:
+            self._close(*self._close_after_gate)
 
     def committed(self, seq: int) -> None:
         """The store holds the session's events up to ``seq``."""
@@ -82,19 +87,38 @@ class Delivery:
         while gate and gate[0][0]["server_event_seq"] <= seq:
             event, data = gate.popleft()
             self.peer.send(data, event)
-        if not gate and self._close_after_gate is not None:
-            self.peer.close(*self._close_after_gate)
+        if not gate and self._close_after_gate is not None and not self._held:
+            self._close(*self._close_after_gate)
 
     def close(self, code: int, reason: str) -> None:
-        """Close after what is queued, and on a gated connection after what waits for its commit."""
+        """Close after what is queued, and on a gated connection after what waits for its
+        commit or is held back."""
         self.closing = True
-        if self._gate:
+        if self.gated and (self._gate or self._held):
             self._close_after_gate = (code, reason)
-            # No commit in time (the session ended without one): what waits goes out anyway.
-            last = self._gate[-1][0]["server_event_seq"]
-            asyncio.get_running_loop().call_later(GATE_CLOSE_WAIT_S, self.committed, last)
+            asyncio.get_running_loop().call_later(GATE_CLOSE_WAIT_S, self._give_up)
             return
+        self._close(code, reason)
+
+    async def closed(self) -> None:
+        """Until ``close`` has closed the peer."""
+        await self._closed.wait()
+
+    def _give_up(self) -> None:
+        """No commit in time (the session ended without one): what waits goes out anyway."""
+        if self._close_after_gate is None:
+            return
+        held, self._held, self._holds = self._held or [], None, 0
+        self._gate.extend(entry for entry in held if entry[0]["server_event_seq"] > self._release_after)
+        last = max((event["server_event_seq"] for event, _ in self._gate), default=self._committed)
+        self.committed(last)
+        if self._close_after_gate is not None:  # (nothing was waiting: committed() had nothing to do)
+            self._close(*self._close_after_gate)
+
+    def _close(self, code: int, reason: str) -> None:
+        self._close_after_gate = None
         self.peer.close(code, reason)
+        self._closed.set()
 
     def _pass(self, event: dict[str, Any], data: bytes) -> None:
         if self.gated and (self._gate or event["server_event_seq"] > self._committed):

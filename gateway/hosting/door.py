@@ -259,7 +259,7 @@ class Door:
         self._client_events += 1
         control = self._controls(event) if self._controls is not None else None
         if control is not None:
-            self._control(host, control)
+            self._control(host, control, event)
         elif self.media is not None and isinstance(event, ce.OutputAudioClear):
             # The audio plays here: cut it, and the session ends the answer where it was cut.
             cut = self.media.clear_audio()
@@ -287,19 +287,24 @@ class Door:
         if pending is not None:
             await pending
 
-    def _control(self, host: SessionHost, control: Control) -> None:
-        """An event that is the connection's (the duplex dialect's heartbeat and close)."""
+    def _control(self, host: SessionHost, control: Control, event: Any) -> None:
+        """An event that is the connection's (the duplex dialect's heartbeat and close).
+        Both are answered by the session, in its stream (a seq, journaled, in order)."""
         if control == "heartbeat":
-            assert self.dialect.heartbeat_ack is not None
-            self.delivery.send_now(self.dialect.heartbeat_ack(host.id))
+            host.receive(event)  # session.heartbeat_ack
             return
-        # The client ends the session for good: session.closed is the last event.
+        # The client ends the session for good: session.closed is the last event. Nothing
+        # more is taken; the socket closes once what the commit gate holds is out.
         log.info("session %s closed by the client (%s)", host.id, control)
-        assert self.dialect.closed is not None
-        self.delivery.send_now(self.dialect.closed(host.id, control))
         self.host = None
-        self.peer.close(CloseCode.NORMAL, "session closed")
-        self.ctx.spawn(host.end(reason="closed by the client", delete=True))
+        self._disarm_idle()
+        host.receive(event)  # the session stops and says session.closed
+        self.delivery.close(CloseCode.NORMAL, "session closed")
+        self.ctx.spawn(self._end_closed(host))
+
+    async def _end_closed(self, host: SessionHost) -> None:
+        await self.delivery.closed()  # session.closed went out (or the gate gave up waiting)
+        await host.end(reason="closed by the client", delete=True)
 
     # --- opening a session --------------------------------------------------------------
 
@@ -363,7 +368,7 @@ class Door:
             self.delivery.send_now(self.dialect.heartbeat_ack(None))
         elif control is not None:
             assert self.dialect.closed is not None
-            self.delivery.send_now(self.dialect.closed(None, "session_close"))
+            self.delivery.send_now(self.dialect.closed(None, "client_close"))
             self.opened = True  # nothing more is taken
             self.peer.close(CloseCode.NORMAL, "session closed")
         elif isinstance(event, ce.EventAck):
@@ -465,9 +470,10 @@ class Door:
 
     def _refuse(self, host: SessionHost | None, err: ProtocolError) -> None:
         """A refused resume: an error in the connection's own session, or on the connection
-        when it has none (or has already moved to the session it asked for)."""
+        when it has none (or has already moved to the session it asked for), in the dialect's
+        handshake shape (duplex: the document's flat one)."""
         if host is None or host is not self.host:
-            self.delivery.send_now(self.dialect.error(err))
+            self.delivery.send_now(self.dialect.refusal(err))
         else:
             host.refuse(err)
 
@@ -484,10 +490,11 @@ class Door:
 
     def replaced(self, session_id: str) -> None:
         """Another connection took the session: say so (to a client that knows the
-        gateway's events: it resumed, or opted in) and close (4009)."""
+        event: it resumed, opted in, or speaks the duplex dialect) and close (4009)."""
         host, self.host = self.host, None
         self._disarm_idle()
-        if self.resumed or (host is not None and host.session.sends_gateway_events):
+        # (the duplex dialect's clients all know session.replaced: its catalogue has it)
+        if self.resumed or self.dialect.name == "duplex" or (host is not None and host.session.sends_gateway_events):
             self.delivery.send_now(self.dialect.replaced(session_id, self.generation))
         self.ctx.metrics.closes.labels(str(int(CloseCode.SESSION_REPLACED))).inc()
         self.peer.close(CloseCode.SESSION_REPLACED, "session replaced")

@@ -49,7 +49,7 @@ async def take_over(door: Resuming, event: ce.SessionResume, provisional: Sessio
         # Attached but cannot replay: let the client retry the resume shortly.
         delivery.release(host.session.seq)
         again = ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; resume again shortly.")
-        delivery.send_now(door.dialect.error(again))
+        delivery.send_now(door.dialect.refusal(again))
         delivery.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
         host.detach(door)
         if provisional is not None:

@@ -70,9 +70,14 @@ class Dialect:
     gated: bool  # session events go out only once the store holds them
     heartbeat_ack: Callable[[str | None], bytes] | None = None  # for a ``heartbeat`` control
     closed: Callable[[str | None, Any], bytes] | None = None  # the last event of a closed session
+    handshake_error: Callable[[ProtocolError], bytes] | None = None  # a refused resume; None: ``error``
 
     def event_name(self, event_type: type) -> str:
         return self.event_names.get(event_type, "other")
+
+    def refusal(self, err: ProtocolError) -> bytes:
+        """A refused resume, said on a connection with no session of its own."""
+        return (self.handshake_error or self.error)(err)
 
 
 def _ga_error(err: ProtocolError) -> bytes:
@@ -178,4 +183,5 @@ DUPLEX = Dialect(
     gated=True,  # upstream's client ends its session on a resync: never be ahead of the store
     heartbeat_ack=de.heartbeat_ack,
     closed=de.closed_event,
+    handshake_error=de.handshake_error,  # the document's flat handshake-stage shape
 )

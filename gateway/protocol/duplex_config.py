@@ -9,12 +9,13 @@ through the same parser as the beta dialect's (``session_config.apply_update``),
 so they are validated alike; the duplex keys land in ``DuplexConfig``. Keys a
 client echoes back from ``session.created`` (``state``, ``epoch``,
 ``capabilities``...) are ignored; any other unknown key is kept out and named
-in a ``session.warning`` (upstream ignores such keys silently; a bad value of
-a known key is an error, as in every dialect).
+in a ``session.warning`` to a client that opted in with ``gateway_events``
+(upstream ignores such keys silently; a bad value of a known key is an error,
+as in every dialect).
 
 Limits (each refused with ``invalid_value`` / ``unsupported_audio_format``
-and the ``param``): ``sample_rate_hz`` of PCM16 in 8000..48000 (G.711 is 8000
-only; ``pcm_f32le`` is not spoken here); ``idle_timeout_s`` in 1..86400;
+and the ``param``): ``sample_rate_hz`` of PCM16 (``pcm16``, ``pcm_s16le``,
+``s16le``) in 8000..48000 (G.711 is 8000 only; ``pcm_f32le`` is refused by name); ``idle_timeout_s`` in 1..86400;
 ``overlap_*_ms`` in 0..60000; ``overlap_silence_rms`` in 0..1.
 """
 
@@ -108,6 +109,7 @@ _OPENAI_KEYS = {  # parsed as the beta dialect parses them (after the renames be
     "tracing",
     "input_audio_noise_reduction",
     "reissue_interrupted_responses",
+    "gateway_events",  # the gateway's own events (session.warning), as in every dialect
 }
 _DUPLEX_KEYS = {
     "overlap_policy",
@@ -141,7 +143,15 @@ _ECHOED = {  # what a client may send back from session.created: ignored
     "playback",
     "capabilities",
 }
-_CODECS = {"pcm16": "pcm16", "pcm": "pcm16", "pcm_s16le": "pcm16", "g711_ulaw": "pcmu", "g711_alaw": "pcma"}
+# The document's input formats ("Event catalogue"), pcm_f32le aside (refused by name), and "pcm".
+CODECS = {
+    "pcm16": "pcm16",
+    "pcm": "pcm16",
+    "pcm_s16le": "pcm16",
+    "s16le": "pcm16",
+    "g711_ulaw": "pcmu",
+    "g711_alaw": "pcma",
+}
 
 
 def _err(message: str, param: str, code: str = Code.INVALID_VALUE) -> ProtocolError:
@@ -178,11 +188,20 @@ def _format(encoding: Any, rate: Any, param: str, current: AudioFormat) -> Audio
                 Code.UNSUPPORTED_FORMAT,
             )
         rate = encoding.get("rate", rate)
-    elif isinstance(encoding, str) and encoding in _CODECS:
-        codec = _CODECS[encoding]
+    elif isinstance(encoding, str) and encoding in CODECS:
+        codec = CODECS[encoding]
+    elif encoding == "pcm_f32le":
+        raise _err(
+            "pcm_f32le (32-bit float PCM) is not spoken here; use pcm16 (also pcm_s16le, s16le), "
+            "g711_ulaw or g711_alaw.",
+            param,
+            Code.UNSUPPORTED_FORMAT,
+        )
     else:
         raise _err(
-            f"Unsupported audio format {encoding!r}; use pcm16, g711_ulaw or g711_alaw.", param, Code.UNSUPPORTED_FORMAT
+            f"Unsupported audio format {encoding!r}; use pcm16 (also pcm_s16le, s16le), g711_ulaw or g711_alaw.",
+            param,
+            Code.UNSUPPORTED_FORMAT,
         )
     if codec != "pcm16":
         if rate not in (None, 8000):
@@ -284,7 +303,7 @@ def _duplex_fields(d: DuplexConfig, upd: dict[str, Any], param: str, warnings: l
                 (f"{param}.ref_audio", "'ref_audio' is accepted but not used: this engine has its own voices.")
             )
     if upd.get("response_format") is not None:
-        if upd["response_format"] not in _CODECS:
+        if upd["response_format"] not in CODECS:
             raise _err(f"'{param}.response_format' must be pcm16.", f"{param}.response_format", Code.UNSUPPORTED_FORMAT)
         changes["response_format"] = upd["response_format"]
     return replace(d, **changes)
@@ -337,6 +356,7 @@ def render_session(
         "ref_audio": duplex.ref_audio,
         "extra_body": duplex.extra_body,
         "reissue_interrupted_responses": config.reissue_interrupted_responses,
+        "gateway_events": config.gateway_events,
         "capabilities": dict(CAPABILITIES),
     }
 

@@ -13,13 +13,19 @@ Client events the GA decoder already knows (``session.update``,
 and the duplex forms of ``append`` / ``commit`` (with their hints) are decoded
 here, aliases included (the alias table of upstream's contract).
 
-Server events: the session builds GA-shaped events; ``encode`` gives them
-upstream's names (``response.audio.delta`` and its kin; ``response_id`` at the
-top of ``response.created``/``done``) and upstream's error codes where ours
-have an upstream equivalent (``ERROR_CODES``). Connection events (resumed,
-replaced, resync, heartbeat ack, closed, errors before a session) carry **no**
-``server_event_seq`` in this dialect: upstream's client drops an event whose
-seq is not above its last as a replayed duplicate, so a ``0`` would hide them.
+Server events: the session builds GA-shaped events (the GA names are the
+dialect's: ``response.output_audio.delta`` and ``response.output_audio_transcript.*``,
+as the document's catalogue, revision 2e9bf1cb, names them); ``encode`` adds
+``response_id`` at the top of ``response.created``/``done`` and gives upstream's
+error codes where ours have an upstream equivalent (``ERROR_CODES``). Every
+event of a session carries ``server_event_seq`` (``session.heartbeat_ack`` and
+``session.closed`` included: the session emits them). Connection events
+(resumed, replaced, resync, and what is said before a session exists or
+outside its stream: a heartbeat ack or close with no session, refused resumes,
+malformed acks) carry **none**: upstream's client drops an event whose seq is
+not above its last as a replayed duplicate (so a ``session.resumed`` with a seq
+would lose its rotated token, or make the replay behind it look duplicated),
+and acks every seq it sees.
 """
 
 from __future__ import annotations
@@ -37,10 +43,9 @@ from gateway.protocol.errors import Code, ProtocolError, json_object
 TRUTHY = frozenset({"1", "true", "yes", "on"})  # ?duplex= / ?resume= (upstream's RealtimeEnvelope)
 FALSY = frozenset({"0", "false", "no", "off"})  # ?autostart=
 
-# Upstream's aliases (they share the payload of their canonical event).
+# Upstream's aliases (they share the payload of their canonical event): its catalogue's
+# list, and ``input.commit``, which the catalogue lists as a type of its own.
 ALIASES = {
-    "push_chunk": "input_audio_buffer.append",
-    "input.audio.append": "input_audio_buffer.append",
     "input.commit": "input_audio_buffer.commit",
     "input_text.append": "input.text.append",
     "push_text": "input.text.append",
@@ -48,8 +53,9 @@ ALIASES = {
     "audio.playback_ack": "playback.ack",
     "close_session": "session.close",
     "close": "session.close",
-    "session_close": "session.close",
 }
+# The pre-Realtime WAV-append aliases the document says are not accepted on this route.
+NOT_ACCEPTED = frozenset({"push_chunk", "input.audio.append"})
 
 # turn.signal events (upstream's DuplexTurnEventType) and the turn states they lead to.
 TURN_SIGNALS = frozenset(
@@ -76,13 +82,6 @@ ERROR_CODES = {
     Code.RESUME_NOT_FIRST: "invalid_session_resume",
 }
 
-# GA name -> the name upstream's duplex socket sends (its catalogue, "Server to client").
-NAMES = {
-    "response.output_audio.delta": "response.audio.delta",
-    "response.output_audio.done": "response.audio.done",
-    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
-    "response.output_audio_transcript.done": "response.audio_transcript.done",
-}
 _RESPONSE_ID_TOP = frozenset({"response.created", "response.done"})
 
 
@@ -182,6 +181,14 @@ def decode(raw: str | bytes) -> ClientEvent:
     """One text frame of a duplex socket: a duplex event, or a GA one."""
     data = json_object(raw)
     kind = data.get("type")
+    if kind in NOT_ACCEPTED:
+        event_id = data.get("event_id")
+        raise ProtocolError(
+            Code.UNKNOWN_EVENT,
+            f"{kind!r} is not accepted on this route; send input_audio_buffer.append.",
+            param="type",
+            event_id=event_id if isinstance(event_id, str) else None,
+        )
     if isinstance(kind, str) and kind in ALIASES:
         kind = ALIASES[kind]
         data = {**data, "type": kind}
@@ -309,11 +316,8 @@ CLIENT_EVENT_TYPES = tuple(sorted({*_PARSERS, *ce.CLIENT_EVENT_TYPES, *ALIASES})
 def encode(event: dict[str, Any]) -> bytes:
     """One session event in the duplex spellings (the journal keeps these bytes)."""
     kind = event["type"]
-    name = NAMES.get(kind)
-    if name is not None or kind in _RESPONSE_ID_TOP or kind == "error":
+    if kind in _RESPONSE_ID_TOP or kind == "error":
         event = dict(event)
-        if name is not None:
-            event["type"] = name
         if kind in _RESPONSE_ID_TOP:
             event["response_id"] = event["response"]["id"]
         if kind == "error":
@@ -343,6 +347,13 @@ def error_event(err: ProtocolError) -> bytes:
     )
 
 
+def handshake_error(err: ProtocolError) -> bytes:
+    """A refused resume, before any session is bound to the connection: the document's
+    flat handshake shape ("Errors"), ``{"type": "error", "error": "<message>", "code"}``."""
+    code = ERROR_CODES.get(err.code, err.code)
+    return connection_event("error", error=err.message, code=code)
+
+
 def resumed_event(
     *,
     session_id: str,
@@ -355,7 +366,6 @@ def resumed_event(
     return connection_event(
         "session.resumed",
         session_id=session_id,
-        incarnation=0,
         attachment_generation=attachment_generation,
         resume_token=resume_token,
         session=session,
@@ -386,7 +396,6 @@ def resync_event(
         reason=RESYNC_REASONS.get(reason, reason),  # upstream's spelling; ours in gateway_reason
         gateway_reason=reason,
         message=message,
-        incarnation=0,
         attachment_generation=attachment_generation,
         resume_token=resume_token,
         session=session,
@@ -403,8 +412,16 @@ def heartbeat_ack(session_id: str | None) -> bytes:
     return connection_event("session.heartbeat_ack", session_id=session_id)
 
 
-CloseReason = Literal["session_close", "timeout", "disconnect"]
+CloseReason = Literal["client_close", "timeout"]  # session.close (and aliases); turn.signal timeout
 
 
-def closed_event(session_id: str | None, reason: CloseReason = "session_close") -> bytes:
-    return connection_event("session.closed", session_id=session_id, reason=reason)
+def closed_fields(session_id: str | None, epoch: int, reason: CloseReason) -> dict[str, Any]:
+    """What ``session.closed`` says ("Session lifecycle": ``session_id``, ``epoch``,
+    ``reason``, and the native event under ``event``)."""
+    return {"session_id": session_id, "epoch": epoch, "reason": reason,
+            "event": {"type": "session.closed", "reason": reason}}  # fmt: skip
+
+
+def closed_event(session_id: str | None, reason: CloseReason = "client_close") -> bytes:
+    """``session.closed`` on a connection with no session (a close before any was opened)."""
+    return connection_event("session.closed", **closed_fields(session_id, 0, reason))

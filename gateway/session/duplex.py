@@ -1,31 +1,40 @@
 """The duplex session (Sans-I/O): a ``RealtimeSession`` that speaks vLLM-Omni's
-duplex dialect (``docs/serving/realtime_duplex_api.md``).
+duplex dialect (``docs/serving/realtime_duplex_api.md``, revision 2e9bf1cb).
 
 It is the same session (conversation, responses, streaming input, seq, epoch,
 snapshot, journal, resume) with what the duplex catalogue adds on top:
 
+- **Lifecycle**: ``session.heartbeat_ack`` and ``session.closed`` are the
+  session's events (each with its seq, as every event of the document);
+  ``session.closed`` {session_id, epoch, reason, event} is its last.
 - **Playback truth** (``playback.ack``): each answer has a ``Ledger``
-  (generated / played / committed ms). A barge-in or a cancel cuts the
-  assistant item back to the committed ms (to the millisecond, with the text
-  whose audio had started by then) once the client has acknowledged any
-  playback; ``playback_commit_policy: ack_only`` keeps every answer in the
-  history only as far as acknowledged; a truncating ack sets it exactly.
-- **Turn-taking**: ``response.speak`` before an answer's first audio,
+  (generated / played / committed ms, and its playout schedule). A barge-in or
+  a cancel cuts the assistant item back to the committed ms (to the
+  millisecond, with the text whose audio had started by then) once the client
+  has acknowledged any playback; ``playback_commit_policy: ack_only`` keeps
+  every answer in the history only as far as acknowledged; a truncating ack
+  sets it exactly. An answer that has ended but still plays on the client
+  is stopped by a barge-in too.
+- **Turn-taking**: ``response.speak`` before an answer's first audio delta,
   ``response.listen`` for a silence commit (``is_speech: false``),
   ``barge_in`` / ``turn.signal`` (answered with ``turn.event``),
   ``input.cancel``, ``output_audio_buffer.clear``, and the overlap policy
   (``overlap.decision``): speech over an answer either barges in
   (``barge_in_on_speech``, the default under server VAD) or is listened to and
   answered after the current answer (``listen_only``; a remark shorter than
-  ``overlap_short_ack_ms`` is dropped). Every interruption advances ``epoch``.
-- **Commit answers**: a commit creates the response unless
+  ``overlap_short_ack_ms`` is dropped). Every cancel, clear and barge-in
+  advances ``epoch``.
+- **Commits**: a commit creates the response unless
   ``extra_body.auto_response`` is false (``response_create: false`` leaves the
   decision to this server, which answers speech); a commit while an answer
-  runs is answered after it (``response_create_deferred``).
+  runs is answered after it (``response_create_deferred``); its fan-out is the
+  document's (speech_started/stopped on manual turns too; added, created,
+  committed, transcription.completed, done).
 - The duplex spellings: ``conversation.item.created`` after every
-  ``conversation.item.added`` (its own seq), the duplex ``session`` object,
-  ``event`` echoes and audio ``metadata``; names are the encoder's
-  (``protocol/duplex_events.encode``).
+  ``conversation.item.added`` (its own seq), one transcript delta per audio
+  delta, the duplex ``session`` object, ``event`` echoes, audio and response
+  ``metadata`` (``duplex_turns.DuplexTurns.spell``; the wire form is
+  ``protocol/duplex_events.encode``).
 
 ``DuplexSession`` is the facade: it dispatches the duplex client events,
 keeps the duplex lifecycle and snapshot, and composes ``DuplexTurns``
@@ -35,7 +44,8 @@ It extends ``RealtimeSession`` only through its public methods.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway.protocol import client_events as ce
@@ -51,6 +61,8 @@ from orchestrator.engine import EngineInfo
 
 # The client events this dialect handles itself (the rest are the Realtime API's).
 _OWN_EVENTS = (
+    de.Heartbeat,
+    de.Close,
     de.Append,
     de.Commit,
     de.InputCancel,
@@ -61,24 +73,30 @@ _OWN_EVENTS = (
     de.PlaybackAck,
     ce.SessionUpdate,
     ce.ResponseCancel,
+    ce.AudioClear,
 )
 
 
 class DuplexSession(RealtimeSession):
     """See the module docstring."""
 
-    def __init__(self, *, session_id: str, duplex: DuplexConfig | None = None, **kwargs: Any) -> None:
-        self._duplex = DuplexTurns(session_id, duplex or DuplexConfig())
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        duplex: DuplexConfig | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        **kwargs: Any,
+    ) -> None:
+        """``wall_clock``: the clock of the playback ledgers' playout schedule (in the
+        snapshot: it must mean the same on every replica)."""
+        self._duplex = DuplexTurns(session_id, duplex or DuplexConfig(), clock=wall_clock)
         super().__init__(session_id=session_id, turn_taking=self._duplex, **kwargs)
         self.attachment_generation = 1  # the sockets this session had: the transport counts resumes
 
     @property
     def dialect(self) -> str:
         return "duplex"
-
-    @property
-    def sends_gateway_events(self) -> bool:
-        return True  # the duplex dialect's clients get session.warning (no opt-in there)
 
     @property
     def duplex(self) -> DuplexConfig:
@@ -121,13 +139,16 @@ class DuplexSession(RealtimeSession):
     ) -> None:
         """``session.created`` (and, when a session.update opened the session, ``session.updated``
         with the same object and the update's warnings)."""
-        fields: dict[str, Any] = {"incarnation": 0, "attachment_generation": self.attachment_generation}
+        fields: dict[str, Any] = {"attachment_generation": self.attachment_generation}
         if resume_token is not None:
             fields["resume_token"] = resume_token
         self._emit("session.created", **fields, session=self.render_config())
         if updated:
             self._emit("session.updated", session=self.render_config())
+        if not self.sends_gateway_events:
+            return  # session.warning is the gateway's: only for clients that opted in (gateway_events)
         for param, message in warnings:
+            self._warned.add(param)
             self._emit("session.warning", code="unsupported_field", message=message, param=param)
 
     def render_config(self) -> dict[str, Any]:
@@ -142,8 +163,17 @@ class DuplexSession(RealtimeSession):
         """No client event for ``idle_timeout_s`` (the transport keeps the clock)."""
         self._expired("idle_ttl_expired")
 
+    def close(self, reason: de.CloseReason) -> None:
+        """The client ends the session for good (``session.close`` and its aliases, reason
+        ``client_close``; ``turn.signal`` ``close`` too, ``timeout`` with that reason): every
+        request stops, then ``session.closed``, the session's last event ("Session
+        lifecycle": ``session_id``, ``epoch``, ``reason``, ``event``), with its seq. The
+        connection closes once it is out (``hosting.door``)."""
+        self.shutdown()
+        self._emit("session.closed", **de.closed_fields(self.id, self.epoch, reason))
+
     def _expired(self, reason: str) -> None:
-        self._emit("session.expired", session_id=self.id, incarnation=0, reason=reason)
+        self._emit("session.expired", session_id=self.id, reason=reason)
         self.shutdown()
         self.effects.append(CloseSocket(CloseCode.SESSION_EXPIRED, "session expired"))
 
@@ -151,7 +181,7 @@ class DuplexSession(RealtimeSession):
 
     def handle(self, event: de.ClientEvent) -> None:
         if not isinstance(event, _OWN_EVENTS):
-            super().handle(event)  # type: ignore[arg-type]
+            super().handle(event)
             return
         try:
             self._handle_own(event)
@@ -160,9 +190,15 @@ class DuplexSession(RealtimeSession):
                 err.event_id = event.event_id
             self.error(err)
 
-    def _handle_own(self, event: de.DuplexEvent | ce.SessionUpdate | ce.ResponseCancel) -> None:
+    def _handle_own(self, event: de.DuplexEvent | ce.SessionUpdate | ce.ResponseCancel | ce.AudioClear) -> None:
         turns = self._duplex
         match event:
+            case de.Heartbeat():
+                self._emit("session.heartbeat_ack", session_id=self.id)
+            case de.Close():
+                self.close("client_close")
+            case de.TurnSignal(event="close" | "timeout"):
+                self.close("client_close" if event.event == "close" else "timeout")
             case de.Append():
                 turns.append(event)
             case de.Commit():
@@ -184,6 +220,8 @@ class DuplexSession(RealtimeSession):
                 self._update(event)
             case ce.ResponseCancel():
                 turns.cancel_response(event.response_id)
+            case ce.AudioClear():
+                turns.clear_input()
 
     def _update(self, event: ce.SessionUpdate) -> None:
         """``session.update``: the model cannot change; ``extra_body`` sets the duplex settings."""
@@ -210,6 +248,7 @@ class DuplexSession(RealtimeSession):
         state["turn_state"] = self._duplex.turn_state
         state["attachment_generation"] = self.attachment_generation
         state["ledgers"] = self._duplex.playback.to_list()
+        state["held_done"] = list(self._duplex.held_done)
         return state
 
     @classmethod
@@ -222,5 +261,6 @@ class DuplexSession(RealtimeSession):
         turns.turn_state = state["turn_state"]
         session.attachment_generation = state["attachment_generation"]
         turns.playback.restore(state["ledgers"])
+        turns.held_done = list(state.get("held_done", ()))
         session.dirty = False
         return session

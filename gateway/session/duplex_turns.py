@@ -2,12 +2,13 @@
 
 ``DuplexTurns`` owns the duplex state the Realtime API's session does not
 have: the turn counter and state, the playback ledgers (``Playback``), the
-overlap decision over the running answer, the answer owed once the current one
-ends, the pending ``input.text.append`` text, and the duplex spellings of
-events (``spell``: ``response.speak`` before an answer's first output, audio
-``metadata``, ``conversation.item.created`` after every
-``conversation.item.added``, ``input_audio_buffer.committed`` held until its
-item is added, ``event`` echoes).
+overlap decision over the running answer (or one that still plays), a manual
+turn's speech onset, the epoch fence of every cancel, clear and barge-in, the
+answer owed once the current one ends, and the pending ``input.text.append``
+text. The duplex spelling of its events is ``DuplexSpelling``
+(duplex_spelling.py), which tells it the moments it must know
+(``TurnMoments``: a turn committed, an answer opened or speaking, speech
+started).
 
 It steers the session's parts only through their public methods (``bind``):
 the event log, the history, the input audio and the responses. It knows
@@ -16,6 +17,8 @@ nothing of the facade (duplex.py) that dispatches the client's events to it.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,36 +26,37 @@ import numpy as np
 from gateway.audio.codecs import decode_to_pcm16
 from gateway.protocol import client_events as ce
 from gateway.protocol import duplex_events as de
-from gateway.protocol.duplex_config import DuplexConfig
+from gateway.protocol.duplex_config import CODECS, DuplexConfig
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import SessionConfig, beta_format
 from gateway.session.conversation import Item, Part
+from gateway.session.duplex_spelling import DuplexSpelling
 from gateway.session.events import Spelling
-from gateway.session.playback import EMPTY_VIEW, Playback
+from gateway.session.playback import Ledger, Playback
 from gateway.session.response import Response
 from gateway.session.turn_taking import Parts
 
 MAX_PENDING_TEXT = 100_000  # characters of input.text.append awaiting a commit; more: input_text_too_large
-
-_FIRST_OUTPUT = frozenset(
-    {"response.output_audio.delta", "response.output_audio_transcript.delta", "response.output_text.delta"}
-)
 
 
 class DuplexTurns:
     """See the module docstring."""
 
     lazy_message = False  # a response's message exists from response.created (its playback ledger)
+    reports_transcripts = True  # the commit fan-out has ...transcription.completed, always
 
-    def __init__(self, session_id: str, duplex: DuplexConfig) -> None:
+    def __init__(self, session_id: str, duplex: DuplexConfig, *, clock: Callable[[], float] = time.time) -> None:
+        """``clock``: the wall clock (s) of the playback ledgers' playout schedule."""
         self.duplex = duplex  # the session's extra_body settings, set again on every update
+        self.clock = clock
         self.turn_id = 0  # committed turns
         self.turn_state = "idle"
         self.playback = Playback()
         self.response_turn: int | None = None  # the turn the last answer created answers
         self._ledgers = self.playback.ledgers  # (the hot path reads it per audio delta)
         self._session_id = session_id
-        self._spoken: str | None = None  # the answer that has sent response.speak
+        self._ending: tuple[str, str] | None = None  # (response id, status) of the answer ending now
+        self._speech_item: str | None = None  # a manual turn's item whose speech_started was said
         self._deferred: ce.ResponseParams | None = None  # an answer owed once the current one ends
         self._respond_next = True  # whether the commit under way creates an answer
         self._vad_commit = False
@@ -61,20 +65,28 @@ class DuplexTurns:
         self._overlap_ms = 0.0
         self._overlap_decided = False
         self._video_warned = False
-        self._held_commit: dict[str, Any] | None = None  # input_audio_buffer.committed, until its item is added
 
     def bind(self, parts: Parts, config: SessionConfig) -> None:
         self.config = config
         self._log = parts.log
         self._emit = parts.log.emit
-        self._write = parts.log.write
         self._history = parts.history
         self._input = parts.input
         self._responses = parts.responses
+        self._spelling = DuplexSpelling(self._session_id, self, parts)
 
     @property
     def spelling(self) -> Spelling:
-        return self.spell
+        return self._spelling.spell
+
+    @property
+    def held_done(self) -> list[str]:
+        """Committed items whose ``conversation.item.done`` awaits the transcript (the snapshot's)."""
+        return self._spelling.held_done
+
+    @held_done.setter
+    def held_done(self, value: list[str]) -> None:
+        self._spelling.held_done = value
 
     def session_state(self) -> dict[str, Any]:
         """The ``state`` of the duplex session object."""
@@ -123,11 +135,17 @@ class DuplexTurns:
 
     def answer_ending(self, resp: Response, status: str) -> None:
         assert resp.part is not None  # the duplex dialect opens a response's message at once
+        self._ending = (resp.id, status)
+        if status == "cancelled":
+            # Every cancel of the answer (barge-in, response.cancel, output_audio_buffer.clear, a
+            # truncating ack or truncate, speech over it) advances the fence, before its last events.
+            self._log.epoch += 1
         self.playback.answer_ending(resp.id, resp.part, status, self.duplex.playback_commit_policy)
 
     def answer_ended(self, resp: Response, status: str) -> None:
         assert resp.part is not None
         self.playback.answer_ended(resp.id, resp.part, status, self.duplex.playback_commit_policy)
+        self._ending = None
         self.turn_state = "idle"
         if self._deferred is not None:
             params, self._deferred = self._deferred, None
@@ -150,7 +168,7 @@ class DuplexTurns:
                 f"This session's input is {beta_format(fmt)}, not {event.encoding!r}; set it with session.update.",
                 param="format",
             )
-        if event.video_frames and not self._video_warned:
+        if event.video_frames and not self._video_warned and self.config.gateway_events:
             self._video_warned = True
             self._emit(
                 "session.warning",
@@ -158,8 +176,21 @@ class DuplexTurns:
                 param="video_frames",
                 message="'video_frames' are accepted but not used: this engine takes no camera input.",
             )
-        self._overlap(event)
-        self._input.append(event.audio, event.event_id)
+        inp = self._input
+        if self._speech_item is not None and inp.open_item_id != self._speech_item:
+            self._speech_item = None  # (the buffer it began in is gone)
+        overlapping = self._overlapping()
+        speech = None
+        if inp.manual and event.audio and (overlapping or self._speech_item is None):
+            speech = self._is_speech(event)
+        start_ms = inp.audio_ms
+        inp.append(event.audio, event.event_id)
+        if speech and self._speech_item is None and inp.open_item_id is not None:
+            # A manual turn's speech onset ("client hint, or RMS heuristic"), in its item.
+            self._speech_item = inp.open_item_id
+            self._emit("input_audio_buffer.speech_started", audio_start_ms=round(start_ms), item_id=self._speech_item)
+        if overlapping and speech is not None:
+            self._overlap(event, speech)
 
     def append_text(self, text: str) -> None:
         if self._text_len + len(text) > MAX_PENDING_TEXT:
@@ -172,20 +203,42 @@ class DuplexTurns:
         self._text_len += len(text)
 
     def cancel_input(self) -> None:
+        """``input.cancel``: the buffer and the pending text dropped; it advances the fence."""
         self._text, self._text_len = [], 0
+        self.clear_input()
+
+    def clear_input(self) -> None:
+        """``input_audio_buffer.clear``: a clear advances the fence too (the document's epoch
+        "advances on every cancel, clear, or barge-in")."""
         self._log.epoch += 1
+        self._speech_item = None
         self._input.clear()
 
-    def _overlap(self, event: de.Append) -> None:
-        """Speech (client hint, else RMS) over a running answer, on manual turns (server
-        VAD decides by itself: ``speech_during_response``)."""
-        if self._responses.current is None or not self._input.manual or self._overlap_decided or not event.audio:
-            return
+    def _is_speech(self, event: de.Append) -> bool:
+        """The append's ``is_speech`` hint, else its RMS above ``overlap_silence_rms``."""
+        if event.is_speech is not None:
+            return event.is_speech
+        pcm = np.frombuffer(decode_to_pcm16(self.config.input_format, event.audio), dtype="<i2")
+        level = pcm.astype(np.float32) / 32768.0
+        return bool(level.size) and float(np.sqrt(np.mean(level * level))) > self.duplex.overlap_silence_rms
+
+    def _overlapping(self) -> bool:
+        """A manual turn's appends overlap a running answer, or one that still plays
+        (``Playback.playing``), until the overlap is decided (server VAD decides by
+        itself: ``speech_during_response``)."""
+        if not self._input.manual or self._overlap_decided:
+            return False
+        return self._responses.current is not None or self.playback.playing(self.clock()) is not None
+
+    def _speech_stopped(self) -> None:
+        """The end of a manual turn's speech (before its commit, or a dropped remark's)."""
+        item_id, self._speech_item = self._speech_item, None
+        if item_id is not None:
+            self._emit("input_audio_buffer.speech_stopped", audio_end_ms=round(self._input.audio_ms), item_id=item_id)
+
+    def _overlap(self, event: de.Append, speech: bool) -> None:
+        """Speech over an answer (``_overlapping``): decided by the overlap policy."""
         fmt = self.config.input_format
-        speech = event.is_speech
-        if speech is None:
-            pcm = np.frombuffer(decode_to_pcm16(fmt, event.audio), dtype="<i2").astype(np.float32) / 32768.0
-            speech = bool(pcm.size) and float(np.sqrt(np.mean(pcm * pcm))) > self.duplex.overlap_silence_rms
         d = self.duplex
         if speech:
             self._overlap_ms += fmt.duration_ms(len(event.audio))
@@ -200,13 +253,15 @@ class DuplexTurns:
         elif self._overlap_ms:
             if self._overlap_ms < d.overlap_short_ack_ms:
                 self._decide("drop", "short_overlap_speech", buffer_audio=False)
+                self._speech_stopped()
                 self._input.drop()
                 self._overlap_decided = False  # another remark may follow
             self._overlap_ms = 0.0
 
     def _decide(self, action: str, reason: str, **extra: Any) -> None:
         self._overlap_decided = True
-        fields = {"overlap_ms": round(self._overlap_ms), **extra} if extra else {}
+        # "Overlap and barge-in": the details under metadata (none for a barge-in).
+        fields = {"metadata": {"overlap_ms": round(self._overlap_ms), **extra}} if extra else {}
         self._emit(
             "overlap.decision",
             session_id=self._session_id,
@@ -219,6 +274,7 @@ class DuplexTurns:
 
     def commit(self, event: de.Commit) -> None:
         if event.is_speech is False:  # a silence declaration: nothing to answer
+            self._speech_item = None
             self._input.drop()
             self._listen("no_speech")
             return
@@ -232,10 +288,13 @@ class DuplexTurns:
             self._emit("conversation.item.added", previous_item_id=prev, item=item.render(False))
             self._emit("conversation.item.done", previous_item_id=prev, item=item.render(False))
         has_audio = self._input.can_commit
+        if has_audio:
+            self._speech_stopped()  # "speech_started -> speech_stopped -> committed"
         if has_audio or not text:
             self._input.commit(event.event_id, manual=True)  # raises commit_empty without text or audio
         elif self._input.is_open:
             self._input.drop()  # under the minimum, next to text: dropped
+        self._speech_item = None
         if not has_audio:
             self.turn_id += 1
             self.turn_state = "user_committed"
@@ -258,29 +317,65 @@ class DuplexTurns:
     # --- interruption ----------------------------------------------------------------
 
     def cancel_response(self, response_id: str | None) -> None:
-        """``response.cancel``: as the Realtime API's, and it advances the fence."""
-        self._responses.cancel(response_id)
-        self._log.epoch += 1  # every interruption advances the fence (upstream's epoch)
+        """``response.cancel``: as the Realtime API's, and it advances the fence (for the
+        conversation's answer ``answer_ending`` does, before its last events)."""
+        responses = self._responses
+        if response_id is None:
+            target = responses.current or next(reversed(responses.out_of_band), None)
+        else:
+            target = responses.find(response_id)
+        if target is not None and target is not responses.current:
+            self._log.epoch += 1  # an out-of-band answer: no answer_ending
+        responses.cancel(response_id)  # (refused, untouched, when nothing runs)
 
-    def barge_in(self, reason: str) -> bool:
-        """Stop the running answer where the user stopped hearing it; True if one ran."""
+    def barge_in(self, reason: str) -> None:
+        """Stop the running answer where the user stopped hearing it, or the last answer if
+        it still plays on the client (``Playback.playing``). Every barge-in advances the
+        fence, whether or not anything was interrupted."""
         self._deferred = None  # the next commit's answer covers the whole conversation
-        if self._responses.current is None:
-            return False
+        if self._responses.current is not None:
+            self._responses.end_current("cancelled", {"type": "cancelled", "reason": reason}, cancel=True)
+            self.turn_state = "barge_in"
+            return
         self._log.epoch += 1
-        self._responses.end_current("cancelled", {"type": "cancelled", "reason": reason}, cancel=True)
-        self.turn_state = "barge_in"
-        return True
+        ledger = self.playback.playing(self.clock())
+        if ledger is not None:
+            self._emit("output_audio_buffer.cleared", response_id=ledger.response_id)
+            self._stop_playback(ledger)
+            self.turn_state = "barge_in"
+
+    def _stop_playback(self, ledger: Ledger) -> None:
+        """An answer that had ended stops playing: its item keeps what was heard (once any
+        ack reached it; ``ack_only``: always), said with ``conversation.item.truncated``."""
+        ledger.interrupted = True
+        item = self._history.get(ledger.item_id)
+        policy = self.duplex.playback_commit_policy
+        if item is None or not item.content or item.content[0].type != "output_audio":
+            return
+        if ledger.acked or policy == "ack_only":
+            ledger.cut(item.content[0])
+            self._emit(
+                "conversation.item.truncated",
+                item_id=item.id,
+                content_index=0,
+                audio_end_ms=round(ledger.committed_ms),
+            )
 
     def clear_output(self) -> None:
+        """``output_audio_buffer.clear``: the running answer is cancelled, or the last one
+        stops playing; it advances the fence either way."""
         resp = self._responses.current
         last = next(reversed(self._ledgers), None)
-        self._log.epoch += 1
+        playing = None if resp is not None else self.playback.playing(self.clock())
+        if resp is None:
+            self._log.epoch += 1  # (answer_ending does, for a running answer)
         self._emit("output_audio_buffer.cleared", response_id=resp.id if resp else last)
         if resp is not None:
             self._responses.end_current(
                 "cancelled", {"type": "cancelled", "reason": "output_audio_buffer_clear"}, cancel=True
             )
+        elif playing is not None:
+            self._stop_playback(playing)
 
     def turn_signal(self, event: de.TurnSignal) -> None:
         kind = event.event
@@ -322,6 +417,8 @@ class DuplexTurns:
         if resp is not None and resp.part is not None:
             ledger.capture(resp.part)
         ledger.ack(event.played_ms, event.committed_ms, truncate=event.truncate)
+        if event.truncate:
+            ledger.interrupted = True  # the client stopped playing it
         item = self._history.get(ledger.item_id)
         policy = self.duplex.playback_commit_policy
         if event.truncate and resp is not None:
@@ -353,81 +450,46 @@ class DuplexTurns:
             },
         )
 
-    # --- the spelling (EventLog.spell) ---------------------------------------------------
+    # --- what the spelling tells (duplex_spelling.TurnMoments) ------------------------------
 
-    def spell(self, type_: str, fields: dict[str, Any]) -> None:
-        """Every event the parts emit, as the duplex dialect sends it (module docstring)."""
-        write = self._write
-        resp = self._responses.current
-        if resp is not None and type_ in _FIRST_OUTPUT and self._spoken != resp.id:
-            self._spoken = resp.id  # the answer speaks: said once, before its first delta
-            self.turn_state = "assistant_playing"
-            meta = {"session_id": self._session_id, "epoch": self._log.epoch, "model_speak": True}
-            assert resp.message is not None
-            where = {"response_id": resp.id, "item_id": resp.message.id, "output_index": 0, "content_index": 0}
-            write("response.speak", {**where, "metadata": meta})
-        if type_ == "response.output_audio.delta" and resp is not None:
-            self._audio_metadata(resp, fields)
-        elif type_ == "input_audio_buffer.committed":
-            # Upstream's commit fan-out is added, created, committed, done: held until the item is added.
-            self._held_commit = fields
-            return
-        elif type_ in ("conversation.item.deleted", "conversation.item.truncated"):
-            fields["event"] = {"type": type_, **fields}
-        write(type_, fields)
-        if type_ == "conversation.item.added":
-            write("conversation.item.created", fields)  # upstream sends both spellings
-            held, self._held_commit = self._held_commit, None
-            if held is not None:
-                self._committed_event(held, resp)
-        elif type_ == "input_audio_buffer.speech_started":
-            self.turn_state = "user_speaking"
-        elif type_ == "response.created" and resp is not None:
-            self.turn_state = "assistant_generating"
-            self._overlap_ms, self._overlap_decided = 0.0, False
-            assert resp.message is not None
-            self.playback.open(resp.id, resp.message.id)
+    @property
+    def ending(self) -> tuple[str, str] | None:
+        return self._ending
 
-    def _committed_event(self, fields: dict[str, Any], resp: Response | None) -> None:
+    def committed(self, item_id: str | None, resp: Response | None) -> dict[str, Any]:
         self.turn_id += 1
         self.turn_state = "user_committed"
-        fields["event"] = {
+        return {
             "type": "input.committed",
             "session_id": self._session_id,
             "turn_id": self.turn_id,
             "epoch": self._log.epoch,
             "history_len": len(self._history),
-            "realtime_item_id": fields.get("item_id"),
-            "message": {"role": "user", "content": [{"type": "input_audio"}]},
+            "realtime_item_id": item_id,
+            "message": {
+                "role": "user",
+                "content": [{"type": "audio_url", "audio_url": {"url": "native-duplex:input-audio"}}],
+            },
             "response_create_deferred": self._respond_next and resp is not None,
         }
-        self._write("input_audio_buffer.committed", fields)
 
-    def _audio_metadata(self, resp: Response, fields: dict[str, Any]) -> None:
-        """Upstream's audio delta extensions: format, rate, and the metadata of the answer so far."""
-        part = resp.part
-        assert part is not None
-        ledger = self._ledgers.get(resp.id)
-        if ledger is not None:
-            ledger.generated_ms = part.audio_ms
-        fields["format"] = beta_format(resp.output_format)
-        fields["sample_rate_hz"] = resp.output_format.rate
-        audio_ms = round(part.audio_ms)
-        fields["metadata"] = {
-            "session_id": self._session_id,
-            "epoch": self._log.epoch,
-            "model_speak": True,
-            "end_of_turn": False,
-            "audio_duration_ms": audio_ms,  # cumulative, as upstream's
-            "audio_text_marks": [{"text_chars": len(part.transcript or ""), "audio_end_ms": audio_ms}],
-            "playback": ledger.view() if ledger is not None else dict(EMPTY_VIEW),
-        }
+    def answer_opened(self, resp: Response) -> None:
+        self.turn_state = "assistant_generating"
+        self._overlap_ms, self._overlap_decided = 0.0, False
+        assert resp.message is not None
+        self.playback.open(resp.id, resp.message.id)
+
+    def speaking(self) -> None:
+        self.turn_state = "assistant_playing"
+
+    def speech_started(self) -> None:
+        self.turn_state = "user_speaking"
+        if self._responses.current is None and not self._input.manual and self.playback.playing(self.clock()):
+            self.speech_during_response()  # server VAD over an answer that still plays
 
 
 def de_codec(encoding: str) -> str:
-    return {"pcm16": "pcm16", "pcm": "pcm16", "pcm_s16le": "pcm16", "g711_ulaw": "pcmu", "g711_alaw": "pcma"}.get(
-        encoding, encoding
-    )
+    return CODECS.get(encoding, encoding)
 
 
 def _ms(value: Any, default: int | None = 0) -> Any:

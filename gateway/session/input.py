@@ -71,6 +71,12 @@ class InputTurns(Protocol):
     def answer(self, params: ce.ResponseParams, event_id: str | None, turn_started_at: float | None = None) -> None:
         """A turn the session answers by itself (a VAD turn, an idle timeout) is committed."""
 
+    @property
+    def reports_transcripts(self) -> bool:
+        """Whether every committed item's transcript is reported (``...transcription.completed``
+        or ``.failed``) even with no ``input_audio_transcription`` asked for (the duplex
+        dialect's commit fan-out); False: only when asked for."""
+
 
 @dataclass(slots=True)
 class _OpenInput:
@@ -146,6 +152,11 @@ class InputAudio:
     def is_open(self) -> bool:
         """Whether uncommitted audio is buffered (its transcription request runs)."""
         return self._input is not None
+
+    @property
+    def open_item_id(self) -> str | None:
+        """The id the uncommitted audio's item will have, while audio is buffered."""
+        return self._input.item_id if self._input is not None else None
 
     @property
     def can_commit(self) -> bool:
@@ -451,7 +462,7 @@ class InputAudio:
     def report_failure(self, item_id: str, code: str, message: str) -> None:
         """The transcription of ``item_id`` failed: ``...transcription.failed``, or an
         error when the client asked for no transcripts."""
-        if self.config.transcription is not None:
+        if self.config.transcription is not None or self._turns.reports_transcripts:
             self._emit(
                 "conversation.item.input_audio_transcription.failed",
                 item_id=item_id,
@@ -470,7 +481,7 @@ class InputAudio:
         sent = self._sent.pop(item_id, "")
         if failure is not None:
             self.report_failure(item_id, *failure)
-        elif self.config.transcription is not None:
+        elif self.config.transcription is not None or self._turns.reports_transcripts:
             if text.startswith(sent):
                 if len(text) > len(sent):
                     self._transcription_delta(item_id, text[len(sent) :])

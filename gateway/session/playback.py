@@ -11,6 +11,13 @@ the text whose audio had started before ``committed_ms``, and exactly
 
 ``Playback`` keeps the ledgers of the last ``MAX_LEDGERS`` answers and decides,
 around the end of an answer, what its item keeps (``playback_commit_policy``).
+It also knows whether the last answer, though it has ended, is still playing
+on the client (``playing``): each audio delta extends the ledger's playout
+schedule (``sent``: a chunk starts when the one before it has played, or when
+it arrives), and an answer plays until the client has acknowledged all of it
+or its schedule, plus ``PLAYBACK_MARGIN_MS`` of the client's buffering, has
+run out. A barge-in then still interrupts it (``interrupted``). The schedule
+is kept in wall-clock seconds, so that it means the same on another replica.
 It knows the answer's content part, never the session or the conversation.
 """
 
@@ -23,6 +30,9 @@ from gateway.protocol.errors import Code, ProtocolError
 from gateway.session.conversation import Part
 
 MAX_LEDGERS = 16  # answers whose playback a client may still acknowledge; older ones are forgotten
+# How long after its audio would have played out, at real time, an ended answer still counts
+# as playing (the client's jitter buffer and the network): a barge-in then still stops it.
+PLAYBACK_MARGIN_MS = 500
 
 
 @dataclass(slots=True)
@@ -34,6 +44,8 @@ class Ledger:
     committed_ms: float = 0.0
     acked: bool = False  # a playback.ack reached this answer
     done: bool = False  # the answer ended (response.done)
+    interrupted: bool = False  # cancelled, or stopped by a barge-in while it played
+    play_end_at: float = 0.0  # wall-clock s at which the client has played what was sent, at real time
     transcript: str = ""  # the whole transcript, kept when the item is cut back
     marks: list[tuple[float, int]] = field(default_factory=list)
 
@@ -43,6 +55,12 @@ class Ledger:
         if len(part.transcript or "") >= len(self.transcript):
             self.transcript = part.transcript or ""
             self.marks = list(part.marks)
+
+    def sent(self, audio_ms: float, now: float) -> None:
+        """The answer's audio reached ``audio_ms`` with a delta sent at ``now`` (wall clock)."""
+        chunk_s = max(0.0, audio_ms - self.generated_ms) / 1000.0
+        self.play_end_at = max(self.play_end_at, now) + chunk_s
+        self.generated_ms = audio_ms
 
     def ack(self, played_ms: int, committed_ms: int | None, *, truncate: bool) -> None:
         self.acked = True
@@ -80,6 +98,8 @@ class Ledger:
             "committed_ms": self.committed_ms,
             "acked": self.acked,
             "done": self.done,
+            "interrupted": self.interrupted,
+            "play_end_at": self.play_end_at,
             "transcript": self.transcript,
             "marks": [list(m) for m in self.marks],
         }
@@ -107,6 +127,13 @@ class Playback:
 
     def latest(self) -> Ledger | None:
         return next(reversed(self.ledgers.values()), None)
+
+    def playing(self, now: float) -> Ledger | None:
+        """The last answer, if it has ended but still plays on the client (module docstring)."""
+        latest = self.latest()
+        if latest is None or not latest.done or latest.interrupted or latest.played_ms >= latest.generated_ms:
+            return None
+        return latest if now < latest.play_end_at + PLAYBACK_MARGIN_MS / 1000.0 else None
 
     def view(self) -> dict[str, int]:
         """The latest answer's cursors (the duplex session object's ``playback``)."""
@@ -150,6 +177,7 @@ class Playback:
         if ledger is None:
             return
         ledger.done = True
+        ledger.interrupted = status == "cancelled"  # (the client stops playing it)
         if part.type == "output_audio" and status != "cancelled" and policy == "ack_only":
             ledger.cut(part)  # only what is acknowledged enters the history
 

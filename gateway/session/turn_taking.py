@@ -61,6 +61,7 @@ class RealtimeTurns:
 
     spelling: Spelling | None = None
     lazy_message = True
+    reports_transcripts = False  # transcripts only with input_audio_transcription
 
     def bind(self, parts: Parts, config: SessionConfig) -> None:
         self.config = config

@@ -85,13 +85,14 @@ class RealtimeServices(Services, Protocol):
 class RealtimeEndpoint:
     """ASGI app for the realtime WebSocket."""
 
-    def __init__(self, runtime: RealtimeServices) -> None:
+    def __init__(self, runtime: RealtimeServices, *, duplex: bool = False) -> None:
         self.runtime = runtime
+        self.duplex = duplex  # every socket speaks vLLM-Omni's duplex dialect (its /v1/duplex alias)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         rt = self.runtime
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        duplex = duplex_events.enabled((query.get("duplex") or [None])[0])
+        duplex = self.duplex or duplex_events.enabled((query.get("duplex") or [None])[0])
 
         def encode_error(code: str, message: str) -> bytes:
             return duplex_events.error_event(ProtocolError(code, message)) if duplex else error_event(code, message)

@@ -1,25 +1,44 @@
 """A client written to vLLM-Omni's duplex document, behaving as its ``DuplexClient``
-does (``docs/serving/realtime_duplex_api.md``, "Using DuplexClient" and "API
-Reference"), with raw ``websockets``: no code of ours, so that if our reading
-of the document were wrong on the server, the same reading is not repeated
-here.
+does, with raw ``websockets``: no code of ours, so that if our reading of the
+document were wrong on the server, the same reading is not repeated here.
 
-What it does, as documented:
+The revisions it follows: ``docs/serving/realtime_duplex_api.md`` at
+``upstream_docs.DUPLEX_DOC_REVISION`` ("Using DuplexClient" and "API
+Reference") and ``vllm_omni/clients/duplex.py`` at
+``upstream_docs.DUPLEX_CLIENT_REVISION``. What that client does, and this one:
 
 - connects to ``/v1/realtime?duplex=1&model=...&autostart=0``, sends
-  ``session.update`` and waits for ``session.created``; an ``error`` first fails;
+  ``session.update`` (its ``SessionConfig.to_session_payload``: the formats,
+  a top-level ``sample_rate_hz``, ``audio.input/output.sample_rate_hz``,
+  ``extra_body.auto_response``) and waits for ``session.created``; an
+  ``error`` first fails; the session id is ``session.session_id``, else
+  ``session.id``, else the event's ``session_id``;
+- every client event but acks and resumes carries an ``event_id``
+  (``evt_<hex>``);
 - after **every** event that carries a ``server_event_seq`` it sends
-  ``session.event_ack`` ``{server_event_seq}``; an event whose seq is not
-  above the last one seen is a replayed duplicate and is dropped;
+  ``session.event_ack`` ``{server_event_seq}`` (not once the session is
+  closed); an event whose seq is not above the last one seen is a replayed
+  duplicate and is dropped; an event without a seq always passes;
+- it reads audio only from ``response.output_audio.delta`` and transcripts
+  only from ``response.output_audio_transcript.delta`` (the old
+  ``response.audio.*`` names are plain events to it); ``response.speak``
+  makes an answer's decision ``speak``, a ``response.listen`` that names a
+  response ends it as ``listen``, and ``response.done`` ends it (``speak``
+  when nothing decided);
 - sends ``session.heartbeat`` every ``heartbeat_interval_s``;
-- ``ack_playback`` sends ``playback.ack`` (cumulative ``played_ms`` /
-  ``committed_ms``), ``barge_in`` sends ``barge_in``, ``close`` sends
-  ``session.close`` and waits for ``session.closed``;
+- ``append`` sends ``format``, ``sample_rate_hz``, ``duration_ms`` and the
+  cumulative ``audio_end_ms``; ``ack_playback`` sends ``playback.ack``
+  (cumulative ``played_ms`` / ``committed_ms``, ``response_id``,
+  ``item_id``); ``barge_in`` sends ``barge_in``; ``close`` sends
+  ``session.close`` and waits for ``session.closed``, after which it sends
+  nothing (no ack);
 - on a transport drop it reconnects (jittered backoff, five attempts) and
-  sends ``session.resume`` (``session_id``, ``incarnation``, ``resume_token``,
-  ``last_received_server_event_seq``); events before ``session.resumed`` wait,
-  ``session.resync_required`` or an error with a fatal resume code ends it, any
-  other error is retried; ``session.resumed`` refreshes the token.
+  sends ``session.resume`` (``session_id``, ``resume_token``,
+  ``last_received_server_event_seq``, 0 if none); events before
+  ``session.resumed`` wait and are dispatched after it, behind a synthetic
+  ``connection.resumed``; ``session.resync_required`` or an error with a
+  fatal resume code ends it, any other error is retried on a new socket;
+  ``session.resumed`` refreshes the token.
 """
 
 from __future__ import annotations
@@ -35,18 +54,11 @@ from urllib.parse import urlencode
 
 import orjson
 import websockets
+from support.upstream_docs import FATAL_RESUME_CODES
 
-FATAL_RESUME_CODES = frozenset(
-    {
-        "invalid_session_resume",
-        "session_resume_expired",
-        "unsupported_session_resume",
-        "invalid_resume_token",
-        "session_resume_conflict",
-    }
-)
-AUDIO_DELTAS = ("response.audio.delta", "response.output_audio.delta")
-TRANSCRIPT_DELTAS = ("response.audio_transcript.delta", "response.output_audio_transcript.delta")
+AUDIO_DELTA = "response.output_audio.delta"
+TRANSCRIPT_DELTA = "response.output_audio_transcript.delta"
+TEXT_DELTAS = ("response.text.delta", "response.output_text.delta")
 
 
 class DuplexError(Exception):
@@ -61,6 +73,7 @@ class Answer:
     response_id: str
     audio: bytearray = field(default_factory=bytearray)
     transcript: str = ""
+    text: str = ""
     decision: str | None = None
     done: dict[str, Any] | None = None
 
@@ -102,7 +115,7 @@ class DocDuplexClient:
         self.on_event = on_event
         self.session_id: str | None = None
         self.resume_token: str | None = None
-        self.incarnation = 0
+        self.audio_end_ms = 0.0  # the input audio sent (each append's cumulative audio_end_ms)
         self.session_info: dict[str, Any] = {}
         self.last_seq: int | None = None
         self.events: list[dict[str, Any]] = []  # every event delivered, in order (duplicates dropped)
@@ -153,12 +166,15 @@ class DocDuplexClient:
         await self._ws.send(orjson.dumps({"event_id": f"evt_{random.getrandbits(48):x}", **event}).decode())
 
     async def append(self, pcm: bytes, *, is_speech: bool | None = None) -> None:
+        duration_ms = len(pcm) / 32
+        self.audio_end_ms += duration_ms
         event: dict[str, Any] = {
             "type": "input_audio_buffer.append",
             "audio": base64.b64encode(pcm).decode(),
             "format": "pcm16",
             "sample_rate_hz": 16000,
-            "duration_ms": len(pcm) // 32,
+            "duration_ms": round(duration_ms),
+            "audio_end_ms": round(self.audio_end_ms),
         }
         if is_speech is not None:
             event["is_speech"] = is_speech
@@ -170,12 +186,23 @@ class DocDuplexClient:
             event["response_create"] = create_response
         await self.send(event)
 
-    async def ack_playback(self, played_ms: float, *, response_id: str | None = None, truncate: bool = False) -> None:
-        event: dict[str, Any] = {"type": "playback.ack", "played_ms": int(played_ms), "committed_ms": int(played_ms)}
+    async def ack_playback(
+        self,
+        played_ms: float,
+        *,
+        response_id: str | None = None,
+        item_id: str | None = None,
+        committed_ms: float | None = None,
+    ) -> None:
+        event: dict[str, Any] = {
+            "type": "playback.ack",
+            "played_ms": int(played_ms),
+            "committed_ms": int(played_ms if committed_ms is None else committed_ms),
+        }
         if response_id is not None:
             event["response_id"] = response_id
-        if truncate:
-            event["truncate"] = True
+        if item_id is not None:
+            event["item_id"] = item_id
         await self.send(event)
 
     async def barge_in(self) -> None:
@@ -237,27 +264,36 @@ class DocDuplexClient:
                 return
             self.last_seq = seq
         kind = event["type"]
+        answer = self._answer(event) if kind != "response.created" else None
         if kind in ("session.created", "session.resumed"):
             session = event.get("session")
-            if isinstance(session, dict) and session:
+            session = session if isinstance(session, dict) else {}
+            if session:
                 self.session_info = session
-                self.session_id = session.get("id") or self.session_id
-            self.session_id = event.get("session_id") or self.session_id
-            self.incarnation = event.get("incarnation", 0)
+            self.session_id = (
+                session.get("session_id") or session.get("id") or event.get("session_id") or self.session_id
+            )
             self.resume_token = event.get("resume_token") or self.resume_token
         elif kind == "response.created":
             rid = event.get("response_id") or event["response"]["id"]
             self.answers.setdefault(rid, Answer(rid))
-        elif kind in AUDIO_DELTAS and event.get("response_id") in self.answers:
-            self.answers[event["response_id"]].audio += base64.b64decode(event["delta"])
-        elif kind in TRANSCRIPT_DELTAS and event.get("response_id") in self.answers:
-            self.answers[event["response_id"]].transcript += event["delta"]
-        elif kind == "response.speak" and event.get("response_id") in self.answers:
-            self.answers[event["response_id"]].decision = "speak"
-        elif kind == "response.done":
-            answer = self.answers.get(event.get("response_id") or event["response"]["id"])
-            if answer is not None:
-                answer.done = event
+        elif answer is not None and answer.done is not None:
+            pass  # a finished answer takes nothing more
+        elif kind == AUDIO_DELTA and answer is not None:
+            if event.get("delta"):
+                answer.audio += base64.b64decode(event["delta"])
+        elif kind == TRANSCRIPT_DELTA and answer is not None:
+            answer.transcript += event.get("delta") or ""
+        elif kind in TEXT_DELTAS and answer is not None:
+            answer.text += event.get("delta") or ""
+        elif kind == "response.speak" and answer is not None:
+            answer.decision = "speak"
+        elif kind == "response.listen" and answer is not None:
+            answer.decision = answer.decision or "listen"
+            answer.done = event  # a listen that names a response ends it
+        elif kind == "response.done" and answer is not None:
+            answer.decision = answer.decision or "speak"
+            answer.done = event
         elif kind == "session.closed":
             self.closed = "closed"
         elif kind == "session.expired":
@@ -275,6 +311,13 @@ class DocDuplexClient:
                 await self._ws.send(orjson.dumps({"type": "session.event_ack", "server_event_seq": seq}).decode())
                 self.acks_sent += 1
 
+    def _answer(self, event: dict[str, Any]) -> Answer | None:
+        rid = event.get("response_id")
+        if not isinstance(rid, str):
+            response = event.get("response")
+            rid = response.get("id") if isinstance(response, dict) else None
+        return self.answers.get(rid) if isinstance(rid, str) else None
+
     async def _resume(self) -> bool:
         if not self.resume_token or not self.session_id:
             return False
@@ -291,7 +334,6 @@ class DocDuplexClient:
                         {
                             "type": "session.resume",
                             "session_id": self.session_id,
-                            "incarnation": self.incarnation,
                             "resume_token": self.resume_token,
                             "last_received_server_event_seq": self.last_seq or 0,
                         }
@@ -303,6 +345,7 @@ class DocDuplexClient:
                     if event["type"] == "session.resumed":
                         self._ws = ws
                         self.resumes += 1
+                        await self._dispatch({"type": "connection.resumed", "attempt": attempt})
                         await self._dispatch(event)
                         for entry in pending:
                             await self._dispatch(entry)

@@ -2,8 +2,10 @@
 
 Sources, in the vllm-project/vllm-omni repository:
 
-- ``docs/serving/realtime_duplex_api.md`` (DUPLEX): ``/v1/realtime?duplex=1``,
-  section "API Reference" > "Message examples" unless noted;
+- ``docs/serving/realtime_duplex_api.md`` (DUPLEX) at revision
+  ``DUPLEX_DOC_REVISION``: ``/v1/realtime?duplex=1``, section "API Reference" >
+  "Message examples" unless noted (the examples there omit
+  ``server_event_seq``, which every server event carries on the wire);
 - ``docs/serving/realtime_api.md`` (TURN): the turn-based ``/v1/realtime``,
   section "Protocol";
 - ``docs/serving/streaming_video_output_api.md`` (VIDEO) and
@@ -12,7 +14,8 @@ Sources, in the vllm-project/vllm-omni repository:
 
 Every constant names its section. The documents shorten base64 payloads and
 ids to ``"…"``; ``fill`` puts real values in their place (the only change made
-to an example), so that a server can act on them.
+to an example), so that a server can act on them; ``gaps`` compares what a
+server sent with an example's shape.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from typing import Any
 
 ELLIPSIS = "…"
 
+DUPLEX_DOC_REVISION = "2e9bf1cb9d486861caf029c2306c95df0fadc90d"  # docs/serving/realtime_duplex_api.md
+DUPLEX_CLIENT_REVISION = "09c32f18141eaddc377c14410746a00b6cdb30a6"  # vllm_omni/clients/duplex.py
+
 # --- DUPLEX: client to server ------------------------------------------------------------------
 
 # "Session lifecycle": C→S session.update (first one = open handshake)
@@ -31,7 +37,6 @@ SESSION_UPDATE = {
     "event_id": "evt_0001",
     "session": {
         "model": "openbmb/MiniCPM-o-4_5",
-        "session_id": "sess_demo_01",
         "modalities": ["audio", "text"],
         "instructions": "You are a concise voice assistant.",
         "input_audio_format": "pcm16",
@@ -42,17 +47,16 @@ SESSION_UPDATE = {
         "playback_commit_policy": "ack_only",
         "temperature": 0.7,
         "idle_timeout_s": 300,
-        "extra_body": {"auto_response": True, "native_duplex": True, "force_listen_count": 0},
+        "extra_body": {"auto_response": True, "force_listen_count": 0},
     },
 }
-# "Session lifecycle": heartbeat, event ack, close, resume
+# "Session lifecycle": heartbeat, event ack, close, resume (on a new socket, ?duplex=1&autostart=0)
 HEARTBEAT = {"type": "session.heartbeat"}
 EVENT_ACK = {"type": "session.event_ack", "server_event_seq": 48}
 CLOSE = {"type": "session.close"}
 RESUME = {
     "type": "session.resume",
-    "session_id": "sess_demo_01",
-    "incarnation": 0,
+    "session_id": "duplex-5f2a…",
     "resume_token": "rt_3f9c…",
     "last_received_server_event_seq": 40,
 }
@@ -148,7 +152,7 @@ SERVER_VAD_UPDATE = {
     },
 }
 
-# "Event catalogue" > "Client to server": every type (aliases in "Coverage").
+# "Event catalogue" > "Client to server": every type (21).
 DUPLEX_CLIENT_TYPES = (
     "session.update",
     "session.heartbeat",
@@ -172,18 +176,20 @@ DUPLEX_CLIENT_TYPES = (
     "turn.signal",
     "playback.ack",
 )
-DUPLEX_ALIASES = (
-    "push_chunk",
-    "input.audio.append",
-    "input_text.append",
-    "push_text",
-    "signal_turn",
-    "audio.playback_ack",
-    "close_session",
-    "close",
-    "session_close",
-)
-# "Event catalogue" > "Server to client": every type.
+# "Event catalogue": the aliases (they share their canonical event's payload), and the two
+# pre-Realtime WAV-append aliases that "are **not** accepted on this route".
+DUPLEX_ALIASES = {
+    "input_text.append": "input.text.append",
+    "push_text": "input.text.append",
+    "signal_turn": "turn.signal",
+    "audio.playback_ack": "playback.ack",
+    "close_session": "session.close",
+    "close": "session.close",
+}
+DUPLEX_NOT_ACCEPTED = ("push_chunk", "input.audio.append")
+# "Event catalogue": the supported input formats of input_audio_buffer.append.
+DUPLEX_INPUT_FORMATS = ("pcm16", "pcm_s16le", "s16le", "pcm_f32le", "g711_ulaw", "g711_alaw")
+# "Event catalogue" > "Server to client": every type (42).
 DUPLEX_SERVER_TYPES = (
     "session.created",
     "session.updated",
@@ -208,12 +214,12 @@ DUPLEX_SERVER_TYPES = (
     "response.output_item.added",
     "response.content_part.added",
     "response.speak",
-    "response.audio.delta",
-    "response.audio_transcript.delta",
+    "response.output_audio.delta",
+    "response.output_audio_transcript.delta",
     "response.output_text.delta",
     "response.output_text.done",
-    "response.audio.done",
-    "response.audio_transcript.done",
+    "response.output_audio.done",
+    "response.output_audio_transcript.done",
     "response.content_part.done",
     "response.output_item.done",
     "response.done",
@@ -225,55 +231,141 @@ DUPLEX_SERVER_TYPES = (
     "output_audio_buffer.cleared",
     "playback.acknowledged",
     "overlap.decision",
-    "runtime.control",
+    "turn.event",
     "error",
 )
 
-# --- DUPLEX: server to client (what the double sends, as the document shows it) -----------------
+# --- DUPLEX: server to client, as the document shows them ------------------------------------
 
-# "Session lifecycle": S→C session.created (session object abridged to what a client reads)
+# "Session lifecycle": S→C session.created
 SESSION_CREATED = {
     "type": "session.created",
-    "incarnation": 0,
     "attachment_generation": 1,
     "resume_token": "rt_3f9c…",
     "session": {
         "object": "realtime.session",
         "type": "realtime",
-        "id": "sess_demo_01",
+        "id": "duplex-5f2a…",
         "model": "openbmb/MiniCPM-o-4_5",
         "state": "open",
         "turn_state": "idle",
         "epoch": 0,
         "turn_id": 0,
+        "active_request_id": None,
+        "active_response_id": None,
+        "active_response_turn_id": None,
         "modalities": ["audio", "text"],
         "output_modalities": ["audio", "text"],
+        "instructions": "You are a concise voice assistant.",
+        "voice": None,
+        "response_format": "pcm16",
         "input_audio_format": "pcm16",
         "output_audio_format": "pcm16",
         "audio": {
             "input": {"format": {"type": "audio/pcm", "rate": 16000}, "sample_rate_hz": 16000},
             "output": {"format": {"type": "audio/pcm", "rate": 24000}},
         },
+        "temperature": 0.7,
+        "max_tokens": None,
+        "speed": None,
+        "idle_timeout_s": 300.0,
+        "overlap_policy": "listen_only",
+        "overlap_short_ack_ms": 700,
+        "overlap_barge_in_ms": 1200,
+        "overlap_silence_rms": 0.003,
+        "playback_commit_policy": "ack_only",
+        "turn_detection": None,
+        "input_audio_transcription": None,
+        "tracing": None,
         "playback": {"generated_ms": 0, "sent_ms": 0, "played_ms": 0, "committed_ms": 0},
         "capabilities": {
             "implementation_level": "model_native_duplex",
             "supports_input_append": True,
             "supports_barge_in": True,
             "supports_session_resume": True,
+            "supports_session_lease": True,
+            "supports_multi_session": True,
             "chunk_period_ms": 1000,
+            "input_modes": ["append_audio_chunk"],
+            "signal_sources": ["model_native", "client_event", "server_policy"],
+            "target_barge_in_latency_ms": None,
         },
     },
 }
-HEARTBEAT_ACK = {"type": "session.heartbeat_ack", "session_id": "sess_demo_01"}
-SESSION_CLOSED = {"type": "session.closed", "session_id": "sess_demo_01", "reason": "session_close"}
+SESSION_UPDATED = {"type": "session.updated", "session": {"object": "realtime.session", "id": "duplex-5f2a…", "…": "…"}}
+HEARTBEAT_ACK = {"type": "session.heartbeat_ack", "session_id": "duplex-5f2a…"}
+SESSION_CLOSED = {
+    "type": "session.closed",
+    "session_id": "duplex-5f2a…",
+    "epoch": 3,
+    "reason": "client_close",
+    "event": {"type": "session.closed", "reason": "client_close"},
+}
 SESSION_RESUMED = {
     "type": "session.resumed",
-    "session_id": "sess_demo_01",
-    "incarnation": 0,
+    "session_id": "duplex-5f2a…",
+    "session": {
+        "id": "duplex-5f2a…",
+        "state": "open",
+        "epoch": 3,
+        "turn_id": 2,
+        "...": "the engine's current session object",
+    },
     "attachment_generation": 2,
     "resume_token": "rt_a71e…",
 }
+SESSION_REPLACED = {"type": "session.replaced", "session_id": "duplex-5f2a…", "attachment_generation": 1}
+SESSION_EXPIRED = {"type": "session.expired", "session_id": "duplex-5f2a…", "reason": "disconnect_grace_expired"}
+SESSION_RESYNC_REQUIRED = {"type": "session.resync_required", "session_id": "duplex-5f2a…", "reason": "journal_gap"}
+# "Input": speech_started / speech_stopped
+SPEECH_STARTED = {"type": "input_audio_buffer.speech_started", "audio_start_ms": 1040, "item_id": "item_9b2d…"}
+SPEECH_STOPPED = {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 2860, "item_id": "item_9b2d…"}
 # "Input": S→C commit fan-out (in this order)
+USER_ITEM_ADDED = {
+    "type": "conversation.item.added",
+    "previous_item_id": None,
+    "item": {
+        "id": "item_9b2d…",
+        "object": "realtime.item",
+        "type": "message",
+        "role": "user",
+        "status": "completed",
+        "content": [{"type": "input_audio", "transcript": "what is the weather today"}],
+    },
+}
+USER_ITEM_CREATED = {
+    "type": "conversation.item.created",
+    "previous_item_id": None,
+    "item": {"id": "item_9b2d…", "…": "…"},
+}
+COMMITTED = {
+    "type": "input_audio_buffer.committed",
+    "previous_item_id": None,
+    "item_id": "item_9b2d…",
+    "event": {
+        "type": "input.committed",
+        "session_id": "duplex-5f2a…",
+        "turn_id": 1,
+        "epoch": 0,
+        "history_len": 1,
+        "message": {
+            "role": "user",
+            "content": [{"type": "audio_url", "audio_url": {"url": "native-duplex:input-audio"}}],
+        },
+        "realtime_item_id": "item_9b2d…",
+    },
+}
+TRANSCRIPTION_COMPLETED = {
+    "type": "conversation.item.input_audio_transcription.completed",
+    "item_id": "item_9b2d…",
+    "content_index": 0,
+    "transcript": "what is the weather today",
+}
+USER_ITEM_DONE = {
+    "type": "conversation.item.done",
+    "previous_item_id": None,
+    "item": {"id": "item_9b2d…", "status": "completed", "…": "…"},
+}
 COMMIT_FAN_OUT = (
     "conversation.item.added",
     "conversation.item.created",
@@ -281,17 +373,194 @@ COMMIT_FAN_OUT = (
     "conversation.item.input_audio_transcription.completed",
     "conversation.item.done",
 )
-# "Response lifecycle": the events of one spoken answer, in order
+# "Input": deferred commit during an active response
+COMMITTED_DEFERRED = {
+    "type": "input_audio_buffer.committed",
+    "previous_item_id": "item_9b2d…",
+    "item_id": "item_c044…",
+    "event": {
+        "type": "input.committed",
+        "session_id": "duplex-5f2a…",
+        "turn_id": 2,
+        "epoch": 0,
+        "history_len": 3,
+        "response_create_deferred": True,
+        "message": {"…": "…"},
+    },
+}
+CLEARED = {"type": "input_audio_buffer.cleared"}
+ITEM_DELETED = {
+    "type": "conversation.item.deleted",
+    "item_id": "item_9b2d…",
+    "event": {"type": "conversation.item.deleted", "item_id": "item_9b2d…"},
+}
+ITEM_RETRIEVED = {
+    "type": "conversation.item.retrieved",
+    "item": {
+        "id": "item_resp_01",
+        "object": "realtime.item",
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_audio", "transcript": "It is sunny, 24 degrees."}],
+    },
+}
+ITEM_TRUNCATED = {
+    "type": "conversation.item.truncated",
+    "item_id": "item_resp_01",
+    "content_index": 0,
+    "audio_end_ms": 1850,
+    "event": {"…": "…"},
+}
+# "Response lifecycle": one spoken answer
+RESPONSE_CREATED = {
+    "type": "response.created",
+    "response_id": "resp_01",
+    "response": {
+        "id": "resp_01",
+        "object": "realtime.response",
+        "status": "in_progress",
+        "status_details": None,
+        "output": [],
+        "modalities": ["audio", "text"],
+        "metadata": {
+            "duplex_event": {
+                "type": "response.created",
+                "session_id": "duplex-5f2a…",
+                "response_id": "resp_01",
+                "epoch": 0,
+                "turn_id": 1,
+            }
+        },
+    },
+}
+_ASSISTANT_OPEN = {
+    "id": "item_resp_01",
+    "object": "realtime.item",
+    "type": "message",
+    "role": "assistant",
+    "status": "in_progress",
+    "content": [],
+}
+ASSISTANT_ITEM_ADDED = {"type": "conversation.item.added", "previous_item_id": "item_9b2d…", "item": _ASSISTANT_OPEN}
+OUTPUT_ITEM_ADDED = {
+    "type": "response.output_item.added",
+    "response_id": "resp_01",
+    "output_index": 0,
+    "item": _ASSISTANT_OPEN,
+}
+_WHERE = {"response_id": "resp_01", "item_id": "item_resp_01", "output_index": 0, "content_index": 0}
+CONTENT_PART_ADDED = {"type": "response.content_part.added", **_WHERE, "part": {"type": "audio", "transcript": ""}}
+RESPONSE_SPEAK = {
+    "type": "response.speak",
+    **_WHERE,
+    "metadata": {"session_id": "duplex-5f2a…", "epoch": 0, "model_speak": True},
+}
+AUDIO_DELTA = {
+    "type": "response.output_audio.delta",
+    **_WHERE,
+    "delta": "…",
+    "format": "pcm16",
+    "sample_rate_hz": 24000,
+    "metadata": {
+        "session_id": "duplex-5f2a…",
+        "epoch": 0,
+        "model_speak": True,
+        "end_of_turn": False,
+        "audio_duration_ms": 1000,
+        "audio_text_marks": [{"text_chars": 11, "audio_end_ms": 1000}],
+        "playback": {"generated_ms": 1000, "sent_ms": 1000, "played_ms": 0, "committed_ms": 0},
+    },
+}
+# "(exactly one per audio delta)"
+TRANSCRIPT_DELTA = {"type": "response.output_audio_transcript.delta", **_WHERE, "delta": "It is sunny"}
+TEXT_DELTA = {
+    "type": "response.output_text.delta",
+    "response_id": "resp_02",
+    "item_id": "item_resp_02",
+    "output_index": 0,
+    "content_index": 0,
+    "delta": "Tomorrow looks",
+}
+TEXT_DONE = {
+    "type": "response.output_text.done",
+    "response_id": "resp_02",
+    "item_id": "item_resp_02",
+    "output_index": 0,
+    "content_index": 0,
+    "text": "Tomorrow looks cloudy.",
+}
+AUDIO_DONE = {"type": "response.output_audio.done", **_WHERE}
+TRANSCRIPT_DONE = {"type": "response.output_audio_transcript.done", **_WHERE, "transcript": "It is sunny, 24 degrees."}
+CONTENT_PART_DONE = {
+    "type": "response.content_part.done",
+    **_WHERE,
+    "part": {"type": "audio", "transcript": "It is sunny, 24 degrees."},
+}
+_ASSISTANT_DONE = {
+    "id": "item_resp_01",
+    "object": "realtime.item",
+    "type": "message",
+    "role": "assistant",
+    "status": "completed",
+    "content": [{"type": "output_audio", "transcript": "It is sunny, 24 degrees."}],
+}
+OUTPUT_ITEM_DONE = {
+    "type": "response.output_item.done",
+    "response_id": "resp_01",
+    "output_index": 0,
+    "item": _ASSISTANT_DONE,
+}
+ASSISTANT_ITEM_DONE = {
+    "type": "conversation.item.done",
+    "previous_item_id": "item_9b2d…",
+    "item": {"id": "item_resp_01", "status": "completed", "…": "…"},
+}
+RESPONSE_DONE = {
+    "type": "response.done",
+    "response_id": "resp_01",
+    "response": {
+        "id": "resp_01",
+        "object": "realtime.response",
+        "status": "completed",
+        "status_details": None,
+        "output": [_ASSISTANT_DONE],
+        "metadata": {
+            "type": "response.done",
+            "session_id": "duplex-5f2a…",
+            "response_id": "resp_01",
+            "epoch": 0,
+            "committed": True,
+            "playback": {"generated_ms": 2400, "sent_ms": 2400, "played_ms": 2400, "committed_ms": 2400},
+        },
+    },
+}
+RESPONSE_DONE_BARGE_IN = {
+    "type": "response.done",
+    "response_id": "resp_01",
+    "response": {
+        "id": "resp_01",
+        "object": "realtime.response",
+        "status": "cancelled",
+        "status_details": {"type": "cancelled", "reason": "barge_in"},
+        "output": [{"id": "item_resp_01", "status": "cancelled", "…": "…"}],
+        "metadata": {"…": "…"},
+    },
+}
+RATE_LIMITS_UPDATED = {"type": "rate_limits.updated", "rate_limits": []}
+# The events of one spoken answer, in the document's order ("Response lifecycle"; the
+# opening: created, the assistant item added and created, output item, content part, speak).
 ANSWER = (
     "response.created",
     "conversation.item.added",
+    "conversation.item.created",
     "response.output_item.added",
     "response.content_part.added",
     "response.speak",
-    "response.audio.delta",
-    "response.audio_transcript.delta",
-    "response.audio.done",
-    "response.audio_transcript.done",
+    "response.output_audio.delta",
+    "response.output_audio_transcript.delta",
+    "response.output_audio.done",
+    "response.output_audio_transcript.done",
     "response.content_part.done",
     "response.output_item.done",
     "conversation.item.done",
@@ -300,20 +569,74 @@ ANSWER = (
 )
 RESPONSE_LISTEN = {
     "type": "response.listen",
-    "session_id": "sess_demo_01",
+    "session_id": "duplex-5f2a…",
     "epoch": 0,
     "response": {
         "object": "realtime.response",
         "status": "listening",
-        "metadata": {"type": "response.listen", "session_id": "sess_demo_01", "epoch": 0, "reason": "model_listen"},
+        "metadata": {"type": "response.listen", "session_id": "duplex-5f2a…", "epoch": 0, "reason": "model_listen"},
     },
 }
-# "Errors": handshake-stage errors use the flat native shape
+OUTPUT_AUDIO_CLEARED = {"type": "output_audio_buffer.cleared", "response_id": "resp_01"}
+# "Playback": S→C playback.acknowledged
+PLAYBACK_ACKNOWLEDGED = {
+    "type": "playback.acknowledged",
+    "event": {
+        "type": "playback.acknowledged",
+        "session_id": "duplex-5f2a…",
+        "epoch": 0,
+        "item_id": "item_resp_01",
+        "played_ms": 1000,
+        "committed_ms": 1000,
+        "truncate": False,
+        "playback": {"generated_ms": 2400, "sent_ms": 2400, "played_ms": 1000, "committed_ms": 1000},
+        "history_committed": False,
+    },
+}
+# "Overlap and barge-in": S→C overlap.decision (listen, then barge_in)
+OVERLAP_LISTEN = {
+    "type": "overlap.decision",
+    "session_id": "duplex-5f2a…",
+    "epoch": 0,
+    "policy": "listen_only",
+    "action": "listen",
+    "reason": "long_overlap_speech",
+    "metadata": {"overlap_ms": 1400, "buffer_audio": True, "defer_runtime_append": True, "force_listen": True},
+}
+OVERLAP_BARGE_IN = {
+    "type": "overlap.decision",
+    "session_id": "duplex-5f2a…",
+    "epoch": 0,
+    "policy": "barge_in_on_speech",
+    "action": "barge_in",
+    "reason": "server_vad_utterance_active",
+}
+# "Errors": the Realtime shape, and the flat native shape of handshake-stage errors
+ERROR_BUFFER_EMPTY = {
+    "type": "error",
+    "error": {
+        "type": "invalid_request_error",
+        "code": "input_audio_buffer_empty",
+        "message": "input_audio_buffer.commit requires a non-empty input audio buffer.",
+        "event_id": "evt_0060",
+    },
+}
 HANDSHAKE_ERROR = {
     "type": "error",
-    "error": "Unknown or expired duplex session: sess_demo_01",
+    "error": "Unknown or expired duplex session: duplex-5f2a…",
     "code": "session_resume_expired",
 }
+# The client's resume codes that end its session (DuplexClient, _FATAL_RESUME_CODES at
+# DUPLEX_CLIENT_REVISION); any other error code on a resume is retried.
+FATAL_RESUME_CODES = frozenset(
+    {
+        "invalid_session_resume",
+        "session_resume_expired",
+        "unsupported_session_resume",
+        "invalid_resume_token",
+        "session_resume_conflict",
+    }
+)
 
 # --- TURN: the turn-based /v1/realtime ("Protocol") --------------------------------------------
 
@@ -447,3 +770,22 @@ def fill(example: dict[str, Any], **values: Any) -> dict[str, Any]:
     for key, value in values.items():
         out[key] = value
     return out
+
+
+def gaps(example: dict[str, Any], actual: Any, path: str = "") -> list[str]:
+    """Where ``actual`` lacks what ``example`` shows: the key paths of the example that are
+    missing from it (or whose value is not an object where the example's is). Keys the
+    document elides (``"…"``, ``"..."``) and their values are not compared; nor are
+    values: a test asserts those it means."""
+    if not isinstance(actual, dict):
+        return [path or "."]
+    missing: list[str] = []
+    for key, value in example.items():
+        if key in (ELLIPSIS, "..."):
+            continue
+        where = f"{path}.{key}" if path else key
+        if key not in actual:
+            missing.append(where)
+        elif isinstance(value, dict):
+            missing += gaps(value, actual[key], where)
+    return missing

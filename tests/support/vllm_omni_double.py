@@ -5,8 +5,8 @@ sections), not from our server:
 - ``/v1/realtime?duplex=1`` (``docs/serving/realtime_duplex_api.md``): the
   handshake rules (``autostart``, ``model``), ``session.created`` with
   ``capabilities`` then ``session.updated``, the commit fan-out in its order,
-  the answer (``response.speak``, ``response.audio.delta`` with ``format``,
-  ``sample_rate_hz`` and ``metadata``, one ``response.audio_transcript.delta``
+  the answer (``response.speak``, ``response.output_audio.delta`` with ``format``,
+  ``sample_rate_hz`` and ``metadata``, one ``response.output_audio_transcript.delta``
   per audio delta), ``response.cancel``, items, heartbeat, acks, close, and a
   ``server_event_seq`` on every event;
 - ``/v1/realtime`` without ``duplex`` (``docs/serving/realtime_api.md``): the
@@ -206,7 +206,6 @@ class DuplexSocket:
         await self.emit(
             {
                 "type": "session.created",
-                "incarnation": 0,
                 "attachment_generation": 1,
                 "resume_token": f"rt_{uuid.uuid4().hex}",
                 "session": view,
@@ -230,7 +229,15 @@ class DuplexSocket:
             self.d.seen.acks.append(int(event.get("server_event_seq") or 0))
         elif kind == "session.close":
             self.d.seen.closes += 1
-            await self.emit({"type": "session.closed", "session_id": self.session_id, "reason": "session_close"})
+            await self.emit(
+                {
+                    "type": "session.closed",
+                    "session_id": self.session_id,
+                    "epoch": self.epoch,
+                    "reason": "client_close",
+                    "event": {"type": "session.closed", "reason": "client_close"},
+                }
+            )
             await self.ws.close()
         elif kind == "input_audio_buffer.append":
             pcm = base64.b64decode(event.get("audio") or "")
@@ -401,7 +408,7 @@ class DuplexSocket:
             if audio:
                 await self.emit(
                     {
-                        "type": "response.audio.delta",
+                        "type": "response.output_audio.delta",
                         **where,
                         "delta": base64.b64encode(TONE).decode(),
                         "format": "pcm16",
@@ -415,7 +422,7 @@ class DuplexSocket:
                         },
                     }
                 )
-                await self.emit({"type": "response.audio_transcript.delta", **where, "delta": delta})
+                await self.emit({"type": "response.output_audio_transcript.delta", **where, "delta": delta})
             else:
                 await self.emit({"type": "response.output_text.delta", **where, "delta": delta})
         await self.finish(rid, text, audio, "completed", None)
@@ -433,8 +440,8 @@ class DuplexSocket:
         item_id = f"item_{rid}"
         where = {"response_id": rid, "item_id": item_id, "output_index": 0, "content_index": 0}
         if audio:
-            await self.emit({"type": "response.audio.done", **where})
-            await self.emit({"type": "response.audio_transcript.done", **where, "transcript": text})
+            await self.emit({"type": "response.output_audio.done", **where})
+            await self.emit({"type": "response.output_audio_transcript.done", **where, "transcript": text})
             await self.emit(
                 {"type": "response.content_part.done", **where, "part": {"type": "audio", "transcript": text}}
             )

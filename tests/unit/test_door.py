@@ -239,19 +239,53 @@ async def test_the_duplex_dialect_opens_on_its_first_update_and_closes_for_good(
     client = Client()
     d = door(a, client, DUPLEX)
     await hand(d, {"type": "session.heartbeat"})
-    assert client.types() == ["session.heartbeat_ack"] and d.host is None
+    # No session yet: a connection event (no seq), and the close of one says no epoch but 0.
+    assert client.types() == ["session.heartbeat_ack"] and "server_event_seq" not in client.messages[0]
+    assert d.host is None
     await hand(d, {"type": "session.update", "session": {"instructions": "brief"}})
     await client.wait_for("session.updated")  # commit-gated: once the store holds them
     assert client.types()[1:3] == ["session.created", "session.updated"]
     sid = client.first("session.created")["session"]["id"]
+    mark = len(client.messages)
     await hand(d, {"type": "session.heartbeat"})
-    assert client.messages[-1] == {**client.messages[-1], "type": "session.heartbeat_ack", "session_id": sid}
+    ack = await client.wait_for("session.heartbeat_ack", after=mark)  # the session's: its seq, journaled
+    assert ack["session_id"] == sid and ack["server_event_seq"] == client.messages[mark - 1]["server_event_seq"] + 1
+    await journaled(a, sid, ack["server_event_seq"])
     await hand(d, {"type": "session.close"})
-    assert client.messages[-1]["type"] == "session.closed" and client.closed == (CloseCode.NORMAL, "session closed")
+    await client.until(lambda: client.closed is not None)
+    closed = client.messages[-1]
+    assert closed["type"] == "session.closed" and client.closed == (CloseCode.NORMAL, "session closed")
+    assert (closed["session_id"], closed["reason"], closed["server_event_seq"]) == (
+        sid,
+        "client_close",
+        ack["server_event_seq"] + 1,
+    )
     await eventually(lambda: sid not in a.hosts)
     assert await a.store.load_snapshot(sid) is None  # closed for good: nothing to resume
     await hand(d, {"type": "response.create"})  # what comes before the socket closes is ignored
     assert client.messages[-1]["type"] == "session.closed"
+    d.detach()
+
+
+async def test_session_closed_is_the_last_event_even_behind_a_running_answer(
+    replicas: tuple[Runtime, Runtime],
+) -> None:
+    """The answer stops with the session; nothing it made passes session.closed, and
+    nothing comes after it (the socket closes once the gate let it out)."""
+    a, _ = replicas
+    client = Client()
+    d = door(a, client, DUPLEX)
+    await hand(d, {"type": "session.update", "session": {"instructions": "brief"}})
+    await hand(d, {"type": "conversation.item.create", "item": TEXT})
+    await hand(d, {"type": "response.create"})
+    await client.wait_for("response.output_audio.delta")
+    await hand(d, {"type": "turn.signal", "event": "timeout"})
+    await client.until(lambda: client.closed is not None)
+    await asyncio.sleep(0.1)  # (anything late would arrive now)
+    closed = client.messages[-1]
+    assert (closed["type"], closed["reason"]) == ("session.closed", "timeout")
+    seqs = client.seqs()
+    assert seqs == sorted(seqs) and seqs[-1] == closed["server_event_seq"]
     d.detach()
 
 
@@ -300,6 +334,20 @@ async def test_a_gated_connection_sends_only_what_the_store_holds_and_closes_aft
     assert client.closed is None  # seq 3 waits for its commit
     delivery.committed(3)
     assert client.seqs() == [1, 2, 3] and client.closed == (1000, "bye")
+
+
+async def test_a_gated_close_waits_for_what_a_hold_keeps_back() -> None:
+    client = Client()
+    delivery = Delivery(client, gated=True)
+    delivery.committed(5)
+    delivery.hold()  # write-ahead: the flush's events wait for their snapshot
+    delivery.send(*event(1))
+    delivery.send(*event(2))
+    delivery.close(1000, "bye")
+    assert client.closed is None
+    delivery.release(0)
+    assert client.seqs() == [1, 2] and client.closed == (1000, "bye")
+    await asyncio.wait_for(delivery.closed(), 1)
 
 
 async def test_a_gated_close_without_a_commit_sends_what_waits_after_a_bound() -> None:

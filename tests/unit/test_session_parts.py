@@ -189,6 +189,8 @@ def test_history_restores_items_without_limits_or_events() -> None:
 class Turns:
     """A turn-taking that records what input audio asks of it and commits as the GA one does."""
 
+    reports_transcripts = False
+
     def __init__(self) -> None:
         self.calls: list[Any] = []
         self.input: InputAudio | None = None
@@ -544,18 +546,18 @@ def test_duplex_turns_spell_a_commit_as_upstream_fans_it_out() -> None:
     for _ in range(5):
         parts.input.append(TONE, None)
     parts.input.commit(None, manual=True)
+    # (conversation.item.done follows the transcript: test_duplex_session.py)
     assert types(parts.log.events) == [
         "conversation.item.added",
         "conversation.item.created",
         "input_audio_buffer.committed",
-        "conversation.item.done",
     ]
     committed = parts.log.events[2]
     assert committed["event"]["type"] == "input.committed" and committed["event"]["turn_id"] == 1
-    assert [e["server_event_seq"] for e in parts.log.events] == [1, 2, 3, 4]
+    assert [e["server_event_seq"] for e in parts.log.events] == [1, 2, 3]
 
 
-def test_duplex_turns_announce_an_answer_once_before_its_first_output() -> None:
+def test_duplex_turns_announce_an_answer_once_before_its_first_audio_and_pair_its_transcript() -> None:
     turns = DuplexTurns("s", DuplexConfig())
     parts = session_parts(turns, SessionConfig(model="m", turn_detection=None))
     turns.answer(ce.ResponseParams(), None)
@@ -566,16 +568,18 @@ def test_duplex_turns_announce_an_answer_once_before_its_first_output() -> None:
     for _ in range(2):
         parts.responses.on_output(current.id, TextDelta("w "))
         parts.responses.on_output(current.id, AudioDelta(TONE))
+    # speak before the first audio delta; then each audio delta and its one transcript delta
     assert (
         types(parts.log.events)
         == ["response.speak"]
         + [
-            "response.output_audio_transcript.delta",
             "response.output_audio.delta",
+            "response.output_audio_transcript.delta",
         ]
         * 2
     )
-    audio = parts.log.events[-1]
+    assert [e["delta"] for e in parts.log.events[2::2]] == ["w ", "w "]
+    audio = parts.log.events[-2]
     assert audio["metadata"]["audio_duration_ms"] == 40 and audio["sample_rate_hz"] == 24000
     assert turns.turn_state == "assistant_playing"
 
