@@ -414,12 +414,15 @@ class InputAudio:
 
     # --- transcription outputs ---------------------------------------------
 
-    def _transcription_delta(self, item_id: str, delta: str, logprobs: list[dict[str, Any]] | None = None) -> None:
+    def _transcription_delta(
+        self, item_id: str, delta: str, logprobs: list[dict[str, Any]] | None = None, *, record: bool = True
+    ) -> None:
         fields: dict[str, Any] = {"item_id": item_id, "content_index": 0, "delta": delta}
         if logprobs is not None:
             fields["logprobs"] = logprobs
         self._emit("conversation.item.input_audio_transcription.delta", **fields)
-        self._sent[item_id] = self._sent.get(item_id, "") + delta
+        if record:  # what the client holds, until the transcript is final
+            self._sent[item_id] = self._sent.get(item_id, "") + delta
 
     def on_transcription(self, request_id: str, output: EngineOutput) -> None:
         inp = self._input if self._input and self._input.request_id == request_id else None
@@ -478,14 +481,13 @@ class InputAudio:
             item.content[0].transcript = text
             item.pending_transcription = False
             self._log.touch(item)  # no event may announce it (transcription off)
-        sent = self._sent.pop(item_id, "")
+        sent = self._sent.pop(item_id, "")  # (the last delta below records nothing: it is the last)
         if failure is not None:
             self.report_failure(item_id, *failure)
         elif self.config.transcription is not None or self._turns.reports_transcripts:
             if text.startswith(sent):
                 if len(text) > len(sent):
-                    self._transcription_delta(item_id, text[len(sent) :])
-                    self._sent.pop(item_id, None)
+                    self._transcription_delta(item_id, text[len(sent) :], record=False)
             else:
                 # The engine revised what it had streamed although it said it would not:
                 # the client's deltas and this transcript differ (engine bug, logged).

@@ -6,32 +6,17 @@ environment (clients_support)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Any
 
 import pytest
 from clients_support import run_client
 from support.gateway import run_gateway
-from support.images import data_url, png
+from support.images import SeeingPassthrough, data_url, png
 
 from gateway.settings import Settings
-from orchestrator.engine import Message, ResponseRequest
-from orchestrator.engines.passthrough import PassthroughEngine
 from orchestrator.engines.remote import RemoteEngine
 
 pytestmark = pytest.mark.timeout(180)
-
-
-class SeeingPassthrough(PassthroughEngine):
-    def __init__(self) -> None:
-        super().__init__()
-        self.info = dataclasses.replace(self.info, accepts_images=True)
-        self.messages: list[Message] = []
-
-    def respond(self, request: ResponseRequest, inputs: Any) -> Any:
-        self.messages += request.messages
-        return super().respond(request, inputs)
 
 
 async def test_the_agents_runner_sends_an_image_that_reaches_the_engine(tmp_path: Path) -> None:

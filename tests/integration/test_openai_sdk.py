@@ -5,19 +5,16 @@ Every event it receives validates strictly against the SDK's own models."""
 from __future__ import annotations
 
 import base64
-import dataclasses
 from typing import Any
 
 import orjson
 import pytest
 from support.gateway import run_gateway
-from support.images import data_url, png
+from support.images import SeeingPassthrough, data_url, png
 from support.sdk_shapes import check_event
 from support.speech import chunks, silence, speak
 
 from gateway.settings import Settings
-from orchestrator.engine import Message, ResponseRequest
-from orchestrator.engines.passthrough import PassthroughEngine
 from orchestrator.engines.remote import RemoteEngine
 
 openai = pytest.importorskip("openai")
@@ -133,16 +130,3 @@ async def _events(conn: Any) -> Any:
         raw = await conn.recv_bytes()
         check_event(orjson.loads(raw))
         yield conn.parse_event(raw)
-
-
-class SeeingPassthrough(PassthroughEngine):
-    """The passthrough engine, declared to take images, keeping every message it is given."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.info = dataclasses.replace(self.info, accepts_images=True)
-        self.messages: list[Message] = []
-
-    def respond(self, request: ResponseRequest, inputs: Any) -> Any:
-        self.messages += request.messages
-        return super().respond(request, inputs)
