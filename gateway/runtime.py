@@ -24,6 +24,7 @@ from gateway.hosting.bus import listen_bus
 from gateway.hosting.context import Closable, HostContext
 from gateway.hosting.host import SessionHost
 from gateway.hosting.leases import renew_leases
+from gateway.hosting.mcp import McpConnector, McpPolicy
 from gateway.hosting.video import VideoHost, VideoPeer, VideoTimeouts
 from gateway.jwt_auth import JwtVerifier
 from gateway.origins import OriginPolicy
@@ -205,6 +206,9 @@ class Runtime:
             detach_grace_s=settings.detach_grace_s,
             telemetry=self.telemetry,
             max_message_bytes=settings.max_message_bytes,
+            mcp=McpConnector(
+                McpPolicy(settings.mcp_allowed_urls, settings.mcp_timeout_s, settings.mcp_max_result_bytes)
+            ),
         )
         # What GET /metrics answers; None: this process's registry. A worker of several sets
         # it to every worker's metrics (gateway/workers.py).

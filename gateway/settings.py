@@ -149,6 +149,16 @@ class Settings:
     otel_sample_ratio: float = 1.0  # the fraction of sessions traced (by trace id); a session not
     #   sampled costs what tracing off costs
 
+    # --- MCP servers the gateway calls for sessions (gateway/hosting/mcp.py; the ``mcp`` extra) ---
+    mcp_allowed_urls: tuple[str, ...] = ("*",)  # URLs a session's MCP tools may reach, as prefixes
+    #   ("https://mcp.example.com/"), comma separated; "*": any URL whose host resolves only to public
+    #   addresses (a loopback, private or link-local one is reached only where a prefix names it);
+    #   empty: MCP off. Refused: the listing fails (mcp_list_tools.failed, error mcp_list_tools_failed)
+    mcp_timeout_s: float = 30.0  # one listing or tool call, connect to answer; past it: it fails
+    #   (mcp_list_tools.failed, or response.mcp_call.failed and the model hears why)
+    mcp_max_result_bytes: int = 1 << 20  # what one listing or call may read from a server; more: the
+    #   connection is dropped and it fails, as for a timeout
+
     drain_window_s: float = 20.0  # SIGTERM: running answers get this long to finish, then every
     #   socket is closed with 1012 (reconnect and resume elsewhere)
 
@@ -174,7 +184,7 @@ def is_loopback(host: str) -> bool:
 
 
 def _convert(name: str, raw: str, current: Any) -> Any:
-    if name in ("api_keys", "upstreams", "allowed_origins", "webrtc_advertised_addresses"):
+    if name in ("api_keys", "upstreams", "allowed_origins", "webrtc_advertised_addresses", "mcp_allowed_urls"):
         return tuple(k.strip() for k in raw.split(",") if k.strip())
     if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id", "keys_file",
                 "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience", "otel_traces_endpoint",

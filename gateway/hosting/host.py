@@ -30,10 +30,20 @@ from gateway.audio.codecs import AudioFormat
 from gateway.hosting import takeover
 from gateway.hosting.context import HostContext
 from gateway.hosting.delivery import Delivery
+from gateway.hosting.mcp import McpFailure
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.server_events import dialect_encoder
 from gateway.session import snapshot
-from gateway.session.effects import Cancel, CloseSocket, EndInput, Feed, StartResponse, StartTranscription
+from gateway.session.effects import (
+    CallMcpTool,
+    Cancel,
+    CloseSocket,
+    EndInput,
+    Feed,
+    ListMcpTools,
+    StartResponse,
+    StartTranscription,
+)
 from gateway.session.events import STATE_EVENTS
 from gateway.session.session import RealtimeSession
 from gateway.store.base import FencedError, StoreError
@@ -100,6 +110,9 @@ class SessionHost:
         self.sidebands: set[Attached] = set()  # of the doors, the ones that joined beside it
         self.links: Any = None  # relayed sidebands (calls.Links), made by the bus listener when one asks
         self.handles: dict[str, RequestHandle] = {}
+        # MCP listings and calls under way (gateway/hosting/mcp.py), by the response they serve
+        # ("" for listings): a cancel of the response cancels its calls, the end all of them.
+        self.mcp_tasks: dict[str, set[asyncio.Task[None]]] = {}
         self.ended = False
         self._reacquiring = False
         self._acked: int | None = None  # the highest ack not yet trimmed
@@ -417,10 +430,16 @@ class SessionHost:
                 case StartTranscription() | StartResponse():
                     if not self.ended:
                         self._start(effect)
+                case ListMcpTools():
+                    self._mcp_task("", self._list_mcp(effect))
+                case CallMcpTool():
+                    self._mcp_task(effect.response_id, self._call_mcp(effect))
                 case Cancel():
                     handle = self.handles.pop(effect.request_id, None)
                     if handle is not None:
                         handle.cancel()
+                    for task in self.mcp_tasks.pop(effect.request_id, ()):
+                        task.cancel()
                     if self.trace is not None:
                         self.trace.request_ended(effect.request_id, "cancelled")
                 case CloseSocket():
@@ -465,6 +484,59 @@ class SessionHost:
             on_error=callbacks[1],
             turn_started_at=None if isinstance(effect, StartTranscription) else effect.turn_started_at,
         )
+
+    # --- MCP servers (the session's effects; gateway/hosting/mcp.py does the I/O) ---------
+
+    def _mcp_task(self, key: str, work: Any) -> None:
+        if self.ended:
+            work.close()
+            return
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(work)
+        tasks = self.mcp_tasks.setdefault(key, set())
+        tasks.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            tasks.discard(t)
+            if not tasks and self.mcp_tasks.get(key) is tasks:
+                del self.mcp_tasks[key]
+
+        task.add_done_callback(done)
+
+    async def _list_mcp(self, effect: ListMcpTools) -> None:
+        tools: list[dict[str, Any]] | None = None
+        failure: str | None = None
+        try:
+            if self.ctx.mcp is None:
+                raise McpFailure("MCP is off on this gateway")
+            tools = await self.ctx.mcp.list_tools(effect.server)
+        except McpFailure as exc:
+            failure = str(exc)
+        except Exception:
+            log.exception("session %s: listing MCP server %s failed", self.id, effect.server.get("server_label"))
+            failure = "the gateway failed while listing them"
+        if self.ended:
+            return
+        log.info("session %s: MCP server %s listed: %s", self.id, effect.server.get("server_label"),
+                 failure or f"{len(tools or ())} tools")  # fmt: skip
+        self.session.mcp_listed(effect.item_id, tools, failure)
+        self.flush()
+
+    async def _call_mcp(self, effect: CallMcpTool) -> None:
+        output: str | None = None
+        error: dict[str, Any] | None = None
+        try:
+            if self.ctx.mcp is None:
+                raise McpFailure("MCP is off on this gateway")
+            output = await self.ctx.mcp.call_tool(effect.server, effect.name, effect.arguments)
+        except McpFailure as exc:
+            error = exc.error
+        except Exception:
+            log.exception("session %s: MCP call of %s failed", self.id, effect.name)
+            error = {"type": "tool_execution_error", "message": "The gateway failed while calling the tool."}
+        if self.ended:
+            return
+        self.session.mcp_called(effect.item_id, output, error)
+        self.flush()
 
     def _expire(self) -> None:
         self.session.expire()
@@ -563,6 +635,10 @@ class SessionHost:
         for handle in self.handles.values():
             handle.cancel()
         self.handles.clear()
+        for tasks in self.mcp_tasks.values():
+            for task in tasks:
+                task.cancel()
+        self.mcp_tasks.clear()
 
     async def end(self, *, reason: str, delete: bool = False) -> None:
         """Stop serving the session here. Its state stays in the store (resumable

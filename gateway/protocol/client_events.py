@@ -36,17 +36,21 @@ class PartSpec:
 @dataclass(frozen=True, slots=True)
 class ItemSpec:
     """A conversation item as a client sent it: a message (``role``, ``content``),
-    a function call (``call_id``, ``name``, ``arguments``) or a function call's
-    output (``call_id``, ``output``)."""
+    a function call (``call_id``, ``name``, ``arguments``), a function call's
+    output (``call_id``, ``output``), or the answer to an MCP approval request
+    (``approval_request_id``, ``approve``, ``reason``)."""
 
     id: str | None
     role: Role
     content: tuple[PartSpec, ...]
-    type: Literal["message", "function_call", "function_call_output"] = "message"
+    type: Literal["message", "function_call", "function_call_output", "mcp_approval_response"] = "message"
     call_id: str | None = None
     name: str | None = None
     arguments: str = ""
     output: str = ""
+    approval_request_id: str | None = None
+    approve: bool = False
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,10 +387,25 @@ def _item(ctx: DecodeContext, item: Any, param: str) -> ItemSpec:
         call_id = _field(ctx, item, "call_id", param, required=True)
         output = _field(ctx, item, "output", param, required=True)
         return ItemSpec(item_id, "user", (), "function_call_output", call_id=call_id, output=output or "")
+    if kind == "mcp_approval_response":
+        request_id = _field(ctx, item, "approval_request_id", param, required=True)
+        approve = item.get("approve")
+        if not isinstance(approve, bool):
+            code = Code.MISSING_FIELD if approve is None else Code.INVALID_TYPE
+            raise ctx.err(f"'{param}.approve' must be true or false.", f"{param}.approve", code)
+        reason = _field(ctx, item, "reason", param, required=False)
+        return ItemSpec(item_id, "user", (), "mcp_approval_response", approval_request_id=request_id,
+                        approve=approve, reason=reason)  # fmt: skip
+    if kind in ("mcp_call", "mcp_list_tools", "mcp_approval_request"):
+        raise ctx.err(
+            f"Item type {kind!r} is made by the gateway when it lists and calls an MCP server's tools; a client "
+            "creates only an mcp_approval_response (or message, function_call, function_call_output).",
+            f"{param}.type",
+        )
     if kind != "message":
         raise ctx.err(
-            f"Item type {kind!r} is not supported here; use message, function_call or function_call_output "
-            "(MCP items need an MCP server, which this gateway does not connect to).",
+            f"Item type {kind!r} is not supported here; use message, function_call, function_call_output "
+            "or mcp_approval_response.",
             f"{param}.type",
         )
     role = item.get("role")

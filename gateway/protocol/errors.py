@@ -71,6 +71,9 @@ class Code:
     # WebRTC calls
     CALL_NOT_FOUND = "call_id_not_found"  # a hangup or sideband for a call that does not exist (or another's)
     WEBRTC_UNAVAILABLE = "webrtc_unavailable"  # this gateway answers no WebRTC call (the extra, the setting)
+    # MCP servers the gateway connects to (gateway/hosting/mcp.py)
+    MCP_LIST_TOOLS_FAILED = "mcp_list_tools_failed"  # an MCP server's tools could not be listed (beside
+    #   mcp_list_tools.failed: refused by the allow-list, unreachable, timed out, not MCP, MCP off here)
 
 
 class CloseCode(IntEnum):

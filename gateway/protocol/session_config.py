@@ -95,7 +95,7 @@ class ConfigLimits:
 
 
 # Fields no engine of this gateway acts on: kept, echoed and reported.
-GATEWAY_IGNORED = ("tracing", "prompt", "reasoning", "noise_reduction", "transcription.delay", "tools.mcp")
+GATEWAY_IGNORED = ("tracing", "prompt", "reasoning", "noise_reduction", "transcription.delay")
 
 # Warning key -> (GA param, beta param), below ``session``.
 WARN_PATHS: dict[str, tuple[str, str]] = {
@@ -104,7 +104,6 @@ WARN_PATHS: dict[str, tuple[str, str]] = {
     "voice": ("audio.output.voice", "voice"),
     "speed": ("audio.output.speed", "speed"),
     "tools": ("tools", "tools"),
-    "tools.mcp": ("tools", "tools"),
     "tool_choice": ("tool_choice", "tool_choice"),
     "parallel_tool_calls": ("parallel_tool_calls", "parallel_tool_calls"),
     "max_output_tokens": ("max_output_tokens", "max_response_output_tokens"),
@@ -122,7 +121,6 @@ WARN_PATHS: dict[str, tuple[str, str]] = {
 }
 _WHY = {
     "instructions": "'instructions' are kept, but this engine's model does not follow them (see /v1/models).",
-    "tools.mcp": "MCP tools are kept, but no engine here connects to an MCP server: the model never sees them.",
     "tracing": "'tracing' is kept; the gateway writes no OpenAI traces (see /metrics and the logs).",
     "prompt": "'prompt' is kept; stored prompts live at OpenAI and are not available here.",
     "noise_reduction": "'noise_reduction' is kept; no noise reduction is applied to the input audio here.",
@@ -134,8 +132,6 @@ def _active(cfg: SessionConfig, key: str) -> bool:
     if key.startswith("transcription."):
         tr = cfg.transcription
         return tr is not None and getattr(tr, key.split(".", 1)[1]) not in (None, ())
-    if key == "tools.mcp":
-        return any(t.get("type") == "mcp" for t in cfg.tools)
     value = getattr(cfg, key)
     default = getattr(SessionConfig(model=cfg.model), key)
     return bool(value != default and value not in (None, (), "auto"))
@@ -160,8 +156,6 @@ def warnings_for(
 def _value(cfg: SessionConfig, key: str) -> Any:
     if key.startswith("transcription."):
         return getattr(cfg.transcription, key.split(".", 1)[1], None)
-    if key == "tools.mcp":
-        return cfg.tools
     return getattr(cfg, key)
 
 
@@ -487,7 +481,7 @@ def render(cfg: SessionConfig, *, session_id: str, expires_at: int, beta: bool) 
             "input_audio_transcription": _tr_dict(cfg.transcription, beta=True),
             "input_audio_noise_reduction": None if nr is None else {"type": nr["type"]},
             "turn_detection": _td_dict(cfg.turn_detection, beta=True),
-            "tools": list(cfg.tools),
+            "tools": [f.public_tool(t) for t in cfg.tools],
             "tool_choice": tool_choice,
             "temperature": cfg.temperature,
             "max_response_output_tokens": max_tokens,
@@ -517,7 +511,7 @@ def render(cfg: SessionConfig, *, session_id: str, expires_at: int, beta: bool) 
             "input": _audio_input(cfg),
             "output": {"format": ga_format(cfg.output_format), "voice": cfg.voice, "speed": cfg.speed},
         },
-        "tools": list(cfg.tools),
+        "tools": [f.public_tool(t) for t in cfg.tools],
         "tool_choice": tool_choice,
         "parallel_tool_calls": cfg.parallel_tool_calls,
         "max_output_tokens": max_tokens,

@@ -154,13 +154,14 @@ def _function_tool(tool: dict[str, Any], param: str) -> dict[str, Any]:
 
 def tools(value: Any, param: str) -> tuple[dict[str, Any], ...]:
     """Function tools (``{type: "function", name, description, parameters}``) and
-    MCP tools (kept and echoed; no engine here connects to an MCP server)."""
+    MCP servers (``mcp_tool``), whose tools the gateway lists and calls itself."""
     if not isinstance(value, list):
         raise err(f"'{param}' must be an array.", param, Code.INVALID_TYPE)
     if len(value) > MAX_TOOLS:
         raise err(f"'{param}' may list at most {MAX_TOOLS} tools, got {len(value)}.", param)
     out: list[dict[str, Any]] = []
     names: set[str] = set()
+    labels: set[str] = set()
     for i, raw in enumerate(value):
         p = f"{param}[{i}]"
         tool = obj(raw, p)
@@ -172,11 +173,112 @@ def tools(value: Any, param: str) -> tuple[dict[str, Any], ...]:
             names.add(parsed["name"])
             out.append(parsed)
         elif kind == "mcp":
-            string(tool.get("server_label"), f"{p}.server_label")
-            out.append(copy.deepcopy(tool))
+            parsed = mcp_tool(tool, p)
+            if parsed["server_label"] in labels:
+                raise err(f"Two MCP tools are labelled {parsed['server_label']!r}.", f"{p}.server_label")
+            labels.add(parsed["server_label"])
+            out.append(parsed)
         else:
             raise err(f"'{p}.type' must be function or mcp; got {kind!r}.", f"{p}.type")
     return tuple(out)
+
+
+# --- MCP servers (run by the gateway: gateway/hosting/mcp.py) ---------------------------
+
+MCP_TOOL_KEYS = frozenset({
+    "type", "server_label", "server_url", "connector_id", "tunnel_id", "allowed_tools", "require_approval",
+    "headers", "authorization", "server_description", "allowed_callers", "defer_loading",
+})  # fmt: skip
+MAX_MCP_HEADERS = 32  # headers sent to one MCP server; more: invalid_value
+MAX_MCP_HEADER_BYTES = 8 << 10  # one header's name and value, or the authorization token; larger: invalid_value
+SECRET_MCP_FIELDS = ("authorization", "headers")  # never echoed (session.updated) nor logged
+
+
+def _tool_filter(value: Any, param: str) -> dict[str, Any]:
+    """``{tool_names?: [...], read_only?: bool}``: the tools it names, and/or those the
+    server marks read-only (``readOnlyHint``)."""
+    f = obj(value, param)
+    check_keys(f, {"tool_names", "read_only"}, param)
+    out: dict[str, Any] = {}
+    if f.get("tool_names") is not None:
+        out["tool_names"] = list(strings(f["tool_names"], f"{param}.tool_names"))
+    if f.get("read_only") is not None:
+        out["read_only"] = boolean(f["read_only"], f"{param}.read_only")
+    return out
+
+
+def mcp_tool(tool: dict[str, Any], param: str) -> dict[str, Any]:
+    """An MCP server the gateway connects to: ``server_label``, ``server_url`` (http or
+    https; the operator's allow-list is checked when it is listed), and the optional
+    ``allowed_tools``, ``require_approval`` (default ``always``, as the API's),
+    ``headers``, ``authorization`` and ``server_description``. ``connector_id`` and
+    ``tunnel_id`` name OpenAI's hosted connectors, which are not here: unsupported."""
+    check_keys(tool, MCP_TOOL_KEYS, param)
+    label = string(tool.get("server_label"), f"{param}.server_label")
+    if not label or len(label) > 64 or not all(ch.isascii() and (ch.isalnum() or ch in "_-") for ch in label):
+        raise err(f"'{param}.server_label' must be 1 to 64 letters, digits, '_' or '-'; got {label!r}.",
+                  f"{param}.server_label")  # fmt: skip
+    for hosted in ("connector_id", "tunnel_id"):
+        if tool.get(hosted) is not None:
+            raise err(
+                f"'{param}.{hosted}' names one of OpenAI's hosted connectors, which this gateway does not have; "
+                "give the 'server_url' of an MCP server instead.",
+                f"{param}.{hosted}",
+                Code.UNSUPPORTED,
+            )
+    url = tool.get("server_url")
+    if url is None:
+        raise err(f"'{param}.server_url' is required: the URL of the MCP server (streamable HTTP).",
+                  f"{param}.server_url", Code.MISSING_FIELD)  # fmt: skip
+    url = string(url, f"{param}.server_url")
+    if not url.startswith(("http://", "https://")) or len(url) > 2048:
+        raise err(f"'{param}.server_url' must be an http:// or https:// URL of at most 2048 characters.",
+                  f"{param}.server_url")  # fmt: skip
+    out: dict[str, Any] = {"type": "mcp", "server_label": label, "server_url": url}
+    allowed = tool.get("allowed_tools")
+    if allowed is not None:
+        out["allowed_tools"] = (
+            list(strings(allowed, f"{param}.allowed_tools"))
+            if isinstance(allowed, list)
+            else _tool_filter(allowed, f"{param}.allowed_tools")
+        )
+    approval = tool.get("require_approval")
+    if approval is not None:
+        if isinstance(approval, str):
+            out["require_approval"] = choice(approval, f"{param}.require_approval", ("always", "never"))
+        else:
+            a = obj(approval, f"{param}.require_approval")
+            check_keys(a, {"always", "never"}, f"{param}.require_approval")
+            out["require_approval"] = {
+                k: _tool_filter(a[k], f"{param}.require_approval.{k}") for k in ("always", "never") if a.get(k)
+            }
+    headers = tool.get("headers")
+    if headers is not None:
+        h = obj(headers, f"{param}.headers")
+        if len(h) > MAX_MCP_HEADERS:
+            raise err(f"'{param}.headers' may hold at most {MAX_MCP_HEADERS} headers.", f"{param}.headers")
+        for name, value in h.items():
+            if not isinstance(value, str) or len(name) + len(value) > MAX_MCP_HEADER_BYTES or not name.isascii():
+                raise err(f"'{param}.headers' must map ASCII header names to strings of at most "
+                          f"{MAX_MCP_HEADER_BYTES} bytes.", f"{param}.headers")  # fmt: skip
+        out["headers"] = dict(h)
+    auth = tool.get("authorization")
+    if auth is not None:
+        token = string(auth, f"{param}.authorization")
+        if len(token) > MAX_MCP_HEADER_BYTES:
+            raise err(f"'{param}.authorization' may be at most {MAX_MCP_HEADER_BYTES} bytes.",
+                      f"{param}.authorization")  # fmt: skip
+        out["authorization"] = token
+    if tool.get("server_description") is not None:
+        out["server_description"] = string(tool["server_description"], f"{param}.server_description")
+    return out
+
+
+def public_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as the session echoes it: an MCP server's credentials left out."""
+    if tool.get("type") != "mcp":
+        return tool
+    return {k: v for k, v in tool.items() if k not in SECRET_MCP_FIELDS}
 
 
 def tool_choice(value: Any, param: str) -> str | dict[str, Any]:
@@ -199,6 +301,14 @@ def tool_choice(value: Any, param: str) -> str | dict[str, Any]:
 def check_tool_choice_names(
     choice_value: str | dict[str, Any], tool_list: tuple[dict[str, Any], ...], param: str
 ) -> None:
+    if isinstance(choice_value, dict) and choice_value.get("type") == "mcp":
+        labels = {t["server_label"] for t in tool_list if t.get("type") == "mcp"}
+        if choice_value["server_label"] not in labels:
+            raise err(
+                f"tool_choice names the MCP server {choice_value['server_label']!r}, which is not in tools "
+                f"({', '.join(sorted(labels)) or 'none'}).",
+                f"{param}.server_label",
+            )
     if isinstance(choice_value, dict) and choice_value.get("type") == "function":
         known = {t["name"] for t in tool_list if t.get("type") == "function"}
         if choice_value["name"] not in known:

@@ -23,7 +23,10 @@ from gateway.protocol.errors import Code, ProtocolError
 from orchestrator.engine import Image, Message, ToolCall
 
 PartType = Literal["input_text", "input_audio", "input_image", "output_text", "output_audio"]
-ItemType = Literal["message", "function_call", "function_call_output"]
+ItemType = Literal[
+    "message", "function_call", "function_call_output",
+    "mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response",
+]  # fmt: skip
 _BETA_PART = {"output_text": "text", "output_audio": "audio"}
 
 
@@ -82,12 +85,21 @@ class Item:
     call_id: str | None = None  # function_call, function_call_output
     name: str | None = None  # function_call: the function
     arguments: str = ""  # function_call: JSON text, as the model wrote it
-    output: str = ""  # function_call_output: the result, as the client gave it
+    output: str = ""  # function_call_output: the result, as the client gave it; mcp_call: the server's
+    # MCP items (gateway/session/mcp.py): the server, its tools, approvals and a call's error
+    server_label: str | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)  # mcp_list_tools: as the SDK's Tool
+    approval_request_id: str | None = None  # mcp_call, mcp_approval_response
+    approve: bool = False  # mcp_approval_response
+    reason: str | None = None  # mcp_approval_response
+    error: dict[str, Any] | None = None  # mcp_call that failed: the SDK's protocol/tool/http error
     # as_message()'s result, kept until the session says the item changed (forget()):
     # a response's context then costs one lookup per item, not a walk of every part.
     _message: Message | None = field(default=None, repr=False, compare=False)
 
     def render(self, beta: bool) -> dict[str, Any]:
+        if self.type.startswith("mcp_"):
+            return self._render_mcp()
         if self.type == "function_call":
             return {
                 "id": self.id,
@@ -116,9 +128,31 @@ class Item:
             "content": [p.render(beta) for p in self.content],
         }
 
+    def _render_mcp(self) -> dict[str, Any]:
+        """As the SDK's ``RealtimeMcpListTools``, ``RealtimeMcpToolCall``,
+        ``RealtimeMcpApprovalRequest`` and ``RealtimeMcpApprovalResponse`` (no status)."""
+        out: dict[str, Any] = {"id": self.id, "type": self.type}
+        if self.type == "mcp_list_tools":
+            out.update(server_label=self.server_label, tools=self.tools)
+        elif self.type == "mcp_call":
+            done = self.status == "completed"
+            out.update(server_label=self.server_label, name=self.name, arguments=self.arguments,
+                       approval_request_id=self.approval_request_id,
+                       output=self.output if done else None, error=self.error)  # fmt: skip
+        elif self.type == "mcp_approval_request":
+            out.update(server_label=self.server_label, name=self.name, arguments=self.arguments)
+        else:
+            out.update(approval_request_id=self.approval_request_id, approve=self.approve, reason=self.reason)
+        return out
+
     def text_bytes(self) -> int:
-        """The UTF-8 size of the item's text and images (what max_conversation_bytes counts)."""
-        return sum(len(p.content_text.encode()) + len(p.image_url or "") for p in self.content)
+        """The UTF-8 size of the item's text and images, and of a call's arguments and
+        output (what max_conversation_bytes counts)."""
+        size = sum(len(p.content_text.encode()) + len(p.image_url or "") for p in self.content)
+        if self.type != "message":
+            size += len(self.arguments.encode()) + len(self.output.encode())
+            size += sum(len(str(t)) for t in self.tools)  # (an estimate: the schemas' repr)
+        return size
 
     def as_message(self) -> Message:
         message = self._message
@@ -199,8 +233,28 @@ def to_messages(items: Iterable[Item]) -> list[Message]:
     before it (as chat templates expect: one assistant message with its calls),
     a function call output becomes a ``tool`` turn."""
     out: list[Message] = []
+    items = list(items)
+    # An MCP tool call: the assistant's call and, once it ran, its result (or why not).
+    declined = {it.approval_request_id: it for it in items if it.type == "mcp_approval_response" and not it.approve}
     for item in items:
-        if item.type == "function_call":
+        if item.type in ("mcp_call", "mcp_approval_request"):
+            if item.type == "mcp_call":
+                if item.status == "in_progress":
+                    continue  # (running: the response that made it is not over)
+                result = item.output if item.status == "completed" else mcp_failure_text(item)
+            elif (answer := declined.get(item.id)) is not None:
+                result = "The user declined to run this tool" + (f": {answer.reason}" if answer.reason else ".")
+            else:
+                continue  # approved (its mcp_call follows) or not answered yet
+            call = ToolCall(item.id, item.name or "", item.arguments)
+            if out and out[-1].role == "assistant":
+                out[-1] = replace(out[-1], tool_calls=(*out[-1].tool_calls, call))
+            else:
+                out.append(Message("assistant", "", tool_calls=(call,)))
+            out.append(Message("tool", result, tool_call_id=item.id))
+        elif item.type.startswith("mcp_"):
+            continue  # a server's tool list, an approval: what the engine sees is the call
+        elif item.type == "function_call":
             call = ToolCall(item.call_id or item.id, item.name or "", item.arguments)
             if out and out[-1].role == "assistant":
                 out[-1] = replace(out[-1], tool_calls=(*out[-1].tool_calls, call))
@@ -213,12 +267,23 @@ def to_messages(items: Iterable[Item]) -> list[Message]:
     return out
 
 
+def mcp_failure_text(item: Item) -> str:
+    """What the model reads of an MCP call that did not complete."""
+    if item.error is not None:
+        return f"The tool call failed: {item.error.get('message', '')}"
+    return "The tool call was interrupted before it returned."
+
+
 def item_from_spec(
     spec: ce.ItemSpec, param: str, new_id: Callable[[str], str], fmt: AudioFormat
 ) -> tuple[Item, bytes | None]:
     """The item a client's spec describes, and the audio of its one ``input_audio`` part
     without a transcript (in ``fmt``: the caller transcribes it), or None. A bad part
     raises a ProtocolError whose ``param`` starts with ``param``."""
+    if spec.type == "mcp_approval_response":
+        item = Item(spec.id or new_id("item"), "user", [], type="mcp_approval_response",
+                    approval_request_id=spec.approval_request_id, approve=spec.approve, reason=spec.reason)  # fmt: skip
+        return item, None
     if spec.type != "message":
         item = Item(
             spec.id or new_id("item"),

@@ -8,6 +8,7 @@ the session's: ``input_<item id>`` for the transcription of a user item,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.engine import EngineInput, ResponseRequest, TranscriptionRequest
 
@@ -53,4 +54,26 @@ class CloseSocket:
     reason: str
 
 
-Effect = StartTranscription | StartResponse | Feed | EndInput | Cancel | CloseSocket
+@dataclass(frozen=True, slots=True)
+class ListMcpTools:
+    """List the tools of the MCP server ``server`` (its validated tool spec, credentials
+    included); the host answers ``session.mcp_listed(item_id, ...)``."""
+
+    item_id: str  # the server's mcp_list_tools item
+    server: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CallMcpTool:
+    """Call tool ``name`` of the MCP server ``server`` with ``arguments`` (JSON text);
+    the host answers ``session.mcp_called(item_id, ...)``. A ``Cancel`` of
+    ``response_id`` cancels the call too."""
+
+    response_id: str
+    item_id: str  # the mcp_call item
+    server: dict[str, Any]
+    name: str
+    arguments: str
+
+
+Effect = StartTranscription | StartResponse | Feed | EndInput | Cancel | CloseSocket | ListMcpTools | CallMcpTool

@@ -15,11 +15,12 @@ from gateway.audio.codecs import AudioFormat
 from gateway.audio.resample import StreamResampler
 from gateway.protocol.session_config import beta_format, ga_format
 from gateway.session.conversation import Item, Part
-from orchestrator.engine import FunctionTool, ToolChoice, Usage
+from gateway.session.mcp import McpTool
+from orchestrator.engine import FunctionTool, ResponseRequest, ToolChoice, Usage
 
 
 def engine_tools(tools: tuple[dict[str, Any], ...]) -> tuple[FunctionTool, ...]:
-    """The function tools (MCP tools are kept in the session, never offered)."""
+    """The function tools (an MCP server's tools are offered once listed: mcp.py)."""
     return tuple(
         FunctionTool(t["name"], t.get("description", ""), t.get("parameters") or {"type": "object", "properties": {}})
         for t in tools
@@ -27,11 +28,27 @@ def engine_tools(tools: tuple[dict[str, Any], ...]) -> tuple[FunctionTool, ...]:
     )
 
 
-def engine_tool_choice(choice: str | dict[str, Any]) -> ToolChoice:
+def engine_tool_choice(
+    choice: str | dict[str, Any], mcp: dict[str, McpTool] | None = None, *, functions: bool = False
+) -> ToolChoice:
+    """The engine's tool choice. ``{type: "mcp", server_label, name}``: that tool, as a
+    function; without ``name``: ``required`` when the server's tools are the only ones
+    offered (``functions``: function tools are offered too), else ``auto`` (the engine
+    cannot be held to one server's tools)."""
     if isinstance(choice, dict):
         if choice.get("type") == "function":
             return ToolChoice("function", choice["name"])
-        return ToolChoice("auto")  # an MCP tool: none is offered here, the model decides without it
+        offered = mcp or {}
+        name = choice.get("name")
+        if name is not None:
+            tool = offered.get(name)
+            if tool is not None and tool.server.spec["server_label"] == choice["server_label"]:
+                return ToolChoice("function", name)
+            return ToolChoice("auto")  # (not listed: the model decides without it)
+        label = choice["server_label"]
+        if offered and not functions and all(t.server.spec["server_label"] == label for t in offered.values()):
+            return ToolChoice("required")
+        return ToolChoice("auto")
     return ToolChoice(choice)  # type: ignore[arg-type]
 
 
@@ -61,6 +78,19 @@ class Response:
     calls: dict[int, Item] = field(default_factory=dict)
     # The response.create's own tools, tool_choice, parallel_tool_calls (kept to re-issue it).
     overrides: dict[str, Any] = field(default_factory=dict)
+    # MCP tools (responses.py runs them; none of this is in a snapshot: a takeover ends the
+    # response). ``mcp``: what a call of each offered MCP tool runs, by engine name.
+    mcp: dict[str, McpTool] = field(default_factory=dict)
+    request: ResponseRequest | None = None  # the engine request of this round (a round after
+    rounds: int = 1  # MCP results is the same request with the results in its context)
+    input_items: list[Item] | None = None  # response.input's items (None: the conversation)
+    open_call: Item | None = None  # an MCP call whose arguments are still streaming
+    running: set[str] = field(default_factory=set)  # mcp_call items whose server has not answered
+    waiting: set[str] = field(default_factory=set)  # mcp_approval_request items not answered yet
+    backlog: list[Any] = field(default_factory=list)  # engine outputs held while a call runs
+    ran: bool = False  # an MCP call ran (or was declined) this round: another round follows
+    engine_done: bool = False  # this round's engine request finished
+    finish_reason: str = "stop"
 
     def index_of(self, item: Item) -> int:
         outputs = self.outputs

@@ -18,6 +18,22 @@ at the end ``..._audio.done``/``..._text.done``, ``response.content_part.done``,
 ``response.function_call_arguments.done``, ``response.output_item.done``,
 ``conversation.item.done``. ``response.done`` carries every output.
 
+MCP tools (mcp.py lists them) run inside the response. A call of one is an
+``mcp_call``: ``response.output_item.added``, ``conversation.item.added``,
+``response.mcp_call_arguments.delta``..., ``response.mcp_call_arguments.done``,
+``response.mcp_call.in_progress``; the host calls the server (``CallMcpTool``)
+and its answer (``called``) sends ``response.mcp_call.completed`` (or
+``.failed``), ``response.output_item.done`` and ``conversation.item.done``
+with the output (or the error). What the engine makes meanwhile waits, so
+each item still finishes before the next begins. Where ``require_approval``
+says so the call is first an ``mcp_approval_request`` item, and the response
+waits for the client's ``mcp_approval_response`` (``approval``): approved,
+the call runs as above, with its ``approval_request_id``; declined, the model
+is told so. Once the round's calls are answered, the engine is asked again,
+in the same response, with the results in its context: at most
+``MCP_ROUNDS`` engine requests per response, the last one offered no tools,
+so a response always ends.
+
 It knows the event log, the history (to add outputs and read the context), and
 through callbacks what it may not know itself: how a client's item spec becomes
 an item (``make_item``), who wants to know an answer ended (``answered``), and
@@ -28,6 +44,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from gateway.audio.codecs import encode_from_pcm16
@@ -43,11 +60,12 @@ from gateway.protocol.session_config import (
 )
 from gateway.protocol.session_fields import check_tool_choice_names
 from gateway.session.context import fit_context
-from gateway.session.conversation import Item, Part, to_messages
-from gateway.session.effects import Cancel, EndInput, Feed, StartResponse
+from gateway.session.conversation import Item, ItemType, Part, to_messages
+from gateway.session.effects import CallMcpTool, Cancel, EndInput, Feed, StartResponse
 from gateway.session.events import EventLog
 from gateway.session.history import History
 from gateway.session.limits import SessionLimits
+from gateway.session.mcp import McpServers
 from gateway.session.response import Response, engine_tool_choice, engine_tools
 from orchestrator.engine import (
     AudioDelta,
@@ -58,9 +76,15 @@ from orchestrator.engine import (
     TextChunk,
     TextDelta,
     ToolCallDelta,
+    ToolChoice,
+    Usage,
 )
 
 log = logging.getLogger(__name__)
+
+# Engine requests per response: the first, and one after each round of MCP results. The
+# last is offered no tools, so a model that keeps calling still ends its response.
+MCP_ROUNDS = 4
 
 
 class ResponseTurns(Protocol):
@@ -91,6 +115,7 @@ class Responses:
         make_item: Callable[[ce.ItemSpec, str], Item],
         answered: Callable[[float], None],
         rate_limits: Callable[[], dict[str, Any]] | None = None,
+        mcp: McpServers | None = None,
     ) -> None:
         """``make_item(spec, param)``: an item of ``response.input``; ``answered(audio_ms)``:
         the conversation's answer ended, with ``audio_ms`` of audio for the client to play;
@@ -115,6 +140,10 @@ class Responses:
         self._make_item = make_item
         self._answered = answered
         self._rate_limits = rate_limits
+        self._mcp = mcp or McpServers(log, history)
+        # Responses asked for while an MCP server they offer is being listed: created once
+        # every listing they need is over (``listings_done``): (params, event_id, turn start).
+        self._deferred: list[tuple[ce.ResponseParams, str | None, float | None]] = []
 
     # --- what the session asks ---------------------------------------------------
 
@@ -128,8 +157,8 @@ class Responses:
         return [r for r in (self.current, *self._oob.values()) if r is not None]
 
     def answering(self) -> bool:
-        """Whether the conversation's answer runs."""
-        return self.current is not None
+        """Whether the conversation's answer runs (or waits for an MCP listing to start)."""
+        return self.current is not None or any(p.conversation == "auto" for p, _, _ in self._deferred)
 
     def writes(self, item: Item) -> bool:
         """Whether ``item`` is an output of the conversation's running answer."""
@@ -150,6 +179,7 @@ class Responses:
         for request_id in self._oob:
             effects.append(Cancel(request_id))
         self._oob.clear()
+        self._deferred.clear()
 
     def transcribed(self, item_id: str, text: str) -> None:
         """The transcript of ``item_id`` is final: the responses waiting for it get it."""
@@ -175,10 +205,10 @@ class Responses:
                 event_id=event_id,
             )
         in_conversation = params.conversation == "auto"
-        if in_conversation and self.current is not None:
+        if in_conversation and (self.current is not None or self.answering()):
             raise ProtocolError(
                 Code.RESPONSE_ACTIVE,
-                f"Conversation already has an active response {self.current.id!r}; "
+                f"Conversation already has an active response {self.current.id if self.current else '(starting)'!r}; "
                 'cancel it or wait for response.done (an out-of-band response, conversation "none", '
                 "may run beside it).",
                 event_id=event_id,
@@ -209,7 +239,14 @@ class Responses:
         check_tool_choice_names(tool_choice, tools, "response.tool_choice")
         parallel = cfg.parallel_tool_calls if params.parallel_tool_calls is None else params.parallel_tool_calls
         instructions = cfg.instructions if params.instructions is None else params.instructions
-        context, awaiting = self._context(params, instructions, max_tokens)
+        if params.tools is not None:
+            self._mcp.configure(params.tools, "response.tools")  # (servers the session has are listed once)
+        if self._mcp.listing(tools):
+            self._deferred.append((params, event_id, turn_started_at))
+            return
+        context, awaiting, input_items = self._context(params, instructions, max_tokens)
+        functions = engine_tools(tools)
+        mcp_functions, mcp = self._mcp.offered(tools, {t.name for t in functions})
         resp = Response(
             id=self._new_id("resp"),
             in_conversation=in_conversation,
@@ -241,10 +278,11 @@ class Responses:
             max_output_tokens=max_tokens,
             temperature=cfg.temperature if params.temperature is None else params.temperature,
             speed=cfg.speed,
-            tools=engine_tools(tools),
-            tool_choice=engine_tool_choice(tool_choice),
+            tools=functions + mcp_functions,
+            tool_choice=engine_tool_choice(tool_choice, mcp, functions=bool(functions)),
             parallel_tool_calls=parallel,
         )
+        resp.mcp, resp.request, resp.input_items = mcp, request, input_items
         if in_conversation:
             self.current = resp
         else:
@@ -259,9 +297,20 @@ class Responses:
         if not awaiting:
             self._effects.append(EndInput(resp.id))
 
+    def listings_done(self) -> None:
+        """An MCP listing ended: the responses that waited for it are created now (or wait
+        on for another still running)."""
+        waiting, self._deferred = self._deferred, []
+        for params, event_id, turn_started_at in waiting:
+            try:
+                self.create(params, event_id, turn_started_at)
+            except ProtocolError as err:
+                err.event_id = err.event_id or event_id
+                self._log.error(err)
+
     def _context(
         self, params: ce.ResponseParams, instructions: str, max_tokens: int | None
-    ) -> tuple[list[Any], set[str]]:
+    ) -> tuple[list[Any], set[str], list[Item] | None]:
         if params.input is None:
             items = list(self._history.conversation)
             items = fit_context(
@@ -281,7 +330,7 @@ class Responses:
                     items.append(self._make_item(entry, f"response.input[{i}]"))
         awaiting = {it.id for it in items if it.pending_transcription}
         # A pending item is sent with empty text; its transcript follows as a streamed input chunk.
-        return to_messages(items), awaiting
+        return to_messages(items), awaiting, (None if params.input is None else items)
 
     # --- outputs ----------------------------------------------------------------
 
@@ -336,6 +385,16 @@ class Responses:
             resp = self._oob.get(request_id)
             if resp is None:
                 return  # output that raced a cancel
+        if resp.running:
+            resp.backlog.append(output)  # an MCP call runs: what follows it waits for its result
+            return
+        call = resp.open_call
+        if call is not None and not (isinstance(output, ToolCallDelta) and resp.calls.get(output.index) is call):
+            resp.open_call = None  # its arguments are whole: run it (or ask whether to)
+            self._settle(resp, call)
+            if resp.running:
+                resp.backlog.append(output)
+                return
         if isinstance(output, AudioDelta):
             if "audio" in resp.modalities:
                 pcm = resp.resampler.process(output.pcm)
@@ -358,11 +417,42 @@ class Responses:
             message = resp.message
             if "audio" in resp.modalities and resp.part is not None and message and message.status == "in_progress":
                 self._audio_delta(resp, resp.part, resp.resampler.flush())
-            resp.usage = output.usage
-            if output.reason == "length":
-                self.end(resp, "incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
-            else:
-                self.end(resp, "completed", None)
+            resp.usage = output.usage if resp.usage is None else _sum(resp.usage, output.usage)
+            resp.finish_reason = output.reason
+            resp.engine_done = True
+            self._advance(resp)
+
+    def _advance(self, resp: Response) -> None:
+        """The response ends, or asks the engine again with its MCP results, once its engine
+        request finished and nothing it started is still out (a call, an approval)."""
+        if resp.running or resp.waiting or not resp.engine_done or self.find(resp.id) is not resp:
+            return
+        if resp.ran and resp.request is not None:
+            self._next_round(resp, resp.request)
+        elif resp.finish_reason == "length":
+            self.end(resp, "incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
+        else:
+            self.end(resp, "completed", None)
+
+    def _next_round(self, resp: Response, request: ResponseRequest) -> None:
+        """The engine again, for the same response, with the MCP results in its context."""
+        resp.ran = resp.engine_done = False
+        resp.rounds += 1
+        resp.calls = {}  # (the engine numbers the calls of each request from 0)
+        if resp.input_items is None:
+            items = fit_context(list(self._history.conversation), request.instructions, self.config.truncation,
+                                self._engine.max_context_tokens, request.max_output_tokens)  # fmt: skip
+        else:
+            items = [*resp.input_items, *resp.outputs]
+        last = resp.rounds >= MCP_ROUNDS
+        # A forced choice was met by the call it forced: from here on the model decides.
+        choice = request.tool_choice if request.tool_choice.mode in ("auto", "none") else ToolChoice("auto")
+        resp.request = request = replace(
+            request, messages=tuple(to_messages(items)), tools=() if last else request.tools,
+            tool_choice=ToolChoice("none") if last else choice,
+        )  # fmt: skip
+        self._effects.append(StartResponse(request, None))
+        self._effects.append(EndInput(resp.id))
 
     def _text_delta(self, resp: Response, part: Part, text: str) -> None:
         assert resp.message is not None
@@ -387,17 +477,28 @@ class Responses:
     def _call_delta(self, resp: Response, delta: ToolCallDelta) -> None:
         item = resp.calls.get(delta.index)
         if item is None:
-            item = Item(
-                self._new_id("item"),
-                "assistant",
-                [],
-                status="in_progress",
-                type="function_call",
-                call_id=delta.call_id or self._new_id("call"),
-                name=delta.name or "",
-            )
-            resp.calls[delta.index] = item
-            self._add_output(resp, item)
+            tool = resp.mcp.get(delta.name or "")
+            if tool is None:
+                item = Item(
+                    self._new_id("item"),
+                    "assistant",
+                    [],
+                    status="in_progress",
+                    type="function_call",
+                    call_id=delta.call_id or self._new_id("call"),
+                    name=delta.name or "",
+                )
+                resp.calls[delta.index] = item
+                self._add_output(resp, item)
+            else:
+                label = tool.server.spec["server_label"]
+                kind: ItemType = "mcp_approval_request" if tool.needs_approval else "mcp_call"
+                item = Item(self._new_id("mcpr" if tool.needs_approval else "mcp"), "assistant", [],
+                            status="in_progress", type=kind, server_label=label, name=tool.name)  # fmt: skip
+                resp.calls[delta.index] = item
+                resp.open_call = item
+                if not tool.needs_approval:
+                    self._add_output(resp, item)  # (an approval request is shown whole: _settle)
         elif item.status != "in_progress":
             # Arguments for a call already finished (another output began after it): its
             # arguments.done went out, so they cannot be added. No engine here does this.
@@ -405,18 +506,118 @@ class Responses:
             return
         if delta.arguments:
             item.arguments += delta.arguments
-            self._emit(
-                "response.function_call_arguments.delta",
-                response_id=resp.id,
-                item_id=item.id,
-                output_index=resp.index_of(item),
-                call_id=item.call_id,
-                delta=delta.arguments,
+            if item.type == "function_call":
+                self._emit(
+                    "response.function_call_arguments.delta",
+                    response_id=resp.id,
+                    item_id=item.id,
+                    output_index=resp.index_of(item),
+                    call_id=item.call_id,
+                    delta=delta.arguments,
+                )
+            elif item.type == "mcp_call":
+                self._emit("response.mcp_call_arguments.delta", response_id=resp.id, item_id=item.id,
+                           output_index=resp.index_of(item), delta=delta.arguments)  # fmt: skip
+
+    # --- MCP calls ----------------------------------------------------------------
+
+    def _settle(self, resp: Response, item: Item) -> None:
+        """An MCP call's arguments are whole: run it, or ask the client whether to."""
+        if item.type == "mcp_call":
+            self._run_call(resp, item)
+            return
+        item.status = "completed"  # (an approval request has no status of its own on the wire)
+        self._add_output(resp, item)
+        index = resp.index_of(item)
+        self._emit("response.output_item.done", response_id=resp.id, output_index=index, item=item.render(False))
+        if resp.in_conversation:
+            prev = self._history.conversation.previous_id(item.id)
+            self._emit("conversation.item.done", previous_item_id=prev, item=item.render(False))
+        resp.waiting.add(item.id)
+
+    def _run_call(self, resp: Response, item: Item) -> None:
+        index = resp.index_of(item)
+        self._emit("response.mcp_call_arguments.done", response_id=resp.id, item_id=item.id, output_index=index,
+                   arguments=item.arguments)  # fmt: skip
+        self._emit("response.mcp_call.in_progress", item_id=item.id, output_index=index)
+        tool = resp.mcp.get(item.name or "")
+        if tool is None:  # (its server left the session's tools since it was offered)
+            self._answer_call(
+                resp, item, None, {"type": "tool_execution_error", "message": "The tool is no longer offered."}
             )
+            return
+        resp.running.add(item.id)
+        self._effects.append(CallMcpTool(resp.id, item.id, tool.server.spec, item.name or "", item.arguments))
+
+    def called(self, item_id: str, output: str | None, error: dict[str, Any] | None) -> None:
+        """The host's answer to ``CallMcpTool``: the server's output, or the SDK's error
+        object (``protocol_error``, ``tool_execution_error``, ``http_error``)."""
+        for resp in self.running():
+            if item_id in resp.running:
+                item = next(it for it in resp.outputs if it.id == item_id)
+                resp.running.discard(item_id)
+                self._answer_call(resp, item, output, error)
+                backlog, resp.backlog = resp.backlog, []
+                for held in backlog:
+                    if isinstance(held, Item):
+                        self.approval(held)
+                    else:
+                        self.on_output(resp.id, held)
+                self._advance(resp)
+                return
+
+    def _answer_call(self, resp: Response, item: Item, output: str | None, error: dict[str, Any] | None) -> None:
+        index = resp.index_of(item)
+        item.output, item.error = output or "", error
+        item.status = "completed" if error is None else "incomplete"
+        kind = "response.mcp_call.completed" if error is None else "response.mcp_call.failed"
+        self._emit(kind, item_id=item.id, output_index=index)
+        rendered = item.render(False)
+        self._emit("response.output_item.done", response_id=resp.id, output_index=index, item=rendered)
+        if resp.in_conversation and self._history.get(item.id) is not None:
+            prev = self._history.conversation.previous_id(item.id)
+            self._emit("conversation.item.done", previous_item_id=prev, item=rendered)
+        resp.ran = True
+
+    def approval(self, answer: Item) -> None:
+        """The client answered an ``mcp_approval_request`` (``answer``: its
+        ``mcp_approval_response`` item, already in the conversation). The response that
+        asked runs the call, or hears it was declined; if that response is over, the
+        answer stays in the conversation only."""
+        for resp in self.running():
+            if answer.approval_request_id not in resp.waiting:
+                continue
+            if resp.running:
+                resp.backlog.append(answer)  # after the call that runs (each item before the next)
+                return
+            asked = next(it for it in resp.outputs if it.id == answer.approval_request_id)
+            resp.waiting.discard(asked.id)
+            if answer.approve:
+                call = Item(self._new_id("mcp"), "assistant", [], status="in_progress", type="mcp_call",
+                            server_label=asked.server_label, name=asked.name, approval_request_id=asked.id)  # fmt: skip
+                self._add_output(resp, call)
+                call.arguments = asked.arguments
+                if call.arguments:
+                    self._emit("response.mcp_call_arguments.delta", response_id=resp.id, item_id=call.id,
+                               output_index=resp.index_of(call), delta=call.arguments)  # fmt: skip
+                self._run_call(resp, call)
+            else:
+                resp.ran = True  # the next round tells the model (conversation.to_messages)
+            self._advance(resp)
+            return
 
     def _close_item(self, resp: Response, index: int, item: Item, status: str) -> None:
         """Finish output ``index`` of ``resp``: its last events, then ``output_item.done``."""
-        if item.type == "function_call":
+        if item.type == "mcp_call":
+            if item is resp.open_call:
+                resp.open_call = None
+                self._emit("response.mcp_call_arguments.done", response_id=resp.id, item_id=item.id,
+                           output_index=index, arguments=item.arguments)  # fmt: skip
+            elif item.id in resp.running:
+                resp.running.discard(item.id)  # (the host's call is cancelled with the response)
+                item.error = {"type": "tool_execution_error", "message": "The response ended before the call returned."}
+                self._emit("response.mcp_call.failed", item_id=item.id, output_index=index)
+        elif item.type == "function_call":
             self._emit(
                 "response.function_call_arguments.done",
                 response_id=resp.id,
@@ -495,3 +696,13 @@ class Responses:
         self._emit("response.done", response=self._render(resp, status, details))
         if self._rate_limits is not None:
             self._emit("rate_limits.updated", **self._rate_limits())
+
+
+def _sum(a: Usage, b: Usage) -> Usage:
+    """The usage of a response's rounds together."""
+    return Usage(
+        a.input_text_tokens + b.input_text_tokens,
+        a.input_audio_tokens + b.input_audio_tokens,
+        a.output_text_tokens + b.output_text_tokens,
+        a.output_audio_tokens + b.output_audio_tokens,
+    )

@@ -47,6 +47,7 @@ from gateway.session.events import STATE_EVENTS, EventLog
 from gateway.session.history import History
 from gateway.session.input import VAD_RATE, InputAudio, VadStream
 from gateway.session.limits import SessionLimits
+from gateway.session.mcp import McpServers
 from gateway.session.responses import Responses
 from gateway.session.turn_taking import Parts, RealtimeTurns, TurnTaking
 from orchestrator.engine import EngineInfo, EngineOutput
@@ -99,6 +100,7 @@ class RealtimeSession:
         # History and responses, input and responses, know each other only through the
         # callbacks given here (those that name a part built later look it up when called).
         history = self._history = History(self.conversation, limits, log.emit, keep=lambda it: responses.writes(it))
+        mcp = self._mcp = McpServers(log, history)
         responses = self._responses = Responses(
             log,
             history,
@@ -111,6 +113,7 @@ class RealtimeSession:
             make_item=self._item_from_spec,
             answered=lambda played_ms: self._input.arm_idle(played_ms),
             rate_limits=rate_limits,
+            mcp=mcp,
         )
         self._input = InputAudio(
             log,
@@ -238,6 +241,7 @@ class RealtimeSession:
             self._emit("session.created", session=self.render_config(), resume_token=resume_token)
         # As the API does (and the SDK documents): the conversation right after the session.
         self._emit("conversation.created", conversation={"id": self._history.id, "object": "realtime.conversation"})
+        self._mcp.configure(self.config.tools, "session.tools")  # (a secret minted with MCP servers)
 
     def render_config(self) -> dict[str, Any]:
         return render(self.config, session_id=self.id, expires_at=self.expires_at, beta=self.beta)
@@ -334,6 +338,7 @@ class RealtimeSession:
             self._emit("transcription_session.updated", session=render_beta_transcription(new))
         else:
             self._emit("session.updated", session=self.render_config())
+            self._mcp.configure(new.tools, "session.tools")  # new MCP servers: their tools are listed
         if not self.sends_gateway_events:
             return  # the SDKs have no type for session.warning: only for clients that opted in
         for param, message in warnings:
@@ -379,10 +384,40 @@ class RealtimeSession:
             raise ProtocolError(
                 Code.ITEM_NOT_FOUND, f"previous_item_id {prev_id!r} not found.", param="previous_item_id"
             )
+        if spec.type == "mcp_approval_response":
+            self._check_approval(spec)
         item = self._item_from_spec(spec, "item")
         prev = self._history.insert(item, prev_id)
         self._emit("conversation.item.added", previous_item_id=prev, item=item.render(self.beta))
         self._emit("conversation.item.done", previous_item_id=prev, item=item.render(self.beta))
+        if item.type == "mcp_approval_response":
+            self._responses.approval(item)
+
+    def _check_approval(self, spec: ce.ItemSpec) -> None:
+        asked = self.conversation.get(spec.approval_request_id or "")
+        if asked is None or asked.type != "mcp_approval_request":
+            raise ProtocolError(
+                Code.ITEM_NOT_FOUND,
+                f"approval_request_id {spec.approval_request_id!r} names no mcp_approval_request in the conversation.",
+                param="item.approval_request_id",
+            )
+        if any(it.type == "mcp_approval_response" and it.approval_request_id == asked.id for it in self.conversation):
+            raise ProtocolError(
+                Code.INVALID_VALUE,
+                f"The approval request {asked.id!r} was answered already.",
+                param="item.approval_request_id",
+            )
+
+    # --- MCP servers (the host lists and calls them: gateway/hosting/mcp.py) ---------------
+
+    def mcp_listed(self, item_id: str, tools: list[dict[str, Any]] | None, failure: str | None) -> None:
+        """The tools of the server whose listing is ``item_id`` (None: ``failure`` says why)."""
+        if self._mcp.listed(item_id, tools, failure):
+            self._responses.listings_done()
+
+    def mcp_called(self, item_id: str, output: str | None, error: dict[str, Any] | None) -> None:
+        """The answer to the call ``item_id``: its output, or the SDK's error object."""
+        self._responses.called(item_id, output, error)
 
     def _item_from_spec(self, spec: ce.ItemSpec, param: str) -> Item:
         """Build an item; validates every part before asking for any work (its audio's transcription)."""
@@ -509,6 +544,7 @@ class RealtimeSession:
         log.id_counter = state["id_counter"]
         session.audio_ms = state["audio_ms"]
         session._history.restore((snapshot.item_from_dict(entry) for entry in state["items"]), state["conversation_id"])
+        session._mcp.restore(session.config.tools, session.conversation)
         rate = engine.output_sample_rate
         current = state["response"]
         session._responses.restore(
@@ -527,6 +563,7 @@ class RealtimeSession:
         conversation. A transcription that was running is reported failed.
         """
         self._log.epoch += 1
+        self._mcp.configure(self.config.tools, "session.tools")  # a listing that died with it: again
         for item in self.conversation:
             if item.pending_transcription:
                 item.pending_transcription = False

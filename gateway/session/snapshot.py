@@ -48,6 +48,9 @@ def item_to_dict(item: Item) -> dict[str, Any]:
     }
     if item.type != "message":
         out.update(type=item.type, call_id=item.call_id, name=item.name, arguments=item.arguments, output=item.output)
+    if item.type.startswith("mcp_"):
+        out.update(server_label=item.server_label, tools=item.tools, approval_request_id=item.approval_request_id,
+                   approve=item.approve, reason=item.reason, error=item.error)  # fmt: skip
     return out
 
 
@@ -69,6 +72,10 @@ def item_from_dict(d: dict[str, Any]) -> Item:
         item.type = d["type"]
         item.call_id, item.name = d["call_id"], d["name"]
         item.arguments, item.output = d["arguments"], d["output"]
+    if item.type.startswith("mcp_"):
+        item.server_label, item.tools = d["server_label"], d["tools"]
+        item.approval_request_id, item.approve, item.reason = d["approval_request_id"], d["approve"], d["reason"]
+        item.error = d["error"]
     return item
 
 

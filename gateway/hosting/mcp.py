@@ -1,0 +1,330 @@
+"""MCP servers, reached for the sessions of this replica: list their tools, call them.
+
+The session decides (gateway/session/mcp.py and responses.py); this is the
+I/O it asks for (effects ``ListMcpTools`` and ``CallMcpTool``), with the
+official ``mcp`` SDK's streamable HTTP client (the ``mcp`` extra). Each
+listing and each call is one MCP connection (initialize, the request, close):
+nothing is held between calls, so nothing leaks between sessions.
+
+What bounds an outbound call, each an operator setting (README, "MCP tools"):
+
+- ``mcp_allowed_urls``: the URLs the gateway may connect to, as prefixes
+  (``https://mcp.example.com/``), or ``*`` for any URL whose host resolves
+  only to public addresses. A host that resolves to a loopback, private,
+  link-local or otherwise non-public address is refused unless a prefix names
+  its URL. Empty: MCP is off. Checked before every connection.
+- ``mcp_timeout_s``: one listing or call, connect to answer; past it, failed.
+- ``mcp_max_result_bytes``: what the gateway reads from a server for one
+  listing or call (the HTTP bodies, counted as they arrive); past it the
+  connection is dropped and the listing or call fails.
+
+A server's ``authorization`` goes as ``Authorization: Bearer``, its
+``headers`` as given; neither is logged (this module logs the server's label
+only, and quiets the HTTP client's per-request log lines, which carry URLs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+log = logging.getLogger("omni.mcp")
+
+MAX_LISTED_TOOLS = 256  # tools one server may list; more: the listing fails (narrow it on the server)
+
+# The HTTP client logs every request's URL at INFO (a URL may carry a token): not ours to log.
+for _name in ("httpx2", "httpx", "mcp.client.streamable_http"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+
+class McpFailure(Exception):
+    """A listing or call that did not happen: ``error`` is the SDK's error object
+    (``protocol_error``, ``tool_execution_error`` or ``http_error``), ``str()`` a
+    sentence a person can act on."""
+
+    def __init__(self, message: str, error: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.error = error or {"type": "tool_execution_error", "message": message}
+
+
+@dataclass(frozen=True, slots=True)
+class McpPolicy:
+    """What outbound MCP connections may do (the settings of the same names)."""
+
+    allowed_urls: tuple[str, ...] = ("*",)
+    timeout_s: float = 30.0
+    max_result_bytes: int = 1 << 20
+
+
+def _under(url: str, prefix: str) -> bool:
+    """``url`` is ``prefix`` or below it (a prefix ends at a path boundary: ``https://a.com``
+    does not cover ``https://a.com.evil.net``)."""
+    if not url.startswith(prefix):
+        return False
+    rest = url[len(prefix) :]
+    return not rest or prefix.endswith("/") or rest[0] in "/?#"
+
+
+class McpConnector:
+    """See the module docstring. ``available``: the SDK is installed (else every listing
+    fails, saying which extra to install)."""
+
+    def __init__(self, policy: McpPolicy) -> None:
+        self.policy = policy
+        try:
+            import httpx2  # noqa: F401
+            from mcp import ClientSession  # noqa: F401
+            from mcp.client.streamable_http import streamable_http_client  # noqa: F401
+        except ImportError:
+            self.available = False
+        else:
+            self.available = True
+
+    # --- what the host asks ------------------------------------------------------------
+
+    async def list_tools(self, server: dict[str, Any]) -> list[dict[str, Any]]:
+        """The server's tools, as the Realtime API's ``mcp_list_tools`` item holds them."""
+        async with self._session(server) as session:
+            tools: list[dict[str, Any]] = []
+            cursor: str | None = None
+            while True:
+                from mcp.types import PaginatedRequestParams
+
+                page = await session.list_tools(params=PaginatedRequestParams(cursor=cursor) if cursor else None)
+                for tool in page.tools:
+                    entry: dict[str, Any] = {"name": tool.name, "input_schema": tool.input_schema}
+                    if tool.description:
+                        entry["description"] = tool.description
+                    if tool.annotations is not None:
+                        entry["annotations"] = tool.annotations.model_dump(by_alias=True, exclude_none=True)
+                    tools.append(entry)
+                if len(tools) > MAX_LISTED_TOOLS:
+                    raise McpFailure(f"the server lists more than {MAX_LISTED_TOOLS} tools")
+                cursor = page.next_cursor
+                if not cursor:
+                    return tools
+
+    async def call_tool(self, server: dict[str, Any], name: str, arguments: str) -> str:
+        """The tool's output as text (its text contents joined; other contents, and
+        structured content with no text, as JSON). Raises ``McpFailure``."""
+        try:
+            args = json.loads(arguments) if arguments.strip() else {}
+        except ValueError as exc:
+            raise McpFailure(f"the model's arguments are not JSON ({exc})") from None
+        if not isinstance(args, dict):
+            raise McpFailure("the model's arguments are not a JSON object")
+        async with self._session(server) as session:
+            result = await session.call_tool(name, args)
+        content = getattr(result, "content", None) or []
+        texts = [c.text if getattr(c, "type", None) == "text" else json.dumps(c.model_dump(mode="json"))
+                 for c in content]  # fmt: skip
+        structured = getattr(result, "structured_content", None)
+        text = "\n".join(texts) if texts else json.dumps(structured) if structured is not None else ""
+        if getattr(result, "is_error", False):
+            raise McpFailure(text or "the tool failed", {"type": "tool_execution_error", "message": text})
+        return text
+
+    # --- one connection -------------------------------------------------------------------
+
+    def _session(self, server: dict[str, Any]) -> Any:
+        return _Connection(self, server)
+
+    async def check_url(self, url: str) -> None:
+        """Refuse a URL the operator's allow-list does not cover (``McpFailure``)."""
+        allowed = self.policy.allowed_urls
+        if not allowed:
+            raise McpFailure("MCP is off on this gateway (mcp_allowed_urls is empty)")
+        if any(_under(url, prefix) for prefix in allowed if prefix != "*"):
+            return
+        if "*" not in allowed:
+            raise McpFailure("its server_url is not in this gateway's mcp_allowed_urls")
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port)
+        except OSError:
+            raise McpFailure(f"its host {host!r} does not resolve") from None
+        for info in infos:
+            address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+            if not address.is_global or address.is_multicast:
+                raise McpFailure(
+                    f"its host {host!r} resolves to a non-public address, which this gateway reaches only "
+                    "where mcp_allowed_urls lists the URL"
+                )
+
+
+class _Connection:
+    """``async with``: an initialized MCP client session to one server, within the
+    policy's timeout and byte limit; failures come out as ``McpFailure``."""
+
+    def __init__(self, connector: McpConnector, server: dict[str, Any]) -> None:
+        self._connector = connector
+        self._server = server
+        self._stack: Any = None
+        self._bounded: _Bounded | None = None
+
+    async def __aenter__(self) -> Any:
+        connector = self._connector
+        if not connector.available:
+            raise McpFailure("the gateway has no MCP client (install omni-realtime-gateway[mcp])")
+        await connector.check_url(self._server["server_url"])
+        import contextlib
+
+        self._stack = stack = contextlib.AsyncExitStack()
+        try:
+            async with asyncio.timeout(connector.policy.timeout_s):  # (in this task: anyio's scopes need it)
+                return await self._open(stack)
+        except BaseException as exc:
+            error = exc
+            try:
+                await stack.aclose()
+            except BaseException as closing:  # anyio's task group: what failed in it comes out here
+                error = closing
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # cancelled from outside (the response ended): not a failure to report
+            raise _failure(error, connector.policy, self._bounded) from None
+
+    async def _open(self, stack: Any) -> Any:
+        import httpx2
+        from mcp import ClientSession
+        from mcp.client.streamable_http import streamable_http_client
+
+        policy = self._connector.policy
+        headers = dict(self._server.get("headers") or {})
+        if self._server.get("authorization"):
+            headers["Authorization"] = f"Bearer {self._server['authorization']}"
+        self._bounded = bounded = _Bounded(httpx2.AsyncHTTPTransport(), policy.max_result_bytes)
+        http = await stack.enter_async_context(
+            httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(policy.timeout_s), transport=cast(Any, bounded))
+        )
+        streams = await stack.enter_async_context(
+            streamable_http_client(
+                self._server["server_url"], http_client=http, max_sse_event_size=policy.max_result_bytes
+            )
+        )
+        session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
+        await session.initialize()
+        return _Timed(session, policy, bounded)
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._stack is not None:
+            try:
+                async with asyncio.timeout(5.0):
+                    await self._stack.aclose()
+            except Exception:  # closing a connection that failed: nothing more to say
+                log.debug("MCP server %s: close failed", self._server.get("server_label"), exc_info=True)
+
+
+class _Timed:
+    """The client session's requests, each within the timeout, failures as ``McpFailure``."""
+
+    def __init__(self, session: Any, policy: McpPolicy, bounded: _Bounded) -> None:
+        self._session = session
+        self._policy = policy
+        self._bounded = bounded
+
+    async def list_tools(self, **kwargs: Any) -> Any:
+        return await self._call(self._session.list_tools(**kwargs))
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        return await self._call(self._session.call_tool(name, arguments))
+
+    async def _call(self, request: Any) -> Any:
+        try:
+            async with asyncio.timeout(self._policy.timeout_s):
+                return await request
+        except McpFailure:
+            raise
+        except Exception as exc:
+            raise _failure(exc, self._policy, self._bounded) from None
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Bounded:
+    """An HTTP transport whose response bodies may hold ``limit`` bytes in all, for the
+    whole connection (a listing or call): past it, the body stops with ``_TooLarge``."""
+
+    def __init__(self, inner: Any, limit: int) -> None:
+        self._inner = inner
+        self._left = limit
+        self.exceeded = False  # (the SDK reports a body cut short as its own error: this says why)
+
+    async def handle_async_request(self, request: Any) -> Any:
+        import httpx2
+
+        response = await self._inner.handle_async_request(request)
+        owner, body = self, response.stream
+
+        class Counted(httpx2.AsyncByteStream):
+            async def __aiter__(self) -> AsyncIterator[bytes]:
+                async for chunk in body:
+                    owner._left -= len(chunk)
+                    if owner._left < 0:
+                        owner.exceeded = True
+                        raise _TooLarge
+                    yield chunk
+
+            async def aclose(self) -> None:
+                await body.aclose()
+
+        return httpx2.Response(response.status_code, headers=response.headers, stream=Counted(),
+                               extensions=response.extensions, request=request)  # fmt: skip
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _Bounded:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._inner.__aexit__(*exc)
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first real error inside (anyio's task groups wrap them in groups)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _failure(exc: BaseException, policy: McpPolicy, bounded: _Bounded | None) -> McpFailure:
+    """What a person reads of why a connection, listing or call failed (never a header)."""
+    exc = _leaf(exc)
+    if isinstance(exc, McpFailure):
+        return exc
+    if isinstance(exc, asyncio.CancelledError):  # (a task group cancelled itself: its cause is lost)
+        return McpFailure("the connection was cancelled")
+    if isinstance(exc, TimeoutError):
+        return McpFailure(f"the server did not answer within {policy.timeout_s:g} s")
+    if isinstance(exc, _TooLarge) or (bounded is not None and bounded.exceeded):
+        return McpFailure(f"the server sent more than {policy.max_result_bytes} bytes")
+    try:
+        import httpx2
+        from mcp.shared.exceptions import MCPError
+    except ImportError:  # (not installed: nothing of theirs can have been raised)
+        return McpFailure(f"the connection failed ({type(exc).__name__})")
+    if isinstance(exc, MCPError):
+        code = getattr(getattr(exc, "error", None), "code", 0)
+        message = str(exc) or "protocol error"
+        return McpFailure(f"the server answered an MCP error: {message}",
+                          {"type": "protocol_error", "code": int(code or 0), "message": message})  # fmt: skip
+    if isinstance(exc, httpx2.HTTPStatusError):
+        status = exc.response.status_code
+        return McpFailure(f"the server answered HTTP {status}",
+                          {"type": "http_error", "code": status, "message": f"HTTP {status}"})  # fmt: skip
+    if isinstance(exc, httpx2.TransportError):
+        return McpFailure(f"the server could not be reached ({type(exc).__name__})")
+    log.debug("MCP failure", exc_info=exc)
+    return McpFailure(f"the connection failed ({type(exc).__name__})")
