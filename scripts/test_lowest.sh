@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The transport and protocol tests on the LOWEST websockets, uvicorn and starlette that
 # pyproject.toml admits, and the WebRTC calls on the lowest aiortc, av and python-multipart
-# of the webrtc extra (the main CI run has the newest: what `pip install` resolves).
+# of the webrtc extra, and the MCP client on the lowest mcp (the main CI run has the newest:
+# what `pip install` resolves).
 # Builds a fresh virtual environment (.venv-lowest) every run, with the same extras as the main
 # run (the WebRTC tests trace a cascade turn with OpenTelemetry); .ci/run calls it.
 #
@@ -54,3 +55,15 @@ PYEOF
     tests/unit/test_protocol.py \
     tests/webrtc \
     tests/client
+
+# The MCP client on the lowest mcp the mcp extra admits. Installed after the run above: the MCP
+# SDK needs a newer starlette than our floor (sse-starlette), so pip may upgrade it here.
+mcp_low=$("$PY" - <<'PYEOF'
+import re, tomllib
+spec = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["mcp"][0]
+print(re.search(r">=\s*([\w.]+)", spec).group(1))
+PYEOF
+)
+say "mcp==$mcp_low"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check "mcp==$mcp_low" 2> >(grep -v '^WARNING: Location' >&2)
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/integration/test_mcp.py

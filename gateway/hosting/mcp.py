@@ -77,14 +77,18 @@ class McpConnector:
 
     def __init__(self, policy: McpPolicy) -> None:
         self.policy = policy
+        self.sse_limit = False  # the SDK bounds an SSE event itself (max_sse_event_size: mcp 2.3 on)
         try:
+            import inspect
+
             import httpx2  # noqa: F401
             from mcp import ClientSession  # noqa: F401
-            from mcp.client.streamable_http import streamable_http_client  # noqa: F401
+            from mcp.client.streamable_http import streamable_http_client
         except ImportError:
             self.available = False
         else:
             self.available = True
+            self.sse_limit = "max_sse_event_size" in inspect.signature(streamable_http_client).parameters
 
     # --- what the host asks ------------------------------------------------------------
 
@@ -205,10 +209,10 @@ class _Connection:
         http = await stack.enter_async_context(
             httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(policy.timeout_s), transport=cast(Any, bounded))
         )
+        # (the byte bound is the transport's; the SDK's own per-event bound, where it has one, too)
+        extra: dict[str, Any] = {"max_sse_event_size": policy.max_result_bytes} if self._connector.sse_limit else {}
         streams = await stack.enter_async_context(
-            streamable_http_client(
-                self._server["server_url"], http_client=http, max_sse_event_size=policy.max_result_bytes
-            )
+            streamable_http_client(self._server["server_url"], http_client=http, **extra)
         )
         session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
         await session.initialize()

@@ -570,8 +570,10 @@ class Responses:
         index = resp.index_of(item)
         item.output, item.error = output or "", error
         item.status = "completed" if error is None else "incomplete"
-        kind = "response.mcp_call.completed" if error is None else "response.mcp_call.failed"
-        self._emit(kind, item_id=item.id, output_index=index)
+        if error is None:
+            self._emit("response.mcp_call.completed", item_id=item.id, output_index=index)
+        else:
+            self._emit("response.mcp_call.failed", item_id=item.id, output_index=index)
         rendered = item.render(False)
         self._emit("response.output_item.done", response_id=resp.id, output_index=index, item=rendered)
         if resp.in_conversation and self._history.get(item.id) is not None:

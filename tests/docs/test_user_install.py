@@ -52,7 +52,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def test_the_first_command_installs_into_a_fresh_venv_without_the_dev_extra(served: Served) -> None:
-    assert "omni-gateway serve" in INSTALL_AND_SERVE and ".[cpu,video,webrtc]" in INSTALL_AND_SERVE
+    assert "omni-gateway serve" in INSTALL_AND_SERVE and ".[cpu,video,webrtc,mcp]" in INSTALL_AND_SERVE
     python = served.log_path.parent / ".venv" / "bin" / "python"  # the venv the command made
     pip_list = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True)
     installed = {line.split("==")[0].lower() for line in pip_list.stdout.splitlines()}

@@ -69,9 +69,8 @@ async def test_the_sessions_headers_and_authorization_reach_the_server_and_no_lo
 ) -> None:
     caplog.set_level(logging.DEBUG)
     seen = len(server.requests)
-    await connector(server).call_tool(
-        spec(server, authorization=SECRET_TOKEN, headers={"X-Tenant-Key": SECRET_HEADER}), "forecast", '{"city": "A"}'
-    )
+    secret_spec = spec(server, authorization=SECRET_TOKEN, headers={"X-Tenant-Key": SECRET_HEADER})
+    await connector(server).call_tool(secret_spec, "forecast", '{"city": "Oslo"}')
     sent = server.requests[seen:]
     assert sent and all(r.get("authorization") == f"Bearer {SECRET_TOKEN}" for r in sent)
     assert all(r.get("x-tenant-key") == SECRET_HEADER for r in sent)

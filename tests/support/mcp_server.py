@@ -14,7 +14,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from support.gateway import free_port
@@ -38,7 +38,7 @@ class McpTestServer:
         calls = self.calls
 
         @mcp.tool(description="The forecast for a city")
-        def forecast(city: str) -> str:
+        def forecast(city: Literal["Paris", "Oslo", "Lima"]) -> str:  # (an enum: a model's answer is short)
             calls.append(("forecast", {"city": city}))
             return f"sunny in {city}"
 
@@ -59,7 +59,7 @@ class McpTestServer:
             raise ToolError("the weather station is down")  # (its message reaches the client)
 
         @mcp.tool(description="Removes a city", annotations=ToolAnnotations(readOnlyHint=False))
-        def delete_city(city: str) -> str:
+        def delete_city(city: Literal["Paris", "Oslo", "Lima"]) -> str:
             calls.append(("delete_city", {"city": city}))
             return f"{city} deleted"
 

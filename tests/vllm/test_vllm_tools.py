@@ -6,16 +6,14 @@ gateway (call, function_call_output, the answer that sees both)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import orjson
 import pytest
 from support.gateway import RunningGateway
 from support.sdk_shapes import check_event
-from vllm_support import collect, finished, no_input, user
+from vllm_support import collect, finished, no_input, prompts, user
 
 from orchestrator.engine import (
     FunctionTool,
@@ -63,38 +61,6 @@ def calls(outs: list[Any]) -> dict[int, dict[str, Any]]:
             call = found.setdefault(o.index, {"call_id": o.call_id, "name": o.name, "arguments": ""})
             call["arguments"] += o.arguments
     return found
-
-
-@contextlib.contextmanager
-def prompts(engine: VllmEngine) -> Iterator[list[str]]:
-    """The prompt of every vLLM request while inside, decoded (the AsyncLLM's
-    ``generate`` is wrapped, not replaced: vLLM still serves each request)."""
-    llm, seen = engine.llm, []
-    original = llm.generate
-
-    def decode(prompt: Any) -> str:
-        return str(engine.tokenizer.decode(prompt["prompt_token_ids"]))
-
-    async def streamed(chunks: Any) -> AsyncIterator[Any]:  # a streaming-input request: its first chunk
-        first = True
-        async for chunk in chunks:
-            if first:
-                seen.append(decode(chunk.prompt))
-                first = False
-            yield chunk
-
-    def spy(prompt: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(prompt, dict):
-            seen.append(decode(prompt))
-        else:
-            prompt = streamed(prompt)
-        return original(prompt, *args, **kwargs)
-
-    llm.generate = spy
-    try:
-        yield seen
-    finally:
-        llm.generate = original
 
 
 def request(choice: ToolChoice, **kwargs: Any) -> ResponseRequest:

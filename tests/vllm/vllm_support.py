@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from orchestrator.engine import EngineInput, EngineOutput, Finished, Message, TextChunk, TextDelta
@@ -75,3 +76,35 @@ class AddSpy:
 
     def __exit__(self, *exc: object) -> None:
         self.core.add_request_async = self._orig
+
+
+@contextlib.contextmanager
+def prompts(engine: VllmEngine) -> Iterator[list[str]]:
+    """The prompt of every vLLM request while inside, decoded (the AsyncLLM's
+    ``generate`` is wrapped, not replaced: vLLM still serves each request)."""
+    llm, seen = engine.llm, []
+    original = llm.generate
+
+    def decode(prompt: Any) -> str:
+        return str(engine.tokenizer.decode(prompt["prompt_token_ids"]))
+
+    async def streamed(chunks: Any) -> AsyncIterator[Any]:  # a streaming-input request: its first chunk
+        first = True
+        async for chunk in chunks:
+            if first:
+                seen.append(decode(chunk.prompt))
+                first = False
+            yield chunk
+
+    def spy(prompt: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(prompt, dict):
+            seen.append(decode(prompt))
+        else:
+            prompt = streamed(prompt)
+        return original(prompt, *args, **kwargs)
+
+    llm.generate = spy
+    try:
+        yield seen
+    finally:
+        llm.generate = original
