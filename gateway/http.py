@@ -50,7 +50,14 @@ class HttpApi:
 
     async def readyz(self, request: Request) -> Response:
         ok, reason = self.rt.ready()
-        return JSONResponse({"status": reason, "engines": self.rt.engine_health()}, status_code=200 if ok else 503)
+        health = self.rt.engine_health()
+        status = "ready" if ok else "draining" if self.rt.draining else "not_ready"
+        body: dict[str, Any] = {"status": status, "engines_ok": sum(1 for state in health.values() if state == "ok"),
+                                "engines_total": len(health)}  # fmt: skip
+        grant = await self.rt.auth.authenticate_http(request.headers)
+        if grant is not None and grant.tenant.admin:  # the routes' names are a model list: an operator's
+            body.update(status=reason, engines=health)
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     async def metrics(self, request: Request) -> Response:
         settings = self.rt.settings
@@ -74,11 +81,14 @@ class HttpApi:
         return None
 
     async def models(self, request: Request) -> Response:
-        if await self.rt.auth.authenticate_http(request.headers) is None:
+        grant = await self.rt.auth.authenticate_http(request.headers)
+        if grant is None:
             return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.")
         health = self.rt.engine_health()
         data = []
         for spec in self.rt.router.named():
+            if not grant.tenant.allows_model(spec.name):
+                continue  # only the models this credential may use
             engine = self.rt.router.engines[spec.key]
             data.append(
                 {

@@ -32,11 +32,11 @@ from typing import Any, Protocol
 
 import orjson
 
+from gateway.auth import Grant
 from gateway.hosting.video import VideoHost, VideoPeer
 from gateway.protocol import fmp4
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.video_events import error_event
-from gateway.auth import Grant
 from gateway.transport.handshake import accept, admit_seat, common_refusal, minted_refusal, refuse
 from gateway.transport.lifecycle import drop, settle
 from gateway.transport.services import Services
