@@ -235,8 +235,10 @@ class Authenticator:
         """A client secret's grant, as its minter stands now: None when the key that minted
         it was revoked (a token's secret already expires with the token)."""
         grant = await self.secrets.take(credential)
-        if grant is None or grant.principal == self._anonymous.principal:
-            return grant
+        if grant is None:
+            return None
+        if grant.principal == self._anonymous.principal:  # minted with auth off: not once auth is on
+            return None if self.required else grant
         if grant.key_sha256 is None:
             # Only a token mints without a key; a key's principal without its hash is not trusted.
             return None if grant.principal.startswith(("key:", "tenant:")) else grant

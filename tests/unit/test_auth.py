@@ -282,6 +282,17 @@ async def test_a_secret_dies_with_the_key_that_minted_it() -> None:
     assert await after.authenticate(bearer(kept), []) == operator(KEYS[0])
 
 
+async def test_a_secret_minted_with_auth_off_is_refused_once_auth_is_on() -> None:
+    store = MemoryStore()
+    off = Authenticator((), required=False, store=store)
+    anonymous = await off.authenticate({}, [])
+    assert anonymous is not None
+    kept, _ = await off.secrets.mint(anonymous, 60)
+    refused, _ = await off.secrets.mint(anonymous, 60)
+    assert await off.authenticate(bearer(kept), []) == anonymous
+    assert await Authenticator(KEYS, required=True, store=store).authenticate(bearer(refused), []) is None
+
+
 async def test_a_key_principal_without_its_key_hash_is_not_trusted(auth: Authenticator) -> None:
     token, _ = await auth.secrets.mint(Grant(principal_of_key(KEYS[0]), tenant=Tenant(admin=True)), 60)
     assert await auth.authenticate(bearer(token), []) is None
