@@ -10,6 +10,10 @@ reach the door as they are read (``omni.websocket.direct``, no task switch)
 or through the read loop; a message the door must wait on (the store) holds
 back every message after it, so the order holds.
 
+A client secret opens the session it was minted for, in every dialect: its
+model (a ``?model=`` naming another is refused, ``model_not_allowed``, close
+4003) and its settings (the door opens every session with them).
+
 Dialects: the OpenAI Realtime API, GA (the default) or beta (subprotocol
 ``openai-beta.realtime-v1`` or header ``OpenAI-Beta: realtime=v1``), and
 vLLM-Omni's duplex dialect (``?duplex=1``). Subprotocols a client may offer (one
