@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.auth import DEFAULT_SECRET_TTL_S, MAX_SECRET_TTL_S
+from gateway.auth import DEFAULT_SECRET_TTL_S, MAX_SECRET_TTL_S, Grant, Minted, MintRefused
 from gateway.hosting.video import Refused, submit_interaction
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import ConfigLimits, SessionConfig, apply_update, render
@@ -50,7 +50,14 @@ class HttpApi:
 
     async def readyz(self, request: Request) -> Response:
         ok, reason = self.rt.ready()
-        return JSONResponse({"status": reason, "engines": self.rt.engine_health()}, status_code=200 if ok else 503)
+        health = self.rt.engine_health()
+        status = "ready" if ok else "draining" if self.rt.draining else "not_ready"
+        body: dict[str, Any] = {"status": status, "engines_ok": sum(1 for state in health.values() if state == "ok"),
+                                "engines_total": len(health)}  # fmt: skip
+        grant = await self.rt.auth.authenticate_http(request.headers)
+        if grant is not None and grant.tenant.admin:  # the routes' names are a model list: an operator's
+            body.update(status=reason, engines=health)
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     async def metrics(self, request: Request) -> Response:
         settings = self.rt.settings
@@ -74,11 +81,14 @@ class HttpApi:
         return None
 
     async def models(self, request: Request) -> Response:
-        if await self.rt.auth.authenticate_http(request.headers) is None:
+        grant = await self.rt.auth.authenticate_http(request.headers)
+        if grant is None:
             return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.")
         health = self.rt.engine_health()
         data = []
         for spec in self.rt.router.named():
+            if not grant.tenant.allows_model(spec.name):
+                continue  # only the models this credential may use
             engine = self.rt.router.engines[spec.key]
             data.append(
                 {
@@ -119,30 +129,69 @@ class HttpApi:
                     "expires_after.seconds",
                 )
             ttl = seconds
-        session = body.get("session") or {}
+        session = body.get("session")
+        if session is not None and not isinstance(session, dict):
+            return _error(400, Code.INVALID_TYPE, "'session' must be an object.", "session")
+        if session is not None and session.get("type") == "video":
+            bound = self._video_secret(grant, session)
+        else:
+            bound = self._realtime_secret(grant, session)
+        if isinstance(bound, Response):
+            return bound
+        minted, rendered = bound
+        try:
+            token, expires_at = await self.rt.auth.secrets.mint(replace(grant, minted=minted), ttl)
+        except MintRefused as refused:
+            if refused.limit == "max_secret_bytes":
+                return _error(400, Code.CLIENT_SECRET_TOO_LARGE, refused.message, "session")
+            response = _error(429, Code.RATE_LIMIT_EXCEEDED, refused.message)
+            if refused.retry_after_s is not None:
+                response.headers["Retry-After"] = str(refused.retry_after_s)
+            return response
+        except StoreError:
+            return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
+        if minted.type != "video":
+            rendered = render(rendered, session_id="sess_pending", expires_at=expires_at, beta=False)
+        result: dict[str, Any] = {"value": token, "expires_at": expires_at, "session": rendered}
+        if self.rt.calls is not None and minted.type != "video":  # (an extension: a page needs them for
+            result["ice_servers"] = self.rt.calls.config.client_ice_servers()  # its RTCPeerConnection)
+        return JSONResponse(result)
+
+    def _realtime_secret(self, grant: Grant, session: dict[str, Any] | None) -> tuple[Minted, Any] | Response:
+        """What a realtime (or transcription) secret opens: its model and settings, checked now."""
         default_model = self.rt.settings.model
-        config = SessionConfig(
-            model=str(session.get("model", default_model)) if isinstance(session, dict) else default_model
-        )
+        config = SessionConfig(model=str(session.get("model", default_model)) if session else default_model)
         try:
             limits = ConfigLimits(voices=self.rt.engine.info.voices)
-            if body.get("session") is not None:  # (given, it needs its type, as the API's does)
+            if session is not None:  # (given, it needs its type, as the API's does)
                 config, _ = apply_update(config, session, beta=False, limits=limits)
         except ProtocolError as err:
             return _error(400, err.code, err.message, err.param)
         if self.rt.vad_factory is None:
             config = replace(config, turn_detection=None)  # what the session will really get here
         if not grant.tenant.allows_model(config.model):
-            return _error(403, Code.MODEL_NOT_ALLOWED, f"This credential may not use the model {config.model!r}.")
-        try:
-            token, expires_at = await self.rt.auth.secrets.mint(replace(grant, session=session or None), ttl)
-        except StoreError:
-            return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
-        rendered = render(config, session_id="sess_pending", expires_at=expires_at, beta=False)
-        minted: dict[str, Any] = {"value": token, "expires_at": expires_at, "session": rendered}
-        if self.rt.calls is not None:  # (an extension: a page needs them for its RTCPeerConnection)
-            minted["ice_servers"] = self.rt.calls.config.client_ice_servers()
-        return JSONResponse(minted)
+            return _error(403, Code.MODEL_NOT_ALLOWED, f"This credential may not use the model {config.model!r}.",
+                          "session.model")  # fmt: skip
+        return Minted(config.type, config.model, session or None), config
+
+    def _video_secret(self, grant: Grant, session: dict[str, Any]) -> tuple[Minted, Any] | Response:
+        """A secret for /v1/realtime/video (the gateway's extension: ``session.type`` ``video``)."""
+        unknown = sorted(set(session) - {"type", "model"})
+        if unknown:
+            message = (f"A video secret's session takes only 'type' and 'model', not {unknown[0]!r} "
+                       "(session.start sets the rest).")  # fmt: skip
+            return _error(400, Code.UNKNOWN_PARAMETER, message, f"session.{unknown[0]}")
+        if not self.rt.serves_video:
+            return _error(400, Code.NO_VIDEO_ENGINE, "This gateway runs no video engine.", "session.type")
+        model = self.rt.video_model
+        asked = session.get("model")
+        if asked is not None and asked != model:
+            return _error(400, Code.MODEL_NOT_FOUND, f"The video route serves {model!r}, not {asked!r}; leave "
+                          "'model' out or send that.", "session.model")  # fmt: skip
+        if not self.rt.video_allowed(grant):
+            return _error(403, Code.MODEL_NOT_ALLOWED, f"This credential may not use the video model {model!r}.",
+                          "session.model")  # fmt: skip
+        return Minted("video", model or ""), {"type": "video", "model": model}
 
     async def admin(self, request: Request) -> Response:
         refused = await self._refused_unless_operator(request, "Admin endpoints")

@@ -24,7 +24,7 @@ are set; a token with an ``aud`` is refused when no audience is set),
 object of ``TenantLimits`` fields over the settings' defaults). A token is
 accepted wherever an API key is (``Authorization: Bearer``, the subprotocol
 ``openai-insecure-api-key.<token>``), any number of times until it expires;
-it never grants admin.
+it never grants admin. A client secret it mints expires with it.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def looks_like_jwt(credential: str) -> bool:
 class JwtGrant:
     principal: str
     tenant: Tenant
+    expires_at: float  # the token's ``exp``: a client secret it mints ends by then
 
 
 class JwksCache:
@@ -214,4 +215,4 @@ class JwtVerifier:
             limits=self._defaults.merged(claims.get("limits"), "claim limits"),
             models=parse_models(claims.get("models"), "claim models"),
         )
-        return JwtGrant("jwt:" + sub, tenant)
+        return JwtGrant("jwt:" + sub, tenant, float(claims["exp"]))

@@ -41,6 +41,7 @@ from gateway.store import create_store
 from gateway.store.base import SessionStore
 from gateway.telemetry import Telemetry
 from gateway.tenants import KeysFile, TenantLimits
+from gateway.transport.handshake import VIDEO_SECRET_ON_REALTIME, bound_model_message
 from gateway.transport.video import VideoSocket
 from gateway.transport.webrtc.config import WebRTCConfig
 from gateway.transport.webrtc.signaling import CallBook
@@ -239,15 +240,25 @@ class Runtime:
         return len(self.hosting.doors) + len(self.video_sockets)
 
     def session_defaults(self, grant: Grant, requested: dict[str, Any] | None) -> tuple[str, dict[str, Any] | None]:
-        """A WebRTC call's model and session settings: the unified form's ``session`` (checked
-        here: raises ProtocolError), else those its client secret was minted with."""
+        """A WebRTC call's model and session settings: those its client secret was minted
+        with (the form's ``session`` may not name another model: ProtocolError
+        ``model_not_allowed``, then applies over them), else the unified form's ``session``
+        (checked here: raises ProtocolError)."""
+        minted = grant.minted
+        if minted is not None:
+            if minted.type == "video":
+                raise ProtocolError(Code.CLIENT_SECRET_WRONG_TYPE, VIDEO_SECRET_ON_REALTIME)
+            asked = requested.get("model") if requested else None
+            if asked is not None and asked != minted.model:
+                raise ProtocolError(Code.MODEL_NOT_ALLOWED, bound_model_message(minted.model), param="session.model")
+            if not requested:
+                return minted.model, minted.session
+            requested = {**(minted.session or {}), **requested}
         if requested is not None:
             config = SessionConfig(model=str(requested.get("model") or self.settings.model))
             apply_update(config, requested, beta=False, limits=ConfigLimits(voices=self.engine.info.voices))
             return config.model, requested
-        settings = grant.session or None
-        model = settings.get("model") if settings else None
-        return (model if isinstance(model, str) and model else self.settings.model), settings
+        return self.settings.model, None
 
     # --- sessions ---------------------------------------------------------------
 
@@ -300,16 +311,17 @@ class Runtime:
         """What a new session starts with: the dialect's defaults for ``model`` (server VAD
         where a detector runs), then what a client secret was minted with (``requested``,
         validated when minted: a shape that no longer applies falls back to the defaults)."""
-        if dialect == "duplex":
-            return default_session_config(model)
-        config = SessionConfig(model=model, turn_detection=TurnDetection() if self.vad_factory else None)
+        if dialect == "duplex":  # upstream's defaults, then the same OpenAI fields of what was minted
+            config = default_session_config(model)
+        else:
+            config = SessionConfig(model=model, turn_detection=TurnDetection() if self.vad_factory else None)
         if requested:
             try:
                 config, _ = apply_update(
                     config, requested, beta=False, limits=ConfigLimits(voices=self.engine.info.voices)
                 )
-            except ProtocolError:
-                pass
+            except ProtocolError as err:  # (validated when minted: a route or voice list changed since)
+                log.warning("a client secret's session settings no longer apply (%s): the defaults", err.message)
             if self.vad_factory is None:
                 config = replace(config, turn_detection=None)  # no detector here: manual turns
         return config
@@ -346,12 +358,24 @@ class Runtime:
     def serves_video(self) -> bool:
         return self.video_engine is not None
 
+    @property
+    def video_model(self) -> str | None:
+        """The model ``/v1/realtime/video`` serves, by name (None: no video engine, or one
+        that names none): a ``session.start`` may name no other."""
+        if self.video_engine is None:
+            return None
+        return self.settings.video_model or self.video_engine.info.model
+
+    def video_allowed(self, grant: Grant) -> bool:
+        """Whether ``grant`` may use the video model (its tenant's allow-list must name it: a
+        video engine that names no model is open only to principals without one)."""
+        model, tenant = self.video_model, grant.tenant
+        return tenant.models is None or (model is not None and tenant.allows_model(model))
+
     async def open_video(self, principal: str, peer: VideoPeer) -> VideoHost:
         """A new streaming video session, owned in the store before it returns."""
         assert self.video_engine is not None
-        info = self.video_engine.info
-        if self.settings.video_model:  # the route's model, by name: session.start may name no other
-            info = replace(info, model=self.settings.video_model)
+        info = replace(self.video_engine.info, model=self.video_model)
         session = VideoSession(session_id="vsess_" + secrets.token_hex(10), info=info)
         timeouts = VideoTimeouts(
             start_s=self.settings.video_start_timeout_s, stall_s=self.settings.video_stall_timeout_s
@@ -453,6 +477,9 @@ def tenant_defaults(settings: Settings) -> TenantLimits:
         audio_in_s_per_min=settings.tenant_audio_in_s_per_min,
         audio_out_s_per_min=settings.tenant_audio_out_s_per_min,
         events_per_s=settings.tenant_events_per_s,
+        max_secret_bytes=settings.tenant_max_secret_bytes,
+        max_secrets=settings.tenant_max_secrets,
+        secret_mints_per_min=settings.tenant_secret_mints_per_min,
     )
 
 

@@ -74,6 +74,10 @@ class Settings:
     tenant_audio_in_s_per_min: float = 0.0  # input audio per clock minute; more: the append is dropped
     tenant_audio_out_s_per_min: float = 0.0  # output audio per clock minute; more: responses fail
     tenant_events_per_s: int = 0  # client messages per clock second; more: the message is dropped
+    # Client secrets, bounded by default (each is stored until used or expired):
+    tenant_max_secret_bytes: int = 65_536  # a mint's ``session`` as JSON; more: HTTP 400 client_secret_too_large
+    tenant_max_secrets: int = 1_000  # secrets minted, not used, not expired; more: HTTP 429 rate_limit_exceeded
+    tenant_secret_mints_per_min: int = 600  # mints in any 60 s; more: HTTP 429 rate_limit_exceeded
 
     # --- limits ---
     max_sessions: int = 2_000  # concurrent sessions per process; more: close 1013

@@ -20,12 +20,16 @@ tenants, each with the sha256 (hex) of one or more keys, so it holds no key:
 {"tenants": [
   {"name": "acme", "key_sha256": ["<sha256 hex of the key>"],
    "limits": {"max_sessions": 20, "session_starts_per_min": 60, "audio_in_s_per_min": 600,
-              "audio_out_s_per_min": 600, "events_per_s": 100},
+              "audio_out_s_per_min": 600, "events_per_s": 100, "max_secrets": 100},
    "models": ["omni-cascade"], "admin": false}
 ]}
 ```
 
 A limit a tenant does not name is the settings' default (``tenant_*``).
+
+The keys file is read at start: a key or tenant removed from it (then a restart)
+is revoked, with the client secrets it minted (``gateway/auth.py`` records the
+minting key's hash in each secret and checks it when the secret is used).
 """
 
 from __future__ import annotations
@@ -60,6 +64,12 @@ class TenantLimits:
     audio_out_s_per_min: float = 0.0  # output audio generated per clock minute; more: new responses fail,
     #   a running one is ended ``failed``
     events_per_s: int = 0  # client messages per clock second; more: the message is dropped
+    # Client secrets (POST /v1/realtime/client_secrets), bounded by default: each is stored until
+    # it is used or expires (up to 2 h), so these bound what one principal can leave in the store.
+    max_secret_bytes: int = 65_536  # the minted ``session`` object, as JSON; more: HTTP 400
+    #   ``client_secret_too_large``
+    max_secrets: int = 1000  # minted and neither used nor expired; more: HTTP 429 ``rate_limit_exceeded``
+    secret_mints_per_min: int = 600  # mints in any 60 s (a refused one is not counted); more: HTTP 429
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -142,6 +152,10 @@ class KeysFile:
     def lookup(self, key: str) -> KeyEntry | None:
         # A dict lookup by digest: what an attacker could time is the digest of its own guess.
         return self._by_digest.get(key_digest(key))
+
+    def lookup_digest(self, digest: str) -> KeyEntry | None:
+        """By the sha256 of a key (a client secret records its minter's): None once it is removed."""
+        return self._by_digest.get(digest)
 
     @classmethod
     def parse(cls, source: str | None, defaults: TenantLimits) -> KeysFile:

@@ -117,6 +117,8 @@ class Door:
         seat: Seat | None = None,
         resume_only: bool = False,
         media: Media | None = None,
+        requested: dict[str, Any] | None = None,
+        model_bound: bool = False,
     ) -> None:
         self.ctx = ctx
         self.sessions = sessions
@@ -129,6 +131,8 @@ class Door:
         self.seat = seat  # this connection's share of its principal's limits
         self.resume_only = resume_only  # (duplex) the first event must open or resume explicitly
         self.media = media  # the connection plays the audio (WebRTC): it knows what was played
+        self.requested = requested  # a client secret's session settings: every session opened here has them
+        self.model_bound = model_bound  # a client secret's: ``model`` is the only one a session here may use
         self.sideband = False  # joined a session beside its connection (``join``)
         self._pcm: tuple[int, AudioFormat, StreamResampler | None] | None = None  # receive_pcm's conversion
         self.host: SessionHost | None = None
@@ -312,7 +316,7 @@ class Door:
         """A new session for this connection (``requested``: a client secret's session
         settings; ``start``: what the dialect's opening adds); False: refused, the
         connection is closing."""
-        host = await self._new_host(self.model, requested)
+        host = await self._new_host(self.model, requested if requested is not None else self.requested)
         if host is None:
             return False
         self._begin(host, **start)
@@ -396,6 +400,13 @@ class Door:
         model = event.session.get("model")
         model = model if isinstance(model, str) and model else self.model
         assert self.sessions is not None
+        if self.model_bound and model != self.model:
+            err = ProtocolError(Code.MODEL_NOT_ALLOWED, f"This client secret was minted for the model "
+                                f"{self.model!r}: leave 'model' out or send that.", param="session.model",
+                                event_id=event.event_id)  # fmt: skip
+            self.opened = True
+            self._refuse_connection(err, CloseCode.FORBIDDEN)
+            return
         if not self.sessions.serves(model):
             err = ProtocolError(Code.MODEL_NOT_FOUND, f"No model {model!r} is served here; GET /v1/models lists them.",
                                 param="session.model", event_id=event.event_id)  # fmt: skip
@@ -408,7 +419,7 @@ class Door:
             self.opened = True
             self._refuse_connection(err, CloseCode.FORBIDDEN)
             return
-        host = await self._new_host(model)
+        host = await self._new_host(model, self.requested)  # the update applies over what was minted
         if host is None:
             self.opened = True
             return

@@ -46,7 +46,11 @@ class Code:
     FORBIDDEN = "forbidden"  # an HTTP endpoint this credential may not use (admin)
     ORIGIN_NOT_ALLOWED = "origin_not_allowed"  # a browser page whose Origin may not open sockets here
     MODEL_NOT_ALLOWED = "model_not_allowed"  # the credential may not use this model (then close 4003)
-    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"  # a tenant limit (sessions, starts, audio, events)
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"  # a tenant limit (sessions, starts, audio, events, mints)
+    CLIENT_SECRET_WRONG_TYPE = "client_secret_wrong_type"  # a secret minted for realtime on the video
+    #   socket, or one minted for video on a realtime socket (then close 4003)
+    CLIENT_SECRET_TOO_LARGE = "client_secret_too_large"  # a mint whose session is over the tenant's
+    #   max_secret_bytes (HTTP 400)
     SLOW_CONSUMER = "slow_consumer"
     INTERNAL = "internal_error"
     UNSUPPORTED = "unsupported"  # a valid request this session cannot serve (a response in a transcription

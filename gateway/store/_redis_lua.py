@@ -179,7 +179,8 @@ if spm > 0 and starts >= spm then
 end
 if max_open > 0 then
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], ttl)
+  -- only ever extended: entries of different TTLs (client secrets) all outlive the set's expiry
+  if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
   open = open + 1
 end
 if spm > 0 then

@@ -411,7 +411,8 @@ class SessionStore(abc.ABC):
         """Atomically: forget the principal's connections whose entry expired and its
         starts older than 60 s; refuse when ``max_open`` are open or ``starts_per_min``
         started (0: no limit); else record ``conn_id`` as open (for ``ttl_ms``, renewed
-        by ``refresh_connections``) and as started now."""
+        by ``refresh_connections``) and as started now. (``gateway/auth.py`` counts a
+        principal's client secrets with it too: an entry per secret, for its lifetime.)"""
 
     @abc.abstractmethod
     async def release_connection(self, principal: str, conn_id: str) -> None:

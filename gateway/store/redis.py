@@ -25,7 +25,9 @@ key                        type     content and expiry
 =========================  =======  =============================================
 
 (``ph``: the first 16 hex of sha256(principal), so any principal makes a
-short key with one hash tag.)
+short key with one hash tag. A principal's client secrets are counted the same
+way under the principal ``secrets:<principal>``: ``open`` holds those neither
+used nor expired, ``starts`` those minted in the last 60 s.)
 
 (no space between ``P`` and the rest; ``omni:s:{abc}:snap``). Bus channels are
 ``P bus:<channel>``, e.g. ``omni:bus:replica:<owner>``, ``omni:bus:session:<sid>``.

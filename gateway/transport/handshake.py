@@ -17,7 +17,8 @@ Two kinds of refusal, told apart by what the client can do about them:
 - **After accepting** (``common_refusal`` and the endpoints' own): an ``error``
   event and a close code any client can read, for what is worth retrying or
   fixing in the request (drain 1012, replica full 1013, unknown model 4004,
-  a model the credential may not use 4003, tenant limits 4029: ``admit_seat``).
+  a model the credential may not use 4003 (a client secret's other model or
+  endpoint too: ``minted_refusal``), tenant limits 4029: ``admit_seat``).
 """
 
 from __future__ import annotations
@@ -137,6 +138,35 @@ async def _refuse_upgrade(
     await send({"type": "websocket.accept", "subprotocol": None})
     event = error_event(refusal.code, refusal.message)
     await refuse(runtime, send, (refusal.code, refusal.message, refusal.close_code), event)
+
+
+VIDEO_SECRET_ON_REALTIME = (
+    "This client secret was minted for /v1/realtime/video (session.type 'video'); mint one for a realtime "
+    "session, or connect with an API key or token."
+)
+
+
+def bound_model_message(model: str) -> str:
+    return f"This client secret was minted for the model {model!r}: connect with ?model={model}, or without ?model."
+
+
+def minted_refusal(grant: Grant, *, video: bool, model: str | None) -> Refusal | None:
+    """What a client secret refuses: the other endpoint (realtime or video), or a ``model``
+    other than the one it was minted for (close 4003, as a model the credential may not use)."""
+    minted = grant.minted
+    if minted is None:
+        return None
+    if video != (minted.type == "video"):
+        message = (
+            f"This client secret was minted for a {minted.type} session; /v1/realtime/video takes one minted "
+            "with session.type 'video', or an API key or token."
+            if video
+            else VIDEO_SECRET_ON_REALTIME
+        )
+        return Code.CLIENT_SECRET_WRONG_TYPE, message, CloseCode.FORBIDDEN
+    if model is not None and model != minted.model:
+        return Code.MODEL_NOT_ALLOWED, bound_model_message(minted.model), CloseCode.FORBIDDEN
+    return None
 
 
 def common_refusal(runtime: Services, hs: Handshake) -> Refusal | None:

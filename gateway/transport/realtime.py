@@ -10,6 +10,10 @@ reach the door as they are read (``omni.websocket.direct``, no task switch)
 or through the read loop; a message the door must wait on (the store) holds
 back every message after it, so the order holds.
 
+A client secret opens the session it was minted for, in every dialect: its
+model (a ``?model=`` naming another is refused, ``model_not_allowed``, close
+4003) and its settings (the door opens every session with them).
+
 Dialects: the OpenAI Realtime API, GA (the default) or beta (subprotocol
 ``openai-beta.realtime-v1`` or header ``OpenAI-Beta: realtime=v1``), and
 vLLM-Omni's duplex dialect (``?duplex=1``). Subprotocols a client may offer (one
@@ -39,6 +43,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from gateway.auth import Minted
 from gateway.hosting.calls import open_sideband
 from gateway.hosting.door import Door, Entrance, Pending, Sessions
 from gateway.protocol import duplex_events
@@ -47,7 +52,7 @@ from gateway.protocol.dialects import BETA, DUPLEX, GA, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.server_events import AUDIO_DELTA, BINARY_SUBPROTOCOL, encode_audio_frame
 from gateway.quotas import Seat
-from gateway.transport.handshake import Handshake, accept, admit_seat, common_refusal, refuse
+from gateway.transport.handshake import Handshake, accept, admit_seat, common_refusal, minted_refusal, refuse
 from gateway.transport.lifecycle import bound_send_buffer, drop, settle
 from gateway.transport.outbox import Outbox, SlowConsumer
 from gateway.transport.services import Services
@@ -101,8 +106,10 @@ class RealtimeEndpoint:
         hs = await accept(rt, scope, receive, send, choose, encode_error)
         if hs is None:
             return
-        model = hs.param("model") or rt.settings.model
-        refusal = common_refusal(rt, hs)
+        minted = hs.grant.minted  # a client secret's: the model and settings it opens, and no others
+        asked = hs.param("model")
+        model = asked or (minted.model if minted is not None else rt.settings.model)
+        refusal = common_refusal(rt, hs) or minted_refusal(hs.grant, video=False, model=asked)
         if refusal is None and not rt.sessions.serves(model):
             refusal = (
                 Code.MODEL_NOT_FOUND,
@@ -140,15 +147,13 @@ class RealtimeEndpoint:
             autostart = (hs.param("autostart") or "").strip().lower()
             resume_only = duplex_events.enabled(hs.param("resume")) or autostart in duplex_events.FALSY
             door = socket.door_to(DUPLEX, principal=hs.grant.principal, model=model, seat=seat,
-                                  resume_only=resume_only)  # fmt: skip
+                                  resume_only=resume_only, minted=hs.grant.minted)  # fmt: skip
             opening = door.open if hs.param("model") is not None and not resume_only else None
         else:
             beta = "realtime=v1" in hs.headers.get("openai-beta", "") or BETA_SUBPROTOCOL in hs.offered
-            door = socket.door_to(BETA if beta else GA, principal=hs.grant.principal, model=model, seat=seat)
-            requested = hs.grant.session  # a client secret's session settings
-
-            async def opening() -> bool:
-                return await door.open(requested)
+            door = socket.door_to(BETA if beta else GA, principal=hs.grant.principal, model=model, seat=seat,
+                                  minted=hs.grant.minted)  # fmt: skip
+            opening = door.open
 
         await socket.run(opening)
 
@@ -176,10 +181,13 @@ class RealtimeSocket:
         self._busy = False  # the read loop is handling a message (the direct path must wait)
         self._waiting: asyncio.Task[None] | None = None  # a message taken directly that waits on the store
 
-    def door_to(self, dialect: Dialect, *, principal: str, model: str, seat: Seat, resume_only: bool = False) -> Door:
+    def door_to(self, dialect: Dialect, *, principal: str, model: str, seat: Seat, resume_only: bool = False,
+                minted: Minted | None = None) -> Door:  # fmt: skip
         rt = self.runtime
         door = Door(rt.hosting, rt.sessions, self, dialect=dialect, principal=principal, model=model,
-                    max_message_bytes=rt.settings.max_message_bytes, seat=seat, resume_only=resume_only)  # fmt: skip
+                    max_message_bytes=rt.settings.max_message_bytes, seat=seat, resume_only=resume_only,
+                    requested=minted.session if minted is not None else None,
+                    model_bound=minted is not None)  # fmt: skip
         self.door = door
         return door
 

@@ -32,11 +32,12 @@ from typing import Any, Protocol
 
 import orjson
 
+from gateway.auth import Grant
 from gateway.hosting.video import VideoHost, VideoPeer
 from gateway.protocol import fmp4
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.video_events import error_event
-from gateway.transport.handshake import accept, admit_seat, common_refusal, refuse
+from gateway.transport.handshake import accept, admit_seat, common_refusal, minted_refusal, refuse
 from gateway.transport.lifecycle import drop, settle
 from gateway.transport.services import Services
 from gateway.transport.ws_server import ABORT_EXTENSION
@@ -56,6 +57,13 @@ class VideoServices(Services, Protocol):
     @property
     def serves_video(self) -> bool:
         """Whether a video engine runs here."""
+
+    @property
+    def video_model(self) -> str | None:
+        """The model the video engine serves, by name (None: it names none)."""
+
+    def video_allowed(self, grant: Grant) -> bool:
+        """Whether ``grant`` may use the video model (its tenant's allow-list)."""
 
     @property
     def video_sockets(self) -> dict[str, VideoSocket]:
@@ -80,9 +88,12 @@ class VideoEndpoint:
         hs = await accept(rt, scope, receive, send, choose_subprotocol, encode_error)
         if hs is None:
             return
-        refusal = common_refusal(rt, hs)
+        refusal = common_refusal(rt, hs) or minted_refusal(hs.grant, video=True, model=None)
         if refusal is None and not rt.serves_video:
             refusal = (Code.NO_VIDEO_ENGINE, "This gateway runs no video engine.", CloseCode.NORMAL)
+        if refusal is None and not rt.video_allowed(hs.grant):  # as the realtime route refuses
+            refusal = (Code.MODEL_NOT_ALLOWED, f"This credential may not use the video model {rt.video_model!r}.",
+                       CloseCode.FORBIDDEN)  # fmt: skip
         if refusal is not None:
             await refuse(rt, send, refusal, encode_error(refusal[0], refusal[1]))
             return

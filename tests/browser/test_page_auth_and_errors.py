@@ -59,12 +59,12 @@ async def test_pages_ask_for_a_credential_and_connect_with_a_key_or_a_client_sec
         assert KEY not in stored
         await page.get_by_role("button", name="Stop").click()
 
-        # A client secret minted by "the page's server" with the key: the video page streams with it.
+        # A client secret minted for video by "the page's server" with the key: the video page streams with it.
         async with httpx.AsyncClient() as http:
             minted = await http.post(
                 gateway.http + "/v1/realtime/client_secrets",
                 headers={"Authorization": f"Bearer {KEY}"},
-                json={"expires_after": {"anchor": "created_at", "seconds": 60}},
+                json={"expires_after": {"anchor": "created_at", "seconds": 60}, "session": {"type": "video"}},
             )
         secret = minted.json()["value"]
         assert secret.startswith("ek_")

@@ -436,7 +436,9 @@ async def test_healthz_is_200(http: httpx.AsyncClient) -> None:
 async def test_readyz_is_200_when_ready(http: httpx.AsyncClient) -> None:
     r = await http.get("/readyz")
     assert r.status_code == 200
-    assert r.json() == {"status": "ready", "engines": {"omni-cascade": "ok"}}
+    assert r.json() == {"status": "ready", "engines_ok": 1, "engines_total": 1}  # no route names without a key
+    r = await http.get("/readyz", headers=bearer(K1))
+    assert r.json() == {"status": "ready", "engines_ok": 1, "engines_total": 1, "engines": {"omni-cascade": "ok"}}
 
 
 class SwitchableEngine(PassthroughEngine):
@@ -469,7 +471,12 @@ async def test_readyz_is_503_while_the_engine_is_unhealthy() -> None:
             engine.up = False
             r = await http.get("/readyz")
             assert r.status_code == 503
-            assert r.json() == {"status": "omni-cascade: unhealthy", "engines": {"omni-cascade": "unhealthy"}}
+            assert r.json() == {
+                "status": "omni-cascade: unhealthy",
+                "engines_ok": 0,
+                "engines_total": 1,
+                "engines": {"omni-cascade": "unhealthy"},
+            }  # (auth off: every caller is the operator)
             assert (await http.get("/healthz")).status_code == 200  # alive, just not ready
             engine.up = True
             assert (await http.get("/readyz")).status_code == 200

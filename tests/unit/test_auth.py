@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 import pytest
 
@@ -11,6 +12,8 @@ from gateway.auth import (
     SECRET_PREFIX,
     Authenticator,
     Grant,
+    Minted,
+    MintRefused,
     SecretBox,
     principal_of_key,
 )
@@ -36,7 +39,7 @@ def bearer(value: str) -> dict[str, str]:
 
 
 def operator(key: str) -> Grant:
-    return Grant(principal_of_key(key), tenant=Tenant(admin=True))
+    return Grant(principal_of_key(key), tenant=Tenant(admin=True), key_sha256=sha(key))
 
 
 # --- principals -------------------------------------------------------------------
@@ -116,7 +119,7 @@ async def test_http_auth_takes_keys(auth: Authenticator) -> None:
 
 
 async def test_http_auth_refuses_a_client_secret(auth: Authenticator) -> None:
-    token, _ = await auth.secrets.mint(Grant("key:abc"), 60)
+    token, _ = await auth.secrets.mint(operator(KEYS[0]), 60)
     assert await auth.authenticate_http(bearer(token)) is None
     assert await auth.authenticate(bearer(token), []) is not None  # it was not spent by the refusal
 
@@ -209,7 +212,8 @@ async def test_minted_secret_is_an_ek_token_with_its_expiry() -> None:
 
 async def test_secret_is_good_for_one_use_and_carries_the_minting_grant() -> None:
     box = SecretBox(MemoryStore())
-    grant = Grant("tenant:acme", {"instructions": "be brief"}, Tenant("acme", TenantLimits(max_sessions=2)))
+    minted = Minted("realtime", "omni-cascade", {"instructions": "be brief"})
+    grant = Grant("tenant:acme", Tenant("acme", TenantLimits(max_sessions=2)), minted, sha(TENANT_KEY))
     token, _ = await box.mint(grant, 600, now=1_000.0)
     assert await box.take(token, now=1_001.0) == grant
     assert await box.take(token, now=1_002.0) is None
@@ -255,13 +259,72 @@ async def test_secrets_are_stored_as_hashes_only() -> None:
 
 
 async def test_authenticate_with_a_secret_returns_its_grant_once(auth: Authenticator) -> None:
-    grant = Grant(principal_of_key(KEYS[0]), {"instructions": "pirate"})
+    grant = replace(operator(KEYS[0]), minted=Minted("realtime", "omni-cascade", {"instructions": "pirate"}))
     token, _ = await auth.secrets.mint(grant, 60)
     assert await auth.authenticate({}, [KEY_SUBPROTOCOL_PREFIX + token]) == grant
     assert await auth.authenticate({}, [KEY_SUBPROTOCOL_PREFIX + token]) is None
     token2, _ = await auth.secrets.mint(grant, 60)
     assert await auth.authenticate(bearer(token2), []) == grant
     assert await auth.authenticate(bearer(token2), []) is None
+
+
+async def test_a_secret_dies_with_the_key_that_minted_it() -> None:
+    store = MemoryStore()  # one store, the keys before and after a restart
+    before = Authenticator(KEYS, required=True, store=store, keys_file=KeysFile.parse(keys_file(), TenantLimits()))
+    by_operator, _ = await before.secrets.mint(operator(KEYS[1]), 60)
+    tenant = await before.authenticate(bearer(TENANT_KEY), [])
+    assert tenant is not None and tenant.key_sha256 == sha(TENANT_KEY)
+    by_tenant, _ = await before.secrets.mint(tenant, 60)
+    kept, _ = await before.secrets.mint(operator(KEYS[0]), 60)
+    after = Authenticator(KEYS[:1], required=True, store=store)  # KEYS[1] and the tenant removed
+    assert await after.authenticate(bearer(by_operator), []) is None
+    assert await after.authenticate(bearer(by_tenant), []) is None
+    assert await after.authenticate(bearer(kept), []) == operator(KEYS[0])
+
+
+async def test_a_secret_minted_with_auth_off_is_refused_once_auth_is_on() -> None:
+    store = MemoryStore()
+    off = Authenticator((), required=False, store=store)
+    anonymous = await off.authenticate({}, [])
+    assert anonymous is not None
+    kept, _ = await off.secrets.mint(anonymous, 60)
+    refused, _ = await off.secrets.mint(anonymous, 60)
+    assert await off.authenticate(bearer(kept), []) == anonymous
+    assert await Authenticator(KEYS, required=True, store=store).authenticate(bearer(refused), []) is None
+
+
+async def test_a_key_principal_without_its_key_hash_is_not_trusted(auth: Authenticator) -> None:
+    token, _ = await auth.secrets.mint(Grant(principal_of_key(KEYS[0]), tenant=Tenant(admin=True)), 60)
+    assert await auth.authenticate(bearer(token), []) is None
+
+
+async def test_a_secret_expires_no_later_than_the_token_that_minted_it() -> None:
+    box = SecretBox(MemoryStore())
+    _, expires_at = await box.mint(Grant("jwt:u", expires_at=1_030.0), 600, now=1_000.0)
+    assert expires_at == 1_030
+    _, expires_at = await box.mint(Grant("jwt:u", expires_at=9_999.0), 600, now=1_000.0)
+    assert expires_at == 1_600
+
+
+async def test_minting_is_bounded_per_principal() -> None:
+    box = SecretBox(MemoryStore())
+    limits = TenantLimits(max_secret_bytes=100, max_secrets=2, secret_mints_per_min=3)
+    grant = Grant("tenant:acme", Tenant("acme", limits))
+    with pytest.raises(MintRefused) as big:
+        await box.mint(replace(grant, minted=Minted("realtime", "m", {"instructions": "x" * 100})), 60)
+    assert big.value.limit == "max_secret_bytes"
+    first, _ = await box.mint(grant, 60)
+    await box.mint(grant, 60)
+    with pytest.raises(MintRefused) as outstanding:
+        await box.mint(grant, 60)
+    assert outstanding.value.limit == "max_secrets"
+    assert await box.take(first) is not None  # used: no longer outstanding
+    third, _ = await box.mint(grant, 60)
+    assert await box.take(third) is not None
+    with pytest.raises(MintRefused) as rate:
+        await box.mint(grant, 60)  # three minted in the minute, however many were used
+    assert rate.value.limit == "secret_mints_per_min" and rate.value.retry_after_s
+    await box.mint(Grant("tenant:beta", Tenant("beta", limits)), 60)  # another principal's count
 
 
 # --- when auth is on ------------------------------------------------------------------

@@ -141,6 +141,24 @@ async def test_a_browser_offer_with_a_client_secret_holds_the_secrets_session(gw
     assert r.status_code == 401 and r.json()["error"]["code"] == Code.UNAUTHORIZED
 
 
+async def test_a_client_secrets_call_opens_its_minted_model_and_no_other(gw: RunningGateway) -> None:
+    async with httpx.AsyncClient() as http:
+        minted = (await http.post(f"{gw.http}/v1/realtime/client_secrets", headers=AUTH, json={"session": {
+            "type": "realtime", "instructions": "Minted.", "audio": {"input": {"turn_detection": None}},
+        }})).json()  # fmt: skip
+        browser, offer = await make_browser()
+        try:
+            other = orjson.dumps({"type": "realtime", "model": "another-model"})
+            r = await http.post(f"{gw.http}/v1/realtime/calls", headers={"Authorization": f"Bearer {minted['value']}"},
+                                files={"sdp": (None, offer, "application/sdp"),
+                                       "session": (None, other, "application/json")})  # fmt: skip
+        finally:
+            await browser.close()
+    assert r.status_code == 403, r.text
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == (Code.MODEL_NOT_ALLOWED, "session.model")
+    assert minted["session"]["model"] in r.json()["error"]["message"]
+
+
 async def test_the_unified_form_sends_the_session_with_the_offer(gw: RunningGateway) -> None:
     session = {"type": "realtime", "instructions": "From the backend.", "output_modalities": ["audio"]}
     async with call(gw, files={"session": (None, orjson.dumps(session), "application/json")}) as c:

@@ -79,8 +79,9 @@ class CallServices(Services, Protocol):
         """The WebRTC calls of this replica; None: WebRTC is off here (setting, or no aiortc)."""
 
     def session_defaults(self, grant: Grant, requested: dict[str, Any] | None) -> tuple[str, dict[str, Any] | None]:
-        """The model and session settings a call opens with: ``requested`` (the unified
-        form's ``session``) validated, else the client secret's (raises ProtocolError)."""
+        """The model and session settings a call opens with: the client secret's, with the
+        unified form's ``session`` over them (it may not name another model), else that
+        ``session`` validated (raises ProtocolError)."""
 
 
 @dataclass
@@ -181,8 +182,9 @@ class CallsEndpoint:
                           "sessions; try again later.")  # fmt: skip
         try:
             model, settings = rt.session_defaults(grant, requested)
-        except ProtocolError as err:
-            return _error(400, err.code, err.message, err.param)
+        except ProtocolError as err:  # (a client secret's other model or endpoint: 403)
+            status = 403 if err.code in (Code.MODEL_NOT_ALLOWED, Code.CLIENT_SECRET_WRONG_TYPE) else 400
+            return _error(status, err.code, err.message, err.param)
         if not rt.sessions.serves(model):
             return _error(400, Code.MODEL_NOT_FOUND, f"No model {model!r} is served here; GET /v1/models lists them.",
                           "session.model")  # fmt: skip
