@@ -36,6 +36,7 @@ from gateway.protocol.session_config import (
     beta_format,
     ga_format,
 )
+from gateway.protocol.session_fields import public_tool
 
 OverlapPolicy = Literal["listen_only", "barge_in_on_speech"]
 CommitPolicy = Literal["commit_all_on_done", "ack_only"]
@@ -350,7 +351,7 @@ def render_session(
         "turn_detection": _td_dict(config.turn_detection),
         "input_audio_transcription": _tr_dict(config.transcription),
         "input_audio_noise_reduction": config.noise_reduction,
-        "tools": list(config.tools),
+        "tools": [public_tool(t) for t in config.tools],
         "tool_choice": config.tool_choice,
         "tracing": config.tracing,
         "ref_audio": duplex.ref_audio,

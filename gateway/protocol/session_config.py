@@ -309,7 +309,7 @@ def apply_update(
     if "temperature" in upd:
         changes["temperature"] = f.num(upd["temperature"], f"{param}.temperature", 0.0, 2.0)
     if "tools" in upd:
-        changes["tools"] = f.tools(upd["tools"], f"{param}.tools")
+        changes["tools"] = f.tools(upd["tools"], f"{param}.tools", mcp=not beta)
     if "tool_choice" in upd:
         raw_choice = upd["tool_choice"]
         if beta and isinstance(raw_choice, str) and raw_choice not in ("auto", "none", "required"):

@@ -152,9 +152,11 @@ def _function_tool(tool: dict[str, Any], param: str) -> dict[str, Any]:
     return out
 
 
-def tools(value: Any, param: str) -> tuple[dict[str, Any], ...]:
+def tools(value: Any, param: str, *, mcp: bool = True) -> tuple[dict[str, Any], ...]:
     """Function tools (``{type: "function", name, description, parameters}``) and
-    MCP servers (``mcp_tool``), whose tools the gateway lists and calls itself."""
+    MCP servers (``mcp_tool``), whose tools the gateway lists and calls itself; with
+    ``mcp`` False (the beta and duplex dialects, which have no MCP events) those
+    are refused as unsupported."""
     if not isinstance(value, list):
         raise err(f"'{param}' must be an array.", param, Code.INVALID_TYPE)
     if len(value) > MAX_TOOLS:
@@ -173,6 +175,9 @@ def tools(value: Any, param: str) -> tuple[dict[str, Any], ...]:
             names.add(parsed["name"])
             out.append(parsed)
         elif kind == "mcp":
+            if not mcp:
+                raise err(f"'{p}' is an MCP tool: MCP tools need the GA protocol (this dialect has no MCP events).",
+                          f"{p}.type", Code.UNSUPPORTED)  # fmt: skip
             parsed = mcp_tool(tool, p)
             if parsed["server_label"] in labels:
                 raise err(f"Two MCP tools are labelled {parsed['server_label']!r}.", f"{p}.server_label")

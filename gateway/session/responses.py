@@ -240,6 +240,10 @@ class Responses:
         parallel = cfg.parallel_tool_calls if params.parallel_tool_calls is None else params.parallel_tool_calls
         instructions = cfg.instructions if params.instructions is None else params.instructions
         if params.tools is not None:
+            for i, tool in enumerate(params.tools):
+                if tool.get("type") == "mcp" and self._beta:
+                    why = "MCP tools need the GA protocol (the beta has no MCP events)."
+                    raise ProtocolError(Code.UNSUPPORTED, why, param=f"response.tools[{i}].type", event_id=event_id)
             self._mcp.configure(params.tools, "response.tools")  # (servers the session has are listed once)
         if self._mcp.listing(tools):
             self._deferred.append((params, event_id, turn_started_at))

@@ -279,3 +279,11 @@ def test_a_bad_mcp_tool_is_refused_naming_the_field(tool: dict[str, Any], param:
     d = Driver(output_modalities=("text",))
     err = d.error({"type": "session.update", "event_id": "u1", "session": {"type": "realtime", "tools": [tool]}})
     assert (err["code"], err["param"], err["event_id"]) == (code, param, "u1")
+
+
+def test_the_beta_dialect_refuses_mcp_tools_it_has_no_events_for() -> None:
+    d = Driver(beta=True, output_modalities=("text",))
+    err = d.error({"type": "session.update", "session": {"tools": [SERVER]}})
+    assert (err["code"], err["param"]) == (Code.UNSUPPORTED, "session.tools[0].type")
+    err = d.error({"type": "response.create", "response": {"tools": [SERVER]}})
+    assert (err["code"], err["param"]) == (Code.UNSUPPORTED, "response.tools[0].type")
