@@ -50,6 +50,10 @@ from orchestrator.metrics import Metrics
 from orchestrator.orchestrator import AdmissionLimits, Orchestrator
 from orchestrator.video_engine import VideoEngine
 
+# A drain hands sessions over at most this far apart (less with many sessions: a quarter of the
+# window spread over them), so a replica's sessions reach the others as a stream, not a herd.
+DRAIN_GAP_S = 0.05
+
 log = logging.getLogger("omni.runtime")
 
 
@@ -428,22 +432,49 @@ class Runtime:
             await self.calls.start()  # checks the UDP port range and aiortc's receive buffer (warnings)
 
     async def drain(self) -> None:
-        """SIGTERM: stop taking sessions, let running answers finish (up to
-        ``drain_window_s``), then close every socket with 1012 so clients resume
-        on another replica. Session state stays in the store."""
+        """SIGTERM: stop taking sessions, and hand each session over at its own first idle
+        moment (between answers and turns: ``SessionHost.idle``), closing its sockets with
+        1012 so the client resumes on another replica, with nothing cut. Handovers are paced
+        (``DRAIN_GAP_S`` apart at most), so sessions idle at once do not land on the other
+        replicas in one instant. At ``drain_window_s`` every session left is handed over as
+        it is (a running answer is ended and re-issued by the replica that resumes it, with
+        ``gateway_reason`` ``drained``). Session state stays in the store."""
         if self.draining:
             return
         self.draining = True
-        log.info("draining: %d sessions, up to %.0f s", len(self.hosts), self.settings.drain_window_s)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.drain_window_s
-        # Polling: many sessions, no single event to wait on.
-        while loop.time() < deadline and any(h.session.active_response_id for h in self.hosts.values()):  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
-        for door in list(self.hosting.doors):
-            door.close(CloseCode.SERVICE_RESTART, "service restart: reconnect and resume")
         hosts = list(self.hosts.values())
-        await asyncio.gather(*(h.end(reason="drained") for h in hosts), return_exceptions=True)
+        window = self.settings.drain_window_s
+        log.info("draining: %d sessions, up to %.0f s", len(hosts), window)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + window
+        idle: asyncio.Queue[SessionHost] = asyncio.Queue()
+        for host in hosts:
+            host.when_idle(idle.put_nowait)
+        gap = min(DRAIN_GAP_S, window / (4 * max(1, len(hosts))))
+        left = set(hosts)
+        ends: list[asyncio.Task[Any]] = []
+        while left and loop.time() < deadline:
+            try:
+                host = await asyncio.wait_for(idle.get(), min(0.2, max(0.0, deadline - loop.time())))
+            except TimeoutError:
+                left = {h for h in left if not h.ended}  # (ended on their own: client gone)
+                continue
+            if host.ended or host not in left:
+                left.discard(host)
+                continue
+            if not host.idle():  # busy again since it was queued: at its next idle moment
+                host.when_idle(idle.put_nowait)
+                continue
+            left.discard(host)
+            ends.append(host.hand_over(CloseCode.SERVICE_RESTART, "service restart: reconnect and resume"))
+            await asyncio.sleep(gap)
+        for host in left:  # the window ran out: as they are
+            if not host.ended:
+                ends.append(host.hand_over(CloseCode.SERVICE_RESTART, "service restart: reconnect and resume"))
+        for door in list(self.hosting.doors):  # (video sockets, and any not yet hosting a session)
+            door.close(CloseCode.SERVICE_RESTART, "service restart: reconnect and resume")
+        ends += [self.hosting.spawn(h.end(reason="drained")) for h in self.hosts.values()]  # (resumed here since)
+        await asyncio.gather(*ends, return_exceptions=True)  # their last snapshots are in the store
 
     async def close(self) -> None:
         await self.drain()

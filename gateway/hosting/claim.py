@@ -42,6 +42,9 @@ class Claim:
     recovered: bool  # taken from the store: what died with the old owner must be ended
     _read: JournalRead | None
     _after: int
+    # Why what was running ended with the old owner: "drained" (it handed the session over)
+    # or "replica_lost" (it died): a response it cut ends incomplete with this gateway_reason.
+    reason: str = "replica_lost"
 
     async def read(self) -> JournalRead:
         """Commit the host's snapshot (with the resume token just rotated: the client
@@ -86,7 +89,8 @@ async def claim(
     host = SessionHost(
         ctx, session, orchestrator=orchestrator, principal=found.principal, token_hash=found.token_hash, fence=fence
     )
-    return Claim(host, found, recovered=True, _read=read, _after=last)
+    return Claim(host, found, recovered=True, _read=read, _after=last,
+                 reason="drained" if state.get("ended_by") == "drain" else "replica_lost")  # fmt: skip
 
 
 def realtime_state(stored: tuple[bytes, dict[str, bytes]] | None) -> dict[str, Any] | None:

@@ -113,6 +113,9 @@ class SessionHost:
         # MCP listings and calls under way (gateway/hosting/mcp.py), by the response they serve
         # ("" for listings): a cancel of the response cancels its calls, the end all of them.
         self.mcp_tasks: dict[str, set[asyncio.Task[None]]] = {}
+        # A drain (runtime.drain) waits for the session's first idle moment: called then, once.
+        self._when_idle: Callable[[SessionHost], None] | None = None
+        self.drained = False  # handed over by a drain: its last snapshot says so (the resumer's reason)
         self.ended = False
         self._reacquiring = False
         self._acked: int | None = None  # the highest ack not yet trimmed
@@ -369,6 +372,43 @@ class SessionHost:
                 asyncio.get_running_loop().call_soon(self._stop_output, session.active_response_id)
         if effects:
             self._run_effects(effects)
+        if self._when_idle is not None and self.idle():
+            ready, self._when_idle = self._when_idle, None
+            ready(self)
+
+    # --- drain -----------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        """Between answers and turns: handing the session over now cuts nothing (no
+        response running or waiting to start, no user audio buffered, no transcription
+        or MCP listing under way)."""
+        session = self.session
+        responses = session.responses
+        return not (
+            responses.answering()
+            or responses.out_of_band
+            or session.input_audio.is_open
+            or self.mcp_tasks
+            or any(item.pending_transcription for item in session.conversation)
+        )
+
+    def when_idle(self, ready: Callable[[SessionHost], None] | None) -> None:
+        """Call ``ready(self)`` at the session's first idle moment (now, if it is idle);
+        None: no longer."""
+        self._when_idle = ready
+        if ready is not None and not self.ended and self.idle():
+            self._when_idle = None
+            ready(self)
+
+    def hand_over(self, code: int, reason: str) -> asyncio.Task[Any]:
+        """A drain: every connection closes with ``code`` (resume elsewhere) and the session
+        ends here, its state in the store (the task returned: await it before exiting); a
+        resume elsewhere knows it was drained."""
+        self.drained = True
+        self._when_idle = None
+        for door in list(self.doors):
+            door.close(code, reason)
+        return self.ctx.spawn(self.end(reason="drained"))
 
     def _stop_output(self, response_id: str) -> None:
         """The tenant's output audio limit is reached: the response fails (and, if it runs, stops)."""
@@ -396,6 +436,8 @@ class SessionHost:
         state = self.session.snapshot_state(with_items=with_items)
         state["principal"] = self.principal
         state["token_hash"] = self.token_hash
+        if self.drained:
+            state["ended_by"] = "drain"  # (a resume elsewhere ends what was cut as drained, not lost)
         return snapshot.dumps(state)
 
     def _snapshot_changes(self, writer: JournalWriter) -> None:

@@ -77,18 +77,24 @@ class McpConnector:
 
     def __init__(self, policy: McpPolicy) -> None:
         self.policy = policy
-        self.sse_limit = False  # the SDK bounds an SSE event itself (max_sse_event_size: mcp 2.3 on)
-        try:
+        # Whether the SDK is installed, found without importing it (it imports OpenTelemetry,
+        # which a gateway with tracing off never loads): imported on the first listing.
+        import importlib.util
+
+        self.available = all(importlib.util.find_spec(m) is not None for m in ("mcp", "httpx2"))
+        self._sse_limit: bool | None = None
+
+    @property
+    def sse_limit(self) -> bool:
+        """Whether the SDK bounds an SSE event itself (``max_sse_event_size``: mcp 2.3 on),
+        checked once."""
+        if self._sse_limit is None:
             import inspect
 
-            import httpx2  # noqa: F401
-            from mcp import ClientSession  # noqa: F401
             from mcp.client.streamable_http import streamable_http_client
-        except ImportError:
-            self.available = False
-        else:
-            self.available = True
-            self.sse_limit = "max_sse_event_size" in inspect.signature(streamable_http_client).parameters
+
+            self._sse_limit = "max_sse_event_size" in inspect.signature(streamable_http_client).parameters
+        return self._sse_limit
 
     # --- what the host asks ------------------------------------------------------------
 

@@ -77,7 +77,7 @@ async def take_over(door: Resuming, event: ce.SessionResume, provisional: Sessio
     door.ctx.metrics.resumes.labels("resync" if isinstance(outcome, Resync) else "replayed").inc()
     log.info("session %s resumed (last seq %d, %d replayed, gap=%s)", s.id, last, len(read.events), read.gap)
     if taken.recovered:
-        s.recover("replica_lost")
+        s.recover(taken.reason)
     host.flush()  # also writes the snapshot with the rotated token
     if provisional is not None:
         await provisional.end(reason="replaced by a resumed session", delete=True)
