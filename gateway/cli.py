@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING, Protocol
 import uvicorn
 
 from gateway import telemetry, workers
-from gateway.settings import ENGINES, ENV_PREFIX, Settings, from_env, is_loopback, with_checkpoint_model
+from gateway.settings import (
+    ENGINES,
+    ENV_PREFIX,
+    Settings,
+    SettingsError,
+    from_env,
+    is_loopback,
+    with_checkpoint_model,
+)
 from gateway.tenants import KeysFile, TenantConfigError, TenantLimits
 
 if TYPE_CHECKING:
@@ -139,7 +147,11 @@ def problems(settings: Settings) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    settings = settings_from_args(argv)
+    try:
+        settings = settings_from_args(argv)
+    except SettingsError as err:  # e.g. OMNI_GATEWAY_AUTH_REQUIRED=enforce: refused, never read as off
+        print(f"omni-gateway: {err}", file=sys.stderr)
+        return 2
     worker = workers.current_worker()  # set when a supervisor started this process
     logging.basicConfig(
         level=settings.log_level.upper(),

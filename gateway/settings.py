@@ -173,6 +173,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value its setting cannot take; names the variable."""
+
+
+def parse_bool(raw: str) -> bool:
+    """Only the known spellings, case-insensitive: a typo must not turn a switch (auth) off."""
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"{raw!r} is not a boolean: use one of {', '.join(TRUE_WORDS + FALSE_WORDS)}")
+
+
 def _convert(name: str, raw: str, current: Any) -> Any:
     if name in ("api_keys", "upstreams", "allowed_origins", "webrtc_advertised_addresses"):
         return tuple(k.strip() for k in raw.split(",") if k.strip())
@@ -181,13 +199,13 @@ def _convert(name: str, raw: str, current: Any) -> Any:
                 "webrtc_ice_servers", "webrtc_udp_ports"):  # fmt: skip
         return raw or None
     if name == "auth_required":
-        return raw.strip().lower() in ("1", "true", "yes", "on")
+        return parse_bool(raw)
     if name == "redis_url":
         return raw or None
     if name == "workers":
         return None if raw.strip().lower() in ("", "auto") else int(raw)
     if isinstance(current, bool):
-        return raw.strip().lower() in ("1", "true", "yes", "on")
+        return parse_bool(raw)
     if isinstance(current, int):
         return int(raw)
     if isinstance(current, float):
@@ -202,7 +220,10 @@ def from_env(environ: Mapping[str, str] | None = None, base: Settings | None = N
     for f in fields(Settings):
         raw = environ.get(ENV_PREFIX + f.name.upper())
         if raw is not None:
-            changes[f.name] = _convert(f.name, raw, getattr(settings, f.name))
+            try:
+                changes[f.name] = _convert(f.name, raw, getattr(settings, f.name))
+            except ValueError as exc:  # refused at start, never read as a default
+                raise SettingsError(f"{ENV_PREFIX}{f.name.upper()}: {exc}") from None
     return replace(settings, **changes)
 
 
@@ -224,9 +245,11 @@ __all__ = [
     "ENGINES",
     "ENV_PREFIX",
     "Settings",
+    "SettingsError",
     "field",
     "from_env",
     "is_loopback",
+    "parse_bool",
     "setting_names",
     "with_checkpoint_model",
 ]
