@@ -19,9 +19,12 @@ def test_the_booleans_are_found() -> None:
     assert {"auth_required", "metrics_public", "webrtc"} <= set(BOOLEANS)
 
 
+SPELLINGS = [("1", True), ("TRUE", True), (" Yes ", True), ("on", True)]
+SPELLINGS += [("0", False), ("False", False), ("NO", False), ("off", False)]
+
+
 @pytest.mark.parametrize("name", BOOLEANS)
-@pytest.mark.parametrize(("raw", "value"), [("1", True), ("TRUE", True), (" Yes ", True), ("on", True),
-                                             ("0", False), ("False", False), ("NO", False), ("off", False)])  # fmt: skip
+@pytest.mark.parametrize(("raw", "value"), SPELLINGS)
 def test_known_spellings_are_read_case_insensitively(name: str, raw: str, value: bool) -> None:
     assert getattr(from_env({f"OMNI_GATEWAY_{name.upper()}": raw}), name) is value
 
