@@ -98,6 +98,9 @@ class Settings:
     max_responses: int = 256  # running response requests per process
     admission_timeout_s: float = 10.0  # wait for a slot; then the request fails with server_busy
     client_secret_ttl_s: int = 600  # default lifetime of a minted client secret (max 7200)
+    max_http_body_bytes: int = 1 << 20  # one HTTP request body (client secrets, video interactions,
+    #   WebRTC offers), read as it streams in; larger: 413 request_body_too_large, the rest is never
+    #   read and the connection is closed
 
     # --- sessions that survive (resume) ---
     replica_id: str | None = None  # this process in the cluster; None: "<host>-<pid>-<random>"
