@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 import uvicorn
 
 from gateway import telemetry, workers
+from gateway.jwt_auth import jwks_url_problem
 from gateway.settings import (
     ENGINES,
     ENV_PREFIX,
@@ -130,6 +131,10 @@ def problems(settings: Settings) -> list[str]:
             "or --api-key, --keys-file, or a token issuer (OMNI_GATEWAY_JWT_SECRET / _JWT_JWKS); "
             "auth is required beyond loopback"
         )
+    if settings.jwt_jwks:
+        jwks = jwks_url_problem(settings.jwt_jwks, allow_http=settings.jwt_jwks_allow_http)
+        if jwks is not None:
+            out.append(jwks)
     if settings.keys_file:
         try:
             KeysFile.parse(settings.keys_file, TenantLimits())

@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from gateway.auth import DEFAULT_SECRET_TTL_S, MAX_SECRET_TTL_S
 from gateway.hosting.video import Refused, submit_interaction
+from gateway.jwt_auth import TokenRefused
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import ConfigLimits, SessionConfig, apply_update, render
 from gateway.protocol.video_events import decode_interaction
@@ -28,6 +29,11 @@ from gateway.transport.http_body import BodyRefused, capped, json_body
 def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
     body = {"error": {"type": "invalid_request_error", "code": code, "message": message, "param": param}}
     return JSONResponse(body, status_code=status)
+
+
+async def token_refused(request: Request, exc: Exception) -> Response:
+    """Any HTTP endpoint given a token the gateway refuses for a stated reason (its lifetime): 401 saying it."""
+    return _error(401, Code.UNAUTHORIZED, exc.message if isinstance(exc, TokenRefused) else str(exc))
 
 
 class HttpApi:

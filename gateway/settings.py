@@ -67,6 +67,10 @@ class Settings:
     jwt_audience: str | None = None  # when set, a token's ``aud`` must name this (unset: none allowed)
     jwt_leeway_s: float = 30.0  # clock skew allowed on ``exp``/``nbf``/``iat``
     jwks_refresh_s: float = 300.0  # a JWKS URL is fetched again this often (and for an unknown kid)
+    jwt_jwks_allow_http: bool = False  # a plain http:// JWKS URL beyond loopback is refused at start
+    #   (anyone on the path could swap the keys) unless this is true
+    jwt_max_lifetime_s: float = 86_400.0  # a token whose exp - iat (exp - now without iat) is longer:
+    #   refused, 401 saying so; 0: any lifetime
     # Default limits of every principal (a keys-file entry or a token's ``limits`` claim may
     # set its own); summed over all replicas; 0: no limit. What a client sees when hit: README.
     tenant_max_sessions: int = 0  # sockets open at once; more: rate_limit_exceeded, close 4029
