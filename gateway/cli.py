@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if worker is None and (count := workers.worker_count(settings)) > 1:
         return workers.supervise(argv, settings, count)
     from gateway.app import create_app
+    from gateway.transport.http_server import http_protocol, limits_of
     from gateway.transport.ws_server import server_protocol
 
     if worker is not None:
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http="httptools",
+        http=http_protocol(limits_of(settings)),  # head timeout and size, a cap on sockets not yet upgraded
         ws=server_protocol(),  # the fast protocol, or uvicorn's stock one if the start-up check fails
         ws_max_size=settings.max_frame_bytes,
         ws_per_message_deflate=False,

@@ -102,6 +102,11 @@ class Settings:
     max_responses: int = 256  # running response requests per process
     admission_timeout_s: float = 10.0  # wait for a slot; then the request fails with server_busy
     client_secret_ttl_s: int = 600  # default lifetime of a minted client secret (max 7200)
+    header_timeout_s: float = 10.0  # a request head (an upgrade's too) not in within this, from the
+    #   accept or its first byte: 408 request_timeout and the socket closes; 0: no timeout
+    max_pending_connections: int = 512  # sockets not yet upgraded (reading a head, or idle between
+    #   HTTP requests) per process; one more: 503 server_busy and closed at once, unread. Keep it well
+    #   under the descriptor limit (ulimit -n); 0: no limit
     max_http_body_bytes: int = 1 << 20  # one HTTP request body (client secrets, video interactions,
     #   WebRTC offers), read as it streams in; larger: 413 request_body_too_large, the rest is never
     #   read and the connection is closed
