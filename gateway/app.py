@@ -12,7 +12,8 @@ from starlette.routing import Mount, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from gateway import logs
-from gateway.http import HttpApi
+from gateway.http import HttpApi, token_refused
+from gateway.jwt_auth import TokenRefused
 from gateway.runtime import Runtime
 from gateway.session.session import VadStream
 from gateway.settings import Settings
@@ -72,6 +73,7 @@ def create_app(
             Mount("/", StaticFiles(directory=WEB_DEMO, html=True, check_dir=False), name="web_demo"),
         ],
         lifespan=lifespan,
+        exception_handlers={TokenRefused: token_refused},  # raised where an HTTP endpoint authenticates
     )
     app.state.runtime = rt
     return app

@@ -43,6 +43,7 @@ from typing import Any
 import orjson
 
 from gateway.jwt_auth import JwtVerifier, looks_like_jwt
+from gateway.jwt_auth import TokenRefused as TokenRefused  # raised by authenticate*, for the transports
 from gateway.store.base import SessionStore, StoreError
 from gateway.store.memory import MemoryStore
 from gateway.tenants import KeysFile, Tenant, TenantLimits

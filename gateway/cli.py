@@ -24,7 +24,16 @@ from typing import TYPE_CHECKING, Protocol
 import uvicorn
 
 from gateway import telemetry, workers
-from gateway.settings import ENGINES, ENV_PREFIX, Settings, from_env, is_loopback, with_checkpoint_model
+from gateway.jwt_auth import jwks_url_problem
+from gateway.settings import (
+    ENGINES,
+    ENV_PREFIX,
+    Settings,
+    SettingsError,
+    from_env,
+    is_loopback,
+    with_checkpoint_model,
+)
 from gateway.tenants import KeysFile, TenantConfigError, TenantLimits
 
 if TYPE_CHECKING:
@@ -122,6 +131,10 @@ def problems(settings: Settings) -> list[str]:
             "or --api-key, --keys-file, or a token issuer (OMNI_GATEWAY_JWT_SECRET / _JWT_JWKS); "
             "auth is required beyond loopback"
         )
+    if settings.jwt_jwks:
+        jwks = jwks_url_problem(settings.jwt_jwks, allow_http=settings.jwt_jwks_allow_http)
+        if jwks is not None:
+            out.append(jwks)
     if settings.keys_file:
         try:
             KeysFile.parse(settings.keys_file, TenantLimits())
@@ -139,7 +152,11 @@ def problems(settings: Settings) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    settings = settings_from_args(argv)
+    try:
+        settings = settings_from_args(argv)
+    except SettingsError as err:  # e.g. OMNI_GATEWAY_AUTH_REQUIRED=enforce: refused, never read as off
+        print(f"omni-gateway: {err}", file=sys.stderr)
+        return 2
     worker = workers.current_worker()  # set when a supervisor started this process
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -153,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if worker is None and (count := workers.worker_count(settings)) > 1:
         return workers.supervise(argv, settings, count)
     from gateway.app import create_app
+    from gateway.transport.http_server import http_protocol, limits_of
     from gateway.transport.ws_server import server_protocol
 
     if worker is not None:
@@ -167,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http="httptools",
+        http=http_protocol(limits_of(settings)),  # head timeout and size, a cap on sockets not yet upgraded
         ws=server_protocol(),  # the fast protocol, or uvicorn's stock one if the start-up check fails
         ws_max_size=settings.max_frame_bytes,
         ws_per_message_deflate=False,

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,16 +17,23 @@ from starlette.routing import Route
 
 from gateway.auth import DEFAULT_SECRET_TTL_S, MAX_SECRET_TTL_S, Grant, Minted, MintRefused
 from gateway.hosting.video import Refused, submit_interaction
+from gateway.jwt_auth import TokenRefused
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import ConfigLimits, SessionConfig, apply_update, render
 from gateway.protocol.video_events import decode_interaction
 from gateway.runtime import Runtime
 from gateway.store.base import StoreError
+from gateway.transport.http_body import BodyRefused, capped, json_body
 
 
 def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
     body = {"error": {"type": "invalid_request_error", "code": code, "message": message, "param": param}}
     return JSONResponse(body, status_code=status)
+
+
+async def token_refused(request: Request, exc: Exception) -> Response:
+    """Any HTTP endpoint given a token the gateway refuses for a stated reason (its lifetime): 401 saying it."""
+    return _error(401, Code.UNAUTHORIZED, exc.message if isinstance(exc, TokenRefused) else str(exc))
 
 
 class HttpApi:
@@ -110,11 +116,10 @@ class HttpApi:
         if grant is None:
             self.rt.metrics.auth_failures.inc()
             return _error(401, Code.UNAUTHORIZED, "Minting a client secret needs 'Authorization: Bearer <API key>'.")
-        raw = await request.body()
         try:
-            body: Any = orjson.loads(raw) if raw else {}
-        except orjson.JSONDecodeError:
-            return _error(400, Code.INVALID_JSON, "The body is not valid JSON.")
+            body: Any = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body(), empty={})
+        except BodyRefused as refused:
+            return refused.response()
         if not isinstance(body, dict):
             return _error(400, Code.INVALID_JSON, "The body must be a JSON object.")
         ttl = self.rt.settings.client_secret_ttl_s or DEFAULT_SECRET_TTL_S
@@ -235,11 +240,11 @@ class HttpApi:
             return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.")
         sid = request.path_params["session_id"]
         try:
-            body = orjson.loads(await request.body() or b"{}")
+            body = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body(), empty={})
             payload = body.get("interaction", body) if isinstance(body, dict) else None
             spec = decode_interaction(payload)
-        except orjson.JSONDecodeError:
-            return _error(400, Code.INVALID_JSON, "The body is not valid JSON.")
+        except BodyRefused as refused:
+            return refused.response()
         except ProtocolError as err:
             return _error(400, err.code, err.message, err.param)
         try:

@@ -18,6 +18,8 @@ match it), so a token cannot pick an algorithm the issuer did not mean.
 
 Claims: ``sub`` (required; the principal is ``jwt:<sub>``, at most 200
 characters), ``exp`` (required; ``jwt_leeway_s`` of clock skew allowed),
+``exp`` - ``iat`` (or ``exp`` - now, without ``iat``) at most ``max_lifetime_s``
+(refused past it with ``TokenRefused``, whose message the client gets with its 401),
 ``iss`` / ``aud`` (required and checked when ``jwt_issuer`` / ``jwt_audience``
 are set; a token with an ``aud`` is refused when no audience is set),
 ``models`` (optional: the models it may use) and ``limits`` (optional: an
@@ -38,9 +40,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jwt
 
+from gateway.origins import is_loopback_host
 from gateway.tenants import OTHER, Tenant, TenantConfigError, TenantLimits, parse_models
 
 log = logging.getLogger("omni.auth")
@@ -55,6 +59,25 @@ JWKS_ALGORITHMS = frozenset({"RS256", "ES256"})
 def looks_like_jwt(credential: str) -> bool:
     """Three base64url segments with a JSON header: never an API key or a client secret."""
     return credential.startswith("eyJ") and credential.count(".") == 2
+
+
+class TokenRefused(Exception):
+    """A well-signed token the gateway still refuses, for a reason its holder can act on
+    (401 with ``message``: the client learns nothing it did not send)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def jwks_url_problem(source: str, *, allow_http: bool) -> str | None:
+    """Why a JWKS source cannot be trusted, or None: keys fetched over plain http can be
+    swapped by anyone on the path (loopback excepted: nothing is on the path)."""
+    parts = urlsplit(source)
+    if parts.scheme != "http" or allow_http or is_loopback_host((parts.hostname or "").lower()):
+        return None
+    return (f"the JWKS URL {source} is plain http: whoever is on the path could sign tokens; use https://, "
+            "or set OMNI_GATEWAY_JWT_JWKS_ALLOW_HTTP=true if that network is yours")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +179,15 @@ class JwtVerifier:
         leeway_s: float,
         refresh_s: float,
         defaults: TenantLimits,
+        max_lifetime_s: float = 0.0,
+        allow_http: bool = False,
     ) -> None:
         if not secret and not jwks:
             raise ValueError("a JwtVerifier needs jwt_secret or jwt_jwks")
+        problem = jwks_url_problem(jwks, allow_http=allow_http) if jwks else None
+        if problem is not None:
+            raise ValueError(problem)
+        self._max_lifetime = max_lifetime_s  # 0: any
         self._secret = secret or None
         self.jwks = JwksCache(jwks, refresh_s) if jwks else None
         self._issuer = issuer or None
@@ -201,10 +230,26 @@ class JwtVerifier:
                 options={"require": ["exp", "sub", *(["iss"] if self._issuer else []),
                                      *(["aud"] if self._audience else [])]},
             )  # fmt: skip
+            self._check_lifetime(claims)
             return self._grant(claims)
         except (jwt.PyJWTError, TenantConfigError, ValueError) as exc:
             log.info("bearer token refused: %s", exc)
             return None
+
+    def _check_lifetime(self, claims: dict[str, Any]) -> None:
+        """Refuse a token that lives longer than ``max_lifetime_s`` (``TokenRefused``)."""
+        if not self._max_lifetime:
+            return
+        iat = claims.get("iat")
+        start = iat if isinstance(iat, int | float) and not isinstance(iat, bool) else time.time()
+        lifetime = float(claims["exp"]) - start
+        if lifetime > self._max_lifetime:
+            log.info("bearer token refused: valid for %.0f s, over jwt_max_lifetime_s (%.0f s)", lifetime,
+                     self._max_lifetime)  # fmt: skip
+            raise TokenRefused(
+                f"This token is valid for {lifetime:.0f} s (exp - {'iat' if start is iat else 'now'}); this "
+                f"gateway accepts tokens valid for at most {self._max_lifetime:.0f} s: mint a shorter-lived one."
+            )
 
     def _grant(self, claims: dict[str, Any]) -> JwtGrant:
         sub = claims["sub"]

@@ -9,9 +9,15 @@ record factory (``logging.setLogRecordFactory``) rewrites each record's
 message, and the text of its traceback, before any filter or handler sees it.
 
 What is redacted: the secrets registered with ``register_secret`` (API keys,
-the upstream key, JWT signing secrets: exact values, wherever they appear),
-and by shape, bearer credentials, the browser subprotocol's key, client
-secrets (``ek_``), resume tokens (``rt_``) and JWTs (``eyJ...``).
+the upstream key, JWT signing secrets: exact values, wherever they appear);
+then, by *where* a credential can be, whatever its shape (a keys-file key is
+known here only by its hash): the value of every credential header
+(``Authorization`` of any scheme, ``Proxy-Authorization``, ``api-key``,
+``X-Api-Key``, ``Cookie``, ``Set-Cookie``, ...: ``CREDENTIAL_HEADERS``), of
+every query parameter that may carry one (``?api_key=``, ``key``, ``token``,
+``client_secret``, ...: ``CREDENTIAL_PARAMS``), and of the browser subprotocol
+``openai-insecure-api-key.`` in any case; and by shape, client secrets
+(``ek_``), resume tokens (``rt_``) and JWTs (``eyJ...``) wherever they are.
 
 The same factory turns the few records in which a library reports a client's
 fault as an error with a traceback (``CLIENT_FAULTS``) into one warning line.
@@ -19,15 +25,27 @@ fault as an error with a traceback (``CLIENT_FAULTS``) into one warning line.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
 from typing import Any
 
 REDACTED = "[redacted]"
+CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "api-key", "x-api-key", "openai-api-key",
+                      "x-auth-token", "x-access-token", "cookie", "set-cookie", "x-omni-resume")  # fmt: skip
+CREDENTIAL_PARAMS = ("api_key", "api-key", "apikey", "key", "token", "access_token", "auth", "authorization",
+                     "client_secret", "secret", "password", "jwt", "resume_token")  # fmt: skip
+_HEADER_NAMES = "|".join(re.escape(h) for h in CREDENTIAL_HEADERS)
+_PARAM_NAMES = "|".join(re.escape(p) for p in CREDENTIAL_PARAMS)
 _PATTERNS = (
-    re.compile(r"(?i)(authorization['\"]?\s*[:=,]\s*['\"]?\s*bearer\s+)[^\s'\",)]+"),
-    re.compile(r"(openai-insecure-api-key\.)[^\s'\",)]+"),
+    # A header as a line ("< api-key: ..."), in a mapping ('cookie': '...') or a pair ((b'cookie', b'...')):
+    # its value to the end of the line or the closing quote (an auth scheme's name is kept).
+    re.compile(
+        rf"(?i)(\b(?:{_HEADER_NAMES})['\"]?\s*(?::|=|,)\s*(?:b?['\"])?(?:(?:bearer|basic|token|digest)\s+)?)[^'\"\r\n]+"
+    ),
+    re.compile(rf"(?i)([?&;](?:{_PARAM_NAMES})=)[^&#\s'\"]+"),  # a query parameter
+    re.compile(r"(?i)(openai-insecure-api-key\.)[^\s'\",)]+"),  # the subprotocol, in any case
     re.compile(r"\b(ek_)[A-Za-z0-9_\-]{8,}"),
     re.compile(r"\b(rt_)[A-Za-z0-9_\-]{8,}"),
     re.compile(r"\b()eyJ[A-Za-z0-9_\-]{6,}\.[A-Za-z0-9_\-]{6,}\.[A-Za-z0-9_\-]*"),
@@ -73,6 +91,15 @@ def _clean(record: logging.LogRecord) -> None:
         return
     cleaned = redact(message)
     if cleaned != message:
+        # Each argument on its own first: formatters that read ``args`` (uvicorn's access log
+        # unpacks its five) keep working. Only a secret split across them collapses the record.
+        args = record.args
+        if isinstance(args, tuple) and isinstance(record.msg, str):
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in args)
+            record.msg = redact(record.msg)
+            with contextlib.suppress(Exception):
+                if redact(record.getMessage()) == record.getMessage():
+                    return
         record.msg, record.args = cleaned, None
     if record.exc_info and not record.exc_text:
         # Formatted now, once, as the default formatter would; handlers reuse exc_text.

@@ -8,7 +8,10 @@ the only one that can say no. Non-browser clients (SDKs, servers) send none.
   credential like any other).
 - **``allowed_origins`` set** (``https://app.example.com``, ``https://*.example.com``
   for any subdomain, ``*`` for every page): those origins, plus the gateway's
-  own pages (same origin) when auth is required.
+  own pages (same origin) when auth is required. A port is part of an origin,
+  for wildcards as for exact entries: ``https://*.example.com`` admits
+  subdomains on the default port (443) only, ``https://*.example.com:8443`` on
+  8443 only.
 - **unset** (the default): pages on this machine (``localhost``, ``*.localhost``,
   ``127.0.0.0/8``, ``[::1]``, any port) and, when auth is required, the
   gateway's own pages. Without auth (loopback, no keys) only loopback pages:
@@ -44,6 +47,15 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+def _split_port(netloc: str) -> tuple[str, str]:
+    """(host, port) of a normalized netloc; the port is "" when it is the scheme's default."""
+    if netloc.startswith("["):
+        host, _, rest = netloc.partition("]")
+        return host + "]", rest.removeprefix(":")
+    host, _, port = netloc.partition(":")
+    return host, port
+
+
 def normalize(origin: str) -> str:
     """``scheme://host[:port]``, lower-cased, default ports dropped."""
     parts = urlsplit(origin.strip().lower())
@@ -61,10 +73,10 @@ class OriginPolicy:
         entries = [e.strip() for e in allowed if e.strip()]
         self.any = ANY in entries
         self.exact = {normalize(e) for e in entries if "*" not in e}
-        # "https://*.example.com" -> ("https", ".example.com")
+        # "https://*.example.com" -> ("https", ".example.com", ""); with ":8443", port "8443"
         self.wildcards = [
-            (scheme, "." + rest[2:]) for e in entries if e != ANY for scheme, _, rest in [e.lower().partition("://")]
-            if rest.startswith("*.")
+            (scheme, host[1:], port) for e in entries if e != ANY for scheme, _, rest in [normalize(e).partition("://")]
+            if rest.startswith("*.") for host, port in [_split_port(rest)]
         ]  # fmt: skip
         self.configured = bool(entries)
         self.auth_required = auth_required
@@ -82,5 +94,9 @@ class OriginPolicy:
         if self.configured:
             if norm in self.exact:
                 return True
-            return any(parts.scheme == scheme and host.endswith(suffix) for scheme, suffix in self.wildcards)
+            port = _split_port(parts.netloc)[1]
+            return any(
+                parts.scheme == scheme and host.endswith(suffix) and port == wanted
+                for scheme, suffix, wanted in self.wildcards
+            )
         return is_loopback_host(host)

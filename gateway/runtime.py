@@ -525,4 +525,6 @@ def jwt_verifier(settings: Settings, defaults: TenantLimits) -> JwtVerifier | No
         leeway_s=settings.jwt_leeway_s,
         refresh_s=settings.jwks_refresh_s,
         defaults=defaults,
+        max_lifetime_s=settings.jwt_max_lifetime_s,
+        allow_http=settings.jwt_jwks_allow_http,
     )

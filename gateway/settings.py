@@ -67,6 +67,10 @@ class Settings:
     jwt_audience: str | None = None  # when set, a token's ``aud`` must name this (unset: none allowed)
     jwt_leeway_s: float = 30.0  # clock skew allowed on ``exp``/``nbf``/``iat``
     jwks_refresh_s: float = 300.0  # a JWKS URL is fetched again this often (and for an unknown kid)
+    jwt_jwks_allow_http: bool = False  # a plain http:// JWKS URL beyond loopback is refused at start
+    #   (anyone on the path could swap the keys) unless this is true
+    jwt_max_lifetime_s: float = 86_400.0  # a token whose exp - iat (exp - now without iat) is longer:
+    #   refused, 401 saying so; 0: any lifetime
     # Default limits of every principal (a keys-file entry or a token's ``limits`` claim may
     # set its own); summed over all replicas; 0: no limit. What a client sees when hit: README.
     tenant_max_sessions: int = 0  # sockets open at once; more: rate_limit_exceeded, close 4029
@@ -102,6 +106,14 @@ class Settings:
     max_responses: int = 256  # running response requests per process
     admission_timeout_s: float = 10.0  # wait for a slot; then the request fails with server_busy
     client_secret_ttl_s: int = 600  # default lifetime of a minted client secret (max 7200)
+    header_timeout_s: float = 10.0  # a request head (an upgrade's too) not in within this, from the
+    #   accept or its first byte: 408 request_timeout and the socket closes; 0: no timeout
+    max_pending_connections: int = 512  # sockets not yet upgraded (reading a head, or idle between
+    #   HTTP requests) per process; one more: 503 server_busy and closed at once, unread. Keep it well
+    #   under the descriptor limit (ulimit -n); 0: no limit
+    max_http_body_bytes: int = 1 << 20  # one HTTP request body (client secrets, video interactions,
+    #   WebRTC offers), read as it streams in; larger: 413 request_body_too_large, the rest is never
+    #   read and the connection is closed
 
     # --- sessions that survive (resume) ---
     replica_id: str | None = None  # this process in the cluster; None: "<host>-<pid>-<random>"
@@ -187,6 +199,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value its setting cannot take; names the variable."""
+
+
+def parse_bool(raw: str) -> bool:
+    """Only the known spellings, case-insensitive: a typo must not turn a switch (auth) off."""
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"{raw!r} is not a boolean: use one of {', '.join(TRUE_WORDS + FALSE_WORDS)}")
+
+
 def _convert(name: str, raw: str, current: Any) -> Any:
     if name in ("api_keys", "upstreams", "allowed_origins", "webrtc_advertised_addresses", "mcp_allowed_urls"):
         return tuple(k.strip() for k in raw.split(",") if k.strip())
@@ -195,13 +225,13 @@ def _convert(name: str, raw: str, current: Any) -> Any:
                 "webrtc_ice_servers", "webrtc_udp_ports"):  # fmt: skip
         return raw or None
     if name == "auth_required":
-        return raw.strip().lower() in ("1", "true", "yes", "on")
+        return parse_bool(raw)
     if name == "redis_url":
         return raw or None
     if name == "workers":
         return None if raw.strip().lower() in ("", "auto") else int(raw)
     if isinstance(current, bool):
-        return raw.strip().lower() in ("1", "true", "yes", "on")
+        return parse_bool(raw)
     if isinstance(current, int):
         return int(raw)
     if isinstance(current, float):
@@ -216,7 +246,10 @@ def from_env(environ: Mapping[str, str] | None = None, base: Settings | None = N
     for f in fields(Settings):
         raw = environ.get(ENV_PREFIX + f.name.upper())
         if raw is not None:
-            changes[f.name] = _convert(f.name, raw, getattr(settings, f.name))
+            try:
+                changes[f.name] = _convert(f.name, raw, getattr(settings, f.name))
+            except ValueError as exc:  # refused at start, never read as a default
+                raise SettingsError(f"{ENV_PREFIX}{f.name.upper()}: {exc}") from None
     return replace(settings, **changes)
 
 
@@ -238,9 +271,11 @@ __all__ = [
     "ENGINES",
     "ENV_PREFIX",
     "Settings",
+    "SettingsError",
     "field",
     "from_env",
     "is_loopback",
+    "parse_bool",
     "setting_names",
     "with_checkpoint_model",
 ]

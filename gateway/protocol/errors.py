@@ -29,6 +29,9 @@ class Code:
     UNSUPPORTED_FORMAT = "unsupported_audio_format"
     UNSUPPORTED_VIDEO_FORMAT = "unsupported_video_format"
     MESSAGE_TOO_LARGE = "message_too_large"
+    BODY_TOO_LARGE = "request_body_too_large"  # an HTTP request body over max_http_body_bytes (413)
+    HEADERS_TOO_LARGE = "request_header_fields_too_large"  # a request head over 64 KiB (431, closed)
+    REQUEST_TIMEOUT = "request_timeout"  # a request head not in within header_timeout_s (408, closed)
     APPEND_TOO_LARGE = "audio_append_too_large"
     BUFFER_FULL = "input_audio_buffer_full"
     BUFFER_TOO_SMALL = "input_audio_buffer_commit_empty"

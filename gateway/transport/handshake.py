@@ -30,7 +30,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from gateway.auth import CredentialsUnavailable, Grant
+from gateway.auth import CredentialsUnavailable, Grant, TokenRefused
 from gateway.protocol.errors import CloseCode, Code
 from gateway.quotas import AdmissionUnavailable, ConnectRefusal, Seat
 from gateway.transport.services import Services
@@ -104,6 +104,9 @@ async def accept(
     else:
         try:
             grant = await runtime.auth.authenticate(headers, offered)
+        except TokenRefused as exc:  # a good signature, but not acceptable here: the holder learns why
+            runtime.hosting.metrics.auth_failures.inc()
+            refusal = UpgradeRefusal(401, Code.UNAUTHORIZED, exc.message, CloseCode.UNAUTHORIZED)
         except CredentialsUnavailable:
             # A client secret that cannot be checked now: worth retrying, so a readable close.
             await send({"type": "websocket.accept", "subprotocol": None})
@@ -111,7 +114,7 @@ async def accept(
             refusal_ = (Code.STORE_UNAVAILABLE, message, CloseCode.TRY_AGAIN_LATER)
             await refuse(runtime, send, refusal_, error_event(Code.STORE_UNAVAILABLE, message))
             return None
-        if grant is None:
+        if grant is None and refusal is None:
             runtime.hosting.metrics.auth_failures.inc()
             refusal = UpgradeRefusal(401, Code.UNAUTHORIZED, UNAUTHORIZED_MESSAGE, CloseCode.UNAUTHORIZED)
     if refusal is not None:

@@ -138,6 +138,31 @@ def _header(opcode_byte: int, n: int) -> bytes:
     return struct.pack("!BBQ", opcode_byte, 127, n)
 
 
+def answer_refused_request(protocol: Any) -> None:
+    """websockets refused the upgrade request (a head line over its 8 KiB: 431; too many
+    headers: 431; a request line too long: 414; no valid request) and queued its answer,
+    which uvicorn's class never writes: the socket would wait, unanswered, for ever. Write
+    it and close. (``conn`` is uvicorn's; ``handshake_exc``, ``data_to_send`` websockets'.)"""
+    conn = getattr(protocol, "conn", None)
+    if conn is None or getattr(conn, "handshake_exc", None) is None or protocol.handshake_initiated:
+        return
+    transport = protocol.transport
+    if not transport.is_closing():
+        transport.write(b"".join(conn.data_to_send()))
+        transport.close()
+    protocol.handshake_complete = protocol.close_sent = True
+
+
+class RefusingSansIOProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's stock ``websockets-sansio`` protocol, but a request websockets refuses is
+    answered and closed (what serves when ``ws_compat``'s check turns the fast path off)."""
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if not self.handshake_complete:
+            answer_refused_request(self)
+
+
 class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
     """Pass as uvicorn's ``ws`` (``gateway.transport.ws_server:StreamingWebSocketProtocol``)."""
 
@@ -217,6 +242,7 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
             if not self.handshake_complete:
                 self._watch_request(data)
                 super().data_received(data)
+                answer_refused_request(self)
                 return
             # The parser sits at a frame boundary after the handshake, unless bytes wait in it.
             self._fast = not self._pipelined and not self._deflate
@@ -368,6 +394,8 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
 
 @functools.cache
 def server_protocol() -> Any:
-    """What to pass as uvicorn's ``ws``: the fast protocol class, or uvicorn's stock
-    one if ``ws_compat``'s start-up check fails on it (checked once per process)."""
-    return choose(StreamingWebSocketProtocol)
+    """What to pass as uvicorn's ``ws``: the fast protocol class, or uvicorn's stock one
+    (refused requests answered) if ``ws_compat``'s start-up check fails on it (checked once
+    per process)."""
+    chosen = choose(StreamingWebSocketProtocol)
+    return chosen if chosen is StreamingWebSocketProtocol else RefusingSansIOProtocol

@@ -20,6 +20,7 @@ from client.frames import decode_audio_frame
 from gateway.app import create_app
 from gateway.runtime import Runtime
 from gateway.settings import Settings
+from gateway.transport.http_server import http_protocol, limits_of
 from gateway.transport.ws_server import server_protocol
 
 
@@ -59,8 +60,9 @@ async def run_gateway(
     if video_engine is not None:
         app.state.runtime.video_engine = video_engine
         app.state.runtime.orchestrator.video_engine = video_engine
+    http = http_protocol(limits_of(settings))  # what serve uses: request heads bounded
     config = uvicorn.Config(
-        wrap(app) if wrap is not None else app, host="127.0.0.1", port=port, ws=ws, http="httptools", loop="none",
+        wrap(app) if wrap is not None else app, host="127.0.0.1", port=port, ws=ws, http=http, loop="none",
         log_level="warning", ws_per_message_deflate=False, lifespan="on", ws_max_size=settings.max_frame_bytes,
     )  # fmt: skip
     server = uvicorn.Server(config)

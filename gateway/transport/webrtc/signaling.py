@@ -47,6 +47,7 @@ from gateway.protocol import client_events as ce
 from gateway.protocol.dialects import GA
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.quotas import AdmissionUnavailable, ConnectRefusal, Seat
+from gateway.transport.http_body import BodyRefused, capped, checked_shape
 from gateway.transport.services import Services
 from gateway.transport.webrtc.config import WebRTCConfig
 from gateway.transport.webrtc.sdp import OfferError, check_offer
@@ -54,7 +55,8 @@ from gateway.transport.webrtc.sdp import OfferError, check_offer
 log = logging.getLogger("omni.webrtc")
 
 RESUME_HEADER = "x-omni-resume"
-MAX_BODY_BYTES = 1 << 20  # an offer (64 KiB at most, sdp.py) and a session object; larger: 400
+MAX_BODY_BYTES = 1 << 20  # an offer (64 KiB at most, sdp.py) or a form part; larger: 400 (the whole
+#   body is read with the cap max_http_body_bytes: larger, 413 request_body_too_large)
 # A form part is read up to MAX_BODY_BYTES: Starlette's max_part_size where it takes one (not
 # 0.40, the lowest we declare, whose fixed limit is the same 1 MiB).
 _PART_SIZE: dict[str, int] = (
@@ -251,12 +253,22 @@ class CallsEndpoint:
     async def _read_offer(
         self, request: Request
     ) -> tuple[str, dict[str, Any] | None, ce.SessionResume | None] | Response:
-        """(offer, the unified form's session, the re-offer's resume), or a 400."""
+        """(offer, the unified form's session, the re-offer's resume), or a 400 (413 past the body cap)."""
+        try:
+            return await self._read_capped_offer(capped(request, self.rt.settings.max_http_body_bytes))
+        except BodyRefused as refused:
+            return refused.response()
+
+    async def _read_capped_offer(
+        self, request: Request
+    ) -> tuple[str, dict[str, Any] | None, ce.SessionResume | None] | Response:
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
         resume_raw: Any = request.headers.get(RESUME_HEADER)
         if kind == "multipart/form-data":
             try:
                 form = await request.form(max_files=4, max_fields=8, **_PART_SIZE)
+            except BodyRefused:
+                raise
             except Exception:
                 return _error(400, Code.INVALID_VALUE, "The multipart body could not be read.", "body")
             offer_field = form.get("sdp")
@@ -272,6 +284,7 @@ class CallsEndpoint:
                     return _error(400, Code.INVALID_JSON, "'session' is not valid JSON.", "session")
                 if not isinstance(requested, dict):
                     return _error(400, Code.INVALID_TYPE, "'session' must be a JSON object.", "session")
+                checked_shape(requested, "session")
             if form.get("resume") is not None:
                 resume_raw = await _text(form["resume"])
         elif kind in ("application/sdp", "text/plain", ""):
