@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
+from gateway.allocator import ALLOCATOR
 from gateway.auth import Authenticator, Grant
 from gateway.hosting.bus import listen_bus
 from gateway.hosting.context import Closable, HostContext
@@ -215,6 +216,7 @@ class Runtime:
         self._bus_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
         self._quota_task: asyncio.Task[None] | None = None
+        self._trim_task: asyncio.Task[None] | None = None
 
     @property
     def hosts(self) -> dict[str, SessionHost]:
@@ -396,6 +398,8 @@ class Runtime:
         self._bus_task = loop.create_task(listen_bus(self.hosting), name="bus")
         self._lease_task = loop.create_task(renew_leases(self.hosting), name="leases")
         self._quota_task = loop.create_task(self.quotas.run(), name="tenant-entries")
+        if self.settings.malloc_trim_s > 0 and ALLOCATOR.tune():  # glibc: give memory back (allocator.py)
+            self._trim_task = loop.create_task(ALLOCATOR.trim_loop(self.settings.malloc_trim_s), name="malloc-trim")
         if self.calls is not None:
             await self.calls.start()  # checks the UDP port range and aiortc's receive buffer (warnings)
 
@@ -419,7 +423,7 @@ class Runtime:
 
     async def close(self) -> None:
         await self.drain()
-        for task in (self._bus_task, self._lease_task, self._quota_task):
+        for task in (self._bus_task, self._lease_task, self._quota_task, self._trim_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):

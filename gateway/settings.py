@@ -149,6 +149,9 @@ class Settings:
     otel_sample_ratio: float = 1.0  # the fraction of sessions traced (by trace id); a session not
     #   sampled costs what tracing off costs
 
+    malloc_trim_s: float = 10.0  # glibc only (gateway/allocator.py): at start-up blocks of 128 KiB or
+    #   more are set to be mapped apart (mallopt), and every this many seconds free memory is given
+    #   back to the system (malloc_trim); 0: glibc's allocator is left as it is
     drain_window_s: float = 20.0  # SIGTERM: running answers get this long to finish, then every
     #   socket is closed with 1012 (reconnect and resume elsewhere)
 

@@ -29,7 +29,8 @@ from gateway.store.base import (
     check_read_args,
 )
 
-SWEEP_INTERVAL_S = 30.0  # how often expired sessions and tokens are reclaimed
+SWEEP_INTERVAL_S = 30.0  # how often expired sessions and tokens are reclaimed (at most; a shorter
+#   idle TTL sweeps as often as its TTL, so that nothing outlives it by more than twice)
 DEFAULT_BUS_QUEUE = 1024  # per subscription; when full the oldest message is dropped
 
 
@@ -106,7 +107,8 @@ class MemoryStore(SessionStore):
         self._open: dict[str, dict[str, float]] = {}
         self._starts: dict[str, deque[tuple[float, str]]] = {}
         self._budgets: dict[tuple[str, str], list[int]] = {}
-        self._next_sweep = clock() + SWEEP_INTERVAL_S
+        self._sweep_s = min(SWEEP_INTERVAL_S, self.limits.idle_ttl_s)
+        self._next_sweep = clock() + self._sweep_s
 
     # -- helpers --
 
@@ -114,7 +116,7 @@ class MemoryStore(SessionStore):
         self.round_trips += 1
         now = self._clock()
         if now >= self._next_sweep:
-            self._next_sweep = now + SWEEP_INTERVAL_S
+            self._next_sweep = now + self._sweep_s
             for sid in [s for s, r in self._sessions.items() if r.expires_at <= now]:
                 del self._sessions[sid]
             for sid in [s for s, ls in self._leases.items() if ls.expires_at <= now]:
