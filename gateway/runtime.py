@@ -38,7 +38,7 @@ from gateway.session.session import RealtimeSession, SessionLimits, VadStream
 from gateway.session.video_session import VideoSession
 from gateway.settings import Settings
 from gateway.store import create_store
-from gateway.store.base import SessionStore
+from gateway.store.base import SessionStore, StateQuota
 from gateway.telemetry import Telemetry
 from gateway.tenants import KeysFile, TenantLimits
 from gateway.transport.video import VideoSocket
@@ -313,7 +313,13 @@ class Runtime:
         return config
 
     async def open_session(
-        self, model: str, *, principal: str, dialect: str, requested: dict[str, Any] | None = None
+        self,
+        model: str,
+        *,
+        principal: str,
+        dialect: str,
+        requested: dict[str, Any] | None = None,
+        quota: StateQuota | None = None,
     ) -> SessionHost:
         """A new session hosted here: GA or beta, or vLLM-Omni's duplex dialect."""
         found = self.route(model)
@@ -329,7 +335,7 @@ class Runtime:
             session: RealtimeSession = DuplexSession(duplex=DuplexConfig(), **kwargs)
         else:
             session = RealtimeSession(beta=dialect == "beta", **kwargs)
-        return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal)
+        return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal, quota=quota)
 
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
         """A session taken over from the store, rebuilt on this replica's engine (in its dialect)."""
@@ -453,6 +459,9 @@ def tenant_defaults(settings: Settings) -> TenantLimits:
         audio_in_s_per_min=settings.tenant_audio_in_s_per_min,
         audio_out_s_per_min=settings.tenant_audio_out_s_per_min,
         events_per_s=settings.tenant_events_per_s,
+        max_state_mib=settings.tenant_max_state_mib,
+        max_kept_sessions=settings.tenant_max_kept_sessions,
+        kept_session_ttl_s=settings.tenant_kept_session_ttl_s,
     )
 
 

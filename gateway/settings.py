@@ -74,6 +74,13 @@ class Settings:
     tenant_audio_in_s_per_min: float = 0.0  # input audio per clock minute; more: the append is dropped
     tenant_audio_out_s_per_min: float = 0.0  # output audio per clock minute; more: responses fail
     tenant_events_per_s: int = 0  # client messages per clock second; more: the message is dropped
+    # The session state the store keeps per principal (not 0 by default: the store is shared):
+    tenant_max_state_mib: float = 1024.0  # its sessions' snapshots, items and journals, in MiB; past it
+    #   kept sessions are forgotten for a new one, then new ones are refused (rate_limit_exceeded, 4029)
+    tenant_max_kept_sessions: int = 1_000  # sessions kept resumable after their close; beyond: the
+    #   oldest are forgotten (their resume: session_not_found)
+    tenant_kept_session_ttl_s: float = 600.0  # a closed session's state is forgotten this long after
+    #   its last use (at least 60 s, at most journal_ttl_s)
 
     # --- limits ---
     max_sessions: int = 2_000  # concurrent sessions per process; more: close 1013

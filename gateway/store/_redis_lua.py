@@ -86,7 +86,7 @@ end
 #       then n_items (id, data) pairs, n_drops ids, then (seq, data) pairs.
 # Returns {1, ''} when written, {0, current_fence_or_''} when fenced (nothing written).
 # meta's ``ibytes``: the item records' bytes (what the ledger counts with snapshot and journal).
-COMMIT = LEDGER + """
+_COMMIT = """
 local cur = redis.call('GET', KEYS[1])
 if cur ~= ARGV[1] then
   return {0, cur or ''}
@@ -178,7 +178,7 @@ return {1, ''}
 
 # KEYS: 1 fence, 2 log, 3 meta; with a quota also 4 snap, 5 items, 6-8 the ledger
 # ARGV: 1 up_to_seq, 2 idle_ttl_ms, 3 session id, 4 ledger ttl ms. Returns entries dropped.
-TRIM = LEDGER + """
+_TRIM = """
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
@@ -213,7 +213,7 @@ return #old
 # Returns {1, the new fence}, or {0, bytes held} when a new session is refused (max_bytes).
 # A new counter starts at the server's clock in ms, so a token issued after the
 # counter expired (idle TTL) is still above every token issued before it.
-ACQUIRE = LEDGER + """
+_ACQUIRE = """
 local now
 if #KEYS > 6 then
   L_STATE, L_HELD, L_LEASED = KEYS[7], KEYS[8], KEYS[9]
@@ -254,7 +254,7 @@ return {1, f}
 # KEYS: 1 fence, 2 lease, 3 snap, 4 log, 5 meta, 6 items; with a quota also 7-9 the ledger
 # ARGV: 1 owner, 2 fence, 3 lease_ttl_ms, 4 idle_ttl_ms; with a quota 5 session id, 6 ledger ttl ms.
 # Returns 1, or 0 if fenced.
-RENEW = LEDGER + """
+_RENEW = """
 if redis.call('GET', KEYS[1]) ~= ARGV[2] then
   return 0
 end
@@ -278,7 +278,7 @@ return 1
 # KEYS: 1 fence, 2 lease; with a quota also 3-5 the ledger
 # ARGV: 1 fence; with a quota 2 session id, 3 key prefix, 4 quota max_bytes, 5 quota max_kept.
 # Returns 1, or 0 if fenced. The session is now kept: the oldest kept beyond the quota go.
-RELEASE = LEDGER + """
+_RELEASE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
@@ -293,7 +293,7 @@ return 1
 """
 
 # KEYS: the session's keys, then 3 ledger keys (state, held, leased); ARGV: 1 session id.
-DELETE = LEDGER + """
+_DELETE = """
 L_STATE, L_HELD, L_LEASED = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
 for i = 1, #KEYS - 3 do
   redis.call('DEL', KEYS[i])
@@ -303,7 +303,7 @@ return 1
 """
 
 # KEYS: the ledger (state, held, leased). Returns {bytes, sessions, kept}.
-STATE_HELD = LEDGER + """
+_STATE_HELD = """
 L_STATE, L_HELD, L_LEASED = KEYS[1], KEYS[2], KEYS[3]
 ledger_expire(now_ms())
 local sessions = redis.call('ZCARD', L_STATE)
@@ -384,3 +384,12 @@ local back = math.min(tonumber(ARGV[1]), tonumber(m[2]) or 0)
 redis.call('HINCRBY', KEYS[1], 'used', -back)
 return back
 """
+
+# The scripts that keep a ledger start with its helpers.
+COMMIT = LEDGER + _COMMIT
+TRIM = LEDGER + _TRIM
+ACQUIRE = LEDGER + _ACQUIRE
+RENEW = LEDGER + _RENEW
+RELEASE = LEDGER + _RELEASE
+DELETE = LEDGER + _DELETE
+STATE_HELD = LEDGER + _STATE_HELD

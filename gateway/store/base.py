@@ -43,10 +43,10 @@ __all__ = [
     "Owner",
     "QueuedSubscription",
     "SessionStore",
-    "StoreError",
     "StateHeld",
     "StateLimitExceeded",
     "StateQuota",
+    "StoreError",
     "StoreLimits",
     "StoreUnavailable",
     "Subscription",
@@ -425,7 +425,8 @@ class SessionStore(abc.ABC):
         quota); one result per lease, in order. Stores that can batch (Redis: one
         pipelined round trip) override this."""
         qs = list(quotas) or [None] * len(leases)
-        return [await self.renew(sid, owner, fence, ttl_ms, quota=q) for (sid, fence), q in zip(leases, qs, strict=True)]
+        pairs = zip(leases, qs, strict=True)
+        return [await self.renew(sid, owner, fence, ttl_ms, quota=q) for (sid, fence), q in pairs]
 
     @abc.abstractmethod
     async def release(self, session_id: str, owner: str, fence: int, *, quota: StateQuota | None = None) -> bool:

@@ -348,9 +348,9 @@ class RedisStore(SessionStore):
             raise StateLimitExceeded(quota.principal, int(value), quota.max_bytes)
         return int(value)
 
-    def _renew_args(self, session_id: str, owner: str, fence: int, lease_ms: int, quota: StateQuota | None) -> list[Arg]:
+    def _renew_args(self, sid: str, owner: str, fence: int, lease_ms: int, quota: StateQuota | None) -> list[Arg]:
         args: list[Arg] = [owner, fence, int(lease_ms), _ttl(self.limits, quota)]
-        return args if quota is None else args + [session_id, self.limits.idle_ttl_ms]
+        return args if quota is None else [*args, sid, self.limits.idle_ttl_ms]
 
     async def renew(
         self, session_id: str, owner: str, fence: int, ttl_ms: int, *, quota: StateQuota | None = None
