@@ -102,7 +102,7 @@ async def test_open_and_close_with_long_instructions_is_stopped_at_the_tenant_st
         assert refusal is not None, f"{opened} sessions opened, none refused"
         assert refusal["type"] == "error" and refusal["error"]["code"] == Code.RATE_LIMIT_EXCEEDED
         assert "2 MiB" in refusal["error"]["message"] and refusal["close"] == 4029
-        assert 4 <= opened <= 9
+        assert 4 <= opened <= 9, opened
         held = await a.runtime.store.state_held(PRINCIPAL)
         one_session = 2 * MAX_INSTRUCTIONS_BYTES + (32 << 10)  # the last one admitted grew after its admission
         assert held.bytes <= LIMIT + one_session
