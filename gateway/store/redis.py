@@ -22,6 +22,12 @@ key                        type     content and expiry
                                     conn id -> start (ms); 60 s TTL
 ``P t:{ph}:b:<kind>``      hash     a budget window: ``w`` (its number), ``used``
                                     (units given out); TTL two windows
+``P t:{ph}:state``         zset     the principal's sessions (StateQuota ledger):
+                                    session id -> when its state expires (ms)
+``P t:{ph}:held``          hash     session id -> bytes held (snapshot + items +
+                                    journal); ``_total``: their sum
+``P t:{ph}:leased``        zset     of them, the served: session id -> lease
+                                    expiry (ms); the others are *kept*
 =========================  =======  =============================================
 
 (``ph``: the first 16 hex of sha256(principal), so any principal makes a
