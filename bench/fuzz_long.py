@@ -6,20 +6,23 @@ frames, huge conversations, mixed with probes that must be answered) send ``--in
 frames per round, ``--rounds`` times, while ``/healthz`` is probed every 200 ms from a
 process of its own (the fuzz clients' busy loop must not delay the probe). The gateway
 runs as its own process (its log in the run directory), so its CPU and memory are its
-own. It forgets a session 5 s after its socket went (``journal_ttl_s``, swept every 30 s),
-so what a round leaves behind is reclaimed during the next. Printed:
+own. It forgets a session 5 s after its socket went (``journal_ttl_s``, swept as often), so
+after each round the bench waits ``--settle`` seconds, opening a socket a second (what makes
+the memory store sweep), and reads RSS again: what the round left once the gateway forgot its
+sessions (and glibc was given its free memory back: ``malloc_trim_s``, 10 s). Printed:
 
 - inputs, sockets, coded errors by code, error events without a code (must be 0),
   close codes, probes answered / sent / left unanswered on open sockets;
 - the server log's tracebacks and ERROR lines (must be 0);
-- RSS before and after each round, CPU per hostile input;
+- RSS before and after each round, then settled (after ``--settle``), CPU per hostile input;
 - whether RSS is bounded: a leak grows RSS by as much in every round; a bounded
   server's later rounds reuse what the first one took (each later round must grow
-  it by under a quarter of the first round's growth);
+  it by under a quarter of the first round's growth); and whether the last settled RSS
+  is within 20 % of the RSS before the first round (what hostile input leaves behind);
 - /healthz: failures (must be 0), p50/p99 latency.
 
-    python bench/fuzz_long.py                     # 2 rounds of 100,000 inputs, 50 workers: ~2 min
-    python bench/fuzz_long.py --inputs 20000 --workers 20 --rounds 3
+    python bench/fuzz_long.py                     # 2 rounds of 100,000 inputs, 50 workers: ~3 min
+    python bench/fuzz_long.py --inputs 10000 --workers 10 --rounds 3   # ~1.5 min, most of it settling
 """
 
 from __future__ import annotations
@@ -81,6 +84,19 @@ def health_probe(port: int, stop: mp.synchronize.Event, path: Path) -> None:
             time.sleep(max(0.0, 0.2 - (time.monotonic() % 0.2)))
 
 
+async def settle(port: int, seconds: float) -> None:
+    """Wait ``seconds``, opening (and closing) one socket a second: the memory store forgets
+    expired sessions when it is used, and an idle gateway does not use it."""
+    from support.raw_ws import open_raw
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        client = await open_raw(port)
+        await client.event()  # session.created
+        client.abort()
+        await asyncio.sleep(1.0)
+
+
 async def fuzz_round(args: argparse.Namespace, port: int, seed: int) -> FuzzStats:
     per_worker = args.inputs // args.workers
     results = await asyncio.gather(*(fuzz_worker(port, seed=seed + i, inputs=per_worker, timeout=60.0)
@@ -97,6 +113,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=2, help="rounds (default 2: the second shows RSS bounded)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--settle", type=float, default=25.0,
+                        help="seconds after each round before RSS is read again (default 25: the 5 s TTL, "
+                             "its sweep, one malloc_trim)")  # fmt: skip
     args = parser.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="fuzz-long-"))
     log = run_dir / "gateway.log"
@@ -108,19 +127,25 @@ def main() -> int:
     prober = ctx.Process(target=health_probe, args=(port, stop, probes), daemon=True)
     stats = FuzzStats()
     rss = [server.memory_info().rss]
+    settled: list[int] = []
     try:
         prober.start()
         deadline = time.monotonic() + 30
         while not (probes.exists() and probes.stat().st_size) and time.monotonic() < deadline:
             time.sleep(0.05)  # the prober is up (its first probe is in) before the fuzz starts
         cpu_before = sum(server.cpu_times()[:2])
+        cpu_settling = 0.0
         began = time.monotonic()
         for r in range(args.rounds):
             stats.merge(asyncio.run(fuzz_round(args, port, args.seed + 1000 * r)))
             rss.append(server.memory_info().rss)
-            print(f"round {r + 1}: RSS {rss[-1] / 2**20:.0f} MiB", flush=True)
-        wall = time.monotonic() - began
-        cpu = sum(server.cpu_times()[:2]) - cpu_before
+            cpu_fuzz = sum(server.cpu_times()[:2])
+            asyncio.run(settle(port, args.settle))
+            cpu_settling += sum(server.cpu_times()[:2]) - cpu_fuzz
+            settled.append(server.memory_info().rss)
+            print(f"round {r + 1}: RSS {rss[-1] / 2**20:.0f} MiB, settled {settled[-1] / 2**20:.0f} MiB", flush=True)
+        wall = time.monotonic() - began - args.rounds * args.settle
+        cpu = sum(server.cpu_times()[:2]) - cpu_before - cpu_settling
         stop.set()
         prober.join(5)
     finally:
@@ -137,6 +162,7 @@ def main() -> int:
     undocumented = {c: n for c, n in stats.closes.items() if c not in DOCUMENTED_CLOSES | {1006}}
     growth = [b - a for a, b in itertools.pairwise(rss)]
     bounded = all(g < growth[0] / 4 for g in growth[1:]) if len(growth) > 1 else None
+    returned = bool(settled) and settled[-1] <= 1.2 * rss[0]
     lat = sorted(latencies) or [0.0]
     print(f"inputs            {stats.inputs:,} over {stats.sockets:,} sockets from {args.workers} workers "
           f"in {wall:.0f} s ({args.rounds} rounds)")  # fmt: skip
@@ -150,6 +176,11 @@ def main() -> int:
     steps = " -> ".join(f"{x / 2**20:.0f}" for x in rss)
     verdict = {None: "one round: run --rounds 2 to tell", True: "bounded", False: "GROWING"}[bounded]
     print(f"RSS               {steps} MiB (before, after each round): {verdict}")
+    after = " -> ".join(f"{x / 2**20:.0f}" for x in [rss[0], *settled])
+    print(
+        f"RSS settled       {after} MiB (before, {args.settle:.0f} s after each round): last "
+        f"{100 * settled[-1] / rss[0] - 100:+.0f} % of the start, {'within' if returned else 'NOT within'} 20 %"
+    )
     print(f"server CPU        {cpu:.1f} s: {1000 * cpu / max(1, stats.inputs):.2f} ms per hostile input")
     print(
         f"/healthz          {len(latencies)} probes, {len(failures)} failed; "
@@ -160,7 +191,7 @@ def main() -> int:
     ok = bool(latencies) and not (
         tracebacks or errors or stats.errors_without_code or undocumented or stats.unanswered or failures
     )
-    ok = ok and bounded is not False
+    ok = ok and bounded is not False and returned
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

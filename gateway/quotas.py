@@ -45,12 +45,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.auth import Grant
 from gateway.protocol.errors import Code, ProtocolError
-from gateway.store.base import SessionStore, StoreError
+from gateway.store.base import SessionStore, StateQuota, StoreError
 from gateway.tenants import Tenant
 from orchestrator.metrics import LoopCounter
 
 log = logging.getLogger("omni.quotas")
 
+MIN_KEPT_TTL_S = 60.0  # a tenant's kept_session_ttl_s below this is taken as this: the state of a
+#   served session must outlive the gaps between its lease renewals by far
 CHUNK_DIVISOR = 8  # a replica leases an eighth of a limit at a time (or what one message needs)
 WINDOW_MS = {"audio_in": 60_000, "audio_out": 60_000, "events": 1_000}
 
@@ -312,6 +314,17 @@ class Seat:
         self.audio_out_budget = hold("audio_out", round(limits.audio_out_s_per_min * 1000))
         self.held = [a for a in (self.events, self.audio_in_budget, self.audio_out_budget) if a is not None]
         self._closed = False
+        floor = max(MIN_KEPT_TTL_S, 2 * quotas.ttl_ms / 1000)
+        self.state_quota = StateQuota(  # what the store may keep of the principal's sessions
+            self.principal,
+            max_bytes=round(limits.max_state_mib * (1 << 20)),
+            max_kept=limits.max_kept_sessions,
+            ttl_s=max(floor, limits.kept_session_ttl_s) if limits.kept_session_ttl_s else 0.0,
+        )
+
+    def refused(self, limit: str) -> None:
+        """Count a refusal by ``limit`` (one the store decided: max_state_mib)."""
+        self.quotas.metrics.refusals.labels(self.tenant.label, limit).inc()
 
     # --- inputs (the transport) -------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
+from gateway.allocator import ALLOCATOR
 from gateway.auth import Authenticator, Grant
 from gateway.hosting.bus import listen_bus
 from gateway.hosting.context import Closable, HostContext
@@ -38,7 +39,7 @@ from gateway.session.session import RealtimeSession, SessionLimits, VadStream
 from gateway.session.video_session import VideoSession
 from gateway.settings import Settings
 from gateway.store import create_store
-from gateway.store.base import SessionStore
+from gateway.store.base import SessionStore, StateQuota
 from gateway.telemetry import Telemetry
 from gateway.tenants import KeysFile, TenantLimits
 from gateway.transport.handshake import VIDEO_SECRET_ON_REALTIME, bound_model_message
@@ -224,6 +225,7 @@ class Runtime:
         self._bus_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
         self._quota_task: asyncio.Task[None] | None = None
+        self._trim_task: asyncio.Task[None] | None = None
 
     @property
     def hosts(self) -> dict[str, SessionHost]:
@@ -331,7 +333,13 @@ class Runtime:
         return config
 
     async def open_session(
-        self, model: str, *, principal: str, dialect: str, requested: dict[str, Any] | None = None
+        self,
+        model: str,
+        *,
+        principal: str,
+        dialect: str,
+        requested: dict[str, Any] | None = None,
+        quota: StateQuota | None = None,
     ) -> SessionHost:
         """A new session hosted here: GA or beta, or vLLM-Omni's duplex dialect."""
         found = self.route(model)
@@ -347,7 +355,7 @@ class Runtime:
             session: RealtimeSession = DuplexSession(duplex=DuplexConfig(), **kwargs)
         else:
             session = RealtimeSession(beta=dialect == "beta", **kwargs)
-        return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal)
+        return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal, quota=quota)
 
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
         """A session taken over from the store, rebuilt on this replica's engine (in its dialect)."""
@@ -428,6 +436,8 @@ class Runtime:
         self._bus_task = loop.create_task(listen_bus(self.hosting), name="bus")
         self._lease_task = loop.create_task(renew_leases(self.hosting), name="leases")
         self._quota_task = loop.create_task(self.quotas.run(), name="tenant-entries")
+        if self.settings.malloc_trim_s > 0 and ALLOCATOR.tune():  # glibc: give memory back (allocator.py)
+            self._trim_task = loop.create_task(ALLOCATOR.trim_loop(self.settings.malloc_trim_s), name="malloc-trim")
         if self.calls is not None:
             await self.calls.start()  # checks the UDP port range and aiortc's receive buffer (warnings)
 
@@ -478,7 +488,7 @@ class Runtime:
 
     async def close(self) -> None:
         await self.drain()
-        for task in (self._bus_task, self._lease_task, self._quota_task):
+        for task in (self._bus_task, self._lease_task, self._quota_task, self._trim_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -511,6 +521,9 @@ def tenant_defaults(settings: Settings) -> TenantLimits:
         max_secret_bytes=settings.tenant_max_secret_bytes,
         max_secrets=settings.tenant_max_secrets,
         secret_mints_per_min=settings.tenant_secret_mints_per_min,
+        max_state_mib=settings.tenant_max_state_mib,
+        max_kept_sessions=settings.tenant_max_kept_sessions,
+        kept_session_ttl_s=settings.tenant_kept_session_ttl_s,
     )
 
 

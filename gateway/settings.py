@@ -82,6 +82,13 @@ class Settings:
     tenant_max_secret_bytes: int = 65_536  # a mint's ``session`` as JSON; more: HTTP 400 client_secret_too_large
     tenant_max_secrets: int = 1_000  # secrets minted, not used, not expired; more: HTTP 429 rate_limit_exceeded
     tenant_secret_mints_per_min: int = 600  # mints in any 60 s; more: HTTP 429 rate_limit_exceeded
+    # The session state the store keeps per principal (not 0 by default: the store is shared):
+    tenant_max_state_mib: float = 1024.0  # its sessions' snapshots, items and journals, in MiB; past it
+    #   kept sessions are forgotten for a new one, then new ones are refused (rate_limit_exceeded, 4029)
+    tenant_max_kept_sessions: int = 1_000  # sessions kept resumable after their close; beyond: the
+    #   oldest are forgotten (their resume: session_not_found)
+    tenant_kept_session_ttl_s: float = 600.0  # a closed session's state is forgotten this long after
+    #   its last use (at least 60 s, at most journal_ttl_s)
 
     # --- limits ---
     max_sessions: int = 2_000  # concurrent sessions per process; more: close 1013
@@ -165,6 +172,10 @@ class Settings:
     otel_sample_ratio: float = 1.0  # the fraction of sessions traced (by trace id); a session not
     #   sampled costs what tracing off costs
 
+    malloc_trim_s: float = 10.0  # glibc only (gateway/allocator.py): at start-up blocks of 128 KiB or
+    #   more are set to be mapped apart (mallopt), and every this many seconds free memory is given
+    #   back to the system (malloc_trim); 0: glibc's allocator is left as it is
+
     # --- MCP servers the gateway calls for sessions (gateway/hosting/mcp.py; the ``mcp`` extra) ---
     mcp_allowed_urls: tuple[str, ...] = ("*",)  # URLs a session's MCP tools may reach, as prefixes
     #   ("https://mcp.example.com/"), comma separated; "*": any URL whose host resolves only to public
@@ -175,8 +186,9 @@ class Settings:
     mcp_max_result_bytes: int = 1 << 20  # what one listing or call may read from a server; more: the
     #   connection is dropped and it fails, as for a timeout
 
-    drain_window_s: float = 20.0  # SIGTERM: running answers get this long to finish, then every
-    #   socket is closed with 1012 (reconnect and resume elsewhere)
+    drain_window_s: float = 20.0  # SIGTERM: each session is handed over (its sockets closed with 1012:
+    #   reconnect and resume elsewhere) at its first idle moment, paced; at the end of this window every
+    #   session left is handed over as it is (a running answer: re-issued where it resumes)
 
     @property
     def requires_auth(self) -> bool:

@@ -20,7 +20,8 @@ tenants, each with the sha256 (hex) of one or more keys, so it holds no key:
 {"tenants": [
   {"name": "acme", "key_sha256": ["<sha256 hex of the key>"],
    "limits": {"max_sessions": 20, "session_starts_per_min": 60, "audio_in_s_per_min": 600,
-              "audio_out_s_per_min": 600, "events_per_s": 100, "max_secrets": 100},
+              "audio_out_s_per_min": 600, "events_per_s": 100, "max_secrets": 100, "max_state_mib": 256,
+              "max_kept_sessions": 100, "kept_session_ttl_s": 600},
    "models": ["omni-cascade"], "admin": false}
 ]}
 ```
@@ -70,6 +71,14 @@ class TenantLimits:
     #   ``client_secret_too_large``
     max_secrets: int = 1000  # minted and neither used nor expired; more: HTTP 429 ``rate_limit_exceeded``
     secret_mints_per_min: int = 600  # mints in any 60 s (a refused one is not counted); more: HTTP 429
+    # The session state the store keeps for the principal (gateway/store/base.py StateQuota):
+    max_state_mib: float = 0.0  # bytes of its sessions' snapshots, item records and journals, served or
+    #   kept; past it a new session forgets kept ones (oldest first), and if that is not enough it is
+    #   refused at open: rate_limit_exceeded, close 4029
+    max_kept_sessions: int = 0  # sessions kept resumable after their close (no replica serves them);
+    #   beyond it the oldest are forgotten (a resume of one: session_not_found)
+    kept_session_ttl_s: float = 0.0  # how long a session's state outlives its last use: after its
+    #   close (and grace) it is forgotten this much later (at least 60 s; at most journal_ttl_s)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from gateway.hosting.takeover import Held, Refusal, admit, top_seq
 from gateway.protocol import client_events as ce
 from gateway.session import snapshot
 from gateway.session.session import RealtimeSession
-from gateway.store.base import JournalRead, replica_channel
+from gateway.store.base import JournalRead, StateQuota, replica_channel
 from orchestrator.orchestrator import Orchestrator
 
 # Rebuilds a session from its snapshot state on this replica; raises ProtocolError
@@ -60,10 +60,16 @@ class Claim:
 
 
 async def claim(
-    ctx: HostContext, event: ce.SessionResume, principal: str, *, provisional: SessionHost | None, restore: Restore
+    ctx: HostContext,
+    event: ce.SessionResume,
+    principal: str,
+    *,
+    provisional: SessionHost | None,
+    restore: Restore,
+    quota: StateQuota | None = None,
 ) -> Claim:
-    """Take ``event.session_id`` for ``principal``. Raises ProtocolError (a refusal,
-    before anyone is fenced) or StoreError."""
+    """Take ``event.session_id`` for ``principal`` (its state kept within ``quota``). Raises
+    ProtocolError (a refusal, before anyone is fenced) or StoreError."""
     sid, last = event.session_id, event.last_received_server_event_seq
     host = ctx.hosts.get(sid)
     if isinstance(host, SessionHost) and host is not provisional:
@@ -76,7 +82,7 @@ async def claim(
     assert state is not None and found is not None
     session, orchestrator = restore(state)
     previous = await ctx.store.owner_of(sid)
-    fence = await ctx.store.acquire(sid, ctx.replica_id, ctx.lease_ttl_ms)
+    fence = await ctx.store.acquire(sid, ctx.replica_id, ctx.lease_ttl_ms, quota=quota)
     if previous is not None and previous.owner != ctx.replica_id:
         # The old owner may be alive (a dropped socket): tell it to stop now, on its
         # own channel (the lease already names us). Fencing stops its writes anyway.
@@ -87,8 +93,9 @@ async def claim(
     # Never reuse a seq the client may already hold (events sent but lost from the journal).
     session.seq = max(top_seq(found, read), last)
     host = SessionHost(
-        ctx, session, orchestrator=orchestrator, principal=found.principal, token_hash=found.token_hash, fence=fence
-    )
+        ctx, session, orchestrator=orchestrator, principal=found.principal, token_hash=found.token_hash, fence=fence,
+        quota=quota,
+    )  # fmt: skip
     return Claim(host, found, recovered=True, _read=read, _after=last,
                  reason="drained" if state.get("ended_by") == "drain" else "replica_lost")  # fmt: skip
 

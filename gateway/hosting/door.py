@@ -45,7 +45,7 @@ from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.server_events import decode_input_frame
 from gateway.quotas import NeedBudget, Seat
 from gateway.session.session import RealtimeSession
-from gateway.store.base import StoreError
+from gateway.store.base import StateLimitExceeded, StateQuota, StoreError
 from gateway.telemetry import SessionTrace
 from orchestrator.orchestrator import Orchestrator
 
@@ -64,11 +64,18 @@ class Sessions(Protocol):
         """Whether a route here serves ``model``."""
 
     async def open_session(
-        self, model: str, *, principal: str, dialect: str, requested: dict[str, Any] | None = None
+        self,
+        model: str,
+        *,
+        principal: str,
+        dialect: str,
+        requested: dict[str, Any] | None = None,
+        quota: StateQuota | None = None,
     ) -> SessionHost:
         """A new session hosted here, in ``dialect``, configured by the gateway's defaults
-        and ``requested`` (a client secret's session settings); raises ProtocolError
-        (no route) or StoreError."""
+        and ``requested`` (a client secret's session settings), its state kept within
+        ``quota``; raises ProtocolError (no route) or StoreError (StateLimitExceeded: the
+        quota has no room for it)."""
 
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
         """A session rebuilt from its snapshot on this replica (a takeover); raises
@@ -150,6 +157,11 @@ class Door:
         self._last_event = self._loop.time()
         self._idle: asyncio.TimerHandle | None = None
         ctx.doors.add(self)
+
+    @property
+    def quota(self) -> StateQuota | None:
+        """What the store may keep of the principal's sessions (None: no limits here)."""
+        return self.seat.state_quota if self.seat is not None else None
 
     @property
     def ready(self) -> bool:
@@ -326,8 +338,22 @@ class Door:
         assert self.sessions is not None, "a door that only joins opens no session"
         try:
             return await self.sessions.open_session(
-                model, principal=self.principal, dialect=self.dialect.name, requested=requested
+                model, principal=self.principal, dialect=self.dialect.name, requested=requested, quota=self.quota
             )
+        except StateLimitExceeded as exc:
+            log.info("session refused: %s", exc)
+            if self.seat is not None:
+                self.seat.refused("max_state_mib")
+            mib = exc.limit / (1 << 20)
+            self._refuse_connection(
+                ProtocolError(
+                    Code.RATE_LIMIT_EXCEEDED,
+                    f"This credential's sessions hold {mib:g} MiB of session state, its limit: close one, or "
+                    "try again once closed ones are forgotten.",
+                ),
+                CloseCode.RATE_LIMITED,
+            )
+            return None
         except StoreError as exc:
             log.warning("cannot open a session: %s", exc)
             self._refuse_connection(

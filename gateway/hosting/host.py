@@ -46,7 +46,7 @@ from gateway.session.effects import (
 )
 from gateway.session.events import STATE_EVENTS
 from gateway.session.session import RealtimeSession
-from gateway.store.base import FencedError, StoreError
+from gateway.store.base import FencedError, StateQuota, StoreError
 from gateway.store.writer import JournalWriter
 from gateway.telemetry import SessionTrace
 from orchestrator.engine import EngineOutput, Finished
@@ -98,8 +98,10 @@ class SessionHost:
         principal: str,
         token_hash: str,  # of the current resume token ("": none is valid until rotate_token)
         fence: int,
+        quota: StateQuota | None = None,  # what the store may keep of the principal's sessions
     ) -> None:
         self.ctx = ctx
+        self.quota = quota
         self.session = session
         self.orchestrator = orchestrator  # the one of the session's engine
         self.principal = principal
@@ -136,11 +138,19 @@ class SessionHost:
 
     @classmethod
     async def open(
-        cls, ctx: HostContext, session: RealtimeSession, *, orchestrator: Orchestrator, principal: str
+        cls,
+        ctx: HostContext,
+        session: RealtimeSession,
+        *,
+        orchestrator: Orchestrator,
+        principal: str,
+        quota: StateQuota | None = None,
     ) -> SessionHost:
-        """Host a new session: take its lease first (its resume token comes from ``rotate_token``)."""
-        fence = await ctx.store.acquire(session.id, ctx.replica_id, ctx.lease_ttl_ms)
-        return cls(ctx, session, orchestrator=orchestrator, principal=principal, token_hash="", fence=fence)
+        """Host a new session: take its lease first (its resume token comes from ``rotate_token``).
+        Raises StateLimitExceeded when ``quota`` has no room for another session."""
+        fence = await ctx.store.acquire(session.id, ctx.replica_id, ctx.lease_ttl_ms, quota=quota, new=True)
+        return cls(ctx, session, orchestrator=orchestrator, principal=principal, token_hash="", fence=fence,
+                   quota=quota)  # fmt: skip
 
     @property
     def id(self) -> str:
@@ -148,8 +158,9 @@ class SessionHost:
 
     def _new_writer(self, fence: int) -> JournalWriter:
         return JournalWriter(
-            self.ctx.store, self.session.id, fence, on_fenced=self._on_fenced, on_flushed=self._on_flushed
-        )
+            self.ctx.store, self.session.id, fence, on_fenced=self._on_fenced, on_flushed=self._on_flushed,
+            quota=self.quota,
+        )  # fmt: skip
 
     def _on_flushed(self, seq: int, committed: bool) -> None:
         """The store took (or failed to take) the journal up to ``seq``: a peer that
@@ -175,7 +186,7 @@ class SessionHost:
 
     async def _trim_to(self, seq: int) -> None:
         with contextlib.suppress(StoreError):
-            await self.ctx.store.trim_events(self.id, seq)
+            await self.ctx.store.trim_events(self.id, seq, quota=self.quota)
 
     def rotate_token(self) -> str:
         token = takeover.new_resume_token()
@@ -601,7 +612,9 @@ class SessionHost:
         try:
             while not self.ended:
                 try:
-                    fence = await self.ctx.store.acquire(self.id, self.ctx.replica_id, self.ctx.lease_ttl_ms)
+                    fence = await self.ctx.store.acquire(
+                        self.id, self.ctx.replica_id, self.ctx.lease_ttl_ms, quota=self.quota
+                    )
                     break
                 except StoreError as exc:
                     log.warning("session %s: re-acquire failed (%s); retrying", self.id, exc)
@@ -701,8 +714,8 @@ class SessionHost:
         with contextlib.suppress(StoreError, RuntimeError):
             await self.writer.close(flush=not delete)
             if delete:
-                await store.delete_session(self.id)
-            await store.release(self.id, self.ctx.replica_id, self.fence)
+                await store.delete_session(self.id, quota=self.quota)
+            await store.release(self.id, self.ctx.replica_id, self.fence, quota=self.quota)
 
 
 __all__ = ["HostContext", "OutputMeter", "SessionHost"]

@@ -23,9 +23,10 @@ async def renew_leases(ctx: HostContext) -> None:
         if not hosts:
             continue
         fences = [h.fence for h in hosts]
+        quotas = [getattr(h, "quota", None) for h in hosts]  # (a video host keeps no ledger)
         try:
             renewed = await ctx.store.renew_many(
-                ctx.replica_id, ctx.lease_ttl_ms, [(h.id, f) for h, f in zip(hosts, fences, strict=True)]
+                ctx.replica_id, ctx.lease_ttl_ms, [(h.id, f) for h, f in zip(hosts, fences, strict=True)], quotas
             )
         except StoreError as exc:
             log.warning("lease renewal of %d sessions failed: %s", len(hosts), exc)

@@ -14,7 +14,7 @@ from gateway.hosting.takeover import Replay, Resync, plan
 from gateway.protocol import client_events as ce
 from gateway.protocol import dialects
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
-from gateway.store.base import StoreError
+from gateway.store.base import StateQuota, StoreError
 
 log = logging.getLogger("omni.door")
 
@@ -28,6 +28,10 @@ class Resuming(Attached, Protocol):
     dialect: dialects.Dialect
     generation: int
 
+    @property
+    def quota(self) -> StateQuota | None:
+        """What the store may keep of the principal's sessions."""
+
     def took_over(self, host: SessionHost) -> None:
         """The session came to this connection: attach it."""
 
@@ -37,7 +41,7 @@ async def take_over(door: Resuming, event: ce.SessionResume, provisional: Sessio
     ProtocolError (a refusal, before anyone is fenced) or StoreError."""
     assert door.sessions is not None
     taken = await claim(door.ctx, event, door.principal, provisional=provisional,
-                        restore=door.sessions.restore_session)  # fmt: skip
+                        restore=door.sessions.restore_session, quota=door.quota)  # fmt: skip
     host, last = taken.host, event.last_received_server_event_seq
     token = host.rotate_token()
     delivery = door.delivery

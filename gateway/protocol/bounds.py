@@ -24,6 +24,11 @@ MAX_NODES = 50_000  # members and elements in one event (a 15 MiB item of tiny p
 # One input_image, decoded (PNG or JPEG; never a URL to fetch). Larger: invalid_value, the
 # item is not added. (The message limit, max_message_bytes, bounds the base64 before it.)
 MAX_IMAGE_BYTES = 10 << 20
+# A session's instructions, in UTF-8 bytes: 128 KiB is about 32k tokens, the whole context of
+# OpenAI's realtime models (more could never be followed). They live in the session's snapshot
+# (and its session.created/updated events) for as long as it is kept: longer is
+# string_above_max_length, nothing of the update is applied.
+MAX_INSTRUCTIONS_BYTES = 128 << 10
 MAX_CONTENT_PARTS = 64  # parts of one conversation item; more: invalid_value (a response's context
 #   walks every part of every item, so parts are bounded where they come in)
 

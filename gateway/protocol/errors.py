@@ -24,6 +24,7 @@ class Code:
     INTEGER_ABOVE_MAX = "integer_above_max_value"  # as the API names it (max_output_tokens over 4096)
     CANNOT_UPDATE_VOICE = "cannot_update_voice"  # a voice change once the conversation holds assistant audio
     INVALID_TYPE = "invalid_type"
+    STRING_TOO_LONG = "string_above_max_length"  # as the API names it (instructions over their bound)
     INVALID_BASE64 = "invalid_base64"
     INVALID_AUDIO = "invalid_audio_format"  # bytes that cannot be the session's format
     UNSUPPORTED_FORMAT = "unsupported_audio_format"

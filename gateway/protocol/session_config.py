@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from gateway.audio.codecs import AudioFormat
 from gateway.protocol import session_fields as f
+from gateway.protocol.bounds import MAX_INSTRUCTIONS_BYTES
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_fields import OPENAI_VOICES
 
@@ -305,7 +306,7 @@ def apply_update(
         if "prompt" in upd:
             changes["prompt"] = f.prompt(upd["prompt"], f"{param}.prompt")
     if "instructions" in upd:
-        changes["instructions"] = f.string(upd["instructions"], f"{param}.instructions")
+        changes["instructions"] = _instructions(upd["instructions"], f"{param}.instructions")
     if "temperature" in upd:
         changes["temperature"] = f.num(upd["temperature"], f"{param}.temperature", 0.0, 2.0)
     if "tools" in upd:
@@ -532,3 +533,16 @@ def engine_voice(voice: str, engine_voices: tuple[str, ...], default: str | None
     if voice in OPENAI_VOICES and engine_voices:
         return engine_voices[OPENAI_VOICES.index(voice) % len(engine_voices)]
     return default
+
+
+def _instructions(value: Any, param: str) -> str:
+    text = f.string(value, param)
+    size = len(text) if len(text) * 4 <= MAX_INSTRUCTIONS_BYTES else len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_INSTRUCTIONS_BYTES:
+        raise f.err(
+            f"Invalid '{param}': string too long. Expected at most {MAX_INSTRUCTIONS_BYTES} bytes (UTF-8), but "
+            f"got {size}.",
+            param,
+            Code.STRING_TOO_LONG,
+        )
+    return text

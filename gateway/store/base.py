@@ -43,6 +43,9 @@ __all__ = [
     "Owner",
     "QueuedSubscription",
     "SessionStore",
+    "StateHeld",
+    "StateLimitExceeded",
+    "StateQuota",
     "StoreError",
     "StoreLimits",
     "StoreUnavailable",
@@ -88,7 +91,45 @@ class StoreUnavailable(StoreError):
     code = "store_unavailable"
 
 
+class StateLimitExceeded(StoreError):
+    """A new session would take its principal past ``StateQuota.max_bytes``, and no session
+    kept after its close is left to forget: the session is not created (nothing is written)."""
+
+    code = "rate_limit_exceeded"
+
+    def __init__(self, principal: str, held: int, limit: int) -> None:
+        super().__init__(f"{principal}: {held} bytes of session state held, limit {limit}")
+        self.principal, self.held, self.limit = principal, held, limit
+
+
 # --- configuration ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StateQuota:
+    """One principal's bound on the session state the store keeps for it (its tenant limits,
+    ``gateway/quotas.py``). Passed with every write of a session it owns, so that the store
+    keeps a ledger per principal: each session's bytes (snapshot + item records + journal
+    payload, as of its last write) and whether a replica holds its lease. A session *kept*
+    is one no replica serves (closed and past its grace, or its replica died) that is still
+    resumable. When a limit is passed, kept sessions are forgotten, least recently served
+    first (a resume then gets ``session_not_found``); a session a replica serves never is."""
+
+    principal: str
+    max_bytes: int = 0  # 0: no limit. Past it a new session is refused (StateLimitExceeded) once no kept
+    #   session is left to forget; a write of a served session past it forgets kept ones, never fails
+    max_kept: int = 0  # 0: no limit. Kept sessions beyond it: the oldest are forgotten
+    ttl_s: float = 0.0  # how long the state outlives the last write or renewal: the idle TTL for this
+    #   principal's sessions (0, or above it: ``StoreLimits.idle_ttl_s``)
+
+    def ttl_ms(self, limits: StoreLimits) -> int:
+        ttl = limits.idle_ttl_s if self.ttl_s <= 0 else min(self.ttl_s, limits.idle_ttl_s)
+        return max(1, int(ttl * 1000))
+
+
+def ttl_ms(limits: StoreLimits, quota: StateQuota | None) -> int:
+    """The idle TTL of a session written under ``quota`` (None: the store's)."""
+    return limits.idle_ttl_ms if quota is None else quota.ttl_ms(limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +215,15 @@ class Admission:
     #   while ``max_open`` is set)
     starts: int  # its connections started in the last 60 s, likewise (only while ``starts_per_min`` is set)
     reset_ms: int  # until the oldest of those starts leaves the 60 s window (0: none)
+
+
+@dataclass(frozen=True, slots=True)
+class StateHeld:
+    """The answer to ``state_held``: a principal's sessions in the store's ledger."""
+
+    bytes: int  # snapshot + item records + journal payload of them all, as of each one's last write
+    sessions: int  # sessions whose state is held
+    kept: int  # of them, those no replica serves (no live lease)
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,11 +347,15 @@ class SessionStore(abc.ABC):
         lost_through: int = 0,
         items: Mapping[str, bytes] | None = None,
         drop_items: Sequence[str] = (),
+        quota: StateQuota | None = None,
     ) -> None:
         """Atomically: check ``fence``, append ``events``, set ``snapshot`` (if
         given), set ``items`` and drop ``drop_items`` (the session's conversation
         items, one record each, so a change costs what the item costs, not the
         conversation), apply the journal caps, refresh the idle TTL. One round trip.
+
+        ``quota``: the principal the session belongs to: its ledger gets the session's
+        bytes, and kept sessions of it are forgotten while it holds more than ``max_bytes``.
 
         ``lost_through``: the writer dropped events up to this seq without
         journaling them (its buffer overflowed while the backend was down); the
@@ -323,8 +377,12 @@ class SessionStore(abc.ABC):
         """The snapshot and every item record, read together (one round trip); None: no snapshot."""
 
     @abc.abstractmethod
-    async def delete_session(self, session_id: str) -> None:
-        """Drop snapshot, journal, lease and fence counter."""
+    async def delete_session(self, session_id: str, *, quota: StateQuota | None = None) -> None:
+        """Drop snapshot, journal, lease and fence counter (and the ledger's entry)."""
+
+    @abc.abstractmethod
+    async def state_held(self, principal: str) -> StateHeld:
+        """What the ledger holds for ``principal`` (sessions written with its quota)."""
 
     # -- journal reads --
 
@@ -332,7 +390,7 @@ class SessionStore(abc.ABC):
     async def read_events(self, session_id: str, after_seq: int, limit: int | None = None) -> JournalRead: ...
 
     @abc.abstractmethod
-    async def trim_events(self, session_id: str, up_to_seq: int) -> None:
+    async def trim_events(self, session_id: str, up_to_seq: int, *, quota: StateQuota | None = None) -> None:
         """The client acked everything up to ``up_to_seq``: drop it. Not fenced:
         dropping what the client already has is safe from any replica. Later
         appends at or below ``up_to_seq`` are skipped."""
@@ -340,26 +398,41 @@ class SessionStore(abc.ABC):
     # -- ownership lease + fencing --
 
     @abc.abstractmethod
-    async def acquire(self, session_id: str, owner: str, ttl_ms: int) -> int:
+    async def acquire(
+        self, session_id: str, owner: str, ttl_ms: int, *, quota: StateQuota | None = None, new: bool = False
+    ) -> int:
         """Make ``owner`` the owner for ``ttl_ms`` and return a new fencing
         token, greater than every token issued for this session before. Always
-        succeeds: takeover is allowed (the resuming replica wins)."""
+        succeeds: takeover is allowed (the resuming replica wins). With ``quota``
+        the ledger counts the session as served; with ``new`` too (a session being
+        created) it is admitted first: kept sessions of the principal are forgotten
+        while it holds ``max_bytes`` or more, and if it still does, ``StateLimitExceeded``
+        is raised and nothing is written."""
 
     @abc.abstractmethod
-    async def renew(self, session_id: str, owner: str, fence: int, ttl_ms: int) -> bool:
+    async def renew(
+        self, session_id: str, owner: str, fence: int, ttl_ms: int, *, quota: StateQuota | None = None
+    ) -> bool:
         """Extend the lease. False (lease untouched) when ``fence`` is not current:
         someone took the session over. A lapsed lease whose fence is still
         current is re-established (nobody took over)."""
 
-    async def renew_many(self, owner: str, ttl_ms: int, leases: list[tuple[str, int]]) -> list[bool]:
+    async def renew_many(
+        self, owner: str, ttl_ms: int, leases: list[tuple[str, int]], quotas: Sequence[StateQuota | None] = ()
+    ) -> list[bool]:
         """``renew`` for many ``(session_id, fence)`` at once (a replica renews all
-        its leases together); one result per lease, in order. Stores that can
-        batch (Redis: one pipelined round trip) override this."""
-        return [await self.renew(sid, owner, fence, ttl_ms) for sid, fence in leases]
+        its leases together), each with its quota (``quotas``, in order; none: no
+        quota); one result per lease, in order. Stores that can batch (Redis: one
+        pipelined round trip) override this."""
+        qs = list(quotas) or [None] * len(leases)
+        pairs = zip(leases, qs, strict=True)
+        return [await self.renew(sid, owner, fence, ttl_ms, quota=q) for (sid, fence), q in pairs]
 
     @abc.abstractmethod
-    async def release(self, session_id: str, owner: str, fence: int) -> bool:
-        """Drop the lease if ``fence`` is current; the fence counter stays."""
+    async def release(self, session_id: str, owner: str, fence: int, *, quota: StateQuota | None = None) -> bool:
+        """Drop the lease if ``fence`` is current; the fence counter stays. With ``quota``
+        the session is now kept: the principal's oldest kept sessions beyond ``max_kept``
+        (and while it holds more than ``max_bytes``) are forgotten."""
 
     @abc.abstractmethod
     async def owner_of(self, session_id: str) -> Owner | None:

@@ -24,12 +24,17 @@ from gateway.store.base import (
     Owner,
     QueuedSubscription,
     SessionStore,
+    StateHeld,
+    StateLimitExceeded,
+    StateQuota,
     StoreLimits,
     Subscription,
     check_read_args,
+    ttl_ms,
 )
 
-SWEEP_INTERVAL_S = 30.0  # how often expired sessions and tokens are reclaimed
+SWEEP_INTERVAL_S = 30.0  # how often expired sessions and tokens are reclaimed (at most; a shorter
+#   idle TTL sweeps as often as its TTL, so that nothing outlives it by more than twice)
 DEFAULT_BUS_QUEUE = 1024  # per subscription; when full the oldest message is dropped
 
 
@@ -48,6 +53,13 @@ class _Session:
     snapshot: bytes | None = None
     journal: _Journal | None = None
     items: dict[str, bytes] = field(default_factory=dict)
+    ttl_s: float = 0.0  # its idle TTL (its quota's, or the store's)
+    tenant: str | None = None  # the principal whose ledger counts it
+    size: int = 0  # the bytes the ledger counts for it (as of its last write)
+
+    def payload(self) -> int:
+        journal = self.journal.bytes if self.journal is not None else 0
+        return len(self.snapshot or b"") + sum(len(v) for v in self.items.values()) + journal
 
 
 @dataclass(slots=True)
@@ -106,7 +118,11 @@ class MemoryStore(SessionStore):
         self._open: dict[str, dict[str, float]] = {}
         self._starts: dict[str, deque[tuple[float, str]]] = {}
         self._budgets: dict[tuple[str, str], list[int]] = {}
-        self._next_sweep = clock() + SWEEP_INTERVAL_S
+        # the ledger: principal -> its sessions' ids; principal -> their bytes
+        self._ledger: dict[str, set[str]] = {}
+        self._held: dict[str, int] = {}
+        self._sweep_s = min(SWEEP_INTERVAL_S, self.limits.idle_ttl_s)
+        self._next_sweep = clock() + self._sweep_s
 
     # -- helpers --
 
@@ -114,9 +130,9 @@ class MemoryStore(SessionStore):
         self.round_trips += 1
         now = self._clock()
         if now >= self._next_sweep:
-            self._next_sweep = now + SWEEP_INTERVAL_S
+            self._next_sweep = now + self._sweep_s
             for sid in [s for s, r in self._sessions.items() if r.expires_at <= now]:
-                del self._sessions[sid]
+                self._drop(sid)
             for sid in [s for s, ls in self._leases.items() if ls.expires_at <= now]:
                 del self._leases[sid]
             for tok in [t for t, (_, exp) in self._tokens.items() if exp <= now]:
@@ -133,9 +149,57 @@ class MemoryStore(SessionStore):
     def _session(self, session_id: str, now: float) -> _Session | None:
         rec = self._sessions.get(session_id)
         if rec is not None and rec.expires_at <= now:
-            del self._sessions[session_id]
+            self._drop(session_id)
             return None
         return rec
+
+    def _drop(self, session_id: str) -> None:
+        """Forget a session's state (its lease lapses on its own), and its ledger entry."""
+        rec = self._sessions.pop(session_id, None)
+        if rec is not None and rec.tenant is not None:
+            self._held[rec.tenant] -= rec.size
+            sids = self._ledger[rec.tenant]
+            sids.discard(session_id)
+            if not sids:
+                del self._ledger[rec.tenant], self._held[rec.tenant]
+
+    def _account(self, session_id: str, rec: _Session, quota: StateQuota | None, now: float) -> None:
+        """After a write under ``quota``: the session's bytes in its principal's ledger, and
+        kept sessions forgotten while the principal holds more than its ``max_bytes``."""
+        if quota is None:
+            return
+        p = quota.principal
+        if rec.tenant != p:
+            if rec.tenant is not None:
+                self._held[rec.tenant] -= rec.size
+                self._ledger[rec.tenant].discard(session_id)
+            rec.tenant, rec.size = p, 0
+            self._ledger.setdefault(p, set()).add(session_id)
+            self._held.setdefault(p, 0)
+        size = rec.payload()
+        self._held[p] += size - rec.size
+        rec.size = size
+        if quota.max_bytes and self._held[p] > quota.max_bytes:
+            self._forget_kept(quota, now, keep=session_id)
+
+    def _kept(self, principal: str, now: float) -> list[str]:
+        """The principal's sessions no replica serves, least recently served first."""
+        recs = [(sid, self._session(sid, now)) for sid in list(self._ledger.get(principal, ()))]
+        kept = [(r.expires_at, sid) for sid, r in recs if r is not None and self._lease(sid, now) is None]
+        return [sid for _, sid in sorted(kept)]
+
+    def _forget_kept(self, quota: StateQuota, now: float, *, keep: str | None = None, room: int = 0) -> None:
+        """Forget kept sessions, oldest first, while the principal has more than ``max_kept``
+        of them or more than ``max_bytes - room`` bytes."""
+        kept = [sid for sid in self._kept(quota.principal, now) if sid != keep]
+        while kept and (
+            (quota.max_kept and len(kept) > quota.max_kept)
+            or (quota.max_bytes and self._held.get(quota.principal, 0) > quota.max_bytes - room)
+        ):
+            self._drop(kept.pop(0))
+
+    def _ttl_s(self, quota: StateQuota | None) -> float:
+        return ttl_ms(self.limits, quota) / 1000
 
     def _lease(self, session_id: str, now: float) -> _Lease | None:
         lease = self._leases.get(session_id)
@@ -145,7 +209,7 @@ class MemoryStore(SessionStore):
         return lease
 
     def _touch(self, rec: _Session, now: float) -> None:
-        rec.expires_at = now + self.limits.idle_ttl_s
+        rec.expires_at = now + (rec.ttl_s or self.limits.idle_ttl_s)
 
     def _apply_caps(self, j: _Journal) -> None:
         while j.events and (len(j.events) > self.limits.max_events or j.bytes > self.limits.max_bytes):
@@ -165,6 +229,7 @@ class MemoryStore(SessionStore):
         lost_through: int = 0,
         items: Mapping[str, bytes] | None = None,
         drop_items: Sequence[str] = (),
+        quota: StateQuota | None = None,
     ) -> None:
         now = self._tick()
         rec = self._session(session_id, now)
@@ -187,7 +252,10 @@ class MemoryStore(SessionStore):
                     j.bytes += len(data)
                 j.last = max(j.last, seq)
             self._apply_caps(j)
+        if quota is not None:
+            rec.ttl_s = self._ttl_s(quota)
         self._touch(rec, now)
+        self._account(session_id, rec, quota, now)
 
     async def load_snapshot(self, session_id: str) -> bytes | None:
         rec = self._session(session_id, self._tick())
@@ -199,10 +267,15 @@ class MemoryStore(SessionStore):
             return None
         return rec.snapshot, dict(rec.items)
 
-    async def delete_session(self, session_id: str) -> None:
+    async def delete_session(self, session_id: str, *, quota: StateQuota | None = None) -> None:
         self._tick()
-        self._sessions.pop(session_id, None)
+        self._drop(session_id)
         self._leases.pop(session_id, None)
+
+    async def state_held(self, principal: str) -> StateHeld:
+        now = self._tick()
+        kept = len(self._kept(principal, now))  # (drops the expired first)
+        return StateHeld(self._held.get(principal, 0), len(self._ledger.get(principal, ())), kept)
 
     async def read_events(self, session_id: str, after_seq: int, limit: int | None = None) -> JournalRead:
         check_read_args(after_seq, limit)
@@ -220,7 +293,7 @@ class MemoryStore(SessionStore):
         first = j.events[0][0] if j.events else None
         return JournalRead(out, gap=after_seq < j.trimmed, first_seq=first, last_seq=j.last)
 
-    async def trim_events(self, session_id: str, up_to_seq: int) -> None:
+    async def trim_events(self, session_id: str, up_to_seq: int, *, quota: StateQuota | None = None) -> None:
         if up_to_seq < 0:
             raise ValueError("up_to_seq must be >= 0")
         now = self._tick()
@@ -232,37 +305,56 @@ class MemoryStore(SessionStore):
             j.bytes -= len(j.events.popleft()[1])
         j.trimmed = max(j.trimmed, up_to_seq)
         self._touch(rec, now)
+        self._account(session_id, rec, quota, now)
 
     # -- lease --
 
-    async def acquire(self, session_id: str, owner: str, ttl_ms: int) -> int:
+    async def acquire(
+        self, session_id: str, owner: str, ttl_ms: int, *, quota: StateQuota | None = None, new: bool = False
+    ) -> int:
         now = self._tick()
+        if quota is not None and new and quota.max_bytes:
+            self._forget_kept(quota, now, room=1)  # room for the new session: fewer than max_bytes
+            held = self._held.get(quota.principal, 0)
+            if held >= quota.max_bytes:
+                raise StateLimitExceeded(quota.principal, held, quota.max_bytes)
         rec = self._session(session_id, now)
         if rec is None:
             rec = self._sessions[session_id] = _Session(expires_at=now)
+        if quota is not None:
+            rec.ttl_s = self._ttl_s(quota)
         # Seeded from the wall clock when the counter is new, so a token issued
         # after the counter expired still beats every token issued before.
         seed = time.time_ns() // 1_000_000
         rec.fence = rec.fence + 1 if rec.fence is not None else seed
         self._leases[session_id] = _Lease(owner, rec.fence, now + ttl_ms / 1000)
         self._touch(rec, now)
+        self._account(session_id, rec, quota, now)
         return rec.fence
 
-    async def renew(self, session_id: str, owner: str, fence: int, ttl_ms: int) -> bool:
+    async def renew(
+        self, session_id: str, owner: str, fence: int, ttl_ms: int, *, quota: StateQuota | None = None
+    ) -> bool:
         now = self._tick()
         rec = self._session(session_id, now)
         if rec is None or rec.fence != fence:
             return False
         self._leases[session_id] = _Lease(owner, fence, now + ttl_ms / 1000)
+        if quota is not None:
+            rec.ttl_s = self._ttl_s(quota)
         self._touch(rec, now)
+        if quota is not None and rec.tenant != quota.principal:
+            self._account(session_id, rec, quota, now)
         return True
 
-    async def release(self, session_id: str, owner: str, fence: int) -> bool:
+    async def release(self, session_id: str, owner: str, fence: int, *, quota: StateQuota | None = None) -> bool:
         now = self._tick()
         rec = self._session(session_id, now)
         if rec is None or rec.fence != fence:
             return False
         self._leases.pop(session_id, None)
+        if quota is not None:
+            self._forget_kept(quota, now)  # one more kept session: the oldest beyond max_kept go
         return True
 
     async def owner_of(self, session_id: str) -> Owner | None:

@@ -22,6 +22,12 @@ key                        type     content and expiry
                                     conn id -> start (ms); 60 s TTL
 ``P t:{ph}:b:<kind>``      hash     a budget window: ``w`` (its number), ``used``
                                     (units given out); TTL two windows
+``P t:{ph}:state``         zset     the principal's sessions (StateQuota ledger):
+                                    session id -> when its state expires (ms)
+``P t:{ph}:held``          hash     session id -> bytes held (snapshot + items +
+                                    journal); ``_total``: their sum
+``P t:{ph}:leased``        zset     of them, the served: session id -> lease
+                                    expiry (ms); the others are *kept*
 =========================  =======  =============================================
 
 (``ph``: the first 16 hex of sha256(principal), so any principal makes a
@@ -80,10 +86,14 @@ from gateway.store.base import (
     Owner,
     QueuedSubscription,
     SessionStore,
+    StateHeld,
+    StateLimitExceeded,
+    StateQuota,
     StoreLimits,
     StoreUnavailable,
     Subscription,
     check_read_args,
+    ttl_ms,
 )
 
 log = logging.getLogger(__name__)
@@ -192,6 +202,8 @@ class RedisStore(SessionStore):
         self._refresh = self._redis.register_script(lua.REFRESH)
         self._take_budget = self._redis.register_script(lua.TAKE_BUDGET)
         self._return_budget = self._redis.register_script(lua.RETURN_BUDGET)
+        self._delete = self._redis.register_script(lua.DELETE)
+        self._state_held = self._redis.register_script(lua.STATE_HELD)
         self._subs: weakref.WeakSet[RedisSubscription] = weakref.WeakSet()
 
     # -- helpers --
@@ -199,6 +211,10 @@ class RedisStore(SessionStore):
     def _keys(self, session_id: str) -> dict[str, str]:
         base = f"{self._p}s:{{{session_id}}}:"
         return {k: base + k for k in ("fence", "lease", "snap", "log", "meta", "items")}
+
+    def _ledger(self, principal: str) -> list[str]:
+        """The keys of a principal's ledger (state, held, leased)."""
+        return [self._tenant_key(principal, what) for what in ("state", "held", "leased")]
 
     async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
         self.round_trips += 1
@@ -223,12 +239,13 @@ class RedisStore(SessionStore):
         lost_through: int = 0,
         items: Mapping[str, bytes] | None = None,
         drop_items: Sequence[str] = (),
+        quota: StateQuota | None = None,
     ) -> None:
         k = self._keys(session_id)
         items = items or {}
         args: list[Arg] = [
             fence,
-            self.limits.idle_ttl_ms,
+            ttl_ms(self.limits, quota),
             self.limits.max_events,
             self.limits.max_bytes,
             lost_through,
@@ -236,6 +253,10 @@ class RedisStore(SessionStore):
             snapshot or b"",
             len(items),
             len(drop_items),
+            session_id,
+            self._p,
+            quota.max_bytes if quota is not None else 0,
+            self.limits.idle_ttl_ms,
         ]
         for item_id, data in items.items():
             args.append(item_id)
@@ -245,6 +266,8 @@ class RedisStore(SessionStore):
             args.append(seq)
             args.append(data)
         keys = [k["fence"], k["snap"], k["log"], k["meta"], k["items"]]
+        if quota is not None:
+            keys += self._ledger(quota.principal)
         ok, current = await self._call(lambda: self._commit(keys=keys, args=args))
         if not ok:
             raise FencedError(session_id, fence, int(current) if current else None)
@@ -268,9 +291,18 @@ class RedisStore(SessionStore):
             return None
         return bytes(head), {(key.decode() if isinstance(key, bytes) else key): bytes(v) for key, v in items.items()}
 
-    async def delete_session(self, session_id: str) -> None:
+    async def delete_session(self, session_id: str, *, quota: StateQuota | None = None) -> None:
         keys = list(self._keys(session_id).values())
-        await self._call(lambda: self._redis.delete(*keys))
+        if quota is None:
+            await self._call(lambda: self._redis.delete(*keys))
+            return
+        keys += self._ledger(quota.principal)
+        await self._call(lambda: self._delete(keys=keys, args=[session_id]))
+
+    async def state_held(self, principal: str) -> StateHeld:
+        keys = self._ledger(principal)
+        held, sessions, kept = await self._call(lambda: self._state_held(keys=keys))
+        return StateHeld(int(held), int(sessions), int(kept))
 
     async def read_events(self, session_id: str, after_seq: int, limit: int | None = None) -> JournalRead:
         check_read_args(after_seq, limit)
@@ -294,46 +326,70 @@ class RedisStore(SessionStore):
             last_seq=int(last),
         )
 
-    async def trim_events(self, session_id: str, up_to_seq: int) -> None:
+    async def trim_events(self, session_id: str, up_to_seq: int, *, quota: StateQuota | None = None) -> None:
         if up_to_seq < 0:
             raise ValueError("up_to_seq must be >= 0")
         k = self._keys(session_id)
         keys = [k["fence"], k["log"], k["meta"]]
-        args: list[Arg] = [up_to_seq, self.limits.idle_ttl_ms]
+        args: list[Arg] = [up_to_seq, ttl_ms(self.limits, quota), session_id, self.limits.idle_ttl_ms]
+        if quota is not None:
+            keys += [k["snap"], k["items"], *self._ledger(quota.principal)]
         await self._call(lambda: self._trim(keys=keys, args=args))
 
     # -- lease --
 
-    def _lease_keys(self, session_id: str) -> list[str]:
+    def _lease_keys(self, session_id: str, quota: StateQuota | None = None) -> list[str]:
         k = self._keys(session_id)
-        return [k["fence"], k["lease"], k["snap"], k["log"], k["meta"]]
+        keys = [k["fence"], k["lease"], k["snap"], k["log"], k["meta"], k["items"]]
+        return keys if quota is None else keys + self._ledger(quota.principal)
 
-    async def acquire(self, session_id: str, owner: str, ttl_ms: int) -> int:
-        keys = self._lease_keys(session_id)
-        args: list[str | int] = [owner, int(ttl_ms), self.limits.idle_ttl_ms]
-        return int(await self._call(lambda: self._acquire(keys=keys, args=args)))
+    async def acquire(
+        self, session_id: str, owner: str, ttl_ms: int, *, quota: StateQuota | None = None, new: bool = False
+    ) -> int:
+        keys = self._lease_keys(session_id, quota)
+        args: list[Arg] = [owner, int(ttl_ms), _ttl(self.limits, quota)]
+        if quota is not None:
+            args += [session_id, self._p, quota.max_bytes, self.limits.idle_ttl_ms, 1 if new else 0]
+        ok, value = await self._call(lambda: self._acquire(keys=keys, args=args))
+        if not ok:
+            assert quota is not None
+            raise StateLimitExceeded(quota.principal, int(value), quota.max_bytes)
+        return int(value)
 
-    async def renew(self, session_id: str, owner: str, fence: int, ttl_ms: int) -> bool:
-        keys = self._lease_keys(session_id)
-        args: list[str | int] = [owner, fence, int(ttl_ms), self.limits.idle_ttl_ms]
+    def _renew_args(self, sid: str, owner: str, fence: int, lease_ms: int, quota: StateQuota | None) -> list[Arg]:
+        args: list[Arg] = [owner, fence, int(lease_ms), _ttl(self.limits, quota)]
+        return args if quota is None else [*args, sid, self.limits.idle_ttl_ms]
+
+    async def renew(
+        self, session_id: str, owner: str, fence: int, ttl_ms: int, *, quota: StateQuota | None = None
+    ) -> bool:
+        keys = self._lease_keys(session_id, quota)
+        args = self._renew_args(session_id, owner, fence, ttl_ms, quota)
         return bool(await self._call(lambda: self._renew(keys=keys, args=args)))
 
-    async def renew_many(self, owner: str, ttl_ms: int, leases: list[tuple[str, int]]) -> list[bool]:
+    async def renew_many(
+        self, owner: str, ttl_ms: int, leases: list[tuple[str, int]], quotas: Sequence[StateQuota | None] = ()
+    ) -> list[bool]:
         if not leases:
             return []
+        qs = list(quotas) or [None] * len(leases)
 
         async def run() -> list[Any]:
             pipe = self._redis.pipeline(transaction=False)  # one round trip, each renewal atomic on its own
-            for sid, fence in leases:
-                args: list[str | int] = [owner, fence, int(ttl_ms), self.limits.idle_ttl_ms]
-                await self._renew(keys=self._lease_keys(sid), args=args, client=pipe)  # queued, not sent
+            for (sid, fence), quota in zip(leases, qs, strict=True):
+                args = self._renew_args(sid, owner, fence, ttl_ms, quota)
+                await self._renew(keys=self._lease_keys(sid, quota), args=args, client=pipe)  # queued, not sent
             return await pipe.execute()
 
         return [bool(ok) for ok in await self._call(run)]
 
-    async def release(self, session_id: str, owner: str, fence: int) -> bool:
+    async def release(self, session_id: str, owner: str, fence: int, *, quota: StateQuota | None = None) -> bool:
         keys = self._lease_keys(session_id)[:2]
-        return bool(await self._call(lambda: self._release(keys=keys, args=[fence])))
+        args: list[Arg] = [fence]
+        if quota is not None:
+            keys += self._ledger(quota.principal)
+            args += [session_id, self._p, quota.max_bytes, quota.max_kept]
+        return bool(await self._call(lambda: self._release(keys=keys, args=args)))
 
     async def owner_of(self, session_id: str) -> Owner | None:
         key = self._keys(session_id)["lease"]
@@ -423,6 +479,10 @@ class RedisStore(SessionStore):
         for sub in list(self._subs):
             await sub.close()
         await self._redis.aclose()
+
+
+def _ttl(limits: StoreLimits, quota: StateQuota | None) -> int:
+    return ttl_ms(limits, quota)
 
 
 def _seq(entry_id: bytes) -> int:

@@ -36,7 +36,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from gateway.store.base import FencedError, SessionStore, StoreError, StoreUnavailable
+from gateway.store.base import FencedError, SessionStore, StateQuota, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,8 @@ class JournalWriter:
         # Called after each commit attempt with the highest seq it carried and whether
         # it was committed (False: the store failed; the batch is kept for a retry).
         on_flushed: Callable[[int, bool], None] | None = None,
+        # The principal the session belongs to: every commit keeps its ledger (base.StateQuota).
+        quota: StateQuota | None = None,
     ) -> None:
         limits = store.limits
         self.store = store
@@ -74,6 +76,7 @@ class JournalWriter:
         self.max_pending_bytes = max_pending_bytes or limits.max_bytes
         self.on_fenced = on_fenced
         self.on_flushed = on_flushed
+        self.quota = quota
         self.committed_seq = 0  # the highest seq the store holds from this writer
 
         self._events: deque[tuple[int, bytes]] = deque()
@@ -180,6 +183,7 @@ class JournalWriter:
                 lost_through=lost,
                 items=items,
                 drop_items=sorted(drops),
+                quota=self.quota,
             )
         except FencedError as exc:
             self.fenced = exc

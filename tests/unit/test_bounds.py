@@ -40,3 +40,18 @@ def test_too_many_values_in_one_event_is_refused() -> None:
 def test_the_audio_append_hot_path_is_not_walked() -> None:
     event = ce.decode('{"type": "input_audio_buffer.append", "audio": "AAAA", "extra": ' + nested(100) + "}")
     assert isinstance(event, ce.AudioAppend)
+
+
+def test_instructions_past_their_bound_are_refused_and_nothing_is_applied() -> None:
+    from gateway.protocol.bounds import MAX_INSTRUCTIONS_BYTES
+    from gateway.protocol.session_config import ConfigLimits, SessionConfig, apply_update
+
+    config = SessionConfig(model="m")
+    longest = "é" * (MAX_INSTRUCTIONS_BYTES // 2)  # two bytes each: exactly the bound
+    ga = {"type": "realtime", "instructions": longest}
+    assert apply_update(config, ga, beta=False, limits=ConfigLimits())[0].instructions == longest
+    for beta, update in ((False, {**ga, "instructions": longest + "a"}), (True, {"instructions": longest + "a"})):
+        with pytest.raises(ProtocolError) as refused:
+            apply_update(config, update, beta=beta, limits=ConfigLimits())
+        assert refused.value.code == "string_above_max_length" and refused.value.param == "session.instructions"
+        assert str(MAX_INSTRUCTIONS_BYTES) in refused.value.message

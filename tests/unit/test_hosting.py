@@ -26,6 +26,7 @@ from gateway.session import snapshot
 from gateway.session.events import STATE_EVENTS
 from gateway.session.session import RealtimeSession
 from gateway.session.snapshot import assemble
+from gateway.store.base import StateQuota
 from gateway.store.memory import MemoryStore
 from orchestrator.engines.passthrough import PassthroughEngine
 from orchestrator.metrics import Metrics
@@ -56,10 +57,11 @@ class RecordingStore(MemoryStore):
         lost_through: int = 0,
         items: Mapping[str, bytes] | None = None,
         drop_items: Sequence[str] = (),
+        quota: StateQuota | None = None,
     ) -> None:
         await self.gate.wait()
         await super().commit(session_id, fence=fence, events=events, snapshot=snapshot, lost_through=lost_through,
-                             items=items, drop_items=drop_items)  # fmt: skip
+                             items=items, drop_items=drop_items, quota=quota)  # fmt: skip
         self.commits += 1
         self.committed.update(seq for seq, _ in events)
         if snapshot is not None:

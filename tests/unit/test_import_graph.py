@@ -42,6 +42,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "gateway.routing",
             "gateway.settings",
             "gateway.logs",
+            "gateway.allocator",
         ),
     ),
     ("orchestrator", ("orchestrator.orchestrator", "orchestrator.metrics")),
