@@ -94,7 +94,9 @@ class Delivery:
         """Close after what is queued, and on a gated connection after what waits for its
         commit or is held back."""
         self.closing = True
-        if self.gated and (self._gate or self._held):
+        # (Held events, waiting for their commit, go out first on any connection: a drain closes
+        # right after the response.done that made the session idle, and the client should read it.)
+        if self._held is not None or (self.gated and self._gate):
             self._close_after_gate = (code, reason)
             asyncio.get_running_loop().call_later(GATE_CLOSE_WAIT_S, self._give_up)
             return

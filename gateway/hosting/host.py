@@ -251,7 +251,10 @@ class SessionHost:
         return token
 
     def receive(self, event: Any) -> None:
-        """One decoded client event of the session's dialect."""
+        """One decoded client event of the session's dialect. After a drain handed the
+        session over, none is handled: the client resumes elsewhere (README, *Drain*)."""
+        if self.drained:
+            return
         try:
             self.session.handle(event)
         except ProtocolError as err:
@@ -263,6 +266,8 @@ class SessionHost:
 
     def receive_audio(self, audio: bytes) -> None:
         """Input audio in the session's input format (a binary frame, a decoded track)."""
+        if self.drained:
+            return
         try:
             self.session.append_audio(audio, None)
         except ProtocolError as err:

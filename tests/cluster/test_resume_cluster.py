@@ -164,8 +164,9 @@ async def open_session(
 
 
 async def answer(rt: RealtimeClient, tape: Tape, hook: Hook | None = None) -> None:
-    """``response.create``, then read until an answer ends other than ``incomplete``/``replica_lost``
-    (which announces a re-issue); ``hook`` sees every event as it arrives."""
+    """``response.create``, then read until an answer ends other than ``incomplete`` with
+    ``gateway_reason`` ``replica_lost`` or ``drained`` (which announces a re-issue); ``hook``
+    sees every event as it arrives."""
     await rt.create_response()
     while True:
         event = await next_event(rt, tape)
@@ -174,7 +175,8 @@ async def answer(rt: RealtimeClient, tape: Tape, hook: Hook | None = None) -> No
         if event["type"] == "response.done":
             r = event["response"]
             if not (
-                r["status"] == "incomplete" and (r.get("status_details") or {}).get("gateway_reason") == "replica_lost"
+                r["status"] == "incomplete"
+                and (r.get("status_details") or {}).get("gateway_reason") in ("replica_lost", "drained")
             ):
                 return
 
@@ -214,10 +216,11 @@ def assert_exactly_once(tape: Tape, rt: RealtimeClient, *, resync_allowed: bool 
     assert not errors, f"error events: {errors}"
 
 
-def assert_answered(tape: Tape, responses_before: int = 0) -> str:
+def assert_answered(tape: Tape, responses_before: int = 0, cut_by: str = "replica_lost") -> str:
     """The answers after the first ``responses_before`` ones: one answer that completed whole
-    ("completed"), or an interrupted one (``incomplete``/``replica_lost``, a prefix of the words) and
-    its re-issue that completed whole ("reissued")."""
+    ("completed"), or an interrupted one (``incomplete``, ``gateway_reason`` ``cut_by``: a lost
+    replica, or a drain's window running out; a prefix of the words) and its re-issue that
+    completed whole ("reissued")."""
     done = [e["response"] for e in tape.of("response.done")][responses_before:]
     created = [e["response"]["id"] for e in tape.of("response.created")][responses_before:]
     assert done, f"no response.done; {tape.summary()}"
@@ -229,7 +232,7 @@ def assert_answered(tape: Tape, responses_before: int = 0) -> str:
     else:
         outcome = "reissued"
         assert first["status"] == "incomplete", first
-        assert (first.get("status_details") or {}).get("gateway_reason") == "replica_lost", first
+        assert (first.get("status_details") or {}).get("gateway_reason") == cut_by, first
         got = tape.words(first["id"])
         assert got == FULL_WORDS[: len(got)], f"the interrupted answer's words are not a prefix: {got}"
         assert len(done) == 2, f"expected the interrupted answer then its re-issue: {done}"
@@ -485,7 +488,7 @@ async def test_drained_replica_closes_1012_and_the_session_resumes_elsewhere(har
             assert trigger.fired, "the answer ended before the drain began"
             if not tape.of("session.resumed"):
                 await read_until(rt, tape, "session.resumed")  # the close comes after the answer
-            outcome = assert_answered(tape)
+            outcome = assert_answered(tape, cut_by="drained")
             assert drained_socket.close_code == 1012, (drained_socket.close_code, drained_socket.close_reason)
             assert 503 in readyz, f"/readyz of the draining replica: {readyz}"
             assert await cluster.await_exit(owner, 30) == 0
