@@ -84,6 +84,23 @@ async def test_an_image_that_does_not_decode_is_a_coded_error_before_vllm(vlm: V
     assert spy.sent == []
 
 
+async def test_an_image_of_too_many_pixels_is_refused_from_its_header() -> None:
+    """A tiny file may claim (and decode to) a huge image: refused before decoding."""
+    import struct
+    import zlib
+
+    from orchestrator.engines.images import MAX_IMAGE_PIXELS, decode_image
+
+    small = png(4, 3)
+    side = int(MAX_IMAGE_PIXELS**0.5) + 1
+    header = b"IHDR" + struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    bomb = small[:12] + header + struct.pack(">I", zlib.crc32(header)) + small[33:]  # IHDR: bytes 8-33
+    with pytest.raises(EngineError) as err:
+        decode_image(Image("image/png", bomb))
+    assert err.value.code == "invalid_image" and f"{side}x{side}" in err.value.message
+    assert decode_image(Image("image/png", small)).size == (4, 3)
+
+
 async def test_the_openai_sdk_sends_an_image_to_a_vllm_multimodal_model_through_the_gateway(vlm: VllmEngine) -> None:
     picture = png(40, 30, (10, 200, 30))
     engine = VllmEngine(vlm.model, llm=vlm.llm, sampling={"seed": 0})  # a view of the module's AsyncLLM
