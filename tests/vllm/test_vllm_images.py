@@ -20,7 +20,15 @@ from support.sdk_shapes import check_event
 from vllm_support import AddSpy, collect, fed, finished, idle, no_input
 
 from gateway.settings import Settings
-from orchestrator.engine import EngineError, Image, Message, ResponseRequest
+from orchestrator.engine import (
+    EngineError,
+    FunctionTool,
+    Image,
+    Message,
+    ResponseRequest,
+    ToolCallDelta,
+    ToolChoice,
+)
 from orchestrator.engines.vllm_engine import VllmEngine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
@@ -73,6 +81,23 @@ async def test_a_multimodal_model_takes_images_as_multi_modal_data_in_one_stream
     # Each image is <fake><global-img>, its 16 <image> tokens and <fake>; its placeholder was one token.
     assert done.usage.input_image_tokens == 3 * (IMAGE_TOKENS + 3)
     assert done.usage.input_tokens == len(first) + len(streamed)
+
+
+async def test_a_response_that_calls_a_tool_sends_the_images_with_its_one_request(vlm: VllmEngine) -> None:
+    """Tool responses are ordinary requests (started once the input is complete):
+    the images go with them, and with a streamed chunk joined to the image's turn."""
+    tool = FunctionTool("get_colour", "Name the colour", {"type": "object", "properties": {}})
+    request = ResponseRequest(
+        "r-image-tool", (Message("user", "What colour?", images=(image((0, 0, 255)),)),), modalities=("text",),
+        tools=(tool,), tool_choice=ToolChoice("function", "get_colour"),
+    )  # fmt: skip
+    with AddSpy(vlm) as spy:
+        outs = await collect(vlm.respond(request, fed(["Be quick."])))
+    finished(outs)
+    assert [o.name for o in outs if isinstance(o, ToolCallDelta) and o.name] == ["get_colour"]
+    ((sent, images),) = spy.prompts
+    assert images == ["image"] and sent.count(image_id(vlm)) == IMAGE_TOKENS
+    assert "What colour? Be quick." in vlm.tokenizer.decode(sent)
 
 
 async def test_an_image_that_does_not_decode_is_a_coded_error_before_vllm(vlm: VllmEngine) -> None:
