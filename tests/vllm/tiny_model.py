@@ -199,7 +199,13 @@ def write_tiny_idefics3(
         PreTrainedTokenizerFast,
     )
     from transformers.models.idefics3.configuration_idefics3 import Idefics3VisionConfig
-    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    try:  # transformers 5: the PIL backend has a class of its own (the default one needs torchvision)
+        from transformers.models.idefics3.image_processing_pil_idefics3 import (
+            Idefics3ImageProcessorPil as ImageProcessor,
+        )
+    except ImportError:  # transformers 4: the one image processor is the PIL one
+        from transformers import Idefics3ImageProcessor as ImageProcessor  # type: ignore[assignment]
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -241,7 +247,7 @@ def write_tiny_idefics3(
     model.generation_config.do_sample = True
     model.generation_config.top_k = 20
     model.save_pretrained(str(path), safe_serialization=True)
-    images = Idefics3ImageProcessorPil(
+    images = ImageProcessor(
         do_image_splitting=False,
         size={"longest_edge": image_size},
         max_image_size={"longest_edge": image_size},
