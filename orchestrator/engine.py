@@ -186,10 +186,11 @@ class Usage:
     input_audio_tokens: int = 0
     output_text_tokens: int = 0
     output_audio_tokens: int = 0
+    input_image_tokens: int = 0  # what a multimodal model's images became in its prompt
 
     @property
     def input_tokens(self) -> int:
-        return self.input_text_tokens + self.input_audio_tokens
+        return self.input_text_tokens + self.input_audio_tokens + self.input_image_tokens
 
     @property
     def output_tokens(self) -> int:

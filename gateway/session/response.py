@@ -113,6 +113,7 @@ class Response:
                 "input_token_details": {
                     "text_tokens": u.input_text_tokens,
                     "audio_tokens": u.input_audio_tokens,
+                    **({} if beta else {"image_tokens": u.input_image_tokens}),  # beta: no images, no field
                     "cached_tokens": 0,
                 },
                 "output_token_details": {"text_tokens": u.output_text_tokens, "audio_tokens": u.output_audio_tokens},

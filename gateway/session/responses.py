@@ -711,4 +711,5 @@ def _sum(a: Usage, b: Usage) -> Usage:
         a.input_audio_tokens + b.input_audio_tokens,
         a.output_text_tokens + b.output_text_tokens,
         a.output_audio_tokens + b.output_audio_tokens,
+        a.input_image_tokens + b.input_image_tokens,
     )

@@ -28,9 +28,22 @@ Limits, and what happens when they are hit:
 - ``max_model_len``: a conversation longer than it fails the response with
   ``invalid_request`` (vLLM's validation message); a response that runs into
   it finishes with reason ``length``.
-- text only: a response asking for audio fails with ``unsupported_modality``;
+- text out: a response asking for audio fails with ``unsupported_modality``;
   ``transcribe`` fails with ``unsupported`` (the cascade brings its own
   speech-to-text and can use this model as its thinker: ``VllmThinker``).
+- images in only where the model takes them: ``start`` asks vLLM once whether
+  the model is multimodal with an image modality and what its image
+  placeholder is (``image_placeholder``); then ``info.accepts_images`` is True
+  and each image of a user turn is a placeholder line before the turn's text
+  in the prompt, the images go with the first chunk as
+  ``multi_modal_data["image"]`` (PIL, in order) and vLLM expands each
+  placeholder into the model's image tokens (counted as ``input_image_tokens``;
+  ``detail`` is not used: the model's processor picks the resolution). A text
+  model keeps ``accepts_images`` False (the session refuses the part; a request
+  that carries images anyway fails with ``unsupported``). An image that does
+  not decode fails with ``invalid_image``; more images than the model's
+  ``limit_mm_per_prompt``, or image tokens past ``max_model_len``, fail with
+  ``invalid_request`` (vLLM's message).
 - an engine core that dies fails every running response with
   ``EngineError("engine_dead", fatal=True)`` and ``healthy()`` turns False.
 
@@ -48,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
@@ -61,6 +75,7 @@ from orchestrator.engine import (
     EngineOutput,
     Finished,
     FunctionTool,
+    Image,
     Message,
     ResponseRequest,
     TextChunk,
@@ -70,6 +85,7 @@ from orchestrator.engine import (
     TranscriptionRequest,
     Usage,
 )
+from orchestrator.engines.images import conversation_images, decode_image
 from orchestrator.engines.streams import failing
 from orchestrator.engines.vllm_tools import ToolCalling, chat_messages
 
@@ -129,7 +145,12 @@ def make_sampling(defaults: Mapping[str, Any], *, streaming: bool = True, **over
 
 
 def render_conversation(
-    tokenizer: Any, messages: Sequence[Message], instructions: str, tools: list[dict[str, Any]] | None = None
+    tokenizer: Any,
+    messages: Sequence[Message],
+    instructions: str,
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    image_placeholder: str | None = None,
 ) -> list[int]:
     """Token ids of the conversation, ready for the assistant's answer.
 
@@ -137,8 +158,9 @@ def render_conversation(
     ``tools`` for a template that renders them), tokenized without adding
     special tokens again. Without one: a ``role: text`` line per turn (calls
     as ``<tool_call>`` JSON) and a final ``assistant:``, tokenized with the
-    tokenizer's own special tokens (BOS)."""
-    chat = chat_messages(messages, instructions)
+    tokenizer's own special tokens (BOS). Each image of a turn is an
+    ``image_placeholder`` line before its text (None: images are left out)."""
+    chat = chat_messages(messages, instructions, image_placeholder)
     if getattr(tokenizer, "chat_template", None):
         kwargs = {"tools": tools} if tools else {}
         text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **kwargs)
@@ -148,6 +170,32 @@ def render_conversation(
         calls = "".join(f"<tool_call>{json.dumps(c['function'])}</tool_call>" for c in turn.get("tool_calls", ()))
         lines.append(f"{turn['role']}: {turn['content']}{calls}\n")
     return list(tokenizer.encode("".join(lines) + "assistant:"))
+
+
+def image_placeholder(model_config: Any) -> str | None:
+    """What stands for one image in this model's prompt, as vLLM's chat renderer
+    writes it (the model class's ``get_placeholder_str``), or None where the model
+    takes no images: a text model, a multimodal one without images or with
+    ``limit_mm_per_prompt`` 0 for them, or one whose processor places images
+    itself (no placeholder). vLLM internals, read once at start-up: where they
+    fail, the model is served text only (logged), never a failed start."""
+    if not getattr(model_config, "is_multimodal_model", False):
+        return None
+    try:
+        from vllm.model_executor.model_loader import get_model_cls
+
+        if model_config.multimodal_config.get_limit_per_prompt("image") == 0:
+            return None
+        placeholder = get_model_cls(model_config).get_placeholder_str("image", 1)
+    except ValueError:  # vLLM's answer for a modality the model does not have
+        return None
+    except Exception as exc:
+        log.warning("cannot tell whether %s takes images (%r): serving it text only", model_config.model, exc)
+        return None
+    if not isinstance(placeholder, str) or not placeholder:
+        log.warning("vLLM names no image placeholder for %s: serving it text only", model_config.model)
+        return None
+    return placeholder
 
 
 def _dead(exc: BaseException | None = None) -> EngineError:
@@ -170,7 +218,7 @@ def _start_failure(exc: Exception, args: Mapping[str, Any]) -> str:
 
 
 class VllmEngine:
-    """vLLM ``AsyncLLM`` in-process; text in, text out.
+    """vLLM ``AsyncLLM`` in-process; text (and images, for a multimodal model) in, text out.
 
     ``model``: a local path (or hub name, where the hub is reachable).
     ``dtype``: ``float32`` by default (the CPU build crashed on a bf16 first
@@ -210,10 +258,7 @@ class VllmEngine:
         make_sampling(self.sampling)  # a bad default fails now, not on the first response
         self.info = EngineInfo(
             name="vllm",
-            description=(
-                f"vLLM AsyncLLM in-process serving {model} (text only): each response is one "
-                "resumable streaming-input request; streamed text extends it."
-            ),
+            description=self._description(images=False),
             voices=(),
             default_voice=None,
             transcription_models=(),
@@ -223,11 +268,20 @@ class VllmEngine:
         self._llm: Any = llm
         self._owns_llm = llm is None
         self._tokenizer: Any = None
+        self._image_placeholder: str | None = None  # set by start for a model that takes images
+        self._placeholder_tokens = 0  # the placeholder's length in tokens
         self._model_sampling: dict[str, Any] = {}
         self._start_lock = asyncio.Lock()
         self._closed = False
         self._dead = False
         self.active: set[str] = set()  # request ids being served (tests check for leaks)
+
+    def _description(self, *, images: bool) -> str:
+        kind = "text and images in, text out" if images else "text only"
+        return (
+            f"vLLM AsyncLLM in-process serving {self.model} ({kind}): each response is one "
+            "resumable streaming-input request; streamed text extends it."
+        )
 
     @property
     def llm(self) -> Any:
@@ -269,6 +323,13 @@ class VllmEngine:
             # The model's generation_config.json sampling defaults, as `vllm serve` applies them.
             self._model_sampling = dict(self._llm.model_config.get_diff_sampling_param())
             self._tokenizer = self._llm.get_tokenizer()
+            placeholder = image_placeholder(self._llm.model_config)
+            if placeholder is not None:
+                self._image_placeholder = placeholder
+                self._placeholder_tokens = len(self._tokenizer.encode(placeholder, add_special_tokens=False))
+                self.info = dataclasses.replace(
+                    self.info, accepts_images=True, description=self._description(images=True)
+                )
 
     async def close(self) -> None:
         if self._closed:
@@ -342,6 +403,10 @@ class VllmEngine:
                 raise EngineError(
                     "unsupported_modality", "the vllm engine produces text only; set output_modalities to ['text']"
                 )
+            if self._image_placeholder is None and conversation_images(request.messages):
+                raise EngineError(
+                    "unsupported", f"model {self.model!r} takes no images (the vllm engine serves it text only)"
+                )
             params = self.sampling_params(request)
             if request.request_id in self.active:
                 raise EngineError("duplicate_request", f"request {request.request_id!r} is already running")
@@ -351,6 +416,31 @@ class VllmEngine:
         except EngineError as exc:
             return failing(exc)
         return self._respond(request, params, inputs)
+
+    def _render(
+        self, messages: Sequence[Message], instructions: str, tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        return render_conversation(
+            self._tokenizer, messages, instructions, tools, image_placeholder=self._image_placeholder
+        )
+
+    async def _engine_input(self, prompt_ids: list[int], images: Sequence[Image]) -> Any:
+        """The prompt as vLLM takes it: token ids, with the decoded images (decoded in a
+        thread: a large PNG takes a while) as ``multi_modal_data``."""
+        from vllm.inputs import TokensPrompt, tokens_input
+
+        if not images:
+            return tokens_input(prompt_ids)
+        decoded = await asyncio.to_thread(lambda: [decode_image(image) for image in images])
+        return TokensPrompt(prompt_token_ids=prompt_ids, multi_modal_data={"image": decoded})
+
+    def _usage_in(self, rendered: int, expanded: int | None, images: int) -> tuple[int, int]:
+        """(text tokens, image tokens) of a prompt of ``rendered`` tokens that vLLM
+        expanded to ``expanded`` (its first output's ``prompt_token_ids``)."""
+        if not images or expanded is None:
+            return rendered, 0
+        placeholders = images * self._placeholder_tokens
+        return rendered - placeholders, expanded - rendered + placeholders
 
     def _check_ready(self) -> None:
         if self._failed():
@@ -367,11 +457,14 @@ class VllmEngine:
         rid = request.request_id
         llm, tokenizer = self._llm, self._tokenizer
         limit: int | None = request.max_output_tokens
-        prompt_ids = render_conversation(tokenizer, request.messages, request.instructions)
+        prompt_ids = self._render(request.messages, request.instructions)
+        images = conversation_images(request.messages)
+        first = await self._engine_input(prompt_ids, images)
         counts = {"input": len(prompt_ids), "output": 0}
+        expanded: int | None = None  # the first chunk's length once vLLM expanded its images
 
         async def chunks() -> AsyncGenerator[Any, None]:
-            yield StreamingInput(prompt=tokens_input(prompt_ids))
+            yield StreamingInput(prompt=first)
             async for chunk in inputs:
                 if not isinstance(chunk, TextChunk) or not chunk.text:
                     continue  # text only: speech reaches a response already transcribed
@@ -392,6 +485,8 @@ class VllmEngine:
         try:
             async with contextlib.aclosing(llm.generate(chunks(), params, rid)) as outputs:
                 async for out in outputs:
+                    if expanded is None and out.prompt_token_ids is not None:
+                        expanded = len(out.prompt_token_ids)
                     completion = out.outputs[0]
                     ids, delta = list(completion.token_ids), completion.text
                     if limit is not None and counts["output"] + len(ids) >= limit:
@@ -418,10 +513,15 @@ class VllmEngine:
                 # Cancelled, failed, closed early or cut at the limit: the request
                 # may still be running (or waiting for more input) in vLLM.
                 await self.abort(rid)
+        text_in, image_in = self._usage_in(len(prompt_ids), expanded, len(images))
         yield Finished(
             reason=reason,
             text="".join(text),
-            usage=Usage(input_text_tokens=counts["input"], output_text_tokens=counts["output"]),
+            usage=Usage(
+                input_text_tokens=counts["input"] - len(prompt_ids) + text_in,
+                input_image_tokens=image_in,
+                output_text_tokens=counts["output"],
+            ),
         )
 
     async def _respond_with_tools(
@@ -435,28 +535,33 @@ class VllmEngine:
             if isinstance(chunk, TextChunk) and chunk.text:
                 last = messages[-1] if messages else None
                 if last is not None and last.role == "user":
-                    messages[-1] = Message("user", f"{last.text} {chunk.text}".strip())
+                    messages[-1] = dataclasses.replace(last, text=f"{last.text} {chunk.text}".strip())
                 else:
                     messages.append(Message("user", chunk.text))
         params = params.clone()
         params.structured_outputs = tools.structured_outputs
         params.skip_special_tokens = tools.skip_special_tokens
-        prompt = render_conversation(self._tokenizer, messages, request.instructions, tools.chat_tools or None)
-        async for out in self._generate(request.request_id, prompt, params, tools.feed):
+        prompt = self._render(messages, request.instructions, tools.chat_tools or None)
+        images = conversation_images(messages)
+        async for out in self._generate(request.request_id, prompt, params, tools.feed, images):
             yield out
 
-    async def _generate(self, rid: str, prompt: list[int], params: Any, read: Any) -> AsyncIterator[EngineOutput]:
+    async def _generate(
+        self, rid: str, prompt: list[int], params: Any, read: Any, images: Sequence[Image] = ()
+    ) -> AsyncIterator[EngineOutput]:
         """One ordinary request: ``read(delta_text, token_ids)`` turns each piece into outputs."""
-        from vllm.inputs import tokens_input
-
+        engine_input = await self._engine_input(prompt, images)
         text: list[str] = []
         output_tokens = 0
+        expanded: int | None = None
         reason: Literal["stop", "length"] = "stop"
         done = False
         self.active.add(rid)
         try:
-            async with contextlib.aclosing(self._llm.generate(tokens_input(prompt), params, rid)) as outputs:
+            async with contextlib.aclosing(self._llm.generate(engine_input, params, rid)) as outputs:
                 async for out in outputs:
+                    if expanded is None and out.prompt_token_ids is not None:
+                        expanded = len(out.prompt_token_ids)
                     completion = out.outputs[0]
                     output_tokens += len(completion.token_ids)
                     reason = "length" if completion.finish_reason == "length" else "stop"
@@ -471,10 +576,11 @@ class VllmEngine:
             self.active.discard(rid)
             if not done:
                 await self.abort(rid)
+        text_in, image_in = self._usage_in(len(prompt), expanded, len(images))
         yield Finished(
             reason=reason,
             text="".join(text),
-            usage=Usage(input_text_tokens=len(prompt), output_text_tokens=output_tokens),
+            usage=Usage(input_text_tokens=text_in, input_image_tokens=image_in, output_text_tokens=output_tokens),
         )
 
 

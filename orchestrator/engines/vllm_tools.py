@@ -45,13 +45,20 @@ from orchestrator.engine import (
 )
 
 
-def chat_messages(messages: Sequence[Message], instructions: str) -> list[dict[str, Any]]:
+def chat_messages(
+    messages: Sequence[Message], instructions: str, image_placeholder: str | None = None
+) -> list[dict[str, Any]]:
     """The conversation as chat-template messages (OpenAI chat format, which HF
     templates read): assistant calls as ``tool_calls`` (arguments as objects
-    where they parse), results as ``tool`` messages."""
+    where they parse), results as ``tool`` messages. A turn's images become
+    ``image_placeholder`` lines before its text, as vLLM renders a string-content
+    template's images (None: images are left out)."""
     chat: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     for m in messages:
-        entry: dict[str, Any] = {"role": m.role, "content": m.text}
+        content = m.text
+        if m.images and image_placeholder is not None:
+            content = "\n".join([image_placeholder] * len(m.images) + ([m.text] if m.text else []))
+        entry: dict[str, Any] = {"role": m.role, "content": content}
         if m.tool_calls:
             entry["tool_calls"] = [
                 {

@@ -16,6 +16,7 @@ from orchestrator.engine import (
     EngineError,
     EngineInput,
     EngineOutput,
+    Image,
     Message,
     ResponseRequest,
     TextChunk,
@@ -53,6 +54,7 @@ async def test_engine_satisfies_the_protocol_and_is_text_only(vllm_engine: VllmE
     assert info.modalities == ("text",)
     assert info.voices == () and info.transcription_models == ()
     assert vllm_engine.model in info.description
+    assert not info.accepts_images and "text only" in info.description
 
 
 async def test_a_conversation_streams_text_deltas_then_one_finished(vllm_engine: VllmEngine) -> None:
@@ -139,6 +141,19 @@ async def test_audio_output_is_refused_before_reaching_vllm(vllm_engine: VllmEng
         with pytest.raises(EngineError) as err:
             await collect(vllm_engine.respond(request("r-audio", modalities=("audio",)), no_input()))
     assert err.value.code == "unsupported_modality"
+    assert spy.sent == []
+
+
+async def test_images_to_a_text_model_are_refused_before_reaching_vllm(vllm_engine: VllmEngine) -> None:
+    """The session never sends them (accepts_images is False); an engine given them anyway says so."""
+    from support.images import png
+
+    picture = Image("image/png", png())
+    req = ResponseRequest("r-image", (Message("user", "Look", images=(picture,)),), modalities=("text",))
+    with AddSpy(vllm_engine) as spy:
+        with pytest.raises(EngineError) as err:
+            await collect(vllm_engine.respond(req, no_input()))
+    assert err.value.code == "unsupported" and "takes no images" in err.value.message
     assert spy.sent == []
 
 

@@ -95,6 +95,22 @@ async def test_an_audio_response_fails_with_a_coded_error(gw: RunningGateway) ->
         assert done["response"]["status_details"]["error"]["code"] == "unsupported_modality"
 
 
+async def test_an_image_to_a_text_model_is_refused_naming_the_part(gw: RunningGateway) -> None:
+    from support.images import data_url, png
+
+    async with connect(gw.url) as c:
+        await text_session(c)
+        content = [{"type": "input_text", "text": "Look"}, {"type": "input_image", "image_url": data_url(png())}]
+        item = {"type": "message", "role": "user", "content": content}
+        await c.send({"type": "conversation.item.create", "item": item, "event_id": "evt_img"})
+        error = (await c.wait_for("error"))["error"]
+        assert (error["code"], error["param"], error["event_id"]) == ("unsupported", "item.content[1]", "evt_img")
+        # The session goes on, and the model still answers text.
+        await say(c, "Hello.")
+        done, _ = await respond(c)
+        assert done["response"]["status"] == "completed"
+
+
 async def test_response_cancel_mid_generation_aborts_the_vllm_request(vllm_engine: VllmEngine) -> None:
     from vllm_support import idle
 

@@ -10,6 +10,8 @@ sampling defaults keep the top 20 tokens), and the rows of "." and of the
 end-of-sequence token are scaled up so that sentences and answers end now and
 then (most answers end within 20-150 tokens).
 
+``write_tiny_idefics3`` writes a multimodal one the same way (Idefics3: images in).
+
 Run as a script to write one: ``python tests/vllm/tiny_model.py DIR [--hidden 512 --layers 4]``.
 """
 
@@ -18,7 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 SPECIAL = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
 # Tools render as a system turn listing them (Hermes-style), an assistant's calls as
@@ -58,8 +62,9 @@ def corpus(sentences: int = 3000, seed: int = 0) -> list[str]:
     return out
 
 
-def write_tokenizer(path: Path, vocab_size: int = 1000) -> int:
-    """Trains and saves the tokenizer; returns its vocabulary size."""
+def write_tokenizer(path: Path, vocab_size: int = 1000, extra_special: Sequence[str] = ()) -> int:
+    """Trains and saves the tokenizer (with ``extra_special`` tokens added to
+    ``SPECIAL``); returns its vocabulary size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -68,7 +73,7 @@ def write_tokenizer(path: Path, vocab_size: int = 1000) -> int:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL,
+        special_tokens=[*SPECIAL, *extra_special],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -78,12 +83,31 @@ def write_tokenizer(path: Path, vocab_size: int = 1000) -> int:
         unk_token="<unk>",
         bos_token="<s>",
         eos_token="</s>",
-        additional_special_tokens=SPECIAL[3:],
+        additional_special_tokens=[*SPECIAL[3:], *extra_special],
         chat_template=CHAT_TEMPLATE,
         model_max_length=4096,
     )
     fast.save_pretrained(str(path))
     return len(fast)
+
+
+def shape_head(
+    head: Any, ids: dict[str, int], hidden: int, period_boost: float, eos_boost: float, logit_scale: float
+) -> None:
+    """Only whole words (with their leading space), "." and the end of sequence
+    keep LM-head rows; the others get zero logits, below the top_k best, so the
+    output reads as (random) words."""
+    import torch
+
+    with torch.no_grad():
+        keep = torch.zeros(head.shape[0], dtype=torch.bool)
+        for token, i in ids.items():
+            if token.startswith("\u0120") and token[1:] in _WORDS:  # \u0120: byte-level space
+                keep[i] = True
+        head.normal_(0.0, logit_scale / hidden**0.5)
+        head[~keep] = 0.0
+        head[ids["."]].normal_(0.0, period_boost * logit_scale / hidden**0.5)
+        head[ids["</s>"]].normal_(0.0, eos_boost * logit_scale / hidden**0.5)
 
 
 def write_tiny_llama(
@@ -134,24 +158,103 @@ def write_tiny_llama(
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.float32).eval()
-    with torch.no_grad():
-        # Only whole words (with their leading space), "." and the end of
-        # sequence keep LM-head rows; the others get zero logits, below the
-        # top_k best, so the output reads as (random) words.
-        head = model.lm_head.weight
-        keep = torch.zeros(head.shape[0], dtype=torch.bool)
-        for token, i in ids.items():
-            if token.startswith("\u0120") and token[1:] in _WORDS:  # \u0120: byte-level space
-                keep[i] = True
-        head.normal_(0.0, logit_scale / hidden**0.5)
-        head[~keep] = 0.0
-        head[ids["."]].normal_(0.0, period_boost * logit_scale / hidden**0.5)
-        head[ids["</s>"]].normal_(0.0, eos_boost * logit_scale / hidden**0.5)
+    shape_head(model.lm_head.weight, ids, hidden, period_boost, eos_boost, logit_scale)
     # Sampling defaults vLLM applies from generation_config.json: only the top
     # words, so the zero-logit pieces are never sampled.
     model.generation_config.do_sample = True
     model.generation_config.top_k = top_k
     model.save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
+# The image tokens Idefics3's processor looks up (vLLM expands each <image> in a prompt).
+IDEFICS3_SPECIAL = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
+
+
+def write_tiny_idefics3(
+    path: str | Path,
+    *,
+    hidden: int = 128,
+    layers: int = 2,
+    heads: int = 4,
+    image_size: int = 64,
+    patch_size: int = 8,
+    scale_factor: int = 2,
+    seed: int = 0,
+) -> Path:
+    """Writes a random-weight Idefics3 (SmolVLM's architecture: a SigLIP-like
+    vision tower, a pixel-shuffle connector and a Llama text model) to ``path``:
+    the tokenizer above plus Idefics3's image tokens, its PIL image processor
+    (no torchvision: vLLM's CPU install has none) without image splitting, and
+    the text model's LM head shaped as the tiny Llama's. Each image becomes
+    ``(image_size / patch_size)**2 / scale_factor**2`` ``<image>`` tokens (16 by
+    default) whatever its size (resized to ``image_size`` on its longest edge).
+    """
+    import torch
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3Processor,
+        LlamaConfig,
+        PreTrainedTokenizerFast,
+    )
+    from transformers.models.idefics3.configuration_idefics3 import Idefics3VisionConfig
+
+    try:  # transformers 5: the PIL backend has a class of its own (the default one needs torchvision)
+        from transformers.models.idefics3.image_processing_pil_idefics3 import (
+            Idefics3ImageProcessorPil as ImageProcessor,
+        )
+    except ImportError:  # transformers 4: the one image processor is the PIL one
+        from transformers import Idefics3ImageProcessor as ImageProcessor  # type: ignore[assignment]
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(path, extra_special=IDEFICS3_SPECIAL)
+    ids = json.loads((path / "tokenizer.json").read_text())["model"]["vocab"]
+    text = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=2048,
+        bos_token_id=ids["<s>"],
+        eos_token_id=ids["</s>"],
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    # Head size 32 (hidden / heads), as vLLM's CPU attention needs.
+    vision = Idefics3VisionConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=image_size,
+        patch_size=patch_size,
+    )
+    config = Idefics3Config(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        image_token_id=ids["<image>"],
+        scale_factor=scale_factor,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = Idefics3ForConditionalGeneration(config).to(torch.float32).eval()
+    shape_head(model.lm_head.weight, ids, hidden, 4.0, 6.0, 1.5)
+    model.generation_config.do_sample = True
+    model.generation_config.top_k = 20
+    model.save_pretrained(str(path), safe_serialization=True)
+    images = ImageProcessor(
+        do_image_splitting=False,
+        size={"longest_edge": image_size},
+        max_image_size={"longest_edge": image_size},
+    )
+    seq_len = (image_size // patch_size) ** 2 // scale_factor**2
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+    Idefics3Processor(images, tokenizer, image_seq_len=seq_len, chat_template=CHAT_TEMPLATE).save_pretrained(str(path))
     return path
 
 

@@ -59,15 +59,20 @@ async def idle(engine: VllmEngine, timeout: float = 10.0) -> None:
 
 
 class AddSpy:
-    """Records every request the AsyncLLM sends its engine core: (id, resumable)."""
+    """Records every request the AsyncLLM sends its engine core: (id, resumable), and
+    its prompt as sent: (token ids, placeholders expanded; modality of each
+    ``mm_features`` entry). Copied: vLLM extends a streaming request's list in place."""
 
     def __init__(self, engine: VllmEngine) -> None:
         self.core = engine.llm.engine_core
         self.sent: list[tuple[str, bool]] = []
+        self.prompts: list[tuple[list[int], list[str]]] = []
         self._orig = self.core.add_request_async
 
     async def _add(self, request: Any) -> Any:
         self.sent.append((request.request_id, bool(request.resumable)))
+        features = [f.modality for f in request.mm_features or ()]
+        self.prompts.append((list(request.prompt_token_ids or ()), features))
         return await self._orig(request)
 
     def __enter__(self) -> AddSpy:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import io
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,13 +20,13 @@ from orchestrator.engine import (
     EngineInput,
     EngineOutput,
     Finished,
-    Image,
     ResponseRequest,
     TextChunk,
     TextDelta,
     TranscriptionRequest,
     Usage,
 )
+from orchestrator.engines.images import conversation_images, decode_image
 from orchestrator.engines.omni.client import OmniClient, OmniClientUser, RequestState, aclose_quietly
 from orchestrator.engines.omni.video import OmniVideoEngine
 from orchestrator.engines.streams import InputReader, failing
@@ -202,17 +201,6 @@ class _OutputMapper:
         )
 
 
-def decode_image(image: Image) -> Any:
-    """An input image as vLLM's multimodal processors take it: a PIL image, in RGB."""
-    from PIL import Image as PILImage  # vLLM's own dependency: present wherever AsyncOmni is
-
-    try:
-        with PILImage.open(io.BytesIO(image.data)) as opened:
-            return opened.convert("RGB")
-    except Exception as exc:  # a file that starts as PNG/JPEG but does not decode
-        raise EngineError("invalid_image", f"an input image ({image.mime}) could not be decoded: {exc}") from exc
-
-
 def chatml(messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
     """ChatML, the template of the Qwen family (the fallback renderer)."""
     out = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
@@ -381,7 +369,7 @@ class OmniEngine(OmniClientUser):
 
     def _prompt(self, text: str, request: ResponseRequest) -> dict[str, Any]:
         prompt: dict[str, Any] = {"prompt": text}
-        images = [image for m in request.messages for image in m.images]
+        images = conversation_images(request.messages)
         if images and self.image_placeholder:
             prompt["multi_modal_data"] = {"image": [decode_image(image) for image in images]}
         voice = request.voice or self.info.default_voice

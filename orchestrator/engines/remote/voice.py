@@ -137,10 +137,14 @@ def usage_of(raw: Any) -> Usage:
     inp = raw.get("input_token_details") or {}
     out = raw.get("output_token_details") or {}
     in_audio = int(inp.get("audio_tokens") or 0)
+    in_image = int(inp.get("image_tokens") or 0)
     out_audio = int(out.get("audio_tokens") or 0)
     return Usage(
-        input_text_tokens=int(inp.get("text_tokens", max(0, int(raw.get("input_tokens") or 0) - in_audio)) or 0),
+        input_text_tokens=int(
+            inp.get("text_tokens", max(0, int(raw.get("input_tokens") or 0) - in_audio - in_image)) or 0
+        ),
         input_audio_tokens=in_audio,
+        input_image_tokens=in_image,
         output_text_tokens=int(out.get("text_tokens", max(0, int(raw.get("output_tokens") or 0) - out_audio)) or 0),
         output_audio_tokens=out_audio,
     )
