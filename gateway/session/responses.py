@@ -205,7 +205,7 @@ class Responses:
                 event_id=event_id,
             )
         in_conversation = params.conversation == "auto"
-        if in_conversation and (self.current is not None or self.answering()):
+        if in_conversation and self.answering():
             raise ProtocolError(
                 Code.RESPONSE_ACTIVE,
                 f"Conversation already has an active response {self.current.id if self.current else '(starting)'!r}; "
