@@ -46,7 +46,7 @@ def test_the_image_installs_what_the_readme_installs() -> None:
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     installs = [line for line in dockerfile.splitlines() if "pip install" in line and "'." in line]
     assert len(installs) == 1, installs
-    assert extras(installs[0]) == extras(readme_first_command()) == {"cpu", "video", "webrtc"}
+    assert extras(installs[0]) == extras(readme_first_command()) == {"cpu", "video", "webrtc", "mcp"}
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras(installs[0]) <= declared.keys()
     torch = re.search(r"'torch==([\d.]+)'", readme_first_command())
