@@ -77,7 +77,9 @@ async def test_speech_over_an_answer_already_written_cuts_the_track_and_truncate
             assert done is not None and done["response"]["status"] == "completed"
             item_id = done["response"]["output"][0]["id"]
             assert call.track.playing is not None  # written, still playing
-            await wait_for(lambda: first("conversation.item.truncated") is not None, "the barge-in")
+            # (each event is its own data channel message: wait for both, not the first of them)
+            await wait_for(lambda: first("conversation.item.truncated") is not None
+                           and first("output_audio_buffer.cleared") is not None, "the barge-in")  # fmt: skip
             sent_then = call.track.sent_ms(item_id)
             truncated = first("conversation.item.truncated")
             cleared = first("output_audio_buffer.cleared")
