@@ -358,13 +358,16 @@ class Runtime:
         return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal, quota=quota)
 
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
-        """A session taken over from the store, rebuilt on this replica's engine (in its dialect)."""
+        """A session taken over from the store, rebuilt on this replica's engine (in its dialect)
+        from its snapshot's head: its conversation is loaded once the resume is answered
+        (``SessionHost.load_conversation``)."""
         found = self.route(state["config"]["model"])
         if found is None:
             raise ProtocolError(Code.MODEL_NOT_FOUND, "This session's model is not served here any more.")
         engine, orch = found
         cls = DuplexSession if state.get("dialect") == "duplex" else RealtimeSession
-        return cls.restore(state, engine=engine.info, **self._session_kwargs(state["id"])), orch
+        session = cls.restore(state, engine=engine.info, conversation=False, **self._session_kwargs(state["id"]))
+        return session, orch
 
     @property
     def serves_video(self) -> bool:

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from gateway.hosting.claim import realtime_head
 from gateway.hosting.context import HostContext
 from gateway.hosting.delivery import Delivery
 from gateway.hosting.door import Door, Pending
@@ -33,7 +34,6 @@ from gateway.hosting.host import SessionHost
 from gateway.hosting.peer import Peer
 from gateway.protocol.dialects import GA
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
-from gateway.session.snapshot import assemble
 from gateway.store.base import StoreError, replica_channel
 
 log = logging.getLogger("omni.calls")
@@ -60,13 +60,8 @@ async def principal_of(ctx: HostContext, session_id: str) -> str | None:
     host = ctx.hosts.get(session_id)
     if isinstance(host, SessionHost):
         return None if host.ended else host.principal
-    stored = await ctx.store.load_session(session_id)
-    if stored is None:
-        return None
-    try:
-        principal = assemble(*stored).get("principal")
-    except (ValueError, KeyError):
-        return None  # not a realtime session (a video's registration)
+    head = realtime_head(await ctx.store.load_snapshot(session_id))  # (not a video's registration)
+    principal = head.get("principal") if head is not None else None
     return principal if isinstance(principal, str) else None
 
 

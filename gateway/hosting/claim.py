@@ -51,9 +51,8 @@ class Claim:
         must be able to use it anywhere before it learns it) and, for a session live
         here, what is pending; then the journal after the client's seq. Call it once
         the peer is attached."""
-        writer = self.host.writer
-        writer.set_snapshot(self.host.snapshot_bytes())
-        await writer.flush()
+        self.host.save_snapshot()
+        await self.host.writer.flush()
         if self._read is None:
             self._read = await self.host.ctx.store.read_events(self.host.id, after_seq=self._after)
         return self._read
@@ -76,7 +75,9 @@ async def claim(
         held = Held(host.token_hash, host.principal, host.session.seq, live=True)
         _raise(admit(held, event, principal), event)
         return Claim(host, held, recovered=False, _read=None, _after=last)
-    state = realtime_state(await ctx.store.load_session(sid))
+    # The snapshot's head only: what admitting and answering the resume need. The
+    # conversation is read once the resume is answered (SessionHost.load_conversation).
+    state = realtime_head(await ctx.store.load_snapshot(sid))
     found = Held.from_snapshot(state) if state is not None else None
     _raise(admit(found, event, principal), event)
     assert state is not None and found is not None
@@ -94,22 +95,23 @@ async def claim(
     session.seq = max(top_seq(found, read), last)
     host = SessionHost(
         ctx, session, orchestrator=orchestrator, principal=found.principal, token_hash=found.token_hash, fence=fence,
-        quota=quota,
+        quota=quota, head=state,
     )  # fmt: skip
     return Claim(host, found, recovered=True, _read=read, _after=last,
                  reason="drained" if state.get("ended_by") == "drain" else "replica_lost")  # fmt: skip
 
 
-def realtime_state(stored: tuple[bytes, dict[str, bytes]] | None) -> dict[str, Any] | None:
-    """The state of a realtime session from its snapshot and item records, or None:
-    nothing stored, or the snapshot of something else under that id (a video
-    session's registration)."""
-    if stored is None:
+def realtime_head(head: bytes | None) -> dict[str, Any] | None:
+    """The head of a realtime session's snapshot (all but its item records), or None:
+    nothing stored, or the snapshot of something else under that id (a video session's
+    registration)."""
+    if head is None:
         return None
     try:
-        return snapshot.assemble(*stored)
-    except (ValueError, KeyError):  # not JSON, not a realtime snapshot (no "v", another version)
+        state = snapshot.loads(head)
+    except ValueError:  # not JSON, not a realtime snapshot (no "v", another version)
         return None
+    return state if "item_ids" in state or "items" in state else None
 
 
 def _raise(refusal: Refusal | None, event: ce.SessionResume) -> None:

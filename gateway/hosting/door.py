@@ -78,7 +78,8 @@ class Sessions(Protocol):
         quota has no room for it)."""
 
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
-        """A session rebuilt from its snapshot on this replica (a takeover); raises
+        """A session rebuilt from its snapshot's head on this replica (a takeover), its
+        conversation not yet loaded (``SessionHost.load_conversation``); raises
         ProtocolError (model_not_found) when its model is not served here."""
 
 

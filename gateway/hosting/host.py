@@ -99,8 +99,12 @@ class SessionHost:
         token_hash: str,  # of the current resume token ("": none is valid until rotate_token)
         fence: int,
         quota: StateQuota | None = None,  # what the store may keep of the principal's sessions
+        head: dict[str, Any] | None = None,  # a session restored without its conversation: its snapshot
     ) -> None:
         self.ctx = ctx
+        # Until load_conversation: the snapshot the session was restored from (its snapshots
+        # are this one, re-keyed, so that nothing of the conversation not yet read is lost).
+        self._head = head
         self.quota = quota
         self.session = session
         self.orchestrator = orchestrator  # the one of the session's engine
@@ -397,10 +401,10 @@ class SessionHost:
     def idle(self) -> bool:
         """Between answers and turns: handing the session over now cuts nothing (no
         response running or waiting to start, no user audio buffered, no transcription
-        or MCP listing under way)."""
+        or MCP listing under way), and the conversation of a restored session is read."""
         session = self.session
         responses = session.responses
-        return not (
+        return self._head is None and not (
             responses.answering()
             or responses.out_of_band
             or session.input_audio.is_open
@@ -449,12 +453,45 @@ class SessionHost:
                 door.delivery.release(0)
 
     def snapshot_bytes(self, *, with_items: bool = True) -> bytes:
-        state = self.session.snapshot_state(with_items=with_items)
+        if self._head is not None:
+            # The conversation is not read yet: the store's snapshot stands, with what the
+            # claim changed (the seq, the rotated token).
+            state = {**self._head, "seq": self.session.seq}
+            state.pop("ended_by", None)
+        else:
+            state = self.session.snapshot_state(with_items=with_items)
         state["principal"] = self.principal
         state["token_hash"] = self.token_hash
         if self.drained:
             state["ended_by"] = "drain"  # (a resume elsewhere ends what was cut as drained, not lost)
         return snapshot.dumps(state)
+
+    def save_snapshot(self) -> None:
+        """The snapshot (and the item records that changed) into the writer's next flush."""
+        self._snapshot_changes(self.writer)
+
+    @property
+    def conversation_loaded(self) -> bool:
+        return self._head is None
+
+    async def load_conversation(self) -> None:
+        """Read the conversation of a session restored without it (``head``): after the
+        resume is answered, before anything else reaches the session (the connection's
+        messages wait behind the resume). Raises StoreError (also when the store no longer
+        holds the session)."""
+        if self._head is None:
+            return
+        stored = await self.ctx.store.load_session(self.id)
+        try:
+            state = snapshot.assemble(*stored) if stored is not None else None
+        except (ValueError, KeyError) as exc:
+            raise StoreError(f"session {self.id}: its stored state is unreadable ({exc})") from exc
+        if state is None:
+            raise StoreError(f"session {self.id}: the store no longer holds it")
+        if self.ended or self._head is None:
+            return
+        self.session.load_conversation(state)
+        self._head = None
 
     def _snapshot_changes(self, writer: JournalWriter) -> None:
         """The snapshot without its items, and the records of the items that changed: a

@@ -61,6 +61,8 @@ async def take_over(door: Resuming, event: ce.SessionResume, provisional: Sessio
         return
     outcome = plan(taken.held, read, event, door.principal)
     s = host.session
+    if isinstance(outcome, Resync) and not await _load_conversation(door, host, provisional, held=True):
+        return  # (the state to resync from is the conversation: read it first)
     if isinstance(outcome, Resync):
         delivery.send_now(door.dialect.resync(dialects.Resync(
             session_id=s.id, resume_token=token, reason=outcome.reason, message=outcome.message,
@@ -80,8 +82,34 @@ async def take_over(door: Resuming, event: ce.SessionResume, provisional: Sessio
         raise AssertionError(f"a refusal after the claim: {outcome}")
     door.ctx.metrics.resumes.labels("resync" if isinstance(outcome, Resync) else "replayed").inc()
     log.info("session %s resumed (last seq %d, %d replayed, gap=%s)", s.id, last, len(read.events), read.gap)
+    # The resume is answered: now the conversation (its cost is the conversation's, not
+    # the resume's). The connection's next messages wait until it is in.
+    if not await _load_conversation(door, host, provisional) or host.ended:
+        return
     if taken.recovered:
         s.recover(taken.reason)
     host.flush()  # also writes the snapshot with the rotated token
     if provisional is not None:
         await provisional.end(reason="replaced by a resumed session", delete=True)
+
+
+async def _load_conversation(door: Resuming, host: SessionHost, provisional: SessionHost | None, *,
+                             held: bool = False) -> bool:  # fmt: skip
+    """The conversation of a session restored without it; False when the store could not
+    give it: the client is told to resume again shortly (the socket closes with 1013).
+    ``held``: the delivery's hold of the resume is still on."""
+    try:
+        await host.load_conversation()
+        return True
+    except StoreError as exc:
+        log.warning("session %s: its conversation could not be read (%s); the client resumes again", host.id, exc)
+    if held:
+        door.delivery.release(host.session.seq)
+    again = ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; resume again shortly.")
+    door.delivery.send_now(door.dialect.refusal(again))
+    door.delivery.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
+    host.detach(door)
+    await host.end(reason="its conversation could not be read", delete=False)
+    if provisional is not None:
+        await provisional.end(reason="resume failed", delete=True)
+    return False

@@ -252,8 +252,9 @@ class DuplexSession(RealtimeSession):
         return state
 
     @classmethod
-    def restore(cls, state: dict[str, Any], *, engine: EngineInfo, **kwargs: Any) -> DuplexSession:
-        session = super().restore(state, engine=engine, **kwargs)
+    def restore(cls, state: dict[str, Any], *, engine: EngineInfo, conversation: bool = True,
+                **kwargs: Any) -> DuplexSession:  # fmt: skip
+        session = super().restore(state, engine=engine, conversation=conversation, **kwargs)
         assert isinstance(session, DuplexSession)
         turns = session._duplex
         turns.duplex = duplex_from_dict(state["duplex"])

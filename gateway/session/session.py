@@ -90,6 +90,7 @@ class RealtimeSession:
         self._warned: set[str] = set()  # ignored fields already reported (session.warning)
         self._vad_factory = vad_factory
         self.conversation = Conversation()
+        self.conversation_loaded = True  # False: restored without it, until load_conversation
         self.dirty = True  # state changed since the last snapshot (the host clears it once it wrote one)
         log = self._log = EventLog(self.conversation.forget, self._state_changed)
         self._emit = log.emit
@@ -527,8 +528,12 @@ class RealtimeSession:
         }
 
     @classmethod
-    def restore(cls, state: dict[str, Any], *, engine: EngineInfo, **kwargs: Any) -> RealtimeSession:
-        """Rebuild a session from ``snapshot_state`` output (on any replica)."""
+    def restore(cls, state: dict[str, Any], *, engine: EngineInfo, conversation: bool = True,
+                **kwargs: Any) -> RealtimeSession:  # fmt: skip
+        """Rebuild a session from ``snapshot_state`` output (on any replica). ``conversation``
+        False: all but the conversation and what refers to its items (the running responses,
+        MCP listings), for ``load_conversation`` to add later: a resume is answered before
+        the conversation is read, so that its cost does not grow with the conversation."""
         session = cls(
             session_id=state["id"],
             config=snapshot.config_from_dict(state["config"]),
@@ -543,16 +548,31 @@ class RealtimeSession:
         log.id_base = state["id_base"]
         log.id_counter = state["id_counter"]
         session.audio_ms = state["audio_ms"]
-        session._history.restore((snapshot.item_from_dict(entry) for entry in state["items"]), state["conversation_id"])
-        session._mcp.restore(session.config.tools, session.conversation)
-        rate = engine.output_sample_rate
-        current = state["response"]
-        session._responses.restore(
-            None if current is None else snapshot.response_from_dict(current, session.conversation, rate),
-            [snapshot.response_from_dict(r, session.conversation, rate) for r in state.get("oob", ())],
-        )
+        session._history.id = state["conversation_id"]
+        session.conversation_loaded = False
+        if conversation:
+            session.load_conversation(state)
         session.dirty = False
         return session
+
+    def load_conversation(self, state: dict[str, Any]) -> None:
+        """The conversation of ``state`` (a snapshot with its items: ``snapshot.assemble``),
+        its running responses and MCP listings, into a session ``restore`` left without them.
+        ``state`` may be later than the one restored from (what the old owner wrote last):
+        its ids and seq are taken where they are further on."""
+        log = self._log
+        log.seq, log.epoch = max(log.seq, state["seq"]), max(log.epoch, state["epoch"])
+        if state["id_base"] == log.id_base:
+            log.id_counter = max(log.id_counter, state["id_counter"])
+        self._history.restore((snapshot.item_from_dict(entry) for entry in state["items"]), state["conversation_id"])
+        self._mcp.restore(self.config.tools, self.conversation)
+        rate = self.engine.output_sample_rate
+        current = state["response"]
+        self._responses.restore(
+            None if current is None else snapshot.response_from_dict(current, self.conversation, rate),
+            [snapshot.response_from_dict(r, self.conversation, rate) for r in state.get("oob", ())],
+        )
+        self.conversation_loaded = True
 
     def recover(self, reason: str) -> None:
         """After a takeover: end what died with the old replica, explicitly.

@@ -15,7 +15,9 @@ import websockets
 from support.gateway import RunningGateway, connect, run_gateway
 from support.redis_server import REDIS_BINARY, RedisServer
 
+from gateway.hosting import takeover
 from gateway.settings import Settings
+from gateway.store.base import StoreUnavailable
 from orchestrator.engines.passthrough import PassthroughEngine
 
 pytestmark = pytest.mark.timeout(60)
@@ -120,3 +122,116 @@ async def test_a_realtime_resume_naming_a_video_session_is_session_not_found(
                 await c.send({"type": "conversation.item.create", "item": TEXT})
                 await c.wait_for("conversation.item.done")
         await video.close()
+
+
+async def _session_with_items(gw: RunningGateway, n: int) -> tuple[str, str, int]:
+    """A session on ``gw`` holding ``n`` text items (ids item_0..): (id, resume token, last seq)."""
+    async with connect(gw.url, headers=KEY) as c:
+        created = await c.wait_for("session.created")
+        for i in range(n):
+            item = {**TEXT, "id": f"item_{i}", "content": [{"type": "input_text", "text": f"message {i}"}]}
+            await c.send({"type": "conversation.item.create", "item": item})
+        await c.wait_for(lambda e: e["type"] == "conversation.item.done" and e["item"]["id"] == f"item_{n - 1}")
+        return created["session"]["id"], created["resume_token"], c.events[-1]["server_event_seq"]
+
+
+def _resume(sid: str, token: str, last: int) -> dict[str, object]:
+    return {"type": "session.resume", "session_id": sid, "resume_token": token, "last_received_server_event_seq": last}
+
+
+async def test_a_resume_is_answered_before_the_conversation_is_read(
+    replicas: tuple[RunningGateway, RunningGateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A takeover answers from the snapshot's head and the journal: session.resumed comes
+    while B's read of the conversation is still held back (so what a resume costs does not
+    grow with the conversation); the client's next events wait for the conversation and
+    then find all of it."""
+    a, b = replicas
+    sid, token, last = await _session_with_items(a, 40)
+    store = b.runtime.store
+    read_begun, go_on = asyncio.Event(), asyncio.Event()
+    real = store.load_session
+
+    async def held_back(session_id: str) -> tuple[bytes, dict[str, bytes]] | None:
+        read_begun.set()
+        await go_on.wait()
+        return await real(session_id)
+
+    monkeypatch.setattr(store, "load_session", held_back)
+    async with connect(b.url, headers=KEY) as c:
+        await c.wait_for("session.created")
+        await c.send(_resume(sid, token, last))
+        resumed = await c.wait_for("session.resumed")  # (the read has not returned)
+        assert resumed["session_id"] == sid
+        await read_begun.wait()
+        await c.send({"type": "conversation.item.retrieve", "item_id": "item_0", "event_id": "ev_get"})
+        await c.send({"type": "response.create"})
+        go_on.set()
+        got = await c.wait_for("conversation.item.retrieved")
+        assert got["item"]["content"][0]["text"] == "message 0"
+        done = await c.wait_for("response.done")
+        assert done["response"]["status"] == "completed"
+        assert not [e for e in c.events if e["type"] == "error"]
+
+
+async def test_a_session_moved_back_and_forth_keeps_its_conversation_in_records(
+    replicas: tuple[RunningGateway, RunningGateway],
+) -> None:
+    """A -> B -> A: each takeover writes the snapshot's head without the items (they stay
+    one record each: the head does not grow with the conversation), and the conversation
+    is whole at the end."""
+    a, b = replicas
+    sid, token, last = await _session_with_items(a, 25)
+    for gw in (b, a):
+        async with connect(gw.url, headers=KEY) as c:
+            await c.wait_for("session.created")
+            await c.send(_resume(sid, token, last))
+            resumed = await c.wait_for("session.resumed")
+            token = resumed["resume_token"]
+            head = orjson.loads(await gw.runtime.store.load_snapshot(sid) or b"{}")
+            assert head["token_hash"] == takeover.token_hash(token)  # (the claim's own snapshot)
+            assert "items" not in head and len(head["item_ids"]) == 25
+    async with connect(b.url, headers=KEY) as c:
+        await c.wait_for("session.created")
+        await c.send(_resume(sid, token, last))
+        await c.wait_for("session.resumed")
+        for i in (0, 12, 24):
+            await c.send({"type": "conversation.item.retrieve", "item_id": f"item_{i}"})
+            got = await c.wait_for("conversation.item.retrieved")
+            assert got["item"]["content"][0]["text"] == f"message {i}"
+
+
+async def test_a_conversation_the_store_cannot_give_after_the_answer_means_resume_again(
+    replicas: tuple[RunningGateway, RunningGateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store fails between session.resumed and the conversation's read: the client is
+    told (store_unavailable, close 1013: try again later) and its next resume finds the
+    session whole."""
+    a, b = replicas
+    sid, token, last = await _session_with_items(a, 5)
+    store = b.runtime.store
+    real = store.load_session
+    failures = [StoreUnavailable("redis: connection lost (a test's)")]
+
+    async def fails_once(session_id: str) -> tuple[bytes, dict[str, bytes]] | None:
+        if failures:
+            raise failures.pop()
+        return await real(session_id)
+
+    monkeypatch.setattr(store, "load_session", fails_once)
+    async with connect(b.url, headers=KEY) as c:
+        await c.wait_for("session.created")
+        await c.send(_resume(sid, token, last))
+        resumed = await c.wait_for("session.resumed")
+        err = await c.wait_for("error")
+        assert err["error"]["code"] == "store_unavailable", err
+        with pytest.raises(websockets.ConnectionClosed):
+            await c.recv()
+        assert c.ws.close_code == 1013
+    async with connect(b.url, headers=KEY) as c:
+        await c.wait_for("session.created")
+        await c.send(_resume(sid, resumed["resume_token"], last))
+        await c.wait_for("session.resumed")
+        await c.send({"type": "conversation.item.retrieve", "item_id": "item_4"})
+        got = await c.wait_for("conversation.item.retrieved")
+        assert got["item"]["content"][0]["text"] == "message 4"
