@@ -11,8 +11,18 @@ and stays there. So, where glibc is the allocator:
 - ``tune()``: ``mallopt(M_MMAP_THRESHOLD, 128 KiB)`` fixes the threshold (blocks of
   128 KiB or more are mapped and unmapped apart, never fragmenting a heap), and with
   it ``M_TRIM_THRESHOLD``;
-- ``trim_loop()``: ``malloc_trim(0)`` every ``malloc_trim_s`` (in a worker thread: it
-  walks every arena), which returns the free pages of every heap, not only the top.
+- ``trim_loop()``: every ``malloc_trim_s``, a full garbage collection, then
+  ``malloc_trim(0)`` (in a worker thread: it walks every arena), which returns the free
+  pages of every heap, not only the top.
+
+The collection is there because what a closed connection held is often in a reference
+cycle (an exception and its traceback's frames, a generator and its owner), which only
+a full collection frees, and CPython starts one by the count of objects made: a gateway
+that went quiet after hostile input may not run one for an hour, and keeps what those
+connections held (measured: ~30 MiB after a round of ``bench/fuzz_long.py``). To keep
+its pause short, everything alive at start-up (modules, engines, the app) is frozen
+first (``gc.freeze``): a collection then walks only what sessions made since. Each
+pause is timed (``collect_seconds``, the longest in ``collect_max_s``).
 
 Elsewhere (musl, macOS, a Python without ``ctypes``) both are skipped, with one log
 line: the allocator there has its own behaviour and nothing here depends on it.
@@ -23,8 +33,10 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("omni.allocator")
@@ -58,6 +70,9 @@ class Allocator:
         self._checked = False  # tune() looks once: mallopt is process-wide
         self.trims = 0  # malloc_trim calls made
         self.trim_seconds = 0.0  # spent in them
+        self.collects = 0  # full collections made by trim_loop
+        self.collect_seconds = 0.0  # the event loop's time in them
+        self.collect_max_s = 0.0  # the longest
 
     def tune(self) -> bool:
         """Set the thresholds; False (and one log line) where glibc is not the allocator."""
@@ -92,10 +107,27 @@ class Allocator:
         self.trims += 1
         self.trim_seconds += time.perf_counter() - began
 
-    async def trim_loop(self, interval_s: float) -> None:
-        """``trim()`` every ``interval_s`` until cancelled (a worker thread does the walk)."""
+    def collect(self) -> float:
+        """A full garbage collection (on the caller's thread: it holds the GIL throughout);
+        returns the seconds it took."""
+        began = time.perf_counter()
+        gc.collect()
+        took = time.perf_counter() - began
+        self.collects += 1
+        self.collect_seconds += took
+        self.collect_max_s = max(self.collect_max_s, took)
+        return took
+
+    async def trim_loop(self, interval_s: float, observe: Callable[[float], object] | None = None) -> None:
+        """Every ``interval_s`` until cancelled: ``collect()`` (its pause to ``observe``), then
+        ``trim()`` (a worker thread does its walk). What is alive when it starts is frozen:
+        never collected, never walked again."""
+        gc.freeze()
         while True:
             await asyncio.sleep(interval_s)
+            took = self.collect()
+            if observe is not None:
+                observe(took)
             await asyncio.to_thread(self.trim)
 
 

@@ -440,7 +440,8 @@ class Runtime:
         self._lease_task = loop.create_task(renew_leases(self.hosting), name="leases")
         self._quota_task = loop.create_task(self.quotas.run(), name="tenant-entries")
         if self.settings.malloc_trim_s > 0 and ALLOCATOR.tune():  # glibc: give memory back (allocator.py)
-            self._trim_task = loop.create_task(ALLOCATOR.trim_loop(self.settings.malloc_trim_s), name="malloc-trim")
+            trimming = ALLOCATOR.trim_loop(self.settings.malloc_trim_s, self.metrics.gc_pauses.observe)
+            self._trim_task = loop.create_task(trimming, name="malloc-trim")
         if self.calls is not None:
             await self.calls.start()  # checks the UDP port range and aiortc's receive buffer (warnings)
 

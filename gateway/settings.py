@@ -173,8 +173,10 @@ class Settings:
     #   sampled costs what tracing off costs
 
     malloc_trim_s: float = 10.0  # glibc only (gateway/allocator.py): at start-up blocks of 128 KiB or
-    #   more are set to be mapped apart (mallopt), and every this many seconds free memory is given
-    #   back to the system (malloc_trim); 0: glibc's allocator is left as it is
+    #   more are set to be mapped apart (mallopt) and what is alive is frozen (gc.freeze); every this
+    #   many seconds a full garbage collection (what closed connections held in reference cycles;
+    #   its pause: omni_gc_pause_seconds) and free memory given back to the system (malloc_trim);
+    #   0: none of it, glibc's allocator and CPython's collector are left as they are
 
     # --- MCP servers the gateway calls for sessions (gateway/hosting/mcp.py; the ``mcp`` extra) ---
     mcp_allowed_urls: tuple[str, ...] = ("*",)  # URLs a session's MCP tools may reach, as prefixes

@@ -57,6 +57,10 @@ class Metrics:
             "omni_upgrade_refusals_total", "WebSocket upgrades refused with an HTTP status, by code.", ["code"],
             registry=r,
         )  # fmt: skip
+        self.gc_pauses = Histogram(
+            "omni_gc_pause_seconds", "Full garbage collections run by the gateway itself (gateway/allocator.py): "
+            "how long each held the event loop.", buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self._event_children: dict[str, Any] = {}
         self._kind_children: dict[str, KindMetrics] = {}
 

@@ -74,7 +74,7 @@ from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-from gateway.transport.ws_compat import apply_mask, choose
+from gateway.transport.ws_compat import apply_mask, choose, release_parser
 
 DIRECT_EXTENSION = "omni.websocket.direct"
 ABORT_EXTENSION = "omni.websocket.abort"  # drop the TCP connection now, unsent bytes and all
@@ -236,6 +236,7 @@ class StreamingWebSocketProtocol(WebSocketsSansIOProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         super().connection_lost(exc)
+        release_parser(self)  # the last frame it parsed, freed now, not at the next full collection
 
     def data_received(self, data: bytes) -> None:
         if self._fast is None:
