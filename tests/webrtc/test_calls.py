@@ -375,10 +375,13 @@ async def test_a_tenants_input_audio_limit_stops_a_calls_microphone_with_one_err
               "limits": {"audio_in_s_per_min": 1, "events_per_s": 5}}  # fmt: skip
     settings = Settings(engine="passthrough", video_engine="none", api_keys=(KEY,),
                         keys_file=orjson.dumps({"tenants": [tenant]}).decode())  # fmt: skip
-    # The limit is per clock minute: a call that crossed into the next minute would be allowed a
-    # second second of audio (and told twice). Start where the whole call fits in one minute.
-    if time.time() % 60 > 40:
-        await asyncio.sleep(60.5 - time.time() % 60)
+    # The limit is per minute of the store's clock (the memory store's is time.monotonic): a call
+    # that crossed into the next minute is allowed a second second of audio (and told twice).
+    # Start where the whole call fits in one minute, and count the minutes it touched (a loaded
+    # machine can take long to set the call up).
+    if time.monotonic() % 60 > 40:
+        await asyncio.sleep(60.5 - time.monotonic() % 60)
+    first_minute = time.monotonic() // 60
     async with run_gateway(settings, engine=PassthroughEngine(), vad_factory=False) as gw:
         wav = write_wav(tmp_path / "tone.wav", tone(440, 4000, 48000), 48000)  # 4 s of microphone
         browser, offer = await make_browser(wav=wav)
@@ -395,8 +398,10 @@ async def test_a_tenants_input_audio_limit_stops_a_calls_microphone_with_one_err
             (live,) = gw.runtime.calls.calls.values()  # type: ignore[union-attr]
             await wait_for(lambda: live._audio_in is not None and live._audio_in.chunks >= 150, "3 s of microphone")
             errors = [e["error"]["code"] for e in events if e["type"] == "error"]
-            assert errors == [Code.RATE_LIMIT_EXCEEDED], errors
             (host,) = gw.runtime.hosts.values()
-            assert 900 <= host.session.audio_ms <= 1100  # 1 s taken, the rest dropped
+            minutes = int(time.monotonic() // 60 - first_minute) + 1  # (1 but on a machine too slow for it)
+            assert errors[:1] == [Code.RATE_LIMIT_EXCEEDED] and len(errors) <= minutes, errors
+            assert set(errors) == {Code.RATE_LIMIT_EXCEEDED}, errors
+            assert 900 <= host.session.audio_ms <= 1100 * minutes  # 1 s a minute taken, the rest dropped
         finally:
             await browser.close()
