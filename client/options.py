@@ -17,7 +17,8 @@ class ReconnectPolicy:
     ``reconnect_failed`` from the event iterator, after ``max_attempts``
     consecutive failed attempts or once ``max_elapsed`` seconds have passed
     since the connection was lost, whichever comes first (``None``: no limit).
-    A successful resume resets both counters.
+    A successful resume resets both counters. After a close with 1012 (service
+    restart: a drain handed the session over) the first attempt does not wait.
     """
 
     initial_delay: float = 0.1

@@ -49,6 +49,7 @@ BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 RESUME_REFUSALS = frozenset({"session_not_found", "resume_token_invalid", "resume_forbidden", "resume_seq_invalid"})
 _PROTOCOL_FAULTS = frozenset({1002, 1003, 1007, 1008, 1009, 1010})  # a reconnect would fail the same way
+SERVICE_RESTART = 1012  # a drain hands the session over: reconnect at once (elsewhere) and resume
 # Refusals a reconnect would meet again (a 4029 tenant limit, by contrast, is retried with backoff).
 _REFUSALS = {4003: "model_not_allowed", 4004: "model_not_found"}
 
@@ -536,7 +537,9 @@ class RealtimeClient:
         while True:
             if policy.max_attempts is not None and attempt >= policy.max_attempts:
                 break
-            delay = policy.delay(attempt, self._rng)
+            # 1012 (service restart): the server handed the session over on purpose (a drain
+            # paces its handovers), so the first attempt goes at once; later ones back off.
+            delay = 0.0 if attempt == 0 and code == SERVICE_RESTART else policy.delay(attempt, self._rng)
             if policy.max_elapsed is not None and loop.time() + delay - started > policy.max_elapsed:
                 break
             await asyncio.sleep(delay)

@@ -69,7 +69,7 @@ proxy_request_buffering off;
 proxy_connect_timeout 2s;
 proxy_read_timeout 3600s;
 proxy_send_timeout 3600s;
-proxy_next_upstream error timeout;
+proxy_next_upstream error timeout http_503;
 proxy_next_upstream_timeout 10s;
 """
 # Never mark a replica failed (deploy/README.md, "The balancer"): a refused connect is retried on the next.

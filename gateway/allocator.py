@@ -22,10 +22,12 @@ that went quiet after hostile input may not run one for an hour, and keeps what 
 connections held (measured: ~30 MiB after a round of ``bench/fuzz_long.py``). To keep
 its pause short, everything alive at start-up (modules, engines, the app) is frozen
 first (``gc.freeze``): a collection then walks only what sessions made since. Each
-pause is timed (``collect_seconds``, the longest in ``collect_max_s``).
+pause is timed (``collect_seconds``, the longest in ``collect_max_s``; the runtime
+exports each as ``omni_gc_pause_seconds``).
 
-Elsewhere (musl, macOS, a Python without ``ctypes``) both are skipped, with one log
-line: the allocator there has its own behaviour and nothing here depends on it.
+Elsewhere (musl, macOS, a Python without ``ctypes``) ``mallopt`` and ``malloc_trim``
+are skipped, with one log line: the allocator there has its own behaviour and nothing
+here depends on it; the collections above run on every platform.
 """
 
 from __future__ import annotations

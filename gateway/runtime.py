@@ -439,7 +439,8 @@ class Runtime:
         self._bus_task = loop.create_task(listen_bus(self.hosting), name="bus")
         self._lease_task = loop.create_task(renew_leases(self.hosting), name="leases")
         self._quota_task = loop.create_task(self.quotas.run(), name="tenant-entries")
-        if self.settings.malloc_trim_s > 0 and ALLOCATOR.tune():  # glibc: give memory back (allocator.py)
+        if self.settings.malloc_trim_s > 0:  # give memory back (allocator.py; the trims with glibc only)
+            ALLOCATOR.tune()
             trimming = ALLOCATOR.trim_loop(self.settings.malloc_trim_s, self.metrics.gc_pauses.observe)
             self._trim_task = loop.create_task(trimming, name="malloc-trim")
         if self.calls is not None:

@@ -83,7 +83,10 @@ async def accept(
     error_event: ErrorEncoder,
 ) -> Handshake | None:
     """Check the origin and the credentials, then accept the socket (echoing
-    ``choose(offered)``). None: not a connect, or refused (already answered)."""
+    ``choose(offered)``). None: not a connect, or refused (already answered). A draining
+    replica refuses every upgrade with 503 (``Retry-After: 0``), before anything else:
+    a balancer that retries a 503 (nginx's ``proxy_next_upstream http_503``) takes the
+    connection to another replica, and the client never sees this one."""
     message = await receive()
     if message["type"] != "websocket.connect":
         return None
@@ -94,7 +97,9 @@ async def accept(
     refusal: UpgradeRefusal | None = None
     grant: Grant | None = None
     origin = headers.get("origin")
-    if not runtime.origins.allows(origin, headers.get("host")):
+    if runtime.draining:
+        refusal = UpgradeRefusal(503, Code.SERVER_BUSY, DRAINING_MESSAGE, CloseCode.SERVICE_RESTART)
+    elif not runtime.origins.allows(origin, headers.get("host")):
         refusal = UpgradeRefusal(
             403,
             Code.ORIGIN_NOT_ALLOWED,
@@ -133,6 +138,8 @@ async def _refuse_upgrade(
         headers = [(b"content-type", b"application/json")]
         if refusal.status == 401:
             headers.append((b"www-authenticate", b'Bearer realm="omni-gateway"'))
+        if refusal.status == 503:
+            headers.append((b"retry-after", b"0"))  # (another replica can take it now)
         await send({"type": "websocket.http.response.start", "status": refusal.status, "headers": headers})
         await send({"type": "websocket.http.response.body", "body": refusal.body()})
         runtime.hosting.metrics.upgrade_refusals.labels(refusal.code).inc()
@@ -142,6 +149,8 @@ async def _refuse_upgrade(
     event = error_event(refusal.code, refusal.message)
     await refuse(runtime, send, (refusal.code, refusal.message, refusal.close_code), event)
 
+
+DRAINING_MESSAGE = "This replica is shutting down; reconnect (another replica takes the session)."
 
 VIDEO_SECRET_ON_REALTIME = (
     "This client secret was minted for /v1/realtime/video (session.type 'video'); mint one for a realtime "
@@ -173,9 +182,10 @@ def minted_refusal(grant: Grant, *, video: bool, model: str | None) -> Refusal |
 
 
 def common_refusal(runtime: Services, hs: Handshake) -> Refusal | None:
-    """What refuses any session here after the upgrade: a drain, the session limit."""
+    """What refuses any session here after the upgrade: a drain that began since (``accept``
+    refuses the upgrade itself once it has), the session limit."""
     if runtime.draining:
-        return Code.SERVER_BUSY, "This replica is shutting down; reconnect.", CloseCode.SERVICE_RESTART
+        return Code.SERVER_BUSY, DRAINING_MESSAGE, CloseCode.SERVICE_RESTART
     limit = runtime.settings.max_sessions
     if runtime.session_count() >= limit:
         return (

@@ -410,3 +410,17 @@ async def test_close_while_a_lost_connection_is_being_wound_down_returns_and_sto
         await asyncio.sleep(0.3)
         assert len(fake.connections) == connections  # and nothing reconnects behind its back
         assert not rt.connected
+
+
+async def test_after_a_1012_the_first_reconnect_does_not_wait() -> None:
+    """1012 (service restart) is a drain handing the session over: the SDK reconnects at
+    once (the drain paces its handovers), whatever the policy's first delay (here 60 s,
+    past the test's timeout)."""
+    patient = ReconnectPolicy(initial_delay=60.0, max_delay=60.0, jitter=0.0)
+    async with fake_server() as fake, RealtimeClient(fake.url, api_key="sk", reconnect=patient) as rt:
+        s = fake.only_session()
+        assert (await rt.recv(2))["type"] == "session.created"
+        await fake.drop(s, 1012)
+        resumed = await rt.recv(5)
+        assert resumed["type"] == "session.resumed"
+        assert rt.stats.reconnects == 1 and rt.stats.failed_attempts == 0

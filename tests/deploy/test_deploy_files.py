@@ -5,6 +5,7 @@ Kubernetes cluster runs here: these checks are what can be proved without one.)"
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 from gateway.cli import settings_from_args
-from gateway.settings import ENGINES, ENV_PREFIX, setting_names
+from gateway.settings import ENGINES, ENV_PREFIX, Settings, setting_names
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -104,3 +105,28 @@ def test_the_manifests_probe_routes_the_gateway_serves() -> None:
     assert probes and set(probes) <= ROUTES
     healthcheck = re.search(r"HEALTHCHECK.*?(/\w+)'", (DEPLOY / "Dockerfile").read_text(), re.S)
     assert healthcheck and healthcheck.group(1) in ROUTES
+
+
+def test_a_rolling_update_lets_every_replica_drain_before_it_is_killed() -> None:
+    """Kubernetes: a new pod is ready before an old one goes; the old one leaves the endpoints
+    (preStop) before its drain, and the grace period outlasts both, so the kubelet's SIGKILL
+    never cuts an answer the drain window would have let finish; readiness is /readyz, which
+    a draining replica answers 503. Compose: stop_grace_period outlasts the drain too, and
+    roll.sh replaces the replicas one at a time, waiting for each to be healthy."""
+    drain = float(Settings().drain_window_s)
+    spec = deployment()["spec"]
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod = spec["template"]["spec"]
+    container = pod["containers"][0]
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    assert pod["terminationGracePeriodSeconds"] >= float(pre_stop[1]) + drain + 10
+    readiness = container["readinessProbe"]
+    assert readiness["httpGet"]["path"] == "/readyz" and readiness["periodSeconds"] * readiness["failureThreshold"] <= 5
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    for name in ("gateway-1", "gateway-2"):
+        grace = compose["services"][name]["stop_grace_period"]
+        assert grace.endswith("s") and float(grace[:-1]) >= drain + 10, grace
+    roll = (DEPLOY / "roll.sh").read_text()
+    assert "gateway-1 gateway-2" in roll and "--wait" in roll and " stop " in roll
+    subprocess.run(["bash", "-n", str(DEPLOY / "roll.sh")], check=True)

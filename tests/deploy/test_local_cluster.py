@@ -10,6 +10,7 @@ deploy/local_cluster.py); only when that fails are these tests skipped.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import re
@@ -131,6 +132,39 @@ async def test_new_connections_skip_a_killed_replica(cluster: Cluster) -> None:
         async with session(cluster) as first:
             assert first["type"] == "session.created"
         await asyncio.sleep(0.2)
+
+
+async def test_new_connections_never_meet_a_draining_replica(cluster: Cluster) -> None:
+    """A draining replica answers every upgrade 503 (Retry-After: 0), and nginx
+    (proxy_next_upstream http_503) takes the connection to the other: through the
+    balancer no client sees the drain. The drain is held open by a session with
+    uncommitted audio on replica 0 (not idle: it is handed over only at the window's end)."""
+    url = cluster.replicas[0].url
+    async with websockets.connect(url, additional_headers=AUTH, open_timeout=10, compression=None) as held:
+        await asyncio.wait_for(held.recv(), 10)  # session.created
+        update = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+        await held.send(orjson.dumps({"type": "session.update", "session": update}).decode())
+        audio = base64.b64encode(bytes(4800)).decode()  # 100 ms, left in the buffer
+        await held.send(orjson.dumps({"type": "input_audio_buffer.append", "audio": audio}).decode())
+        while orjson.loads(await asyncio.wait_for(held.recv(), 10))["type"] != "session.updated":
+            pass
+        cluster.kill_replica(0, signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while (await get(cluster.replicas[0].http + "/readyz"))[0] != 503:
+            assert loop.time() < deadline, "replica 0 never began to drain"
+            await asyncio.sleep(0.05)
+        with pytest.raises(websockets.InvalidStatus) as refused:  # asked directly: refused at the upgrade
+            async with websockets.connect(url, additional_headers=AUTH, open_timeout=10):
+                pass
+        assert refused.value.response.status_code == 503
+        assert refused.value.response.headers["Retry-After"] == "0"
+        assert orjson.loads(refused.value.response.body)["error"]["code"] == "server_busy"
+        before = await metric(cluster.replicas[1].http, "omni_sessions_total")
+        for _ in range(4):  # round-robin would give replica 0 two of them
+            async with session(cluster) as first:
+                assert first["type"] == "session.created"
+        assert await metric(cluster.replicas[1].http, "omni_sessions_total") == before + 4
 
 
 async def test_restart_redis_comes_back_on_the_same_port(cluster: Cluster) -> None:

@@ -35,7 +35,8 @@ const MAX_TRACKED_ITEMS = 256;
  * Attempt n (from 0) waits min(maxDelayMs, initialDelayMs * multiplier ** n), scaled by a
  * random factor in [1 - jitter, 1]. The client gives up (state "ended", code
  * "reconnect_failed") after maxAttempts failed attempts in a row or maxElapsedMs
- * since the loss (null: no limit). A successful resume resets both.
+ * since the loss (null: no limit). A successful resume resets both. After a close
+ * with 1012 (service restart: a drain handed the session over) the first attempt does not wait.
  * @property {number} [initialDelayMs] 100
  * @property {number} [maxDelayMs] 5000
  * @property {number} [multiplier] 2
@@ -477,7 +478,9 @@ export class RealtimeClient extends ClientEvents {
       if (this._closing || this.state === "ended") return;
       if (policy.maxAttempts !== null && attempt >= policy.maxAttempts) return giveUp();
       const base = Math.min(policy.maxDelayMs, policy.initialDelayMs * policy.multiplier ** Math.min(attempt, 64));
-      const delayMs = Math.max(0, base * (1 - policy.jitter * Math.random()));
+      // 1012 (service restart): a drain handed the session over on purpose (it paces its
+      // handovers), so the first attempt goes at once; later ones back off.
+      const delayMs = attempt === 0 && closeCode === 1012 ? 0 : Math.max(0, base * (1 - policy.jitter * Math.random()));
       if (policy.maxElapsedMs !== null && Date.now() + delayMs - started > policy.maxElapsedMs) return giveUp();
       attempt++;
       this._setState("reconnecting", { attempt, delayMs: Math.round(delayMs), closeCode, reason });

@@ -1,0 +1,250 @@
+"""A rolling deploy under load, as an operator runs one: the driver of ``bench/rolling_deploy.py``
+and ``tests/cluster/test_rolling_deploy.py``.
+
+A local cluster (``deploy/local_cluster.py``: redis-server, passthrough replicas behind nginx,
+round-robin) serves ``sessions`` Python SDK sessions, each asking for answer after answer
+with no pause between them (a text item and ``response.create``; a passthrough answer is 50
+words, each with 20 ms of audio, paced: 1 s). Meanwhile each replica in turn is signalled
+(SIGTERM: a drain; SIGKILL: a crash), waited for, and started again on its port, ``rounds``
+times over. Every session checks what it receives and counts, per answer:
+
+- ``completed``: every word and every audio byte, in order, and no answer cut on the way;
+- ``cut``: ended ``incomplete`` (``gateway_reason`` ``drained``: the drain window ran out,
+  or ``replica_lost``: a crash), then re-issued and completed (``reissued``);
+
+and per session: seq gaps or repeats the SDK saw (``gaps``, ``duplicates``), errors, resumes,
+resyncs, and the **largest silence**: the longest time between two audio deltas of one
+answer, or between asking (the previous answer's ``response.done``, or the request) and the
+answer's first delta: what a listener who keeps asking hears as a pause. An answer's first
+delta normally comes ~20 ms after the request; a drain's handover (close 1012, reconnect,
+resume, ask again) and a crash show up here.
+
+A request sent as the old socket closed may not have been read: after a resume the session
+asks again for what it has not seen (the replay shows what the store holds), as the README
+says a client should.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import signal
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from client import RealtimeClient, RealtimeError, ReconnectPolicy
+from deploy.local_cluster import Cluster
+
+API_KEY = "sk-rolling-deploy"
+WORDS = 50  # PassthroughEngine.audio_chunks (the replicas' default)
+CHUNK_BYTES = 960  # 20 ms of 24 kHz PCM16: one passthrough audio delta
+POLICY = ReconnectPolicy(max_attempts=None, max_elapsed=60.0)  # the SDK's delays, patient
+ANSWER_TIMEOUT_S = 60.0
+FAILURES = ("silence", "gap", "bad_answer", "error", "resume_failed")
+
+
+@dataclass
+class Report:
+    """What the sessions saw (Counter keys: completed, reissued, cut_drained, cut_replica_lost,
+    silence, gap, bad_answer, error, resume_failed) and what the deploy did."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    silences: list[float] = field(default_factory=list)  # the largest per session, seconds
+    sdk: Counter[str] = field(default_factory=Counter)
+    restarts: list[tuple[str, float]] = field(default_factory=list)  # (replica, seconds from signal to exit)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def answers(self) -> int:
+        return self.counts["completed"] + self.counts["reissued"]
+
+    @property
+    def cut(self) -> int:
+        return self.counts["cut_drained"] + self.counts["cut_replica_lost"]
+
+    @property
+    def bad(self) -> int:
+        return sum(self.counts[k] for k in FAILURES)
+
+    def silence_ms(self, q: float) -> float:
+        ordered = sorted(self.silences) or [0.0]
+        return 1000 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+class Listener:
+    """One SDK session asking for answer after answer until ``stop`` is set."""
+
+    def __init__(self, index: int, url: str, report: Report) -> None:
+        self.index = index
+        self.rt = RealtimeClient(url, api_key=API_KEY, reconnect=POLICY, resume_timeout=10.0)
+        self.report = report
+        self.last_seq = 0
+        self.connections = 0  # session.resumed / resync_required read so far
+        self.largest_silence = 0.0
+        self.turn = 0
+
+    def fail(self, kind: str, detail: str) -> None:
+        self.report.counts[kind] += 1
+        if len(self.report.failures) < 20:
+            self.report.failures.append(f"session {self.index} ({self.rt.session_id}): {kind}: {detail}")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.sleep(random.Random(self.index).uniform(0, 1))  # not all in the same millisecond
+        try:
+            await self.rt.connect()
+            await self.rt.session_update({"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+            while not stop.is_set():
+                if not await self.answer():
+                    return  # a failed session says no more
+        except RealtimeError as exc:
+            self.fail("resume_failed", repr(exc))
+        finally:
+            self.report.silences.append(self.largest_silence)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.rt.close(), 30)
+
+    async def answer(self) -> bool:
+        """One turn: ask, hear the answer whole (a cut one re-issued); False on a failure."""
+        self.turn += 1
+        item_id = f"item_s{self.index}t{self.turn}"
+        seen_item = seen_response = False
+        sent_item_on = sent_response_on = -1  # the connection each request went out on
+        words: dict[str, list[str]] = {}
+        audio: dict[str, int] = {}
+        cut = False
+        loop = asyncio.get_running_loop()
+        heard = loop.time()  # the last sound, or the asking
+
+        async def sent(send: Any) -> int:
+            """The connection a request goes out on, counted as ``self.connections`` counts
+            them: the SDK's own (it may have resumed before this session read the
+            ``session.resumed``), or the next (the SDK queues what is sent while it
+            reconnects)."""
+            stats = self.rt.stats
+            established, queued = stats.resumes + stats.resyncs, stats.sends_queued
+            await send()
+            return established + (1 if stats.sends_queued > queued else 0)
+
+        async def ask() -> None:
+            """Send what the turn needs, has not seen, and may have lost with a connection."""
+            nonlocal sent_item_on, sent_response_on
+            if not seen_item and sent_item_on < self.connections:
+                item = {"id": item_id, "type": "message", "role": "user",
+                        "content": [{"type": "input_text", "text": "hello"}]}  # fmt: skip
+                sent_item_on = await sent(lambda: self.rt.item_create(item))
+            if not seen_response and sent_response_on < self.connections:
+                sent_response_on = await sent(self.rt.create_response)
+
+        await ask()
+        replay_to: int | None = None
+        deadline = loop.time() + ANSWER_TIMEOUT_S
+        while True:
+            try:
+                event = await self.rt.recv(max(0.01, deadline - loop.time()))
+            except TimeoutError:
+                self.fail("silence", f"no answer within {ANSWER_TIMEOUT_S:.0f} s")
+                return False
+            kind = event.get("type")
+            if kind in ("session.resumed", "session.resync_required"):
+                self.connections += 1
+                if kind == "session.resync_required":
+                    self.last_seq = event["last_server_event_seq"]
+                    seen_item = any(it.get("id") == item_id for it in event["conversation"])
+                    await ask()
+                else:
+                    replay_to = event["replay_to"] if event["replay_to"] >= event["replay_from"] else None
+                    if replay_to is None:
+                        await ask()
+                continue
+            seq = event.get("server_event_seq") or 0
+            if seq:
+                if self.last_seq and seq != self.last_seq + 1:
+                    self.fail("gap", f"seq {self.last_seq} then {seq} ({kind})")
+                    return False
+                self.last_seq = seq
+            if kind == "error":
+                self.fail("error", str(event.get("error")))
+                return False
+            if kind == "conversation.item.added" and event["item"]["id"] == item_id:
+                seen_item = True
+            elif kind == "response.created" and seen_item:
+                seen_response = True
+            elif kind == "response.output_audio_transcript.delta":
+                words.setdefault(event["response_id"], []).append(event["delta"])
+            elif kind == "response.output_audio.delta":
+                now = loop.time()
+                self.largest_silence = max(self.largest_silence, now - heard)
+                heard = now
+                audio[event["response_id"]] = audio.get(event["response_id"], 0) + len(event["delta"])
+            elif kind == "response.done":
+                r = event["response"]
+                reason = (r.get("status_details") or {}).get("gateway_reason")
+                if r["status"] == "incomplete" and reason in ("drained", "replica_lost"):
+                    self.report.counts[f"cut_{reason}"] += 1
+                    cut = True  # its re-issue follows
+                elif r["status"] == "completed":
+                    whole = words.get(r["id"]) == [f"w{i} " for i in range(WORDS)]
+                    if not whole or audio.get(r["id"]) != WORDS * CHUNK_BYTES:
+                        self.fail("bad_answer", f"{r['id']}: {len(words.get(r['id'], []))} words")
+                        return False
+                    self.report.counts["reissued" if cut else "completed"] += 1
+                    return True
+                else:
+                    self.fail("bad_answer", f"{r['id']} ended {r['status']} {r.get('status_details')}")
+                    return False
+            if replay_to is not None and self.last_seq >= replay_to:
+                replay_to = None
+                await ask()  # the replay is in: what is still missing was never stored
+
+
+async def roll(cluster: Cluster, rounds: int, sig: int, report: Report, *, settle_s: float = 1.0) -> None:
+    """Each replica in turn: ``sig``, wait for it to exit, start it again on its port, let it
+    settle (``settle_s``: the sessions spread again); ``rounds`` times over."""
+    for _ in range(rounds):
+        for replica in cluster.replicas:
+            began = time.monotonic()
+            cluster.kill_replica(replica.index, sig)
+            await cluster.await_exit(replica.index, 60)
+            report.restarts.append((replica.name, time.monotonic() - began))
+            await cluster.astart_replica(replica.index)
+            await asyncio.sleep(settle_s)
+
+
+async def rolling_deploy(cluster: Cluster, *, sessions: int, rounds: int, sig: int = signal.SIGTERM,
+                         warm_up_s: float = 2.0, settle_s: float = 1.0) -> Report:  # fmt: skip
+    """``sessions`` listeners through ``cluster``'s nginx while it is rolled ``rounds`` times."""
+    report = Report()
+    stop = asyncio.Event()
+    listeners = [Listener(i, cluster.url, report) for i in range(sessions)]
+    running = [asyncio.create_task(listener.run(stop)) for listener in listeners]
+    try:
+        await asyncio.sleep(warm_up_s)  # every session under way
+        await roll(cluster, rounds, sig, report, settle_s=settle_s)
+    finally:
+        stop.set()
+        await asyncio.gather(*running)
+    for listener in listeners:
+        s = listener.rt.stats
+        for name in ("resumes", "resyncs", "replayed_events", "duplicates_dropped", "failed_attempts", "gaps"):
+            report.sdk[name] += getattr(s, name)
+    return report
+
+
+def summary(report: Report) -> list[str]:
+    silences = report.silences or [0.0]
+    exits = [t for _, t in report.restarts] or [0.0]
+    return [
+        f"answers {report.answers} ({report.counts['completed']} whole, {report.counts['reissued']} re-issued); "
+        f"cut {report.cut} (drained {report.counts['cut_drained']}, replica_lost {report.counts['cut_replica_lost']})",
+        "failures: " + ", ".join(f"{k} {report.counts[k]}" for k in FAILURES),
+        "SDK: " + ", ".join(f"{k} {v}" for k, v in report.sdk.items()),
+        f"largest silence per session: p50 {report.silence_ms(0.5):.0f} ms, p99 {report.silence_ms(0.99):.0f} ms, "
+        f"max {1000 * max(silences):.0f} ms ({len(report.silences)} sessions)",
+        f"signal -> exit per replica: median {statistics.median(exits):.2f} s, max {max(exits):.2f} s "
+        f"({len(report.restarts)} restarts)",
+        *report.failures,
+    ]
