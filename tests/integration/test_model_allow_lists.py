@@ -6,8 +6,6 @@ caller without an operator credential (the threat model: no model list)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 from typing import Any
 
 import httpx
@@ -15,6 +13,7 @@ import orjson
 import pytest
 import websockets
 from support.gateway import connect, run_gateway
+from support.two_tones import ROUTES, sha
 
 from gateway.protocol.errors import Code
 from gateway.settings import Settings
@@ -23,17 +22,6 @@ from orchestrator.engines.passthrough import PassthroughEngine
 pytestmark = pytest.mark.timeout(90)
 
 OPERATOR, VOICE, FILM = "sk-models-operator-1", "sk-models-voice-2", "sk-models-film-3"
-KEY_PROTO = "openai-insecure-api-key."
-ROUTES = json.dumps({"models": [
-    {"name": "tone-a", "engine": "passthrough", "audio_chunks": 2, "paced": False},
-    {"name": "tone-b", "engine": "passthrough", "audio_chunks": 2, "paced": False},
-]})  # fmt: skip
-
-
-def sha(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
 KEYS = orjson.dumps({"tenants": [
     {"name": "voice", "key_sha256": sha(VOICE), "models": ["tone-b"]},
     {"name": "film", "key_sha256": sha(FILM), "models": ["tone-a", "cpu-video"]},

@@ -7,8 +7,6 @@ size of what is stored, the secrets outstanding, the mints per minute."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +15,7 @@ import orjson
 import pytest
 import websockets
 from support.gateway import Client, RunningGateway, connect, run_gateway
+from support.two_tones import KEY_PROTO, ROUTES, sha
 
 from gateway.protocol.errors import Code
 from gateway.settings import Settings
@@ -25,17 +24,6 @@ from orchestrator.engines.passthrough import PassthroughEngine
 pytestmark = pytest.mark.timeout(90)
 
 OPERATOR, ACME, BETA = "sk-bind-operator-7a1", "sk-bind-acme-2b9", "sk-bind-beta-5c4"
-KEY_PROTO = "openai-insecure-api-key."
-ROUTES = json.dumps({"models": [
-    {"name": "tone-a", "engine": "passthrough", "audio_chunks": 2, "paced": False},
-    {"name": "tone-b", "engine": "passthrough", "audio_chunks": 2, "paced": False},
-]})  # fmt: skip
-
-
-def sha(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
 KEYS = orjson.dumps({"tenants": [
     {"name": "acme", "key_sha256": sha(ACME), "limits": {"max_secrets": 2}},
     {"name": "beta", "key_sha256": sha(BETA), "limits": {"secret_mints_per_min": 3, "max_secret_bytes": 2048}},
