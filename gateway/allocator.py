@@ -19,7 +19,7 @@ The collection is there because what a closed connection held is often in a refe
 cycle (an exception and its traceback's frames, a generator and its owner), which only
 a full collection frees, and CPython starts one by the count of objects made: a gateway
 that went quiet after hostile input may not run one for an hour, and keeps what those
-connections held (measured: ~30 MiB after a round of ``bench/fuzz_long.py``). To keep
+connections held (measured: ~55 MiB after a round of ``bench/fuzz_long.py``). To keep
 its pause short, everything alive at start-up (modules, engines, the app) is frozen
 first (``gc.freeze``): a collection then walks only what sessions made since. Each
 pause is timed (``collect_seconds``, the longest in ``collect_max_s``; the runtime
@@ -72,6 +72,7 @@ class Allocator:
         self._checked = False  # tune() looks once: mallopt is process-wide
         self.trims = 0  # malloc_trim calls made
         self.trim_seconds = 0.0  # spent in them
+        self._frozen = False  # gc.freeze() done (once per process)
         self.collects = 0  # full collections made by trim_loop
         self.collect_seconds = 0.0  # the event loop's time in them
         self.collect_max_s = 0.0  # the longest
@@ -122,9 +123,12 @@ class Allocator:
 
     async def trim_loop(self, interval_s: float, observe: Callable[[float], object] | None = None) -> None:
         """Every ``interval_s`` until cancelled: ``collect()`` (its pause to ``observe``), then
-        ``trim()`` (a worker thread does its walk). What is alive when it starts is frozen:
-        never collected, never walked again."""
-        gc.freeze()
+        ``trim()`` (a worker thread does its walk). What is alive when the first loop of the
+        process starts is frozen: never collected, never walked again (once: a process that
+        starts several runtimes, as the tests do, must not freeze what later ones leave)."""
+        if not self._frozen:
+            self._frozen = True
+            gc.freeze()
         while True:
             await asyncio.sleep(interval_s)
             took = self.collect()

@@ -470,10 +470,6 @@ class SessionHost:
         """The snapshot (and the item records that changed) into the writer's next flush."""
         self._snapshot_changes(self.writer)
 
-    @property
-    def conversation_loaded(self) -> bool:
-        return self._head is None
-
     async def load_conversation(self) -> None:
         """Read the conversation of a session restored without it (``head``): after the
         resume is answered, before anything else reaches the session (the connection's

@@ -84,11 +84,12 @@ async def take_over(door: Resuming, event: ce.SessionResume, provisional: Sessio
     log.info("session %s resumed (last seq %d, %d replayed, gap=%s)", s.id, last, len(read.events), read.gap)
     # The resume is answered: now the conversation (its cost is the conversation's, not
     # the resume's). The connection's next messages wait until it is in.
-    if not await _load_conversation(door, host, provisional) or host.ended:
+    if not await _load_conversation(door, host, provisional):
         return
-    if taken.recovered:
-        s.recover(taken.reason)
-    host.flush()  # also writes the snapshot with the rotated token
+    if not host.ended:  # (it may have been taken again meanwhile)
+        if taken.recovered:
+            s.recover(taken.reason)
+        host.flush()  # also writes the snapshot with the rotated token
     if provisional is not None:
         await provisional.end(reason="replaced by a resumed session", delete=True)
 

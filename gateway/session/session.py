@@ -90,7 +90,6 @@ class RealtimeSession:
         self._warned: set[str] = set()  # ignored fields already reported (session.warning)
         self._vad_factory = vad_factory
         self.conversation = Conversation()
-        self.conversation_loaded = True  # False: restored without it, until load_conversation
         self.dirty = True  # state changed since the last snapshot (the host clears it once it wrote one)
         log = self._log = EventLog(self.conversation.forget, self._state_changed)
         self._emit = log.emit
@@ -549,7 +548,6 @@ class RealtimeSession:
         log.id_counter = state["id_counter"]
         session.audio_ms = state["audio_ms"]
         session._history.id = state["conversation_id"]
-        session.conversation_loaded = False
         if conversation:
             session.load_conversation(state)
         session.dirty = False
@@ -572,7 +570,6 @@ class RealtimeSession:
             None if current is None else snapshot.response_from_dict(current, self.conversation, rate),
             [snapshot.response_from_dict(r, self.conversation, rate) for r in state.get("oob", ())],
         )
-        self.conversation_loaded = True
 
     def recover(self, reason: str) -> None:
         """After a takeover: end what died with the old replica, explicitly.
