@@ -5,10 +5,11 @@
   client still holds it): its host is found in the registry, and the journal is
   read only after the new peer is attached (``Claim.read``), so that no event
   falls between the replay and the live stream.
-- It runs elsewhere, or ran on a replica that died: the snapshot is loaded, the
-  resume admitted, the lease taken (which fences the old owner's writes; the old
-  owner is also told on its bus channel to stop at once), the journal read, and
-  the session restored here.
+- It runs elsewhere, or ran on a replica that died: the snapshot's head is loaded
+  (not the item records: the conversation is read once the resume is answered,
+  ``SessionHost.load_conversation``), the resume admitted, the lease taken (which
+  fences the old owner's writes; the old owner is also told on its bus channel to
+  stop at once), the journal read, and the session restored here.
 """
 
 from __future__ import annotations

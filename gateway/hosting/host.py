@@ -452,14 +452,15 @@ class SessionHost:
             for door in doors:
                 door.delivery.release(0)
 
-    def snapshot_bytes(self, *, with_items: bool = True) -> bytes:
+    def snapshot_bytes(self) -> bytes:
+        """The snapshot's head: the items are records of their own (``_snapshot_changes``)."""
         if self._head is not None:
             # The conversation is not read yet: the store's snapshot stands, with what the
             # claim changed (the seq, the rotated token).
             state = {**self._head, "seq": self.session.seq}
             state.pop("ended_by", None)
         else:
-            state = self.session.snapshot_state(with_items=with_items)
+            state = self.session.snapshot_state(with_items=False)
         state["principal"] = self.principal
         state["token_hash"] = self.token_hash
         if self.drained:
@@ -496,7 +497,7 @@ class SessionHost:
         changed, dropped = session.take_item_changes()
         conversation = session.conversation
         items = {i: snapshot.item_bytes(item) for i in changed if (item := conversation.get(i)) is not None}
-        writer.set_snapshot(self.snapshot_bytes(with_items=False), items, dropped)
+        writer.set_snapshot(self.snapshot_bytes(), items, dropped)
         session.dirty = False
 
     def _snapshot_whole(self, writer: JournalWriter) -> None:
@@ -504,7 +505,7 @@ class SessionHost:
         session = self.session
         session.take_item_changes()
         items = {item.id: snapshot.item_bytes(item) for item in session.conversation}
-        writer.set_snapshot(self.snapshot_bytes(with_items=False), items)
+        writer.set_snapshot(self.snapshot_bytes(), items)
         session.dirty = False
 
     def _run_effects(self, effects: list[Any]) -> None:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from typing import Any
 
 import httpx
 import orjson
 import pytest
 import websockets
-from support.gateway import RunningGateway, connect, run_gateway
+from support.gateway import Client, RunningGateway, connect, run_gateway
 from support.redis_server import REDIS_BINARY, RedisServer
 
 from gateway.hosting import takeover
@@ -135,8 +136,12 @@ async def _session_with_items(gw: RunningGateway, n: int) -> tuple[str, str, int
         return created["session"]["id"], created["resume_token"], c.events[-1]["server_event_seq"]
 
 
-def _resume(sid: str, token: str, last: int) -> dict[str, object]:
-    return {"type": "session.resume", "session_id": sid, "resume_token": token, "last_received_server_event_seq": last}
+async def _resumed(c: Client, sid: str, token: str, last: int) -> dict[str, Any]:
+    """Resume ``sid`` on the fresh connection ``c``: its session.resumed."""
+    await c.wait_for("session.created")
+    await c.send({"type": "session.resume", "session_id": sid, "resume_token": token,
+                  "last_received_server_event_seq": last})  # fmt: skip
+    return await c.wait_for("session.resumed")
 
 
 async def test_a_resume_is_answered_before_the_conversation_is_read(
@@ -159,9 +164,7 @@ async def test_a_resume_is_answered_before_the_conversation_is_read(
 
     monkeypatch.setattr(store, "load_session", held_back)
     async with connect(b.url, headers=KEY) as c:
-        await c.wait_for("session.created")
-        await c.send(_resume(sid, token, last))
-        resumed = await c.wait_for("session.resumed")  # (the read has not returned)
+        resumed = await _resumed(c, sid, token, last)  # (the read has not returned)
         assert resumed["session_id"] == sid
         await read_begun.wait()
         await c.send({"type": "conversation.item.retrieve", "item_id": "item_0", "event_id": "ev_get"})
@@ -184,17 +187,13 @@ async def test_a_session_moved_back_and_forth_keeps_its_conversation_in_records(
     sid, token, last = await _session_with_items(a, 25)
     for gw in (b, a):
         async with connect(gw.url, headers=KEY) as c:
-            await c.wait_for("session.created")
-            await c.send(_resume(sid, token, last))
-            resumed = await c.wait_for("session.resumed")
+            resumed = await _resumed(c, sid, token, last)
             token = resumed["resume_token"]
             head = orjson.loads(await gw.runtime.store.load_snapshot(sid) or b"{}")
             assert head["token_hash"] == takeover.token_hash(token)  # (the claim's own snapshot)
             assert "items" not in head and len(head["item_ids"]) == 25
     async with connect(b.url, headers=KEY) as c:
-        await c.wait_for("session.created")
-        await c.send(_resume(sid, token, last))
-        await c.wait_for("session.resumed")
+        await _resumed(c, sid, token, last)
         for i in (0, 12, 24):
             await c.send({"type": "conversation.item.retrieve", "item_id": f"item_{i}"})
             got = await c.wait_for("conversation.item.retrieved")
@@ -220,18 +219,14 @@ async def test_a_conversation_the_store_cannot_give_after_the_answer_means_resum
 
     monkeypatch.setattr(store, "load_session", fails_once)
     async with connect(b.url, headers=KEY) as c:
-        await c.wait_for("session.created")
-        await c.send(_resume(sid, token, last))
-        resumed = await c.wait_for("session.resumed")
+        resumed = await _resumed(c, sid, token, last)
         err = await c.wait_for("error")
         assert err["error"]["code"] == "store_unavailable", err
         with pytest.raises(websockets.ConnectionClosed):
             await c.recv()
         assert c.ws.close_code == 1013
     async with connect(b.url, headers=KEY) as c:
-        await c.wait_for("session.created")
-        await c.send(_resume(sid, resumed["resume_token"], last))
-        await c.wait_for("session.resumed")
+        await _resumed(c, sid, resumed["resume_token"], last)
         await c.send({"type": "conversation.item.retrieve", "item_id": "item_4"})
         got = await c.wait_for("conversation.item.retrieved")
         assert got["item"]["content"][0]["text"] == "message 4"
