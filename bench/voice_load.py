@@ -55,6 +55,7 @@ import contextlib
 import math
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -86,7 +87,8 @@ MIN_COMMIT_CHUNKS = MIN_COMMIT_MS // CHUNK_MS
 # Targets the figures are printed against.
 TARGET_SESSIONS = 400
 TARGET_ADDED_P99_MS = 20.0
-TARGET_RATIO = 0.5
+TARGET_RATIO = 0.5  # appends only (the first voice issue)
+TARGET_RATIO_DUPLEX = 0.8  # --duplex: the echo's own scale, or near it
 TARGET_IDLE_KB = 40.0
 
 # Manual turns with transcription: every append streams into the open buffer's transcription request.
@@ -550,9 +552,11 @@ def _free_port() -> int:
 class Server:
     """One server process on 127.0.0.1; ended by ``stop`` (always called: see ``serve``)."""
 
-    def __init__(self, target: str, sessions: int, run_s: float, setup: Setup) -> None:
+    def __init__(self, target: str, sessions: int, run_s: float, setup: Setup, *, redis: bool = False) -> None:
         cpus = setup.server_cpus
         self.target = target
+        self.redis: RedisServer | None = None
+        self._tree: list[psutil.Process] = []  # the gateway's workers (--workers), found once it is ready
         self.port = _free_port()
         # The server's output; kept (and named in the error) only if it fails to start.
         self.log = tempfile.NamedTemporaryFile(prefix=f"voice_load_{target}_", suffix=".log", delete=False)
@@ -572,6 +576,11 @@ class Server:
                 OMNI_GATEWAY_MAX_BUFFER_MS=str(max(300_000, int(run_s * 1000) + 60_000)),
                 OMNI_GATEWAY_DRAIN_WINDOW_S="1",  # the clients are gone when we stop it: no answers to wait for
             )
+            if setup.gateway_workers > 1:
+                cmd += ["--workers", str(setup.gateway_workers)]
+            if redis:  # a redis-server of its own, on the server's CPUs: its CPU is the server's too
+                self.redis = RedisServer(cpus)
+                env["OMNI_GATEWAY_REDIS_URL"] = self.redis.url
             self.url = f"ws://127.0.0.1:{self.port}/v1/realtime"
             if setup.duplex:  # a route whose answers last --answer-s, one per session at a time
                 route = {"name": "duplex-bench", "engine": "passthrough", "words_every": WORDS_EVERY,
@@ -583,6 +592,7 @@ class Server:
         else:
             cmd = [sys.executable, str(ROOT / "bench" / "bare_echo.py"), "--port", str(self.port)]
             self.url = f"ws://127.0.0.1:{self.port}/" + ("duplex" if setup.duplex else "echo")
+        self.setup_workers = setup.gateway_workers if target == "gateway" else 1
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         try:
             if cpus:
@@ -606,12 +616,28 @@ class Server:
             time.sleep(0.1)
         raise RuntimeError(f"{self.target} not ready after {timeout:.0f} s; see {self.log.name}")
 
+    def _procs(self) -> list[psutil.Process]:
+        if self.setup_workers > 1 and not self._tree:
+            self._tree = self.ps.children(recursive=True)
+        return [self.ps, *self._tree]
+
     def rss(self) -> int:
-        return int(self.ps.memory_info().rss)
+        total = 0
+        for p in self._procs():
+            with contextlib.suppress(psutil.Error):
+                total += int(p.memory_info().rss)
+        return total
 
     def cpu_s(self) -> float:
-        t = self.ps.cpu_times()
-        return float(t.user + t.system)
+        """The gateway's CPU seconds (every worker's, with --workers), without Redis's."""
+        total = 0.0
+        for p in self._procs():
+            with contextlib.suppress(psutil.Error):
+                total += _cpu_s(p)
+        return total
+
+    def redis_cpu_s(self) -> float:
+        return _cpu_s(self.redis.ps) if self.redis is not None else 0.0
 
     def stop(self) -> None:
         if self.proc.poll() is not None:  # it died on its own: keep its words
@@ -625,14 +651,50 @@ class Server:
                 self.proc.kill()
                 self.proc.wait(5)
         self.log.close()
+        if self.redis is not None:
+            self.redis.stop()
         if not self.keep_log:
             with contextlib.suppress(OSError):
                 os.unlink(self.log.name)
 
 
+class RedisServer:
+    """``redis-server`` on a free port of 127.0.0.1, nothing kept on disk (--redis)."""
+
+    def __init__(self, cpus: tuple[int, ...] | None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit("--redis needs redis-server on PATH (Debian: apt-get install redis-server)")
+        port = _free_port()
+        self.url = f"redis://127.0.0.1:{port}/0"
+        self.proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", tempfile.gettempdir()],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        if cpus:
+            os.sched_setaffinity(self.proc.pid, cpus)
+        self.ps = psutil.Process(self.proc.pid)
+        deadline = time.monotonic() + 10
+        while True:  # wait for it to accept
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
 @contextlib.contextmanager
-def serve(target: str, sessions: int, run_s: float, setup: Setup) -> Any:
-    server = Server(target, sessions, run_s, setup)
+def serve(target: str, sessions: int, run_s: float, setup: Setup, *, redis: bool = False) -> Any:
+    server = Server(target, sessions, run_s, setup, redis=redis)
     try:
         server.wait_ready()
         _touch(server)
@@ -673,6 +735,7 @@ class Setup:
     retries: int = 0  # measure again while other processes used > 15% of a core in the window
     duplex: bool = False  # every session is answered while it streams (see the module's docstring)
     answer_s: float = 5.0  # --duplex: the length of each answer
+    gateway_workers: int = 1  # --workers: gateway processes (`serve --workers N`), on the first N CPUs
 
     def workers(self, n: int) -> int:
         cores = len(self.client_cpus or os.sched_getaffinity(0))
@@ -848,7 +911,10 @@ class Figures:
     errors: int = 0
     closed: int = 0
     first_error: str = ""
-    server_cpu_pct: float = math.nan
+    server_cpu_pct: float = math.nan  # the gateway's (all its workers), without Redis
+    store: str = "memory"  # the gateway's session store: memory, or redis (--redis)
+    workers: int = 1
+    redis_cpu_pct: float = 0.0  # --redis: the redis-server's CPU (on the server's CPUs)
     server_rss_mb: float = math.nan
     rss_base_mb: float = math.nan
     rss_per_session_kb: float = math.nan  # (peak RSS in the window - RSS before connecting) / sessions
@@ -905,19 +971,22 @@ def measure_load(server: Server, fig: Figures, setup: Setup, duration: float) ->
         if setup.profile is not None and server.target == "gateway":
             profiler = Profiler(server.proc.pid, duration, setup.profile)
         cpu0, ccpu0, me0, all0 = server.cpu_s(), pool.cpu_s(), _cpu_s(me), _machine_busy_s()
+        rcpu0 = server.redis_cpu_s()
         peak = rss0 = server.rss()
         while (left := w1 - time.monotonic()) > 0:
             time.sleep(min(1.0, left))
             peak = max(peak, server.rss())
         cpu1, ccpu1, me1, all1 = server.cpu_s(), pool.cpu_s(), _cpu_s(me), _machine_busy_s()
+        rcpu1 = server.redis_cpu_s()
         results = pool.results(60)
         if profiler is not None:
             fig.profile = profiler.summary()
     finally:
         pool.close()
     fig.server_cpu_pct = 100 * (cpu1 - cpu0) / duration
+    fig.redis_cpu_pct = 100 * (rcpu1 - rcpu0) / duration
     fig.client_cpu_pct = [round(100 * (b - a) / duration, 1) for a, b in zip(ccpu0, ccpu1, strict=True)]
-    ours = (cpu1 - cpu0) + sum(ccpu1) - sum(ccpu0) + (me1 - me0)
+    ours = (cpu1 - cpu0) + (rcpu1 - rcpu0) + sum(ccpu1) - sum(ccpu0) + (me1 - me0)
     fig.other_cpu_pct = max(0.0, 100 * ((all1 - all0) - ours) / duration)
     fig.server_rss_mb = peak / 2**20
     fig.rss_per_session_kb = (peak - base) / 1024 / max(1, fig.connected)
@@ -948,26 +1017,28 @@ NOISY_PCT = 15.0  # others' CPU in a window (100 = one core) above which figures
 KEEPUP_P50_MS = 10.0  # --find-max: a server whose median round trip passes this is saturated (queueing)
 
 
-def run_target(target: str, setup: Setup, n: int, *, idle: bool, duration: float) -> Figures:
+def run_target(target: str, setup: Setup, n: int, *, idle: bool, duration: float, redis: bool = False) -> Figures:
     """Measure one server; on a busy machine (--retries), again, keeping the quietest run."""
-    best = _run_once(target, setup, n, idle=idle, duration=duration)
+    best = _run_once(target, setup, n, idle=idle, duration=duration, redis=redis)
     for _ in range(setup.retries):
         if best.other_cpu_pct <= NOISY_PCT:
             break
         print(f"  {target}: other processes used {best.other_cpu_pct:.0f}% of a core; measuring again", flush=True)
-        fig = _run_once(target, setup, n, idle=idle, duration=duration)
+        fig = _run_once(target, setup, n, idle=idle, duration=duration, redis=redis)
         best = fig if fig.other_cpu_pct < best.other_cpu_pct else best
     return best
 
 
-def _run_once(target: str, setup: Setup, n: int, *, idle: bool, duration: float) -> Figures:
+def _run_once(target: str, setup: Setup, n: int, *, idle: bool, duration: float, redis: bool = False) -> Figures:
     fig = Figures(target, n, setup.binary, setup.client, duplex=setup.duplex)
+    if target == "gateway":
+        fig.store, fig.workers = ("redis" if redis else "memory"), setup.gateway_workers
     if setup.wait_quiet_s > 0:
         fig.quiet_pct = wait_quiet(setup.wait_quiet_s)
     if idle:  # a server of its own: the gateway keeps closed sessions resumable for a while
-        with serve(target, n, setup.warmup + duration, setup) as server:
+        with serve(target, n, setup.warmup + duration, setup, redis=redis) as server:
             fig.rss_per_idle_kb = measure_idle(server, n, setup)
-    with serve(target, n, setup.warmup + duration, setup) as server:
+    with serve(target, n, setup.warmup + duration, setup, redis=redis) as server:
         measure_load(server, fig, setup, duration)
     return fig
 
@@ -1012,63 +1083,100 @@ def handled_s(fig: Figures) -> float:
     return fig.chunks_answered_s + fig.audio_out_s
 
 
+def server_pct(fig: Figures) -> float:
+    """The server side's CPU: the gateway's, and with --redis its redis-server's."""
+    return fig.server_cpu_pct + fig.redis_cpu_pct
+
+
 def per_core(fig: Figures) -> float:
-    """Chunks handled per second of server CPU; NaN when the run was not healthy."""
+    """Chunks handled per second of server CPU (the gateway's and its Redis's); NaN when the
+    run was not healthy."""
     ok = healthy(fig) and fig.server_cpu_pct > 0
-    return handled_s(fig) / (fig.server_cpu_pct / 100) if ok else math.nan
+    return handled_s(fig) / (server_pct(fig) / 100) if ok else math.nan
 
 
-def report(gw: Figures, echo: Figures, setup: Setup) -> float:
-    """Print both side by side; returns the throughput ratio."""
-    gw.added_p50_ms, gw.added_p99_ms = gw.p50_ms - echo.p50_ms, gw.p99_ms - echo.p99_ms
+def label(fig: Figures) -> str:
+    if fig.target != "gateway":
+        return fig.target
+    return "gateway" + ("+redis" if fig.store == "redis" else "") + (f" x{fig.workers}" if fig.workers > 1 else "")
+
+
+def report(gws: list[Figures], echo: Figures, setup: Setup) -> float:
+    """Print the gateway runs (memory store; with --redis, Redis too) beside the echo; returns
+    the first run's throughput ratio."""
+    for gw in gws:
+        gw.added_p50_ms, gw.added_p99_ms = gw.p50_ms - echo.p50_ms, gw.p99_ms - echo.p99_ms
+    figs, gw = [*gws, echo], gws[0]
+    goal = TARGET_RATIO_DUPLEX if gw.duplex else TARGET_RATIO
+
+    def row(
+        name: str,
+        value: Callable[[Figures], str],
+        target: Callable[[Figures], str] | None = None,
+        *,
+        gateway_only: bool = False,
+    ) -> tuple[str, list[str], str]:
+        cells = ["" if gateway_only and f is echo else value(f) for f in figs]
+        return name, cells, "" if target is None else target(gw)
+
+    def added_jitter(f: Figures) -> float:
+        return f.jitter_p99_ms - echo.jitter_p99_ms
+
     duplex = [
-        ("audio msgs out/s", _f(gw.audio_out_s, 0), _f(echo.audio_out_s, 0), ""),
-        ("responses done/s", _f(gw.responses_s, 1), "", ""),
-        ("out gap jitter p50 ms", _f(gw.jitter_p50_ms, 2), _f(echo.jitter_p50_ms, 2), ""),
-        ("out gap jitter p99 ms", _f(gw.jitter_p99_ms, 2), _f(echo.jitter_p99_ms, 2), ""),
-        ("added jitter p99 ms", _f(gw.jitter_p99_ms - echo.jitter_p99_ms, 2), "",
-         f"<= {TARGET_ADDED_P99_MS:.0f}: {_ok(gw.jitter_p99_ms - echo.jitter_p99_ms <= TARGET_ADDED_P99_MS)}"),
+        row("audio msgs out/s", lambda f: _f(f.audio_out_s, 0)),
+        row("responses done/s", lambda f: _f(f.responses_s, 1), gateway_only=True),
+        row("out gap jitter p50 ms", lambda f: _f(f.jitter_p50_ms, 2)),
+        row("out gap jitter p99 ms", lambda f: _f(f.jitter_p99_ms, 2)),
+        row("added jitter p99 ms", lambda f: _f(added_jitter(f), 2),
+            lambda f: f"<= {TARGET_ADDED_P99_MS:.0f}: {_ok(added_jitter(f) <= TARGET_ADDED_P99_MS)}",
+            gateway_only=True),
     ] if gw.duplex else []  # fmt: skip
     rows = [
-        ("sessions (connected)", f"{gw.connected}/{gw.sessions}", f"{echo.connected}/{echo.sessions}", ""),
-        ("msgs/s in", _f(gw.msgs_in_s, 0), _f(echo.msgs_in_s, 0), ""),
-        ("msgs/s out", _f(gw.msgs_out_s, 0), _f(echo.msgs_out_s, 0), ""),
-        ("chunks answered/s", _f(gw.chunks_answered_s, 0), _f(echo.chunks_answered_s, 0), ""),
+        row("sessions (connected)", lambda f: f"{f.connected}/{f.sessions}"),
+        row("msgs/s in", lambda f: _f(f.msgs_in_s, 0)),
+        row("msgs/s out", lambda f: _f(f.msgs_out_s, 0)),
+        row("chunks answered/s", lambda f: _f(f.chunks_answered_s, 0)),
         *duplex,
-        ("RTT p50 ms", _f(gw.p50_ms, 2), _f(echo.p50_ms, 2), ""),
-        ("RTT p99 ms", _f(gw.p99_ms, 2), _f(echo.p99_ms, 2), ""),
-        ("latency samples", f"{gw.samples:,}", f"{echo.samples:,}", ""),
-        ("added p50 ms", _f(gw.added_p50_ms, 2), "", ""),
-        ("added p99 ms", _f(gw.added_p99_ms, 2), "",
-         f"<= {TARGET_ADDED_P99_MS:.0f}: {_ok(gw.added_p99_ms <= TARGET_ADDED_P99_MS)}"),
-        ("server CPU %", _f(gw.server_cpu_pct), _f(echo.server_cpu_pct), ""),
-        ("server RSS MB (base)", f"{_f(gw.server_rss_mb)} ({_f(gw.rss_base_mb)})",
-         f"{_f(echo.server_rss_mb)} ({_f(echo.rss_base_mb)})", ""),
-        ("RSS KB/session", _f(gw.rss_per_session_kb), _f(echo.rss_per_session_kb), ""),
-        ("  growth KB/s/session", _f(gw.rss_growth_kb_s, 2), _f(echo.rss_growth_kb_s, 2), ""),
-        ("RSS KB/idle session", _f(gw.rss_per_idle_kb), _f(echo.rss_per_idle_kb),
-         "" if math.isnan(gw.rss_per_idle_kb)
-         else f"<= {TARGET_IDLE_KB:.0f}: {_ok(gw.rss_per_idle_kb <= TARGET_IDLE_KB)}"),
-        ("unanswered/errors/closed", f"{gw.unanswered}/{gw.errors}/{gw.closed}",
-         f"{echo.unanswered}/{echo.errors}/{echo.closed}", ""),
-        ("client send lag p99 ms", _f(gw.lag_p99_ms, 2), _f(echo.lag_p99_ms, 2), ""),
-        ("client CPU % per proc", " ".join(map(str, gw.client_cpu_pct)), " ".join(map(str, echo.client_cpu_pct)), ""),
-        ("others' CPU %", _f(gw.other_cpu_pct, 0), _f(echo.other_cpu_pct, 0), ""),
+        row("RTT p50 ms", lambda f: _f(f.p50_ms, 2)),
+        row("RTT p99 ms", lambda f: _f(f.p99_ms, 2)),
+        row("latency samples", lambda f: f"{f.samples:,}"),
+        row("added p50 ms", lambda f: _f(f.added_p50_ms, 2), gateway_only=True),
+        row("added p99 ms", lambda f: _f(f.added_p99_ms, 2),
+            lambda f: f"<= {TARGET_ADDED_P99_MS:.0f}: {_ok(f.added_p99_ms <= TARGET_ADDED_P99_MS)}",
+            gateway_only=True),
+        row("server CPU %", lambda f: _f(f.server_cpu_pct)),
+        row("  of it redis-server %", lambda f: _f(f.redis_cpu_pct) if f.store == "redis" else "", gateway_only=True),
+        row("server RSS MB (base)", lambda f: f"{_f(f.server_rss_mb)} ({_f(f.rss_base_mb)})"),
+        row("RSS KB/session", lambda f: _f(f.rss_per_session_kb)),
+        row("  growth KB/s/session", lambda f: _f(f.rss_growth_kb_s, 2)),
+        row("RSS KB/idle session", lambda f: _f(f.rss_per_idle_kb),
+            lambda f: "" if math.isnan(f.rss_per_idle_kb)
+            else f"<= {TARGET_IDLE_KB:.0f}: {_ok(f.rss_per_idle_kb <= TARGET_IDLE_KB)}"),
+        row("unanswered/errors/closed", lambda f: f"{f.unanswered}/{f.errors}/{f.closed}"),
+        row("client send lag p99 ms", lambda f: _f(f.lag_p99_ms, 2)),
+        row("client CPU % per proc", lambda f: " ".join(map(str, f.client_cpu_pct))),
+        row("others' CPU %", lambda f: _f(f.other_cpu_pct, 0)),
+        row("chunks per server CPU s", lambda f: _f(per_core(f), 0)),
+        row("  ratio to the echo", lambda f: _f(per_core(f) / per_core(echo), 2),
+            lambda f: f">= {goal}: {_ok(per_core(f) / per_core(echo) >= goal)}", gateway_only=True),
     ]  # fmt: skip
-    print(f"\n{'':24}{'gateway':>16}{'echo':>16}   target")
-    for name, a, b, t in rows:
-        print(f"{name:24}{a:>16}{b:>16}   {t}")
+    print(f"\n{'':24}" + "".join(f"{label(f):>16}" for f in figs) + "   target")
+    for name, cells, t in rows:
+        print(f"{name:24}" + "".join(f"{c:>16}" for c in cells) + f"   {t}")
     # Chunks answered per server CPU second: what each would carry on one full core. Only a run
     # the server kept up with says so (an overloaded one answers late, outside the window).
     ratio = per_core(gw) / per_core(echo)
     what = "chunks handled (in answered + audio out)" if gw.duplex else "chunks answered"
     print(f"\n{what} per server CPU second: gateway {_f(per_core(gw), 0)}, echo {_f(per_core(echo), 0)}: "
-          f"throughput ratio gateway/echo {_f(ratio, 2)} (target >= {TARGET_RATIO}: {_ok(ratio >= TARGET_RATIO)}; "
+          f"throughput ratio gateway/echo {_f(ratio, 2)} (target >= {goal}: {_ok(ratio >= goal)}; "
           f"--find-max measures it at saturation)")  # fmt: skip
+    for other in gws[1:]:
+        print(f"{label(other)}: {_f(per_core(other), 0)} chunks per server CPU second (its Redis's CPU "
+              f"counted), {_f(per_core(other) / per_core(gw), 2)} of the memory store's")  # fmt: skip
     if gw.sessions < TARGET_SESSIONS:
         print(f"note: N={gw.sessions} is below the {TARGET_SESSIONS}-session target; run --sessions "
               f"{TARGET_SESSIONS} or --find-max")  # fmt: skip
-    for fig in (gw, echo):
+    for fig in figs:
         _warn(fig, setup)
     return ratio
 
@@ -1213,17 +1321,34 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
         help="measure a server again (up to this many times) while other processes used > 15%% of "
         "a core during its window; the quietest run is kept (default 0)",
     )
+    p.add_argument(
+        "--redis",
+        action="store_true",
+        help="also measure the gateway on the Redis store (a redis-server this starts, on the server's CPUs)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="gateway processes (serve --workers N), on the first N CPUs; the clients on the rest, or beside "
+        "them where none are left (default 1)",
+    )
     p.add_argument("--json", type=Path, help="also write the figures here, as JSON")
     args = p.parse_args(argv)  # fmt: skip
     if args.commit_ms < MIN_COMMIT_MS or args.commit_ms % CHUNK_MS:
         p.error(f"--commit-ms must be a multiple of {CHUNK_MS} and >= {MIN_COMMIT_MS}")
     cpus = sorted(os.sched_getaffinity(0))
+    if args.workers < 1:
+        p.error("--workers must be >= 1")
     pin = args.pin and len(cpus) >= 2
+    server_cpus, client_cpus = tuple(cpus[: args.workers]), tuple(cpus[args.workers :])
+    if not client_cpus:  # nothing left: the clients share the server's CPUs (and say so)
+        client_cpus = tuple(cpus)
     setup = Setup(
         binary=args.binary, client=args.client, commit_every=args.commit_ms // CHUNK_MS, warmup=args.warmup,
-        clients=args.clients, server_cpus=(cpus[0],) if pin else None, client_cpus=tuple(cpus[1:]) if pin else None,
+        clients=args.clients, server_cpus=server_cpus if pin else None, client_cpus=client_cpus if pin else None,
         wait_quiet_s=args.wait_quiet, profile=args.profile, retries=args.retries, duplex=args.duplex,
-        answer_s=args.answer_s,
+        answer_s=args.answer_s, gateway_workers=args.workers,
     )  # fmt: skip
     return args, setup
 
@@ -1260,13 +1385,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"N={n}, {setup.workers(n)} client process(es), {args.warmup:.0f} s warm-up + "
               f"{args.duration:.0f} s measured per server", flush=True)  # fmt: skip
         figs: dict[str, Figures] = {}
-        for target in ("gateway", "echo"):
+        runs = [("gateway", False), *([("gateway", True)] if args.redis else []), ("echo", False)]
+        for target, redis in runs:
             if args.only in (None, target):
-                print(f"measuring {target} ...", flush=True)
-                figs[target] = run_target(target, setup, n, idle=not args.no_idle, duration=args.duration)
+                key = target + ("+redis" if redis else "")
+                print(f"measuring {key} ...", flush=True)
+                figs[key] = run_target(target, setup, n, idle=not args.no_idle, duration=args.duration, redis=redis)
         out = {k: asdict(v) for k, v in figs.items()}
-        if len(figs) == 2:
-            out["ratio"] = report(figs["gateway"], figs["echo"], setup)
+        if "echo" in figs and len(figs) >= 2:
+            out["ratio"] = report([f for k, f in figs.items() if k != "echo"], figs["echo"], setup)
         else:
             for fig in figs.values():
                 print(orjson.dumps({k: v for k, v in asdict(fig).items() if k != "profile"},

@@ -38,6 +38,7 @@ __all__ = [
     "Admission",
     "Budget",
     "BusMessage",
+    "Commit",
     "FencedError",
     "JournalRead",
     "Owner",
@@ -178,6 +179,19 @@ class StoreLimits:
 
 
 # --- results ----------------------------------------------------------------
+
+
+class Commit(NamedTuple):
+    """One session's part of ``commit_many``: the arguments of ``SessionStore.commit``."""
+
+    session_id: str
+    fence: int
+    events: Sequence[tuple[int, bytes]] = ()
+    snapshot: bytes | None = None
+    lost_through: int = 0
+    items: Mapping[str, bytes] | None = None
+    drop_items: Sequence[str] = ()
+    quota: StateQuota | None = None
 
 
 class Owner(NamedTuple):
@@ -362,6 +376,26 @@ class SessionStore(abc.ABC):
         journal records it so a resume from before it reports a gap.
         Raises ``FencedError`` (nothing is written) or ``StoreUnavailable``.
         """
+
+    async def commit_many(self, commits: Sequence[Commit]) -> list[StoreError | None]:
+        """Every commit of ``commits``, each one atomic as ``commit`` is (of different
+        sessions, or in order for one), in ONE round trip where the backend can batch
+        (Redis: a pipeline). Never raises a store error: the answer holds, per commit,
+        None (committed) or its error (``FencedError``: nothing of it written;
+        ``StoreUnavailable``: it may or may not have been applied, and a retry is
+        idempotent). This default runs them one after another."""
+        results: list[StoreError | None] = []
+        for c in commits:
+            try:
+                await self.commit(
+                    c.session_id, fence=c.fence, events=c.events, snapshot=c.snapshot, lost_through=c.lost_through,
+                    items=c.items, drop_items=c.drop_items, quota=c.quota,
+                )  # fmt: skip
+            except StoreError as exc:
+                results.append(exc)
+            else:
+                results.append(None)
+        return results
 
     async def save_snapshot(self, session_id: str, snapshot: bytes, *, fence: int) -> None:
         await self.commit(session_id, fence=fence, snapshot=snapshot)

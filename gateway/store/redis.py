@@ -74,13 +74,14 @@ from typing import Any, TypeVar
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import DataError, RedisError
+from redis.exceptions import DataError, NoScriptError, RedisError
 
 from gateway.store import _redis_lua as lua
 from gateway.store.base import (
     Admission,
     Budget,
     BusMessage,
+    Commit,
     FencedError,
     JournalRead,
     Owner,
@@ -89,6 +90,7 @@ from gateway.store.base import (
     StateHeld,
     StateLimitExceeded,
     StateQuota,
+    StoreError,
     StoreLimits,
     StoreUnavailable,
     Subscription,
@@ -241,19 +243,62 @@ class RedisStore(SessionStore):
         drop_items: Sequence[str] = (),
         quota: StateQuota | None = None,
     ) -> None:
-        k = self._keys(session_id)
-        items = items or {}
+        keys, args = self._commit_call(Commit(session_id, fence, events, snapshot, lost_through, items, drop_items,
+                                              quota))  # fmt: skip
+        ok, current = await self._call(lambda: self._commit(keys=keys, args=args))
+        if not ok:
+            raise FencedError(session_id, fence, int(current) if current else None)
+
+    async def commit_many(self, commits: Sequence[Commit]) -> list[StoreError | None]:
+        """One pipeline (not a transaction: each script is atomic on its own) for all."""
+        if len(commits) == 1:
+            return await super().commit_many(commits)
+        calls = [self._commit_call(c) for c in commits]
+
+        async def run() -> list[Any]:
+            # EVALSHA by hand: a Script queued on a pipeline costs a SCRIPT EXISTS round
+            # trip per execute. A Redis that lost the script (restarted) says NOSCRIPT for
+            # each: load it and send the batch again (the commits are idempotent).
+            for _ in range(2):
+                pipe = self._redis.pipeline(transaction=False)
+                for keys, args in calls:
+                    pipe.evalsha(self._commit.sha, len(keys), *keys, *args)
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
+                if not any(isinstance(r, NoScriptError) for r in replies):
+                    break
+                self._commit.sha = await self._redis.script_load(lua.COMMIT)
+            return replies
+
+        try:
+            replies = await self._call(run)
+        except StoreUnavailable as exc:
+            return [exc] * len(commits)
+        results: list[StoreError | None] = []
+        for c, reply in zip(commits, replies, strict=True):
+            if isinstance(reply, BaseException):  # this script failed (OOM, a replica's read-only...)
+                results.append(StoreUnavailable(f"redis: {reply!r}"))
+            elif not reply[0]:
+                results.append(FencedError(c.session_id, c.fence, int(reply[1]) if reply[1] else None))
+            else:
+                results.append(None)
+        return results
+
+    def _commit_call(self, c: Commit) -> tuple[list[str], list[Arg]]:
+        """The COMMIT script's keys and arguments for ``c``."""
+        k = self._keys(c.session_id)
+        items = c.items or {}
+        quota = c.quota
         args: list[Arg] = [
-            fence,
+            c.fence,
             ttl_ms(self.limits, quota),
             self.limits.max_events,
             self.limits.max_bytes,
-            lost_through,
-            1 if snapshot is not None else 0,
-            snapshot or b"",
+            c.lost_through,
+            1 if c.snapshot is not None else 0,
+            c.snapshot or b"",
             len(items),
-            len(drop_items),
-            session_id,
+            len(c.drop_items),
+            c.session_id,
             self._p,
             quota.max_bytes if quota is not None else 0,
             self.limits.idle_ttl_ms,
@@ -261,16 +306,14 @@ class RedisStore(SessionStore):
         for item_id, data in items.items():
             args.append(item_id)
             args.append(data)
-        args.extend(drop_items)
-        for seq, data in events:
+        args.extend(c.drop_items)
+        for seq, data in c.events:
             args.append(seq)
             args.append(data)
         keys = [k["fence"], k["snap"], k["log"], k["meta"], k["items"]]
         if quota is not None:
             keys += self._ledger(quota.principal)
-        ok, current = await self._call(lambda: self._commit(keys=keys, args=args))
-        if not ok:
-            raise FencedError(session_id, fence, int(current) if current else None)
+        return keys, args
 
     async def load_snapshot(self, session_id: str) -> bytes | None:
         key = self._keys(session_id)["snap"]

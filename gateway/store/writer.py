@@ -1,46 +1,67 @@
-"""JournalWriter: batches one session's journal appends and snapshot updates.
+"""JournalWriter: batches one session's journal appends and snapshot updates;
+JournalFlusher: commits every session's batch of one process together.
 
 A streaming session emits many small events (audio and text deltas). Writing
 each one would cost a round trip per event; instead the session calls
-``append`` (synchronous, no await) and ``set_snapshot``, and a flusher task
-sends everything pending in ONE ``store.commit`` (fence check + appends +
-snapshot + caps + TTL refresh, atomically), at most once per
-``flush_interval_ms``:
+``append`` (synchronous, no await) and ``set_snapshot``, and the process's one
+``JournalFlusher`` (per store and event loop) sends everything pending of every
+session that is due in ONE ``store.commit_many`` (on Redis, one pipelined round
+trip; per session still one atomic commit: fence check + appends + snapshot +
+caps + TTL refresh):
 
 - the first append after a quiet period is flushed on the next loop turn
   (no added latency when traffic is sparse);
-- while busy, flushes are spaced ``flush_interval_ms`` apart, so a session
-  costs at most ``1000 / flush_interval_ms`` round trips per second however
-  many events it emits;
-- ``flush()`` forces a flush now (before acking a resume, on close, at drain).
+- while busy, a session's flushes are spaced at least ``flush_interval_ms``
+  apart, on a process-wide grid of ``interval / GRID_STEPS`` steps, so busy
+  sessions share their batches: a session costs at most
+  ``1000 / flush_interval_ms`` commits per second, and the process at most
+  ``GRID_STEPS * 1000 / flush_interval_ms`` batches per second (plus forced
+  flushes), however many sessions it holds;
+- ``flush()`` forces a flush now (the commit gate, before acking a resume, on
+  close, at drain); forced flushes of one loop turn share a batch too.
 
 What a crash can lose: the events appended since the last successful flush,
-i.e. at most one flush interval (default 20 ms) plus the round trip in flight.
-The client may have received those events; a resume then finds
-``JournalRead.last_seq`` below the client's ``after_seq`` and must resync.
+i.e. at most one flush interval and a grid step (default 20 + 5 ms) plus the
+batch in flight. The client may have received those events; a resume then
+finds ``JournalRead.last_seq`` below the client's ``after_seq`` and must resync.
 
-Failures: ``FencedError`` (another replica took the session) stops the writer
-for good: pending events are dropped, ``fenced`` is set, ``on_fenced`` is
-called, and further ``append`` calls raise it. ``StoreUnavailable`` keeps the
-batch and retries with backoff (doubling from the interval up to
-``MAX_RETRY_S``); the pending buffer is capped (``max_pending_events`` /
-``max_pending_bytes``, default: the journal caps) and when full the oldest
-pending events are dropped and reported to the journal as lost, so a resume
-from before them reports a gap rather than a silent hole.
+Failures, per session: ``FencedError`` (another replica took the session)
+stops the writer for good: pending events are dropped, ``fenced`` is set,
+``on_fenced`` is called, and further ``append`` calls raise it.
+``StoreUnavailable`` keeps the batch and retries with backoff (doubling from
+the interval up to ``MAX_RETRY_S``); the pending buffer is capped
+(``max_pending_events`` / ``max_pending_bytes``, default: the journal caps) and
+when full the oldest pending events are dropped and reported to the journal as
+lost, so a resume from before them reports a gap rather than a silent hole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import ClassVar, NamedTuple
 
-from gateway.store.base import FencedError, SessionStore, StateQuota, StoreError, StoreUnavailable
+from gateway.store.base import Commit, FencedError, SessionStore, StateQuota, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 MAX_RETRY_S = 1.0  # longest wait between retries while the store is unavailable
+GRID_STEPS = 4  # a flush interval holds this many grid steps: the phases busy sessions share
+
+
+class _Batch(NamedTuple):
+    """What one flush took from a writer (put back if the store fails)."""
+
+    events: list[tuple[int, bytes]]
+    snapshot: bytes | None
+    lost: int
+    items: dict[str, bytes]
+    drops: set[str]
+    waiters: list[asyncio.Future[None]]  # flush() calls this batch answers
 
 
 class JournalWriter:
@@ -85,10 +106,11 @@ class JournalWriter:
         self._items: dict[str, bytes] = {}  # item records to write with the next flush
         self._drops: set[str] = set()  # item records to delete with it
         self._lost_through = 0
-        self._lock = asyncio.Lock()  # one commit in flight, so order holds
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._next_at = 0.0  # loop time before which the flusher may not flush
+        self._waiters: list[asyncio.Future[None]] = []  # flush() calls for the next batch
+        self._flusher: JournalFlusher | None = None
+        self._in_flight = False  # one batch of ours at a time, so order holds
+        self._next_at = 0.0  # loop time before which the flusher may not flush us
+        self._retry_s = 0.0
         self._closed = False
 
         self.fenced: FencedError | None = None
@@ -110,7 +132,8 @@ class JournalWriter:
             raise RuntimeError("JournalWriter is closed")
         self._events.append((seq, data))
         self._bytes += len(data)
-        self._enforce_caps()
+        if len(self._events) > self.max_pending_events or self._bytes > self.max_pending_bytes:
+            self._enforce_caps()
         self._kick()
 
     def mark_lost(self, through_seq: int) -> None:
@@ -141,142 +164,235 @@ class JournalWriter:
             self._bytes -= len(data)
             self._lost_through = max(self._lost_through, seq)
 
-    def _kick(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"journal-writer:{self.session_id}")
-        self._wake.set()
+    def _has_pending(self) -> bool:
+        return bool(self._events or self._snapshot is not None or self._lost_through or self._items or self._drops)
+
+    def _kick(self, at: float | None = None) -> None:
+        flusher = self._flusher
+        if flusher is None:
+            flusher = self._flusher = JournalFlusher.of(self.store)
+        flusher.schedule(self, self._next_at if at is None else at)
 
     # -- flushing --
 
     async def flush(self) -> None:
-        """Commit everything pending now. Raises FencedError / StoreUnavailable
-        (the batch is kept for a retry on StoreUnavailable)."""
-        async with self._lock:
-            await self._flush_locked()
-
-    async def _flush_locked(self) -> None:
+        """Commit everything pending now (and wait for a batch in flight). Raises
+        FencedError / StoreUnavailable (the batch is kept for a retry on StoreUnavailable)."""
         if self.fenced is not None:
             raise self.fenced
-        if (
-            not self._events
-            and self._snapshot is None
-            and not self._lost_through
-            and not self._items
-            and not self._drops
-        ):
+        if not (self._has_pending() or self._in_flight):
             return
-        events, snapshot, lost = list(self._events), self._snapshot, self._lost_through
-        items, drops = self._items, self._drops
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self._kick(at=0.0)  # now, before the interval or a backoff says
+        await waiter
+
+    def _take(self, now: float) -> _Batch | None:
+        """The flusher takes what is pending (None: nothing; the waiters are answered)."""
+        waiters, self._waiters = self._waiters, []
+        if self.fenced is not None or not self._has_pending():
+            _answer(waiters, self.fenced)
+            return None
+        batch = _Batch(list(self._events), self._snapshot, self._lost_through, self._items, self._drops, waiters)
         self._events.clear()
         self._bytes = 0
         self._snapshot = None
         self._items, self._drops = {}, set()
         self._lost_through = 0
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        try:
-            await self.store.commit(
-                self.session_id,
-                fence=self.fence,
-                events=events,
-                snapshot=snapshot,
-                lost_through=lost,
-                items=items,
-                drop_items=sorted(drops),
-                quota=self.quota,
-            )
-        except FencedError as exc:
-            self.fenced = exc
+        self._in_flight = True
+        self._next_at = now + self.interval_s
+        return batch
+
+    def _commit_of(self, batch: _Batch) -> Commit:
+        return Commit(self.session_id, self.fence, batch.events, batch.snapshot, batch.lost, batch.items,
+                      sorted(batch.drops), self.quota)  # fmt: skip
+
+    def _settle(self, batch: _Batch, error: BaseException | None, now: float, seconds: float) -> None:
+        """The flusher's answer for ``batch``: committed (``error`` None) or not."""
+        self._in_flight = False
+        if self._closed and self._flusher is None:  # abandoned: the session went on without us
+            _answer(batch.waiters, error)
+            return
+        if error is None:
+            self.last_error = None
+            self._retry_s = 0.0
+            self.flushes += 1
+            self.flush_seconds += seconds
+            if batch.events:
+                self.committed_seq = max(self.committed_seq, batch.events[-1][0])
+            if self.on_flushed is not None:
+                self.on_flushed(self.committed_seq, True)
+            _answer(batch.waiters, None)
+        elif isinstance(error, FencedError):
+            self.fenced = error
             self._events.clear()
             self._bytes = 0
             if self.on_fenced is not None:
-                self.on_fenced(exc)
-            raise
-        except StoreError as exc:
-            self.last_error = exc
-            self._restore(events, snapshot, lost, items, drops)
-            if self.on_flushed is not None and events:
-                self.on_flushed(events[-1][0], False)
-            raise
-        except asyncio.CancelledError:
-            self._restore(events, snapshot, lost, items, drops)
-            raise
-        self.last_error = None
-        self.flushes += 1
-        self.flush_seconds += loop.time() - started
-        if events:
-            self.committed_seq = max(self.committed_seq, events[-1][0])
-        if self.on_flushed is not None:
-            self.on_flushed(self.committed_seq, True)
+                self.on_fenced(error)
+            _answer(batch.waiters, error)
+            _answer(self._waiters, error)
+            self._waiters = []
+            return
+        else:
+            self._restore(batch)
+            if isinstance(error, StoreUnavailable):
+                self.last_error = error
+                self._retry_s = min(max(self._retry_s * 2, self.interval_s, 0.01), MAX_RETRY_S)
+                log.warning("journal flush failed for session %s (retry in %.2fs): %s", self.session_id,
+                            self._retry_s, error)  # fmt: skip
+            else:  # a bug must not stop the journal silently
+                if isinstance(error, StoreError):
+                    self.last_error = error
+                self._retry_s = MAX_RETRY_S
+                log.error("journal flush crashed for session %s", self.session_id, exc_info=error)
+            self._next_at = now + self._retry_s
+            if self.on_flushed is not None and batch.events:
+                self.on_flushed(batch.events[-1][0], False)
+            _answer(batch.waiters, error)
+        if self._waiters or self._has_pending():
+            self._kick(at=0.0 if self._waiters else None)  # a flush() waiting: at once
 
-    def _restore(
-        self,
-        events: list[tuple[int, bytes]],
-        snapshot: bytes | None,
-        lost: int,
-        items: dict[str, bytes],
-        drops: set[str],
-    ) -> None:
+    def _restore(self, batch: _Batch) -> None:
         # Put the batch back in front of what arrived meanwhile (it may or may
         # not have been applied; a retry is idempotent). What came later wins.
-        self._events.extendleft(reversed(events))
+        self._events.extendleft(reversed(batch.events))
         self._bytes = sum(len(d) for _, d in self._events)
         if self._snapshot is None:
-            self._snapshot = snapshot
+            self._snapshot = batch.snapshot
         later = self._items.keys() | self._drops
-        self._items.update({k: v for k, v in items.items() if k not in later})
-        self._drops |= {d for d in drops if d not in later}
-        self._lost_through = max(self._lost_through, lost)
+        self._items.update({k: v for k, v in batch.items.items() if k not in later})
+        self._drops |= {d for d in batch.drops if d not in later}
+        self._lost_through = max(self._lost_through, batch.lost)
         self._enforce_caps()
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        retry_s = 0.0
-        while True:
-            await self._wake.wait()
-            delay = self._next_at - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)  # appends meanwhile join this batch
-            self._wake.clear()
-            self._next_at = loop.time() + self.interval_s
-            try:
-                await self.flush()
-                retry_s = 0.0
-            except FencedError:
-                return
-            except StoreUnavailable as exc:
-                retry_s = min(max(retry_s * 2, self.interval_s, 0.01), MAX_RETRY_S)
-                self._next_at = loop.time() + retry_s
-                self._wake.set()
-                log.warning("journal flush failed for session %s (retry in %.2fs): %s", self.session_id, retry_s, exc)
-            except Exception:  # a bug must not kill the flusher silently
-                log.exception("journal flush crashed for session %s", self.session_id)
-                self._next_at = loop.time() + MAX_RETRY_S
-                self._wake.set()
 
     def abandon(self) -> None:
         """Stop now, dropping what is pending (the session went to another replica, or
-        this writer's lease is gone): no flusher task outlives its writer."""
+        this writer's lease is gone): nothing of ours is flushed after this (a batch
+        already in flight lands or is fenced; its news is ignored)."""
         self._closed = True
         self._events.clear()
-        self._items, self._drops, self._snapshot = {}, set(), None
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+        self._bytes = 0
+        self._items, self._drops, self._snapshot, self._lost_through = {}, set(), None, 0
+        self._forget()
+        _answer(self._waiters, None)
+        self._waiters = []
+
+    def _forget(self) -> None:
+        if self._flusher is not None:
+            self._flusher.forget(self)
+            self._flusher = None
 
     async def close(self, *, flush: bool = True) -> None:
-        """Stop the flusher; with ``flush`` commit what is pending first (its
-        error, if any, is raised after the flusher is stopped)."""
+        """Stop; with ``flush`` commit what is pending first (its error, if any, is
+        raised after the writer is stopped)."""
         self._closed = True
-        error: BaseException | None = None
-        if flush and self.fenced is None:
-            try:
+        try:
+            if flush and self.fenced is None:
                 await self.flush()
-            except StoreError as exc:
-                error = exc
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait({self._task})  # our own cancellation still raises; the task's does not
-            self._task = None
-        if error is not None:
-            raise error
+        finally:
+            self._forget()
+
+
+def _answer(waiters: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
+
+
+class JournalFlusher:
+    """Flushes the due writers of one store, in one event loop, in one ``commit_many``.
+
+    One task, woken by a timer at the earliest due writer; one batch in flight at a
+    time (writers that come due meanwhile go in the next). Got with ``of(store)``."""
+
+    _by_store: ClassVar[weakref.WeakKeyDictionary[SessionStore, JournalFlusher]] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, store: SessionStore) -> JournalFlusher:
+        loop = asyncio.get_running_loop()
+        flusher = cls._by_store.get(store)
+        if flusher is None or flusher._loop is not loop or flusher._loop.is_closed():
+            flusher = cls._by_store[store] = cls(store, loop)
+        return flusher
+
+    def __init__(self, store: SessionStore, loop: asyncio.AbstractEventLoop) -> None:
+        self.store = store
+        self._loop = loop
+        ms = store.limits.flush_interval_ms
+        self._grid_s = ms / 1000 / GRID_STEPS
+        self._due: dict[JournalWriter, float] = {}  # writer -> loop time it may flush from
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._busy = False  # a batch is in flight
+        self.batches = 0  # commit_many calls made (one store round trip each on Redis)
+
+    def schedule(self, writer: JournalWriter, at: float) -> None:
+        """``writer`` has something to flush from loop time ``at`` (earlier wins)."""
+        due = self._due.get(writer)
+        if due is not None and due <= at:
+            return
+        if at > 0 and self._grid_s > 0:  # on the grid, so busy writers share batches
+            at = math.ceil(at / self._grid_s) * self._grid_s
+        self._due[writer] = at
+        if not self._busy and at < self._timer_at:
+            self._arm(at)
+
+    def forget(self, writer: JournalWriter) -> None:
+        self._due.pop(writer, None)
+
+    def _arm(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._fire)
+
+    def _fire(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        if self._task is None or self._task.done():
+            self._task = self._loop.create_task(self._run(), name="journal-flusher")
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            self._busy = True
+            try:
+                await self._flush_due()
+            finally:
+                self._busy = False
+            if self._due:
+                self._arm(min(self._due.values()))
+
+    async def _flush_due(self) -> None:
+        loop = self._loop
+        now = loop.time()
+        batch: list[tuple[JournalWriter, _Batch]] = []
+        for writer, at in list(self._due.items()):
+            if at <= now and not writer._in_flight:
+                del self._due[writer]
+                taken = writer._take(now)
+                if taken is not None:
+                    batch.append((writer, taken))
+        if not batch:
+            return
+        self.batches += 1
+        errors: Sequence[BaseException | None]
+        try:
+            errors = await self.store.commit_many([w._commit_of(b) for w, b in batch])
+        except asyncio.CancelledError:  # the loop is going away: put every batch back
+            for writer, taken in batch:
+                writer._in_flight = False
+                writer._restore(taken)
+                _answer(taken.waiters, StoreUnavailable("the journal flusher was stopped"))
+            raise
+        except Exception as exc:  # a bug must not stop every journal
+            errors = [exc] * len(batch)
+        done = loop.time()
+        for (writer, taken), error in zip(batch, errors, strict=True):
+            writer._settle(taken, error, done, done - now)
