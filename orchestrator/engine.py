@@ -32,7 +32,7 @@ everything it holds for that request in either case. An engine raises
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -252,8 +252,27 @@ class EngineInfo:
     accepts_images: bool = False
 
 
+class Transcriber(Protocol):
+    """A transcription stepped in place, for an engine whose work per chunk is quick and
+    runs on the loop's thread (``Engine.transcriber``, optional): each fed chunk is
+    answered by a plain call, with no task step and no async-generator hop per chunk.
+    ``close`` is called once in every case (finished, failed, cancelled)."""
+
+    def feed(self, chunk: AudioChunk) -> Sequence[EngineOutput]: ...
+
+    def finish(self) -> Sequence[EngineOutput]:
+        """The outputs of the final marker: they end with the one ``Finished``."""
+        ...
+
+    def close(self) -> None: ...
+
+
 @runtime_checkable
 class Engine(Protocol):
+    """Besides these, an engine may offer ``transcriber(request) -> Transcriber | None``:
+    the orchestrator then steps a transcription in place instead of iterating
+    ``transcribe`` (None: this request goes through ``transcribe``)."""
+
     info: EngineInfo
 
     async def start(self) -> None:

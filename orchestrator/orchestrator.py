@@ -24,23 +24,31 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from orchestrator.engine import (
+    AudioChunk,
     AudioDelta,
     Engine,
     EngineError,
     EngineInput,
     Finished,
     ResponseRequest,
+    Transcriber,
     TranscriptionRequest,
 )
 from orchestrator.metrics import Metrics
 from orchestrator.video_engine import Interaction, VideoChunk, VideoEngine, VideoRequest
 
 log = logging.getLogger("omni.orchestrator")
+
+
+async def _nothing() -> AsyncIterator[Any]:
+    return
+    yield
+
 
 Kind = Literal["transcription", "response", "video"]
 _END = object()
@@ -86,6 +94,13 @@ class RequestHandle:
         self._waiter: asyncio.Future[None] | None = None  # set while the engine waits for input
         self._ended = False
         self._engine_started = False
+        # A transcription the engine steps in place (Transcriber): while set, ``feed``
+        # calls it directly and its outputs go out on the next loop turn.
+        self._stepper: Transcriber | None = None
+        self._failure: BaseException | None = None  # the stepper's error in ``feed``, raised by the task
+        self._admitted = 0.0  # when the engine got it (first-delta metric)
+        self._last: float | None = None  # when the last output came (delta gap metric)
+        self._first_audio = True
         self.submitted_at = time.monotonic()
         orchestrator._handles[self.request_id] = self
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"request {self.request_id}")
@@ -109,16 +124,79 @@ class RequestHandle:
     def _put(self, item: object) -> None:
         # A deque and one future while the engine waits: this runs per audio chunk,
         # and asyncio.Queue's bookkeeping cost ~10 % of a loaded gateway's CPU.
+        stepper = self._stepper
+        if stepper is not None and item is not _END and not self._inputs:
+            self._step(stepper, item)  # type: ignore[arg-type]
+            return
         self._inputs.append(item)
+        self._wake()
+
+    def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
 
+    def _step(self, stepper: Transcriber, chunk: AudioChunk) -> None:
+        try:
+            outputs = stepper.feed(chunk)
+        except BaseException as exc:  # the task fails the request with it
+            self._stepper, self._failure = None, exc
+            self._wake()
+            return
+        if outputs:
+            # On the next loop turn, as an iterated engine's would: the caller (the session's
+            # effects) is not re-entered. Before the final marker's: call_soon keeps order.
+            asyncio.get_running_loop().call_soon(self._deliver_stepped, stepper, outputs)
+
+    def _deliver_stepped(self, stepper: Transcriber, outputs: Sequence[Any]) -> None:
+        if self._stepper is stepper:  # not cancelled or failed meanwhile
+            for output in outputs:
+                self._deliver(output)
+
+    def _deliver(self, output: Any) -> None:
+        """One output to ``on_output``, with its latency metrics."""
+        if not isinstance(output, Finished):
+            now = time.monotonic()
+            km = self._orch.metrics.bound(self.kind)
+            if self._last is None:
+                km.first_delta.observe(now - self._admitted)
+            else:
+                km.delta_gap.observe(now - self._last)
+            self._last = now
+            if self._first_audio and isinstance(output, AudioDelta) and self._turn_started_at is not None:
+                self._orch.metrics.turn_latency.observe(now - self._turn_started_at)
+                self._first_audio = False
+        self._on_output(output)
+
+    async def _run_stepped(self, stepper: Transcriber) -> None:
+        """A stepped transcription: the chunks fed before admission, then each one as it is
+        fed (``_put``), until the final marker."""
+        inputs = self._inputs
+        try:
+            while True:
+                while inputs:
+                    item = inputs.popleft()
+                    if item is _END:
+                        for output in stepper.finish():
+                            self._deliver(output)
+                        return
+                    for output in stepper.feed(item):  # type: ignore[arg-type]
+                        self._deliver(output)
+                if self._failure is not None:
+                    raise self._failure
+                self._stepper = stepper
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+                await waiter
+        finally:
+            self._stepper = None
+            stepper.close()
+
     def cancel(self) -> None:
         """Abort: the task is cancelled and the engine told; no final marker."""
         self._ended = True
+        self._stepper = None  # its outputs not yet delivered are dropped
         if not self.task.done():
             self.task.cancel()
 
@@ -159,18 +237,22 @@ class RequestHandle:
             orch.metrics.requests.labels(kind, "rejected").inc()
             self._on_error(exc.code, exc.message)
             return
-        admitted = time.monotonic()
+        admitted = self._admitted = time.monotonic()
         km = m.bound(kind)
         km.queue_wait.observe(admitted - self.submitted_at)
         km.inflight.inc()
         orch._running[self.request_id] = self
         self._engine_started = True
-        last = None
-        first_audio = True
         try:
             engine = orch.engine
             stream: AsyncIterator[Any]
-            if kind == "video":
+            stepper = None
+            if kind == "transcription" and orch._transcriber is not None:
+                stepper = orch._transcriber(self.request)
+            if stepper is not None:
+                await self._run_stepped(stepper)
+                stream = _nothing()
+            elif kind == "video":
                 assert orch.video_engine is not None and isinstance(self.request, VideoRequest)
                 stream = self._paced(orch.video_engine.generate_video(self.request), self.request.fps)
             elif kind == "transcription":
@@ -178,17 +260,7 @@ class RequestHandle:
             else:
                 stream = engine.respond(self.request, self._input_stream())  # type: ignore[arg-type]
             async for output in stream:
-                now = time.monotonic()
-                if not isinstance(output, Finished):
-                    if last is None:
-                        km.first_delta.observe(now - admitted)
-                    else:
-                        km.delta_gap.observe(now - last)
-                    last = now
-                    if first_audio and isinstance(output, AudioDelta) and self._turn_started_at is not None:
-                        m.turn_latency.observe(now - self._turn_started_at)
-                        first_audio = False
-                self._on_output(output)
+                self._deliver(output)
             status = "completed"
             if self._on_done is not None:
                 self._on_done()
@@ -225,6 +297,8 @@ class Orchestrator:
         self.limits = limits or AdmissionLimits()
         self.metrics = metrics or Metrics()
         self.engine_failed: str | None = None  # set when the engine reported itself dead
+        # The engine's in-place transcriptions, if it offers them (engine.Transcriber).
+        self._transcriber: Callable[[Any], Transcriber | None] | None = getattr(engine, "transcriber", None)
         self._cond = asyncio.Condition()
         self._paused = False
         self._admitting = 0

@@ -99,6 +99,11 @@ class PassthroughEngine:
         finally:
             self.active.discard(request.request_id)
 
+    def transcriber(self, request: TranscriptionRequest) -> _Numbering:
+        """``transcribe``, stepped in place (the orchestrator's fast path: a chunk's delta
+        costs a call, not a task step through three async generators)."""
+        return _Numbering(self, request.request_id)
+
     async def respond(
         self, request: ResponseRequest, inputs: AsyncIterator[EngineInput]
     ) -> AsyncIterator[EngineOutput]:
@@ -137,3 +142,25 @@ class PassthroughEngine:
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
+
+
+class _Numbering:
+    """One passthrough transcription, stepped: the same deltas and final text as ``transcribe``."""
+
+    def __init__(self, engine: PassthroughEngine, request_id: str) -> None:
+        self._engine, self._request_id = engine, request_id
+        self._n = 0
+        self._samples = 0
+        engine.active.add(request_id)
+
+    def feed(self, chunk: AudioChunk) -> tuple[EngineOutput, ...]:
+        self._n += 1
+        self._samples += len(chunk.pcm) // 2
+        return (TextDelta(f" {self._n}" if self._n > 1 else "1"),)
+
+    def finish(self) -> tuple[EngineOutput, ...]:
+        text = " ".join(str(i) for i in range(1, self._n + 1))
+        return (Finished(text=text, usage=Usage(input_audio_tokens=self._samples * 10 // RATE)),)
+
+    def close(self) -> None:
+        self._engine.active.discard(self._request_id)

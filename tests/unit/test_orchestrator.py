@@ -475,3 +475,97 @@ async def test_the_passthrough_answer_says_a_word_every_words_every_audio_chunks
     assert [o.text for o in outputs if isinstance(o, TextDelta)] == ["w0 ", "w4 ", "w8 "]
     with pytest.raises(ValueError, match="words_every"):
         PassthroughEngine(words_every=0)
+
+
+# --- transcriptions stepped in place (engine.Transcriber) ------------------------------
+
+
+class SteppedEngine(ScriptedEngine):
+    """A ScriptedEngine whose transcriptions are stepped in place: each chunk is echoed by a
+    plain call. ``boom*`` requests raise on their second chunk; every close is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed: list[str] = []
+
+    def transcriber(self, request: TranscriptionRequest) -> Any:
+        engine, rid = self, request.request_id
+
+        class Echo:
+            def __init__(self) -> None:
+                self.fed = 0
+
+            def feed(self, chunk: AudioChunk) -> tuple[EngineOutput, ...]:
+                self.fed += 1
+                if rid.startswith("boom") and self.fed == 2:
+                    raise EngineError("bad_audio", "the second chunk is refused")
+                return (TextDelta(str(len(chunk.pcm))),)
+
+            def finish(self) -> tuple[EngineOutput, ...]:
+                return (Finished(text=f"{self.fed} chunks"),)
+
+            def close(self) -> None:
+                engine.closed.append(rid)
+
+        return Echo()
+
+
+async def test_a_stepped_transcription_answers_every_chunk_in_order_without_iterating_the_engine() -> None:
+    engine = SteppedEngine()
+    orch, rec = Orchestrator(engine), Recorder()
+    h = rec.submit(orch, "r1", kind="transcription")
+    h.feed(AudioChunk(b"\x00" * 2))  # before admission: queued, then stepped by the task
+    await until(lambda: len(rec.outputs) == 1)
+    for n in (4, 6, 8):  # after it: stepped in place, delivered on the next loop turn
+        h.feed(AudioChunk(b"\x00" * n))
+    assert len(rec.outputs) == 1  # not re-entering the caller
+    h.end()
+    await asyncio.wait_for(h.task, 2)
+    assert rec.outputs == [TextDelta("2"), TextDelta("4"), TextDelta("6"), TextDelta("8"), Finished(text="4 chunks")]
+    assert rec.errors == [] and engine.closed == ["r1"]
+    assert "r1" not in engine.seen  # transcribe() was never called
+    get = orch.metrics.registry.get_sample_value
+    assert get("omni_request_time_to_first_delta_seconds_count", {"kind": "transcription"}) == 1.0
+
+
+async def test_a_stepped_transcription_that_fails_on_a_chunk_fails_the_request() -> None:
+    engine = SteppedEngine()
+    orch, rec = Orchestrator(engine), Recorder()
+    h = rec.submit(orch, "boom1", kind="transcription")
+    h.feed(AudioChunk(b"\x00" * 2))
+    await until(lambda: len(rec.outputs) == 1)
+    h.feed(AudioChunk(b"\x00" * 4))  # raises in the engine
+    await asyncio.wait_for(h.task, 2)
+    assert rec.errors == [("bad_audio", "the second chunk is refused")]
+    assert rec.outputs == [TextDelta("2")] and engine.closed == ["boom1"]
+    await orch.wait_idle()
+    assert engine.aborted == ["boom1"]  # a failed request is aborted, as an iterated one is
+
+
+async def test_a_cancelled_stepped_transcription_delivers_nothing_more_and_closes() -> None:
+    engine = SteppedEngine()
+    orch, rec = Orchestrator(engine), Recorder()
+    h = rec.submit(orch, "r1", kind="transcription")
+    h.feed(AudioChunk(b"\x00" * 2))
+    await until(lambda: len(rec.outputs) == 1)
+    h.feed(AudioChunk(b"\x00" * 4))  # its delta is due on the next loop turn
+    h.cancel()
+    await asyncio.wait({h.task}, timeout=2)
+    await settle()
+    assert rec.outputs == [TextDelta("2")] and rec.errors == []
+    assert engine.closed == ["r1"]
+
+
+async def test_the_passthrough_transcriber_numbers_chunks_as_its_transcribe_does() -> None:
+    engine = PassthroughEngine(paced=False)
+    chunks = [AudioChunk(b"\x00" * 480) for _ in range(3)]
+
+    async def inputs() -> AsyncIterator[AudioChunk]:
+        for c in chunks:
+            yield c
+
+    iterated = [o async for o in engine.transcribe(TranscriptionRequest("a"), inputs())]
+    stepper = engine.transcriber(TranscriptionRequest("b"))
+    stepped = [o for c in chunks for o in stepper.feed(c)] + list(stepper.finish())
+    stepper.close()
+    assert stepped == iterated and engine.active == set()
