@@ -576,8 +576,8 @@ class Server:
                 OMNI_GATEWAY_MAX_BUFFER_MS=str(max(300_000, int(run_s * 1000) + 60_000)),
                 OMNI_GATEWAY_DRAIN_WINDOW_S="1",  # the clients are gone when we stop it: no answers to wait for
             )
-            if setup.gateway_workers > 1:
-                cmd += ["--workers", str(setup.gateway_workers)]
+            # Always said: with Redis, serve's default would be one worker per core it may use.
+            cmd += ["--workers", str(setup.gateway_workers)]
             if redis:  # a redis-server of its own, on the server's CPUs: its CPU is the server's too
                 self.redis = RedisServer(cpus)
                 env["OMNI_GATEWAY_REDIS_URL"] = self.redis.url
@@ -1331,7 +1331,7 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
         type=int,
         default=1,
         help="gateway processes (serve --workers N), on the first N CPUs; the clients on the rest, or beside "
-        "them where none are left (default 1)",
+        "them where none are left; above 1 the gateway runs on Redis only, as serve requires (default 1)",
     )
     p.add_argument("--json", type=Path, help="also write the figures here, as JSON")
     args = p.parse_args(argv)  # fmt: skip
@@ -1385,7 +1385,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"N={n}, {setup.workers(n)} client process(es), {args.warmup:.0f} s warm-up + "
               f"{args.duration:.0f} s measured per server", flush=True)  # fmt: skip
         figs: dict[str, Figures] = {}
-        runs = [("gateway", False), *([("gateway", True)] if args.redis else []), ("echo", False)]
+        # Workers share their sessions' state through Redis only (serve refuses --workers > 1 without it).
+        gateway_runs = [(True,)] if args.workers > 1 else [(False,), *([(True,)] if args.redis else [])]
+        runs = [*(("gateway", redis) for (redis,) in gateway_runs), ("echo", False)]
         for target, redis in runs:
             if args.only in (None, target):
                 key = target + ("+redis" if redis else "")

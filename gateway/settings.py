@@ -133,8 +133,9 @@ class Settings:
     journal_max_bytes: int = 4 << 20  # bytes kept per session (same effect as above; bounds
     #   the memory store at max_sessions x this)
     journal_ttl_s: float = 3_600.0  # a session idle this long is forgotten (resume: session_not_found)
-    journal_flush_ms: float = 25.0  # journal batching: at most one store round trip per interval;
-    #   a crash loses at most the events of the last interval from the journal
+    journal_flush_ms: float = 25.0  # journal batching: at most one commit per session per interval,
+    #   every due session's in one store round trip (gateway/store/writer.py); a crash loses at
+    #   most the events of the last interval and a grid step (interval / 4) from the journal
     # --- video ---
     video_engine: str = "cpu"  # "cpu": frames rendered from the prompt (needs the video extra);
     #   "remote": the upstreams' /v1/realtime/video; "omni": vLLM-Omni in-process; "none"

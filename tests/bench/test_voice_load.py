@@ -10,6 +10,7 @@ input streams, and the report prints the duplex rows and a ratio.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,3 +46,44 @@ def test_duplex_bench_answers_every_session_while_it_streams(tmp_path: Path, bin
     # The echo answers every message it reads with one 20 ms audio message.
     assert echo["audio_out_s"] >= 0.8 * 50 * N
     assert figures["ratio"] > 0
+
+
+def _bench(tmp_path: Path, *extra: str) -> tuple[str, dict[str, dict[str, object]]]:
+    out = tmp_path / "figures.json"
+    cmd = [sys.executable, "bench/voice_load.py", "--duplex", "--sessions", str(N), "--duration", "3",
+           "--warmup", "1", "--answer-s", "1", "--commit-ms", "500", "--no-idle", "--json", str(out)]  # fmt: skip
+    run = subprocess.run([*cmd, *extra], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout, json.loads(out.read_text())
+
+
+def _served_every_session(fig: dict[str, object]) -> None:
+    assert fig["connected"] == N
+    assert (fig["unanswered"], fig["errors"], fig["closed"]) == (0, 0, 0), fig["first_error"]
+    assert isinstance(fig["audio_out_s"], float) and fig["audio_out_s"] >= 0.7 * 50 * N
+
+
+def test_with_redis_the_gateway_is_measured_on_both_stores_in_one_table(tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs redis-server on PATH")
+    stdout, figures = _bench(tmp_path, "--redis")
+    memory, redis = figures["gateway"], figures["gateway+redis"]
+    assert memory["store"] == "memory" and redis["store"] == "redis"
+    for fig in (memory, redis):
+        _served_every_session(fig)
+    assert isinstance(redis["redis_cpu_pct"], float) and redis["redis_cpu_pct"] > 0  # its own redis-server
+    assert memory["redis_cpu_pct"] == 0
+    header = next(line for line in stdout.splitlines() if "gateway+redis" in line and "echo" in line)
+    assert header.split()[:3] == ["gateway", "gateway+redis", "echo"]
+    assert "of the memory store's" in stdout
+
+
+def test_with_workers_every_worker_serves_and_is_counted(tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs redis-server on PATH (workers share their sessions through Redis)")
+    _, figures = _bench(tmp_path, "--workers", "2", "--only", "gateway")
+    fig = figures["gateway+redis"]
+    assert fig["workers"] == 2
+    _served_every_session(fig)
+    # The workers' CPU is counted, not only the supervisor's (which serves nothing and idles).
+    assert isinstance(fig["server_cpu_pct"], float) and fig["server_cpu_pct"] > 5

@@ -1,0 +1,82 @@
+"""What the orchestrator costs per fed input chunk: a transcription stepped in place
+(``engine.Transcriber``) against the same one iterated through ``transcribe``'s async
+generators (a task step and three generator hops per chunk).
+
+In one process, no sockets: an ``Orchestrator`` over the passthrough engine (unpaced)
+runs ``--sessions`` transcriptions; each loop turn feeds one chunk to each (as 20 ms
+of audio from that many sessions would), until ``--chunks`` chunks were answered.
+The figure is CPU time (``time.process_time``) per chunk answered, the engine's own
+work included; the two modes alternate trial by trial and the best trial of each is
+quoted (the one least disturbed by the rest of the machine).
+
+    python bench/engine_hop.py            # ~10 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import uvloop
+
+from orchestrator.engine import AudioChunk, TranscriptionRequest
+from orchestrator.engines.passthrough import PassthroughEngine
+from orchestrator.orchestrator import Orchestrator
+
+CHUNK = AudioChunk(b"\0" * 960)  # 20 ms of 24 kHz PCM16
+
+
+async def trial(*, stepped: bool, chunks: int, sessions: int) -> float:
+    """CPU µs per chunk answered."""
+    orch = Orchestrator(PassthroughEngine(paced=False))
+    if not stepped:
+        orch._transcriber = None  # as for an engine that offers no Transcriber
+    answered = 0
+
+    def on_output(_: Any) -> None:
+        nonlocal answered
+        answered += 1
+
+    def on_error(code: str, message: str) -> None:
+        raise RuntimeError(f"{code}: {message}")
+
+    handles = [
+        orch.submit("transcription", TranscriptionRequest(f"r{i}"), on_output=on_output, on_error=on_error)
+        for i in range(sessions)
+    ]
+    while len(orch._running) < sessions:  # noqa: ASYNC110  (every request admitted, waiting for input)
+        await asyncio.sleep(0)
+    rounds = chunks // sessions
+    started = time.process_time()
+    for _ in range(rounds):
+        for handle in handles:
+            handle.feed(CHUNK)
+        await asyncio.sleep(0)  # one loop turn per round
+    while answered < rounds * sessions:  # noqa: ASYNC110  (the last round delivered)
+        await asyncio.sleep(0)
+    spent = time.process_time() - started
+    for handle in handles:
+        handle.end()
+    await asyncio.gather(*(h.task for h in handles))
+    return spent / (rounds * sessions) * 1e6
+
+
+async def main(args: argparse.Namespace) -> None:
+    figures: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(args.trials):
+        for stepped in (False, True):
+            figures[stepped].append(await trial(stepped=stepped, chunks=args.chunks, sessions=args.sessions))
+    for stepped, name in ((False, "iterated (transcribe)"), (True, "stepped (transcriber)")):
+        runs = " ".join(f"{x:.2f}" for x in figures[stepped])
+        print(f"{name:24} {runs}  best {min(figures[stepped]):.2f} µs per chunk")
+    print(f"stepped / iterated: {min(figures[True]) / min(figures[False]):.2f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=5, help="trials per mode (alternated)")
+    parser.add_argument("--chunks", type=int, default=100_000, help="chunks answered per trial")
+    parser.add_argument("--sessions", type=int, default=100, help="transcriptions fed side by side")
+    uvloop.run(main(parser.parse_args()))
