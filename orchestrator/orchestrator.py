@@ -12,7 +12,10 @@ one task the orchestrator owns:
    once no admission is in flight: a pause or a drain never races one.
 2. the input pump: chunks given to ``feed`` reach the engine through an async
    iterator; ``end`` is the final marker (the iterator ends). ``cancel``
-   aborts the engine request and sends no final marker.
+   aborts the engine request and sends no final marker. A transcription whose
+   engine offers ``transcriber`` (``engine.Transcriber``) is stepped in place
+   instead: each fed chunk is one plain call, its outputs delivered on the next
+   loop turn (no task step or async-generator hop per chunk).
 3. outputs go to ``on_output`` as they come; an exception becomes
    ``on_error(code, message)``.
 """
@@ -39,7 +42,7 @@ from orchestrator.engine import (
     Transcriber,
     TranscriptionRequest,
 )
-from orchestrator.metrics import Metrics
+from orchestrator.metrics import KindMetrics, Metrics
 from orchestrator.video_engine import Interaction, VideoChunk, VideoEngine, VideoRequest
 
 log = logging.getLogger("omni.orchestrator")
@@ -99,6 +102,7 @@ class RequestHandle:
         self._stepper: Transcriber | None = None
         self._failure: BaseException | None = None  # the stepper's error in ``feed``, raised by the task
         self._admitted = 0.0  # when the engine got it (first-delta metric)
+        self._km: KindMetrics | None = None  # its kind's metrics, bound at admission
         self._last: float | None = None  # when the last output came (delta gap metric)
         self._first_audio = True
         self.submitted_at = time.monotonic()
@@ -159,7 +163,8 @@ class RequestHandle:
         """One output to ``on_output``, with its latency metrics."""
         if not isinstance(output, Finished):
             now = time.monotonic()
-            km = self._orch.metrics.bound(self.kind)
+            km = self._km
+            assert km is not None  # (outputs come only once admitted)
             if self._last is None:
                 km.first_delta.observe(now - self._admitted)
             else:
@@ -238,7 +243,7 @@ class RequestHandle:
             self._on_error(exc.code, exc.message)
             return
         admitted = self._admitted = time.monotonic()
-        km = m.bound(kind)
+        km = self._km = m.bound(kind)
         km.queue_wait.observe(admitted - self.submitted_at)
         km.inflight.inc()
         orch._running[self.request_id] = self

@@ -53,13 +53,14 @@ class _Session:
     snapshot: bytes | None = None
     journal: _Journal | None = None
     items: dict[str, bytes] = field(default_factory=dict)
+    items_bytes: int = 0  # their sum, kept as they change (a commit must not cost the conversation)
     ttl_s: float = 0.0  # its idle TTL (its quota's, or the store's)
     tenant: str | None = None  # the principal whose ledger counts it
     size: int = 0  # the bytes the ledger counts for it (as of its last write)
 
     def payload(self) -> int:
         journal = self.journal.bytes if self.journal is not None else 0
-        return len(self.snapshot or b"") + sum(len(v) for v in self.items.values()) + journal
+        return len(self.snapshot or b"") + self.items_bytes + journal
 
 
 @dataclass(slots=True)
@@ -240,8 +241,9 @@ class MemoryStore(SessionStore):
         if snapshot is not None:
             rec.snapshot = _exact(snapshot)
         for item_id in drop_items:
-            rec.items.pop(item_id, None)
+            rec.items_bytes -= len(rec.items.pop(item_id, b""))
         for item_id, data in (items or {}).items():
+            rec.items_bytes += len(data) - len(rec.items.get(item_id, b""))
             rec.items[item_id] = _exact(data)
         if events or lost_through or rec.journal is not None:
             j = rec.journal = rec.journal or _Journal()

@@ -56,7 +56,7 @@ GRID_STEPS = 4  # a flush interval holds this many grid steps: the phases busy s
 class _Batch(NamedTuple):
     """What one flush took from a writer (put back if the store fails)."""
 
-    events: list[tuple[int, bytes]]
+    events: deque[tuple[int, bytes]]
     snapshot: bytes | None
     lost: int
     items: dict[str, bytes]
@@ -193,8 +193,8 @@ class JournalWriter:
         if self.fenced is not None or not self._has_pending():
             _answer(waiters, self.fenced)
             return None
-        batch = _Batch(list(self._events), self._snapshot, self._lost_through, self._items, self._drops, waiters)
-        self._events.clear()
+        batch = _Batch(self._events, self._snapshot, self._lost_through, self._items, self._drops, waiters)
+        self._events = deque()  # (handed over, not copied)
         self._bytes = 0
         self._snapshot = None
         self._items, self._drops = {}, set()
@@ -204,8 +204,9 @@ class JournalWriter:
         return batch
 
     def _commit_of(self, batch: _Batch) -> Commit:
-        return Commit(self.session_id, self.fence, batch.events, batch.snapshot, batch.lost, batch.items,
-                      sorted(batch.drops), self.quota)  # fmt: skip
+        drops = sorted(batch.drops) if batch.drops else ()
+        return Commit(self.session_id, self.fence, batch.events, batch.snapshot, batch.lost, batch.items, drops,
+                      self.quota)  # fmt: skip
 
     def _settle(self, batch: _Batch, error: BaseException | None, now: float, seconds: float) -> None:
         """The flusher's answer for ``batch``: committed (``error`` None) or not."""
@@ -306,7 +307,9 @@ class JournalFlusher:
     """Flushes the due writers of one store, in one event loop, in one ``commit_many``.
 
     One task, woken by a timer at the earliest due writer; one batch in flight at a
-    time (writers that come due meanwhile go in the next). Got with ``of(store)``."""
+    time (writers that come due meanwhile go in the next). A ``flush()`` (the commit
+    gate: several a second per session) wakes it on the next loop turn for the
+    writers that asked, without a scan of the others. Got with ``of(store)``."""
 
     _by_store: ClassVar[weakref.WeakKeyDictionary[SessionStore, JournalFlusher]] = weakref.WeakKeyDictionary()
 
@@ -323,7 +326,9 @@ class JournalFlusher:
         self._loop = loop
         ms = store.limits.flush_interval_ms
         self._grid_s = ms / 1000 / GRID_STEPS
-        self._due: dict[JournalWriter, float] = {}  # writer -> loop time it may flush from
+        self._due: dict[JournalWriter, float] = {}  # on the grid: writer -> loop time it may flush from
+        self._due_at = math.inf  # the earliest of them (a lower bound: it may have left since)
+        self._urgent: dict[JournalWriter, None] = {}  # flush() asked: at once (an ordered set)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._wake = asyncio.Event()
@@ -332,18 +337,25 @@ class JournalFlusher:
         self.batches = 0  # commit_many calls made (one store round trip each on Redis)
 
     def schedule(self, writer: JournalWriter, at: float) -> None:
-        """``writer`` has something to flush from loop time ``at`` (earlier wins)."""
+        """``writer`` has something to flush from loop time ``at`` (earlier wins; 0: now)."""
+        if at <= 0:
+            self._urgent[writer] = None
+            if not self._busy and self._timer_at > 0:
+                self._arm(0.0)
+            return
         due = self._due.get(writer)
         if due is not None and due <= at:
             return
-        if at > 0 and self._grid_s > 0:  # on the grid, so busy writers share batches
+        if self._grid_s > 0:  # on the grid, so busy writers share batches
             at = math.ceil(at / self._grid_s) * self._grid_s
         self._due[writer] = at
+        self._due_at = min(self._due_at, at)
         if not self._busy and at < self._timer_at:
             self._arm(at)
 
     def forget(self, writer: JournalWriter) -> None:
         self._due.pop(writer, None)
+        self._urgent.pop(writer, None)
 
     def _arm(self, at: float) -> None:
         if self._timer is not None:
@@ -366,19 +378,33 @@ class JournalFlusher:
                 await self._flush_due()
             finally:
                 self._busy = False
-            if self._due:
-                self._arm(min(self._due.values()))
+            if self._urgent:
+                self._arm(0.0)
+            elif self._due:
+                self._arm(self._due_at)
 
     async def _flush_due(self) -> None:
         loop = self._loop
         now = loop.time()
         batch: list[tuple[JournalWriter, _Batch]] = []
-        for writer, at in list(self._due.items()):
-            if at <= now and not writer._in_flight:
-                del self._due[writer]
+        for writer in list(self._urgent):
+            if not writer._in_flight:
+                del self._urgent[writer]
+                self._due.pop(writer, None)
                 taken = writer._take(now)
                 if taken is not None:
                     batch.append((writer, taken))
+        if self._due_at <= now:  # a grid step came: every writer due by now
+            earliest = math.inf
+            for writer, at in list(self._due.items()):
+                if at <= now and not writer._in_flight:
+                    del self._due[writer]
+                    taken = writer._take(now)
+                    if taken is not None:
+                        batch.append((writer, taken))
+                elif at < earliest:
+                    earliest = at
+            self._due_at = earliest
         if not batch:
             return
         self.batches += 1
