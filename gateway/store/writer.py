@@ -306,10 +306,11 @@ def _answer(waiters: list[asyncio.Future[None]], error: BaseException | None) ->
 class JournalFlusher:
     """Flushes the due writers of one store, in one event loop, in one ``commit_many``.
 
-    One task, woken by a timer at the earliest due writer; one batch in flight at a
-    time (writers that come due meanwhile go in the next). A ``flush()`` (the commit
-    gate: several a second per session) wakes it on the next loop turn for the
-    writers that asked, without a scan of the others. Got with ``of(store)``."""
+    A timer at the earliest due writer takes every writer due by then (and not already in
+    flight: one batch per writer at a time keeps its order) into one batch, committed in a
+    task of its own, so a slow batch holds up only its own writers. A ``flush()`` (the commit
+    gate: several a second per session) fires it on the next loop turn for the writers that
+    asked, without a scan of the others. Got with ``of(store)``."""
 
     _by_store: ClassVar[weakref.WeakKeyDictionary[SessionStore, JournalFlusher]] = weakref.WeakKeyDictionary()
 
@@ -327,20 +328,18 @@ class JournalFlusher:
         ms = store.limits.flush_interval_ms
         self._grid_s = ms / 1000 / GRID_STEPS
         self._due: dict[JournalWriter, float] = {}  # on the grid: writer -> loop time it may flush from
-        self._due_at = math.inf  # the earliest of them (a lower bound: it may have left since)
+        self._due_at = math.inf  # the earliest of them not in flight (a lower bound: it may have left)
         self._urgent: dict[JournalWriter, None] = {}  # flush() asked: at once (an ordered set)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._busy = False  # a batch is in flight
+        self._tasks: set[asyncio.Task[None]] = set()  # batches in flight
         self.batches = 0  # commit_many calls made (one store round trip each on Redis)
 
     def schedule(self, writer: JournalWriter, at: float) -> None:
         """``writer`` has something to flush from loop time ``at`` (earlier wins; 0: now)."""
         if at <= 0:
             self._urgent[writer] = None
-            if not self._busy and self._timer_at > 0:
+            if not writer._in_flight and self._timer_at > 0:  # (in flight: its batch's end fires)
                 self._arm(0.0)
             return
         due = self._due.get(writer)
@@ -349,9 +348,10 @@ class JournalFlusher:
         if self._grid_s > 0:  # on the grid, so busy writers share batches
             at = math.ceil(at / self._grid_s) * self._grid_s
         self._due[writer] = at
-        self._due_at = min(self._due_at, at)
-        if not self._busy and at < self._timer_at:
-            self._arm(at)
+        if not writer._in_flight:
+            self._due_at = min(self._due_at, at)
+            if at < self._timer_at:
+                self._arm(at)
 
     def forget(self, writer: JournalWriter) -> None:
         self._due.pop(writer, None)
@@ -365,27 +365,7 @@ class JournalFlusher:
 
     def _fire(self) -> None:
         self._timer, self._timer_at = None, math.inf
-        if self._task is None or self._task.done():
-            self._task = self._loop.create_task(self._run(), name="journal-flusher")
-        self._wake.set()
-
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            self._busy = True
-            try:
-                await self._flush_due()
-            finally:
-                self._busy = False
-            if self._urgent:
-                self._arm(0.0)
-            elif self._due:
-                self._arm(self._due_at)
-
-    async def _flush_due(self) -> None:
-        loop = self._loop
-        now = loop.time()
+        now = self._loop.time()
         batch: list[tuple[JournalWriter, _Batch]] = []
         for writer in list(self._urgent):
             if not writer._in_flight:
@@ -397,7 +377,9 @@ class JournalFlusher:
         if self._due_at <= now:  # a grid step came: every writer due by now
             earliest = math.inf
             for writer, at in list(self._due.items()):
-                if at <= now and not writer._in_flight:
+                if writer._in_flight:
+                    continue  # its batch's end looks at it again
+                if at <= now:
                     del self._due[writer]
                     taken = writer._take(now)
                     if taken is not None:
@@ -405,9 +387,15 @@ class JournalFlusher:
                 elif at < earliest:
                     earliest = at
             self._due_at = earliest
-        if not batch:
-            return
-        self.batches += 1
+        if batch:
+            self.batches += 1
+            task = self._loop.create_task(self._commit(batch, now), name="journal-flush")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if self._due_at < self._timer_at:
+            self._arm(self._due_at)
+
+    async def _commit(self, batch: list[tuple[JournalWriter, _Batch]], started: float) -> None:
         errors: Sequence[BaseException | None]
         try:
             errors = await self.store.commit_many([w._commit_of(b) for w, b in batch])
@@ -419,6 +407,17 @@ class JournalFlusher:
             raise
         except Exception as exc:  # a bug must not stop every journal
             errors = [exc] * len(batch)
-        done = loop.time()
+        done = self._loop.time()
         for (writer, taken), error in zip(batch, errors, strict=True):
-            writer._settle(taken, error, done, done - now)
+            writer._settle(taken, error, done, done - started)
+        # Its writers are free again: those due meanwhile go now, or when due.
+        for writer, _ in batch:
+            if writer._in_flight:
+                continue
+            if writer in self._urgent:
+                if self._timer_at > 0:
+                    self._arm(0.0)
+            elif (at := self._due.get(writer)) is not None and at < self._due_at:
+                self._due_at = at
+        if self._due_at < self._timer_at:
+            self._arm(self._due_at)

@@ -629,31 +629,41 @@ class RawSession:
 
 
 class CommitGates:
-    """Holds a store's journal commits (``SessionStore.commit``) of one session at will, by caller:
-    the journal writers' own flusher tasks (named ``journal-writer:<sid>``) or anyone else (a
-    resume's flush). Other sessions' commits (a new socket's own session) go through."""
+    """Holds a store's journal commits (``SessionStore.commit``, which the process's journal
+    flusher calls for each session of a batch) of one session at will, by order: the first
+    commit of the session after ``session_id`` is set waits for ``flusher`` (the batch in flight
+    when the socket dropped); later ones wait for ``others`` (a resume's flush). Other sessions'
+    commits go through."""
 
     def __init__(self, store: Any) -> None:
-        self.session_id = ""
+        self._session_id = ""
+        self._calls = 0
         self.flusher = asyncio.Event()
         self.others = asyncio.Event()
         self.flusher.set()
         self.others.set()
-        self.holding = asyncio.Event()  # a commit other than a flusher's is being held
+        self.holding = asyncio.Event()  # a later commit is being held
         commit = store.commit
 
         async def gated(session_id: str, **kwargs: Any) -> None:
-            task = asyncio.current_task()
-            if session_id != self.session_id:
-                pass
-            elif task is not None and task.get_name().startswith("journal-writer"):
-                await self.flusher.wait()
-            elif not self.others.is_set():
-                self.holding.set()
-                await self.others.wait()
+            if session_id == self._session_id:
+                self._calls += 1
+                if self._calls == 1:
+                    await self.flusher.wait()
+                elif not self.others.is_set():
+                    self.holding.set()
+                    await self.others.wait()
             await commit(session_id, **kwargs)
 
-        store.commit = gated  # this instance only: the writers call store.commit(...)
+        store.commit = gated  # this instance only: the store's commit_many calls self.commit(...)
+
+    @property
+    def session_id(self) -> str:
+        return self._session_id
+
+    @session_id.setter
+    def session_id(self, value: str) -> None:
+        self._session_id, self._calls = value, 0
 
 
 async def test_a_resume_on_the_replica_holding_the_session_misses_nothing_while_it_flushes() -> None:
@@ -673,15 +683,15 @@ async def test_a_resume_on_the_replica_holding_the_session_misses_nothing_while_
                     s.observe(await s.recv())
                 s.ws.transport.abort()
                 gates.session_id = s.session_id
-                gates.flusher.clear()  # the writer's flusher blocks (holding the writer's lock) ...
+                gates.flusher.clear()  # the session's next batch blocks in flight ...
                 gates.others.clear()
                 await asyncio.sleep(0.06)  # ... with the answer's next events waiting behind it
                 await s.connect()
                 resume = {"type": "session.resume", "session_id": s.session_id, "resume_token": s.token,
                           "last_received_server_event_seq": s.last}  # fmt: skip
                 await s.send(resume)
-                await asyncio.sleep(0.05)  # the resume now waits for the writer's lock
-                gates.flusher.set()  # the flusher's commit goes through; the resume's own flush is held
+                await asyncio.sleep(0.05)  # the resume now waits for that batch
+                gates.flusher.set()  # the batch goes through; the resume's own flush (the next one) is held
                 await gates.holding.wait()
                 await asyncio.sleep(0.2)  # the answer goes on meanwhile: 10 words
                 gates.others.set()
