@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from support.store_backend import Backend
@@ -174,3 +175,37 @@ async def test_commit_many_on_an_unreachable_redis_fails_each_commit() -> None:
         assert all(isinstance(r, StoreUnavailable) for r in results) and len(results) == 2
     finally:
         await store.close()
+
+
+class _OneSlowSession(MemoryStore):
+    """A memory store whose commits of session ``slow`` wait for ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    async def commit(self, session_id: str, **kwargs: Any) -> None:
+        if session_id == "slow":
+            self.waiting.set()
+            await self.gate.wait()
+        await super().commit(session_id, **kwargs)
+
+
+async def test_a_slow_commit_holds_up_only_its_own_session() -> None:
+    store = _OneSlowSession()
+    slow = JournalWriter(store, "slow", await store.acquire("slow", "A", LEASE_MS))
+    fast = JournalWriter(store, "fast", await store.acquire("fast", "A", LEASE_MS))
+    slow.append(1, ev(1))
+    async with asyncio.timeout(10):
+        await store.waiting.wait()  # its batch is in flight, held
+    fast.append(1, ev(1))
+    async with asyncio.timeout(10):
+        await fast.flush()  # another batch, beside it: the write-ahead gate of another session
+    assert (await store.read_events("fast", 0)).last_seq == 1 and slow.committed_seq == 0
+    store.gate.set()
+    async with asyncio.timeout(10):
+        await slow.flush()
+    assert slow.committed_seq == 1
+    await slow.close()
+    await fast.close()
