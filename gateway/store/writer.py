@@ -18,7 +18,10 @@ caps + TTL refresh):
   ``GRID_STEPS * 1000 / flush_interval_ms`` batches per second (plus forced
   flushes), however many sessions it holds;
 - ``flush()`` forces a flush now (the commit gate, before acking a resume, on
-  close, at drain); forced flushes of one loop turn share a batch too.
+  close, at drain); forced flushes of one loop turn share a batch too;
+- each batch commits in a task of its own, and a session is in at most one
+  batch at a time (so its commits keep their order): a slow commit holds up
+  its own sessions only.
 
 What a crash can lose: the events appended since the last successful flush,
 i.e. at most one flush interval and a grid step (default 20 + 5 ms) plus the
