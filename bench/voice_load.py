@@ -644,12 +644,7 @@ class Server:
             self.keep_log = True
             print(f"warning: {self.target} exited early ({self.proc.returncode}); see {self.log.name}")
         else:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+            _terminate(self.proc, 10)
         self.log.close()
         if self.redis is not None:
             self.redis.stop()
@@ -684,12 +679,17 @@ class RedisServer:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+            _terminate(self.proc, 5)
+
+
+def _terminate(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 @contextlib.contextmanager
