@@ -344,7 +344,8 @@ async def phase_drops(sessions: list[Session], drops: int, every_ms: float, budg
 
 async def owner_of(r: aioredis.Redis, session_id: str) -> int | None:
     raw = await r.hget(f"{KEY_PREFIX}s:{{{session_id}}}:lease", "owner")
-    return int(raw.decode()[1:]) if raw else None
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    return int(text[1:]) if text else None
 
 
 async def kill_once(

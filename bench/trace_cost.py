@@ -119,6 +119,7 @@ def off_path_ns() -> float:
 
     class Host:
         __slots__ = ("trace",)
+        trace: object
 
     h = Host()
     h.trace = None

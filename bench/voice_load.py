@@ -575,6 +575,7 @@ class Server:
                 OMNI_GATEWAY_MAX_TRANSCRIPTIONS=str(max(1_024, 2 * sessions + 100)),
                 OMNI_GATEWAY_MAX_BUFFER_MS=str(max(300_000, int(run_s * 1000) + 60_000)),
                 OMNI_GATEWAY_DRAIN_WINDOW_S="1",  # the clients are gone when we stop it: no answers to wait for
+                OMNI_GATEWAY_MAX_CONVERSATION_ITEMS=str(setup.conversation_items),
             )
             # Always said: with Redis, serve's default would be one worker per core it may use.
             cmd += ["--workers", str(setup.gateway_workers)]
@@ -736,6 +737,10 @@ class Setup:
     duplex: bool = False  # every session is answered while it streams (see the module's docstring)
     answer_s: float = 5.0  # --duplex: the length of each answer
     gateway_workers: int = 1  # --workers: gateway processes (`serve --workers N`), on the first N CPUs
+    # --conversation-items: the gateway's max_conversation_items. A conversation grows, by design,
+    # up to its bounds (bench/conversation_memory.py measures what an item costs); held small,
+    # it is full within the warm-up, and the window's RSS growth is whatever else grows.
+    conversation_items: int = 16
 
     def workers(self, n: int) -> int:
         cores = len(self.client_cpus or os.sched_getaffinity(0))
@@ -918,7 +923,9 @@ class Figures:
     server_rss_mb: float = math.nan
     rss_base_mb: float = math.nan
     rss_per_session_kb: float = math.nan  # (peak RSS in the window - RSS before connecting) / sessions
-    rss_growth_kb_s: float = math.nan  # RSS growth in the window, per session per second
+    # RSS growth per session per second: the slope (least squares) of the RSS sampled every
+    # second over the window's second half, after the warm-up's caches and buffers have filled
+    rss_growth_kb_s: float = math.nan
     rss_per_idle_kb: float = math.nan
     client_cpu_pct: list[float] = field(default_factory=list)
     other_cpu_pct: float = math.nan  # processes not ours, during the window (100 = one core)
@@ -953,6 +960,16 @@ def measure_idle(server: Server, n: int, setup: Setup) -> float:
     return (idle - base) / 1024 / max(1, connected)
 
 
+def rss_slope(samples: list[tuple[float, int]]) -> float:
+    """Bytes per second: the least-squares slope of (time, RSS) over the second half of the
+    samples (nan with fewer than 3 there)."""
+    half = samples[len(samples) // 2 :]
+    if len(half) < 3:
+        return math.nan
+    t, rss = np.array([s[0] for s in half]), np.array([s[1] for s in half], dtype=np.float64)
+    return float(np.polyfit(t - t[0], rss, 1)[0])
+
+
 def measure_load(server: Server, fig: Figures, setup: Setup, duration: float) -> None:
     n = fig.sessions
     base = server.rss()
@@ -972,10 +989,10 @@ def measure_load(server: Server, fig: Figures, setup: Setup, duration: float) ->
             profiler = Profiler(server.proc.pid, duration, setup.profile)
         cpu0, ccpu0, me0, all0 = server.cpu_s(), pool.cpu_s(), _cpu_s(me), _machine_busy_s()
         rcpu0 = server.redis_cpu_s()
-        peak = rss0 = server.rss()
+        rss_at = [(time.monotonic(), server.rss())]
         while (left := w1 - time.monotonic()) > 0:
             time.sleep(min(1.0, left))
-            peak = max(peak, server.rss())
+            rss_at.append((time.monotonic(), server.rss()))
         cpu1, ccpu1, me1, all1 = server.cpu_s(), pool.cpu_s(), _cpu_s(me), _machine_busy_s()
         rcpu1 = server.redis_cpu_s()
         results = pool.results(60)
@@ -988,9 +1005,10 @@ def measure_load(server: Server, fig: Figures, setup: Setup, duration: float) ->
     fig.client_cpu_pct = [round(100 * (b - a) / duration, 1) for a, b in zip(ccpu0, ccpu1, strict=True)]
     ours = (cpu1 - cpu0) + (rcpu1 - rcpu0) + sum(ccpu1) - sum(ccpu0) + (me1 - me0)
     fig.other_cpu_pct = max(0.0, 100 * ((all1 - all0) - ours) / duration)
+    peak = max(rss for _, rss in rss_at)
     fig.server_rss_mb = peak / 2**20
     fig.rss_per_session_kb = (peak - base) / 1024 / max(1, fig.connected)
-    fig.rss_growth_kb_s = (peak - rss0) / 1024 / duration / max(1, fig.connected)
+    fig.rss_growth_kb_s = rss_slope(rss_at) / 1024 / max(1, fig.connected)
     lat = np.concatenate([np.frombuffer(r["lat"], dtype=np.float64) for r in results])
     lag = np.concatenate([np.frombuffer(r["lag"], dtype=np.float64) for r in results])
     fig.samples = int(lat.size)
@@ -1265,6 +1283,14 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
     )
     p.add_argument("--answer-s", type=float, default=5.0, help="--duplex: seconds of audio per response (default 5)")
     p.add_argument(
+        "--conversation-items",
+        type=int,
+        default=16,
+        help="the gateway's max_conversation_items: small, the conversation is full within the warm-up "
+        "and the RSS growth shown is everything else (default 16; the server's default is 1000; "
+        "bench/conversation_memory.py measures an item)",
+    )
+    p.add_argument(
         "--commit-ms",
         type=int,
         default=1000,
@@ -1348,7 +1374,7 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
         binary=args.binary, client=args.client, commit_every=args.commit_ms // CHUNK_MS, warmup=args.warmup,
         clients=args.clients, server_cpus=server_cpus if pin else None, client_cpus=client_cpus if pin else None,
         wait_quiet_s=args.wait_quiet, profile=args.profile, retries=args.retries, duplex=args.duplex,
-        answer_s=args.answer_s, gateway_workers=args.workers,
+        answer_s=args.answer_s, gateway_workers=args.workers, conversation_items=args.conversation_items,
     )  # fmt: skip
     return args, setup
 

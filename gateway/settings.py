@@ -100,8 +100,9 @@ class Settings:
     #   audio_append_too_large
     max_buffer_ms: int = 300_000  # uncommitted audio; more: error input_audio_buffer_full
     max_conversation_items: int = 1_000  # beyond: oldest items deleted (conversation.item.deleted)
-    max_conversation_bytes: int = 4 << 20  # text of a session's conversation (each item as it was added);
-    #   beyond: oldest items deleted (conversation.item.deleted), as for max_conversation_items
+    max_conversation_bytes: int = 4 << 20  # text, images and transcript marks of a session's conversation
+    #   (each item counted as it changes); past it, the next item added deletes the oldest
+    #   (conversation.item.deleted), as for max_conversation_items
     session_lifetime_s: float = 3_600.0  # then error session_expired and close 4008
     outbound_queue_bytes: int = 16 << 20  # unsent bytes per socket; more: close 4010 slow_consumer
     outbound_stall_s: float = 10.0  # a send the socket has not taken for this long while more events

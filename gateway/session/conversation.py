@@ -13,6 +13,7 @@ sent (``conversation.item.create``, a response's ``input``).
 from __future__ import annotations
 
 import base64
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -30,15 +31,81 @@ ItemType = Literal[
 _BETA_PART = {"output_text": "text", "output_audio": "audio"}
 
 
+MARK_BYTES = 12  # one mark of Marks: a float64 offset and a uint32 length
+_NO_MS, _NO_CHARS = array("d"), array("I")  # the marks of every part that has none (see Marks)
+
+
+class Marks:
+    """Where an answer's transcript was spoken: (audio offset in ms at which a piece
+    of text was produced, transcript length after it), in the order produced.
+
+    Truncating an answer keeps the text whose audio had started before the cut
+    (``kept_before``). Packed in two arrays, 12 bytes a mark where a tuple of a
+    float and an int costs about 100: an answer has one mark per text delta and
+    the conversation keeps them for every assistant item (bench/README.md,
+    "Streaming memory"). A mark at the offset of the one before it replaces it:
+    only the longest text produced by an offset matters to a cut.
+    """
+
+    __slots__ = ("_chars", "_ms")
+
+    def __init__(self, marks: Iterable[tuple[float, int]] = ()) -> None:
+        # Every part has marks and most never get one: until the first, the arrays are
+        # shared empty ones (never appended to), not 160 bytes of a part's own.
+        self._ms = _NO_MS
+        self._chars = _NO_CHARS
+        for ms, chars in marks:
+            self.add(ms, chars)
+
+    def add(self, ms: float, chars: int) -> None:
+        if self._ms is _NO_MS:
+            self._ms, self._chars = array("d"), array("I")  # (a transcript is far below 4 G characters)
+        elif self._ms[-1] == ms:
+            self._chars[-1] = chars
+            return
+        self._ms.append(ms)
+        self._chars.append(chars)
+
+    def kept_before(self, end_ms: float) -> int:
+        """The transcript length to keep when the audio is cut at ``end_ms``."""
+        kept = 0
+        for ms, chars in zip(self._ms, self._chars, strict=True):
+            if ms < end_ms:
+                kept = chars
+        return kept
+
+    def upto(self, chars: int) -> Marks:
+        """The marks of a transcript cut back to ``chars`` characters."""
+        return Marks(m for m in self if m[1] <= chars)
+
+    def copy(self) -> Marks:
+        return Marks(self)
+
+    def to_list(self) -> list[list[float]]:
+        """As snapshots write them: ``[[ms, chars], ...]``."""
+        return [[ms, chars] for ms, chars in self]
+
+    def __iter__(self) -> Iterator[tuple[float, int]]:
+        return zip(self._ms, self._chars, strict=True)
+
+    def __len__(self) -> int:
+        return len(self._ms)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Marks) and self._ms == other._ms and self._chars == other._chars
+
+    def __repr__(self) -> str:
+        return f"Marks({list(self)!r})"
+
+
 @dataclass(slots=True)
 class Part:
     type: PartType
     text: str | None = None
     transcript: str | None = None
     audio_ms: float = 0.0  # output audio sent for this part (truncate checks against it)
-    # (audio offset in ms when the text was produced, text length after it):
-    # lets truncate keep only the transcript whose audio had started playing.
-    marks: list[tuple[float, int]] = field(default_factory=list)
+    # lets truncate keep only the transcript whose audio had started playing
+    marks: Marks = field(default_factory=Marks)
     # input_image: its checked data URL (the protocol's) and detail; echoed as sent
     image_url: str | None = None
     detail: str | None = None
@@ -145,10 +212,11 @@ class Item:
             out.update(approval_request_id=self.approval_request_id, approve=self.approve, reason=self.reason)
         return out
 
-    def text_bytes(self) -> int:
-        """The UTF-8 size of the item's text and images, and of a call's arguments and
-        output (what max_conversation_bytes counts)."""
-        size = sum(len(p.content_text.encode()) + len(p.image_url or "") for p in self.content)
+    def counted_bytes(self) -> int:
+        """What max_conversation_bytes counts of the item: the UTF-8 size of its text and
+        images, of a call's arguments and output, and its transcripts' marks."""
+        size = sum(len(p.content_text.encode()) + len(p.image_url or "") + MARK_BYTES * len(p.marks)
+                   for p in self.content)  # fmt: skip
         if self.type != "message":
             size += len(self.arguments.encode()) + len(self.output.encode())
             size += sum(len(str(t)) for t in self.tools)  # (an estimate: the schemas' repr)

@@ -2,9 +2,12 @@
 
 ``History`` owns the session's ``Conversation`` (conversation.py: the items, in
 order), its id, and the accounting of ``max_items`` and
-``max_conversation_bytes``: an item's text is counted as it was added, and
-once either limit is passed the oldest items are deleted, each announced with
-``conversation.item.deleted``. It never deletes the item being added, nor one
+``max_conversation_bytes``: an item's size (``Item.counted_bytes``) is counted
+as it is added and again each time an event says it changed (``changed``: an
+answer's transcript, a transcription, a truncation), and when an item is added
+past either limit the oldest items are deleted, each announced with
+``conversation.item.deleted``: the bound may be passed by what the items grew
+since the last item was added, never by more. It never deletes the item being added, nor one
 that the running answer is still writing (``keep``).
 
 It knows the limits, how to emit an event, and ``keep``; not the responses,
@@ -36,7 +39,7 @@ class History:
         self._limits = limits
         self._emit = emit
         self._keep = keep
-        self._item_bytes: dict[str, int] = {}  # each item's text as it was added
+        self._item_bytes: dict[str, int] = {}  # each item's size, as last counted
         self._bytes = 0
 
     def __len__(self) -> int:
@@ -51,7 +54,7 @@ class History:
         announces the item itself."""
         conversation = self.conversation
         prev = conversation.insert(item, previous_item_id)
-        size = self._item_bytes[item.id] = item.text_bytes()
+        size = self._item_bytes[item.id] = item.counted_bytes()
         self._bytes += size
         limits = self._limits
         while len(conversation) > limits.max_items or self._bytes > limits.max_conversation_bytes:
@@ -63,6 +66,17 @@ class History:
             self._emit("conversation.item.deleted", item_id=oldest.id)
         return prev
 
+    def changed(self, item_id: str) -> None:
+        """An event said the item changed: the conversation drops what it cached of it,
+        and its size is counted again (deleting waits for the next insert: never in
+        the middle of the event that announced the change)."""
+        self.conversation.forget(item_id)
+        old = self._item_bytes.get(item_id)
+        item = self.conversation.get(item_id)
+        if old is not None and item is not None:
+            size = self._item_bytes[item_id] = item.counted_bytes()
+            self._bytes += size - old
+
     def remove(self, item_id: str) -> Item:
         """Out of the conversation (the caller announces it)."""
         self._bytes -= self._item_bytes.pop(item_id, 0)
@@ -73,5 +87,5 @@ class History:
         self.id = conversation_id
         for item in items:
             self.conversation.insert(item)
-            self._item_bytes[item.id] = size = item.text_bytes()
+            self._item_bytes[item.id] = size = item.counted_bytes()
             self._bytes += size

@@ -15,8 +15,9 @@ class SessionLimits:
     min_commit_ms: int = 100  # a commit of less audio: input_audio_buffer_commit_empty
     max_items: int = 1_000  # conversation longer than this: the oldest items are deleted
     #   (conversation.item.deleted is sent for each)
-    max_conversation_bytes: int = 4 << 20  # the conversation's text (each item counted as it was
-    #   added, in UTF-8 bytes) beyond this: the oldest items are deleted the same way
+    max_conversation_bytes: int = 4 << 20  # the conversation's text, images and transcript marks
+    #   (Item.counted_bytes, counted as each item changes) beyond this: the next item added
+    #   deletes the oldest the same way
     lifetime_s: float = 3_600.0  # then error session_expired and close 4008 (enforced by the shell)
     max_out_of_band: int = 4  # out-of-band responses (conversation "none") running at once, beside the
     #   conversation's one; another: conversation_already_has_active_response

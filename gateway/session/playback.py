@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.protocol.errors import Code, ProtocolError
-from gateway.session.conversation import Part
+from gateway.session.conversation import Marks, Part
 
 MAX_LEDGERS = 16  # answers whose playback a client may still acknowledge; older ones are forgotten
 # How long after its audio would have played out, at real time, an ended answer still counts
@@ -47,14 +47,14 @@ class Ledger:
     interrupted: bool = False  # cancelled, or stopped by a barge-in while it played
     play_end_at: float = 0.0  # wall-clock s at which the client has played what was sent, at real time
     transcript: str = ""  # the whole transcript, kept when the item is cut back
-    marks: list[tuple[float, int]] = field(default_factory=list)
+    marks: Marks = field(default_factory=Marks)
 
     def capture(self, part: Part) -> None:
         """Take the answer's output as generated (before any cut)."""
         self.generated_ms = max(self.generated_ms, part.audio_ms)
         if len(part.transcript or "") >= len(self.transcript):
             self.transcript = part.transcript or ""
-            self.marks = list(part.marks)
+            self.marks = part.marks.copy()
 
     def sent(self, audio_ms: float, now: float) -> None:
         """The answer's audio reached ``audio_ms`` with a delta sent at ``now`` (wall clock)."""
@@ -73,12 +73,9 @@ class Ledger:
 
     def cut(self, part: Part) -> None:
         """Make ``part`` hold what was heard: ``committed_ms`` of audio and its text."""
-        kept = 0
-        for offset_ms, length in self.marks:
-            if offset_ms < self.committed_ms:
-                kept = length
+        kept = self.marks.kept_before(self.committed_ms)
         part.transcript = self.transcript[:kept]
-        part.marks = [m for m in self.marks if m[1] <= kept]
+        part.marks = self.marks.upto(kept)
         part.audio_ms = self.committed_ms
 
     def view(self) -> dict[str, int]:
@@ -101,12 +98,12 @@ class Ledger:
             "interrupted": self.interrupted,
             "play_end_at": self.play_end_at,
             "transcript": self.transcript,
-            "marks": [list(m) for m in self.marks],
+            "marks": self.marks.to_list(),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Ledger:
-        return cls(**{**d, "marks": [(m[0], m[1]) for m in d["marks"]]})
+        return cls(**{**d, "marks": Marks((m[0], m[1]) for m in d["marks"])})
 
 
 EMPTY_VIEW = {"generated_ms": 0, "sent_ms": 0, "played_ms": 0, "committed_ms": 0}

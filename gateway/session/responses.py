@@ -463,7 +463,7 @@ class Responses:
         where = self._where(resp, resp.message)
         if part.type == "output_audio":
             part.transcript = (part.transcript or "") + text
-            part.marks.append((part.audio_ms, len(part.transcript)))
+            part.marks.add(part.audio_ms, len(part.transcript))
             self._emit("response.output_audio_transcript.delta", **where, delta=text)
         else:
             part.text = (part.text or "") + text

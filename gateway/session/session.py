@@ -91,7 +91,7 @@ class RealtimeSession:
         self._vad_factory = vad_factory
         self.conversation = Conversation()
         self.dirty = True  # state changed since the last snapshot (the host clears it once it wrote one)
-        log = self._log = EventLog(self.conversation.forget, self._state_changed)
+        log = self._log = EventLog(lambda item_id: history.changed(item_id), self._state_changed)
         self._emit = log.emit
         # What take() hands over: the log's two lists, held here (read by the host on every flush).
         self.events: list[dict[str, Any]] = log.events
@@ -485,12 +485,9 @@ class RealtimeSession:
     def _cut(self, item: Item, content_index: int, audio_end_ms: int) -> None:
         """The item's audio part keeps ``audio_end_ms`` of audio and the text spoken by then."""
         part = item.content[content_index]
-        kept = 0
-        for offset_ms, length in part.marks:
-            if offset_ms < audio_end_ms:
-                kept = length
+        kept = part.marks.kept_before(audio_end_ms)
         part.transcript = (part.transcript or "")[:kept]
-        part.marks = [m for m in part.marks if m[1] <= kept]
+        part.marks = part.marks.upto(kept)
         part.audio_ms = float(audio_end_ms)
         self._emit("conversation.item.truncated", item_id=item.id, content_index=content_index,
                    audio_end_ms=audio_end_ms)  # fmt: skip

@@ -15,7 +15,7 @@ import orjson
 from gateway.audio.codecs import AudioFormat
 from gateway.audio.resample import StreamResampler
 from gateway.protocol.session_config import SessionConfig, Transcription, TurnDetection
-from gateway.session.conversation import Conversation, Item, Part
+from gateway.session.conversation import Conversation, Item, Marks, Part
 from gateway.session.response import Response
 
 VERSION = 1
@@ -44,7 +44,7 @@ def item_to_dict(item: Item) -> dict[str, Any]:
         "role": item.role,
         "status": item.status,
         "pending": item.pending_transcription,
-        "content": item.content,  # orjson writes each Part's fields (dataclass)
+        "content": [part_to_dict(p) for p in item.content],
     }
     if item.type != "message":
         out.update(type=item.type, call_id=item.call_id, name=item.name, arguments=item.arguments, output=item.output)
@@ -54,6 +54,18 @@ def item_to_dict(item: Item) -> dict[str, Any]:
     return out
 
 
+def part_to_dict(part: Part) -> dict[str, Any]:
+    return {
+        "type": part.type,
+        "text": part.text,
+        "transcript": part.transcript,
+        "audio_ms": part.audio_ms,
+        "marks": part.marks.to_list(),
+        "image_url": part.image_url,
+        "detail": part.detail,
+    }
+
+
 def item_from_dict(d: dict[str, Any]) -> Item:
     parts = [
         Part(
@@ -61,7 +73,7 @@ def item_from_dict(d: dict[str, Any]) -> Item:
             text=p["text"],
             transcript=p["transcript"],
             audio_ms=p["audio_ms"],
-            marks=[(m[0], m[1]) for m in p["marks"]],
+            marks=Marks((m[0], m[1]) for m in p["marks"]),
             image_url=p.get("image_url"),  # (snapshots written before images have none)
             detail=p.get("detail"),
         )

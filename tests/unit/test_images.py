@@ -119,4 +119,4 @@ def test_images_count_in_the_conversations_bytes() -> None:
     d = Driver(engine=SEEING)
     d.send(item(image_part()))
     (only,) = d.session.conversation
-    assert only.text_bytes() == len(data_url(PNG))
+    assert only.counted_bytes() == len(data_url(PNG))

@@ -828,6 +828,20 @@ def test_conversation_over_max_conversation_bytes_deletes_the_oldest() -> None:
     assert [it.id for it in d.session.conversation] == ["next"]
 
 
+def test_an_answers_transcript_counts_in_max_conversation_bytes_once_it_is_done() -> None:
+    d = Driver(limits=SessionLimits(max_conversation_bytes=400))
+    d.user_text("x" * 100, item_id="first")
+    resp_id = d.respond(output_modalities=["audio"])
+    d.output(resp_id, *[out for i in range(10) for out in (TextDelta("word " * 4), AudioDelta(TONE))],
+             Finished(usage=Usage(output_text_tokens=40)))  # fmt: skip
+    answer = next(it for it in d.session.conversation if it.role == "assistant")
+    assert len(answer.content[0].transcript or "") == 200 and len(answer.content[0].marks) == 10
+    assert next(iter(d.session.conversation)).id == "first"  # nothing deleted mid-answer
+    d.user_text("y" * 10, item_id="next")  # 100 + (200 + 10 marks) + 10: over 400
+    assert [e["item_id"] for e in d.events if e["type"] == "conversation.item.deleted"] == ["first"]
+    assert [it.id for it in d.session.conversation] == [answer.id, "next"]
+
+
 # --- session.update through the session ---------------------------------------------
 
 

@@ -16,7 +16,7 @@ from gateway.protocol import client_events as ce
 from gateway.protocol.duplex_config import DuplexConfig
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import SessionConfig, Transcription, TurnDetection
-from gateway.session.conversation import Conversation, Item, Part
+from gateway.session.conversation import MARK_BYTES, Conversation, Item, Marks, Part
 from gateway.session.duplex_turns import DuplexTurns
 from gateway.session.effects import Cancel, EndInput, Feed, StartResponse, StartTranscription
 from gateway.session.events import EventLog
@@ -152,18 +152,44 @@ def test_history_insert_returns_the_previous_item_and_evicts_the_oldest_past_max
     assert [it.id for it in h.conversation] == ["first", "c", "b"] and len(log.events) == 1
 
 
-def test_history_counts_an_items_text_as_it_was_added() -> None:
+def test_history_counts_an_item_again_when_it_changes_and_deletes_at_the_next_insert() -> None:
     h, log = history(SessionLimits(max_conversation_bytes=10))
     first = user_item("a", "12345")
     h.insert(first, None)
-    first.content[0].text = "1234567890" * 10  # grows after it was added: not counted
+    first.content[0].text = "1234567890"  # grown (as an answer's transcript grows): not yet announced
     h.insert(user_item("b", "12345"), None)
+    assert log.events == [] and len(h) == 2  # counted as added: 5 + 5
+    h.changed("a")  # an event said it changed: 10 + 5, over; nothing deleted mid-event
     assert log.events == [] and len(h) == 2
-    h.insert(user_item("c", "1"), None)
+    h.insert(user_item("c", "1"), None)  # the next insert deletes the oldest
     assert [e["item_id"] for e in log.events] == ["a"] and [it.id for it in h.conversation] == ["b", "c"]
     h.remove("b")
     h.insert(user_item("d", "123456789"), None)  # b's bytes were given back
     assert [e["item_id"] for e in log.events] == ["a"]
+    h.changed("gone")  # (an item no longer in the conversation: nothing to count)
+
+
+def test_an_answers_marks_count_in_the_conversations_bytes() -> None:
+    part = answer_part(200)  # 10 marks, "w0 w1 ... w9 "
+    item = Item("i", "assistant", [part])
+    assert item.counted_bytes() == len(part.transcript or "") + 10 * MARK_BYTES
+
+
+def test_marks_keep_the_text_heard_before_a_cut_and_pack_one_per_offset() -> None:
+    marks = Marks()
+    marks.add(0.0, 3)
+    marks.add(0.0, 5)  # more text at the same offset: replaces the mark
+    marks.add(20.0, 8)
+    marks.add(40.0, 12)
+    assert list(marks) == [(0.0, 5), (20.0, 8), (40.0, 12)] and len(marks) == 3
+    assert [marks.kept_before(ms) for ms in (0, 1, 20, 21, 40, 41, 1e9)] == [0, 5, 5, 8, 8, 12, 12]
+    assert list(marks.upto(8)) == [(0.0, 5), (20.0, 8)]
+    assert Marks(iter(marks.to_list())) == marks and marks.copy() == marks and marks.copy() is not marks
+    assert marks != Marks([(0.0, 5)])
+    # The same cut as the (offset, length) tuples it replaces, 12 bytes a mark:
+    big = Marks((float(i * 20), i * 4 + 4) for i in range(1_000))
+    assert big.kept_before(10_001) == 2004 and len(big.upto(2004)) == 501  # offsets 0..10 000
+    assert sum(a.itemsize for a in (big._ms, big._chars)) == MARK_BYTES
 
 
 def test_history_never_evicts_the_item_being_added_nor_one_it_must_keep() -> None:
@@ -475,7 +501,7 @@ def answer_part(ms: float) -> Part:
     part = Part("output_audio", transcript="")
     for i in range(int(ms // 20)):
         part.transcript = (part.transcript or "") + f"w{i} "
-        part.marks.append((part.audio_ms, len(part.transcript)))
+        part.marks.add(part.audio_ms, len(part.transcript))
         part.audio_ms += 20
     return part
 
