@@ -88,8 +88,8 @@ class TimedClient(RealtimeClient):
         self.opened_at = 0.0
         self.opens = 0
 
-    async def _open(self, *, first: bool) -> Any:
-        ws = await super()._open(first=first)
+    async def _open(self, *, first: bool, resume_only: bool = False) -> Any:
+        ws = await super()._open(first=first, resume_only=resume_only)
         self.opened_at = time.perf_counter()
         self.opens += 1
         return ws

@@ -15,6 +15,8 @@ clients (``websockets``, no SDK: nothing but the protocol is timed):
    ``conversation.item.retrieve`` of the first item, sent right after ``session.resumed``:
    the replica reads the conversation once the resume is answered, and the client's
    next events wait for it, so this one grows with the conversation (what is left of it).
+   In turn with those, the same resume on a resume-only socket (``?resume=1``, what the
+   SDK reconnects with): socket open -> ``session.resumed`` with no provisional session.
 2. **Herd.** ``--herd`` sessions (``--herd-items`` items each) are opened on r0 and all
    dropped; then all resume on r1 at once (each already connected and holding its
    provisional ``session.created``, so the figure is the replica's, not the handshakes'):
@@ -102,6 +104,11 @@ async def connect_provisional(url: str) -> ClientConnection:
     return ws
 
 
+async def connect_resume_only(url: str) -> ClientConnection:
+    """A socket with ``?resume=1``: no provisional session (what the SDK reconnects with)."""
+    return await connect(url + "?resume=1", additional_headers=HEADERS, max_size=None, compression=None)
+
+
 async def resume(ws: ClientConnection, held: Held, *, first_item: str | None = None) -> tuple[float, float]:
     """Send ``session.resume`` on a connected socket: seconds until ``session.resumed``, and
     until ``first_item`` (retrieved right after it; 0.0 when None) came back."""
@@ -125,7 +132,7 @@ def ms(values: list[float], q: float) -> float:
     return 1000 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-Row = tuple[int, list[float], list[float], list[float]]
+Row = tuple[int, list[float], list[float], list[float], list[float]]
 
 
 async def by_length(cluster: Cluster, counts: list[int], repeats: int) -> list[Row]:
@@ -134,17 +141,21 @@ async def by_length(cluster: Cluster, counts: list[int], repeats: int) -> list[R
     for items in counts:
         ws, held = await open_session(urls[0], items)
         drop(ws)
-        whole, claim, loaded = [], [], []
-        for n in range(repeats):
+        whole, claim, loaded, resume_only = [], [], [], []
+        for n in range(2 * repeats):  # a socket that opens a session, then a resume-only one, in turn
             began = time.perf_counter()
-            ws = await connect_provisional(urls[(n + 1) % 2])  # always the replica that does not hold it
+            url = urls[(n + 1) % 2]  # always the replica that does not hold it
+            ws = await (connect_provisional(url) if n % 2 == 0 else connect_resume_only(url))
             opened = time.perf_counter() - began
             answered, retrieved = await resume(ws, held, first_item="item_0")
-            whole.append(opened + answered)
-            claim.append(answered)
-            loaded.append(retrieved)
+            if n % 2:
+                resume_only.append(opened + answered)
+            else:
+                whole.append(opened + answered)
+                claim.append(answered)
+                loaded.append(retrieved)
             drop(ws)
-        rows.append((items, whole, claim, loaded))
+        rows.append((items, whole, claim, loaded, resume_only))
     return rows
 
 
@@ -166,11 +177,12 @@ async def main(args: argparse.Namespace) -> int:
         rows = await by_length(cluster, args.items, args.repeats)
         print(f"resume by conversation length ({args.repeats} resumes each, every one a takeover from Redis):")
         print(f"  {'items':>6}  {'open->resumed':>13} {'p99':>7}  {'resume->resumed':>15} {'p99':>7}"
-              f"  {'resume->first item':>18} {'p99':>7}")  # fmt: skip
-        for items, whole, claim, loaded in rows:
+              f"  {'resume->first item':>18} {'p99':>7}  {'?resume=1 open->resumed':>23} {'p99':>7}")  # fmt: skip
+        for items, whole, claim, loaded, resume_only in rows:
             print(f"  {items:>6}  {ms(whole, 0.5):>11.1f}ms {ms(whole, 0.99):>5.1f}ms"
                   f"  {ms(claim, 0.5):>13.1f}ms {ms(claim, 0.99):>5.1f}ms"
-                  f"  {ms(loaded, 0.5):>16.1f}ms {ms(loaded, 0.99):>5.1f}ms")  # fmt: skip
+                  f"  {ms(loaded, 0.5):>16.1f}ms {ms(loaded, 0.99):>5.1f}ms"
+                  f"  {ms(resume_only, 0.5):>21.1f}ms {ms(resume_only, 0.99):>5.1f}ms")  # fmt: skip
         first, last = statistics.median(rows[0][2]), statistics.median(rows[-1][2])
         print(f"  resume->resumed median, {rows[-1][0]} items / {rows[0][0]}: {last / first:.2f}x")
         took = await herd(cluster, args.herd, args.herd_items)

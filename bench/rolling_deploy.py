@@ -23,6 +23,7 @@ Exit status 1 if anything failed, or (SIGTERM) an answer was cut by a drain.
     python bench/rolling_deploy.py                         # 3 replicas, 60 sessions, 2 rounds: ~1 min
     python bench/rolling_deploy.py --kill                  # the same with SIGKILL: nothing lost
     python bench/rolling_deploy.py --sessions 20 --rounds 1
+    python bench/rolling_deploy.py --baseline 60           # no deploy: the load's own silences
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ async def main(args: argparse.Namespace) -> int:
                        keep_run_dir=args.keep) as cluster:  # fmt: skip
         print(f"cluster up: {args.replicas} replicas behind {cluster.url} (run dir {cluster.run_dir})")
         began, cpu = time.monotonic(), time.process_time()
-        report = await rolling_deploy(cluster, sessions=args.sessions, rounds=args.rounds, sig=sig)
+        rounds = 0 if args.baseline else args.rounds
+        report = await rolling_deploy(cluster, sessions=args.sessions, rounds=rounds, sig=sig,
+                                      warm_up_s=args.baseline or 2.0)  # fmt: skip
         elapsed, cpu = time.monotonic() - began, time.process_time() - cpu
-    print(f"{args.sessions} sessions, {args.replicas} replicas, {args.rounds} rounds of rolling "
-          f"{sig.name}, drain window {args.window:g} s, {elapsed:.0f} s:")  # fmt: skip
+    what = ("no deploy (--baseline)" if args.baseline
+            else f"{args.rounds} rounds of rolling {sig.name}, drain window {args.window:g} s")  # fmt: skip
+    print(f"{args.sessions} sessions, {args.replicas} replicas, {what}, {elapsed:.0f} s:")
     for line in summary(report):
         print("  " + line)
     # The clients share the machine: a saturated client process stretches every silence it measures.
@@ -70,6 +74,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--window", type=float, default=20.0, help="drain_window_s of every replica (default 20)")
     p.add_argument("--kill", action="store_true", help="SIGKILL instead of SIGTERM: crashes, not drains")
+    p.add_argument("--baseline", type=float, default=0.0, metavar="S",
+                   help="no deploy: the same sessions for S seconds, so that the largest silence the load "
+                   "alone gives stands beside a deploy's")  # fmt: skip
     p.add_argument("--keep", action="store_true", help="keep the run directory (replica, nginx, redis logs)")
     return p.parse_args(argv)
 

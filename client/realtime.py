@@ -80,7 +80,9 @@ class RealtimeClient:
     - ``reconnect``: a ``ReconnectPolicy``, ``True`` (the default policy) or
       ``False`` (never reconnect: a lost connection raises ``ConnectionLost``).
     - ``resume_fallback``: ``"raise"`` (default): a refused resume raises
-      ``ResumeFailed`` from the iterator. ``"new_session"``: carry on in the
+      ``ResumeFailed`` from the iterator; a reconnect then asks for a resume-only
+      socket (``?resume=1``): the gateway opens no throwaway session before the
+      resume (a server that does not know it opens one, and is resumed the same). ``"new_session"``: carry on in the
       new session the server opened, after a synthetic ``client.session_lost``
       event (``code``, ``message``, ``previous_session_id``, ``session_id``,
       ``discarded_sends``) followed by that session's ``session.created``.
@@ -386,7 +388,9 @@ class RealtimeClient:
 
     # --- connecting -----------------------------------------------------------------------------
 
-    async def _open(self, *, first: bool) -> ClientConnection:
+    async def _open(self, *, first: bool, resume_only: bool = False) -> ClientConnection:
+        """A socket to the gateway; ``resume_only``: with ``?resume=1``, so that the gateway
+        opens no throwaway session before the ``session.resume`` this client sends first."""
         protocols = [BINARY_SUBPROTOCOL] if self._want_binary else []
         protocols.append(REALTIME_SUBPROTOCOL)
         if self._beta:
@@ -407,7 +411,8 @@ class RealtimeClient:
         options: dict[str, Any] = {"open_timeout": self._open_timeout, "max_size": self._max_size}
         options.update(self._connect_options)
         try:
-            ws = await connect(self.url, subprotocols=[Subprotocol(p) for p in protocols],
+            url = _with_query(self.url, "resume", "1") if resume_only else self.url
+            ws = await connect(url, subprotocols=[Subprotocol(p) for p in protocols],
                                additional_headers=headers, compression=None, **options)  # fmt: skip
         except InvalidStatus as exc:
             if exc.response.status_code in (401, 403):
@@ -544,8 +549,11 @@ class RealtimeClient:
                 break
             await asyncio.sleep(delay)
             attempt += 1
+            # Without a fallback to the server's new session, none is needed: the socket
+            # is resume-only and the resume goes first (one round trip, no throwaway session).
+            resume_only = self._fallback == "raise" and self._stream.can_resume
             try:
-                ws = await self._open(first=False)
+                ws = await self._open(first=False, resume_only=resume_only)
             except RealtimeError:
                 raise
             except Exception as exc:  # refused, unreachable, timed out: retry within the budget
@@ -554,7 +562,7 @@ class RealtimeClient:
                 log.info("realtime session %s: reconnect attempt %d failed: %s", self.session_id, attempt, exc)
                 continue
             try:
-                outcome = await self._handshake(ws)
+                outcome = await self._handshake(ws, resume_first=resume_only)
             except BaseException:
                 await _close_quietly(ws)
                 raise
@@ -572,15 +580,22 @@ class RealtimeClient:
         raise ConnectionLost(f"gave up reconnecting after {attempt} attempts; last: {last_error}",
                              code="reconnect_failed", close_code=code)  # fmt: skip
 
-    async def _handshake(self, ws: ClientConnection) -> Literal["live", "retry", "replaced"]:
+    async def _handshake(
+        self, ws: ClientConnection, *, resume_first: bool = False
+    ) -> Literal["live", "retry", "replaced"]:
         """Resume on a fresh socket: "live" when resumed (or fallen back), "retry", or
-        "replaced" (another connection holds the session); raises when final."""
+        "replaced" (another connection holds the session); raises when final.
+        ``resume_first``: a resume-only socket, the ``session.resume`` goes at once;
+        otherwise after the ``session.created`` of the session the server opened."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._resume_timeout
         provisional: dict[str, Any] | None = None
         highest = 0  # highest seq seen in the provisional session
         refusal: dict[str, Any] = {}
+        asked = resume_first
         try:
+            if resume_first:
+                await ws.send(orjson.dumps(self._stream.resume_request()).decode())
             while True:
                 msg = await asyncio.wait_for(ws.recv(), max(0.0, deadline - loop.time()))
                 event = parse(msg)
@@ -592,17 +607,20 @@ class RealtimeClient:
                     self._stream.observe(event)
                     await self._events.put(event)
                     return "replaced"
-                if provisional is None:
-                    if kind == "error":
-                        refusal = event.get("error") or {}
-                    if kind != "session.created":
-                        continue
-                    provisional = event
+                if provisional is None and kind == "session.created":
+                    provisional = event  # (a server that knows no resume-only sockets opens one anyway)
                     highest = seq if isinstance(seq, int) else 0
+                    if asked:
+                        continue
                     if not self._stream.can_resume:
                         return await self._refused(ws, provisional, highest, "resume_unsupported",
                                                    "the server gave no resume token for this session")  # fmt: skip
                     await ws.send(orjson.dumps(self._stream.resume_request()).decode())
+                    asked = True
+                    continue
+                if not asked:  # waiting for the session.created
+                    if kind == "error":
+                        refusal = event.get("error") or {}
                     continue
                 if kind == "session.resumed":
                     await self._resumed(ws, event)
@@ -616,7 +634,7 @@ class RealtimeClient:
                 if isinstance(seq, int):
                     highest = max(highest, seq)
                 if kind == "error":
-                    err = event.get("error") or {}
+                    err = refusal = event.get("error") or {}
                     code = err.get("code")
                     if code in RESUME_REFUSALS:
                         return await self._refused(ws, provisional, highest, str(code), str(err.get("message", "")))
@@ -647,10 +665,10 @@ class RealtimeClient:
         if self._stream.ack_wanted:
             await self._ack(ws)
 
-    async def _refused(self, ws: ClientConnection, provisional: dict[str, Any], highest: int,
+    async def _refused(self, ws: ClientConnection, provisional: dict[str, Any] | None, highest: int,
                        code: str, message: str) -> Literal["live"]:  # fmt: skip
         log.warning("realtime session %s: resume refused (%s): %s", self.session_id, code, message)
-        if self._fallback != "new_session":
+        if self._fallback != "new_session" or provisional is None:  # (resume-only sockets: "raise" only)
             raise ResumeFailed(message or f"resume refused: {code}", code=code)
         previous = self._stream.restart(provisional, highest)
         discarded = len(self._pending)
@@ -728,9 +746,12 @@ async def _close_quietly(ws: ClientConnection) -> None:
 
 
 def _with_model(url: str, model: str | None) -> str:
-    if model is None:
-        return url
+    return url if model is None else _with_query(url, "model", model)
+
+
+def _with_query(url: str, key: str, value: str) -> str:
+    """``url`` with the query parameter ``key`` set to ``value`` (replacing any)."""
     parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "model"]
-    query.append(("model", model))
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != key]
+    query.append((key, value))
     return urlunsplit(parts._replace(query=urlencode(query)))

@@ -379,7 +379,7 @@ class Door:
 
     async def _first(self, message: Any, kind: Kind) -> None:
         """The first message of a connection that has no session yet (the duplex
-        dialect's opening rules, ``transport/realtime.py``)."""
+        dialect's opening rules, and a Realtime resume-only socket's: ``transport/realtime.py``)."""
         try:
             if kind != "text":
                 raise ProtocolError(
@@ -390,7 +390,7 @@ class Door:
             self.delivery.send_now(self.dialect.error(err))
             return
         control = self._controls(event) if self._controls is not None else None
-        if isinstance(event, ce.SessionUpdate):
+        if isinstance(event, ce.SessionUpdate) and self.dialect.name == "duplex":
             await self._open_with(event)
         elif isinstance(event, ce.SessionResume):
             await self._resume(event)
@@ -404,7 +404,7 @@ class Door:
             self.peer.close(CloseCode.NORMAL, "session closed")
         elif isinstance(event, ce.EventAck):
             pass  # nothing to acknowledge yet
-        elif self.resume_only:
+        elif self.resume_only and not isinstance(event, ce.SessionUpdate):
             self.delivery.send_now(
                 self.dialect.error(
                     ProtocolError(
@@ -417,7 +417,8 @@ class Door:
                 )
             )
         elif await self.open():
-            # Upstream's first-message rule: the default session opens, then the event is handled.
+            # Upstream's first-message rule: the default session opens, then the event is handled
+            # (a Realtime resume-only socket's session.update too: session.created, then updated).
             pending = self._take(message, kind)
             if pending is not None:
                 await pending

@@ -21,6 +21,13 @@ is echoed, never the key): ``omni-binary.v1`` (binary audio fast path),
 ``realtime``, ``openai-beta.realtime-v1``, ``openai-insecure-api-key.<key or
 client secret>`` (browser auth).
 
+A Realtime socket (GA or beta) opens its session at connect (``session.created``
+first), as OpenAI's does, unless it asks for a resume-only socket (``?resume=1``
+or ``?autostart=0``, a gateway extension): then nothing opens until its first
+event, which must be ``session.resume`` (no throwaway session: a reconnect skips
+a session's lease, commit and ``session.created``) or ``session.update`` (opens
+the session with it); any other is refused (``session_not_open``).
+
 The duplex dialect's opening (vLLM-Omni's ``realtime_duplex_api.md``,
 "Endpoint and transport"): with ``?model=`` and without ``?autostart=0`` /
 ``?resume=1`` the session opens at connect (``session.created`` first).
@@ -143,17 +150,18 @@ class RealtimeEndpoint:
                 await refuse(rt, send, (refused.code, refused.message, close), GA.error(refused))
                 return
             opening = None
-        elif duplex:
+        else:
             autostart = (hs.param("autostart") or "").strip().lower()
             resume_only = duplex_events.enabled(hs.param("resume")) or autostart in duplex_events.FALSY
-            door = socket.door_to(DUPLEX, principal=hs.grant.principal, model=model, seat=seat,
-                                  resume_only=resume_only, minted=hs.grant.minted)  # fmt: skip
-            opening = door.open if hs.param("model") is not None and not resume_only else None
-        else:
-            beta = "realtime=v1" in hs.headers.get("openai-beta", "") or BETA_SUBPROTOCOL in hs.offered
-            door = socket.door_to(BETA if beta else GA, principal=hs.grant.principal, model=model, seat=seat,
-                                  minted=hs.grant.minted)  # fmt: skip
-            opening = door.open
+            if duplex:
+                door = socket.door_to(DUPLEX, principal=hs.grant.principal, model=model, seat=seat,
+                                      resume_only=resume_only, minted=hs.grant.minted)  # fmt: skip
+                opening = door.open if hs.param("model") is not None and not resume_only else None
+            else:
+                beta = "realtime=v1" in hs.headers.get("openai-beta", "") or BETA_SUBPROTOCOL in hs.offered
+                door = socket.door_to(BETA if beta else GA, principal=hs.grant.principal, model=model, seat=seat,
+                                      resume_only=resume_only, minted=hs.grant.minted)  # fmt: skip
+                opening = None if resume_only else door.open
 
         await socket.run(opening)
 

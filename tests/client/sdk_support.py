@@ -68,6 +68,7 @@ class FakeSession:
 class FakeConnection:
     authorization: str | None
     subprotocols: str  # as offered, comma separated
+    path: str  # with its query: a reconnect asks for ?resume=1
     events: list[dict[str, Any]] = field(default_factory=list)  # every client event, in order
 
 
@@ -80,7 +81,8 @@ class FakeServer:
     events the client already has, to exercise de-duplication),
     ``resume_delay`` (seconds to wait before answering the next ``session.resume``),
     ``give_tokens`` (False: ``session.created`` carries no ``resume_token``,
-    like a server without resume).
+    like a server without resume), ``resume_only_sockets`` (False: ``?resume=1`` is
+    ignored and every socket opens a session, like a server that knows no such sockets).
     """
 
     def __init__(self) -> None:
@@ -92,6 +94,7 @@ class FakeServer:
         self.replay_overlap = 0
         self.resume_delay = 0.0
         self.give_tokens = True
+        self.resume_only_sockets = True
         self.url = ""
 
     # --- driving the fake from a test ---
@@ -154,13 +157,17 @@ class FakeServer:
     async def _handler(self, ws: ServerConnection) -> None:
         assert ws.request is not None
         headers = ws.request.headers
-        conn = FakeConnection(headers.get("Authorization"), ", ".join(headers.get_all("Sec-WebSocket-Protocol")))
+        conn = FakeConnection(headers.get("Authorization"), ", ".join(headers.get_all("Sec-WebSocket-Protocol")),
+                              ws.request.path)  # fmt: skip
         self.connections.append(conn)
         binary = ws.subprotocol == "omni-binary.v1"
-        session = FakeSession("sess_" + secrets.token_hex(4), "rt_" + secrets.token_hex(8), ws=ws, binary=binary)
-        self.sessions[session.id] = session
-        token = {"resume_token": session.token} if self.give_tokens else {}
-        await self.emit(session, "session.created", session={"id": session.id, "object": "realtime.session"}, **token)
+        session: FakeSession | None = None
+        if not (self.resume_only_sockets and "resume=1" in ws.request.path):
+            session = FakeSession("sess_" + secrets.token_hex(4), "rt_" + secrets.token_hex(8), ws=ws, binary=binary)
+            self.sessions[session.id] = session
+            token = {"resume_token": session.token} if self.give_tokens else {}
+            await self.emit(session, "session.created", session={"id": session.id, "object": "realtime.session"},
+                            **token)  # fmt: skip
         try:
             async for raw in ws:
                 if isinstance(raw, bytes):
@@ -170,6 +177,10 @@ class FakeServer:
                 conn.events.append(event)
                 if event["type"] == "session.resume":
                     session = await self._resume(ws, session, event, binary)
+                elif session is None:  # a resume-only socket with no session yet
+                    error = {"type": "invalid_request_error", "code": "session_not_open", "message": "resume first",
+                             "param": "type", "event_id": None}  # fmt: skip
+                    await self._control(ws, {"type": "error", "error": error})
                 elif event["type"] == "session.event_ack":
                     session.acks.append(event["last_received_server_event_seq"])
                 else:
@@ -177,11 +188,11 @@ class FakeServer:
         except ConnectionClosed:
             pass
         finally:
-            if session.ws is ws:
+            if session is not None and session.ws is ws:
                 session.ws = None
 
-    async def _resume(self, ws: ServerConnection, provisional: FakeSession, req: dict[str, Any],
-                      binary: bool) -> FakeSession:  # fmt: skip
+    async def _resume(self, ws: ServerConnection, provisional: FakeSession | None, req: dict[str, Any],
+                      binary: bool) -> FakeSession | None:  # fmt: skip
         if self.resume_delay:
             delay, self.resume_delay = self.resume_delay, 0.0
             await asyncio.sleep(delay)
@@ -208,7 +219,8 @@ class FakeServer:
             if old is not None and old is not ws:
                 await self._control(old, {"type": "session.replaced", "session_id": target.id})
                 await old.close(4009, "session_replaced")
-            del self.sessions[provisional.id]
+            if provisional is not None:
+                del self.sessions[provisional.id]
             target.token = "rt_" + secrets.token_hex(8)
             target.ws, target.binary = ws, binary
             if self.resync_next:

@@ -90,6 +90,34 @@ async def test_a_lost_connection_is_resumed_and_the_gap_replayed_exactly_once(co
         assert (st.reconnects, st.resumes, st.duplicates_dropped, st.replayed_events, st.gaps) == (1, 1, 2, 4, 0)
 
 
+async def test_a_reconnect_asks_for_a_resume_only_socket_and_the_server_opens_no_session_for_it() -> None:
+    async with fake_server() as fake, RealtimeClient(fake.url, api_key="sk", reconnect=FAST, model="m") as rt:
+        s = fake.only_session()
+        await fake.emit(s, "response.output_text.delta", delta="a")
+        assert [(await rt.recv(2))["type"] for _ in range(2)] == ["session.created", "response.output_text.delta"]
+        assert "resume=1" not in fake.connections[0].path  # the first socket opens the session
+        await fake.drop(s, 1012)
+        assert (await rt.recv(5))["type"] == "session.resumed"
+        again = fake.connections[-1]
+        assert "resume=1" in again.path and "model=m" in again.path
+        assert again.events[0]["type"] == "session.resume"  # first, and nothing opened before it
+        assert fake.only_session() is s
+        assert rt.stats.resumes == 1
+
+
+async def test_a_server_that_opens_a_session_on_every_socket_is_resumed_all_the_same() -> None:
+    async with fake_server() as fake, RealtimeClient(fake.url, api_key="sk", reconnect=FAST) as rt:
+        fake.resume_only_sockets = False  # it ignores ?resume=1: a throwaway session.created comes first
+        s = fake.only_session()
+        await rt.recv(2)
+        await fake.drop(s, 1006)
+        resumed = await rt.recv(5)
+        assert resumed["type"] == "session.resumed" and rt.session_id == s.id
+        assert [e["type"] for e in fake.connections[-1].events].count("session.resume") == 1  # sent once
+        await fake.emit(s, "response.output_text.delta", delta="live")
+        assert (await rt.recv(2))["delta"] == "live"
+
+
 async def test_acks_go_out_every_n_events_and_after_a_quiet_interval() -> None:
     async with fake_server() as fake, RealtimeClient(fake.url, ack_every=5, ack_interval=0.4) as rt:
         s = fake.only_session()
@@ -241,6 +269,7 @@ async def test_a_refused_resume_can_fall_back_to_a_new_session() -> None:
         await until(lambda: [e["type"] for e in new.received] == ["input_audio_buffer.clear"])
         st = rt.stats
         assert (st.sessions_lost, st.sends_discarded, st.reconnects, st.resumes, st.gaps) == (1, 1, 1, 0, 0)
+        assert "resume=1" not in fake.connections[-1].path  # its fallback is the session the socket opens
 
 
 async def test_without_a_resume_token_a_lost_connection_cannot_resume() -> None:

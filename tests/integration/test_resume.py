@@ -241,3 +241,55 @@ async def test_lease_loop_lets_go_of_a_session_another_replica_took(backend: str
             assert owner_b is not None and owner_b.owner == gw.runtime.replica_id
             await b.send({"type": "response.create"})
             assert (await b.wait_for("response.done"))["response"]["status"] == "completed"
+
+
+def with_query(url: str, query: str) -> str:
+    return url + ("&" if "?" in url else "?") + query
+
+
+async def test_a_resume_only_socket_opens_no_session_before_its_resume(gateway: RunningGateway) -> None:
+    async with connect(gateway.url, headers=ALICE) as c:
+        created = await start_answer(c)
+        await c.wait_for(lambda e: e["type"] == "response.output_audio.delta" and e["server_event_seq"] > 12)
+        last = c.events[-1]["server_event_seq"]
+    sid, token = created["session"]["id"], created["resume_token"]
+    async with connect(with_query(gateway.url, "resume=1"), headers=ALICE) as c2:
+        await c2.send(
+            {"type": "session.resume", "session_id": sid, "resume_token": token, "last_received_server_event_seq": last}
+        )
+        resumed = await c2.recv()  # the first event: no session.created of a throwaway session before it
+        assert resumed["type"] == "session.resumed" and resumed["session_id"] == sid
+        assert resumed["replay_from"] == last + 1
+        events = await collect_until_done(c2)
+    assert not any(e["type"] == "session.created" for e in c2.events)
+    seqs = [e["server_event_seq"] for e in events]
+    assert seqs == list(range(last + 1, last + 1 + len(seqs)))
+    assert events[-1]["response"]["status"] == "completed"
+
+
+@pytest.mark.parametrize("query", ["resume=1", "autostart=0"])
+async def test_a_resume_only_socket_refuses_other_events_until_a_session_update_opens_one(
+    gateway: RunningGateway, query: str
+) -> None:
+    async with connect(with_query(gateway.url, query), headers=ALICE) as c:
+        await c.send({"type": "response.create", "event_id": "ev_early"})
+        err = await c.recv()  # nothing was sent before it
+        assert err["type"] == "error"
+        assert (err["error"]["code"], err["error"]["param"], err["error"]["event_id"]) == (
+            "session_not_open", "type", "ev_early"
+        )  # fmt: skip
+        await c.send({"type": "session.update", "session": {"type": "realtime", "instructions": "be brief"}})
+        created = await c.wait_for("session.created")
+        assert created["resume_token"]
+        updated = await c.wait_for("session.updated")
+        assert updated["session"]["instructions"] == "be brief"
+        await c.send({"type": "response.create"})
+        assert (await c.wait_for("response.done"))["response"]["status"] == "completed"
+    resume = {"type": "session.resume", "session_id": "sess_doesnotexist", "resume_token": "rt_x",
+              "last_received_server_event_seq": 0}  # fmt: skip
+    async with connect(with_query(gateway.url, query), headers=ALICE) as c2:
+        await c2.send(resume)
+        refused = await c2.recv()
+        assert refused["type"] == "error" and refused["error"]["code"] == "session_not_found"
+        await c2.send({"type": "session.update", "session": {"type": "realtime"}})  # the socket goes on
+        await c2.wait_for("session.created")
