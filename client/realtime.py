@@ -82,10 +82,11 @@ class RealtimeClient:
     - ``resume_fallback``: ``"raise"`` (default): a refused resume raises
       ``ResumeFailed`` from the iterator; a reconnect then asks for a resume-only
       socket (``?resume=1``): the gateway opens no throwaway session before the
-      resume (a server that does not know it opens one, and is resumed the same). ``"new_session"``: carry on in the
-      new session the server opened, after a synthetic ``client.session_lost``
-      event (``code``, ``message``, ``previous_session_id``, ``session_id``,
-      ``discarded_sends``) followed by that session's ``session.created``.
+      resume (a server that does not know it opens one, and is resumed the same).
+      ``"new_session"``: carry on in the new session the server opened, after a
+      synthetic ``client.session_lost`` event (``code``, ``message``,
+      ``previous_session_id``, ``session_id``, ``discarded_sends``) followed by
+      that session's ``session.created``.
     - ``max_pending_events`` (4096): events received but not yet iterated.
       When full, the client stops reading the socket; the server's outbound
       queue then fills and it may close with 4010 (slow consumer), after which
