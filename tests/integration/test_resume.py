@@ -60,12 +60,17 @@ async def collect_until_done(c: Client) -> list[dict[str, Any]]:
             return events
 
 
-async def test_dropped_socket_resumes_with_every_missed_event_exactly_once(gateway: RunningGateway) -> None:
+async def left_mid_answer(gateway: RunningGateway) -> tuple[str, str, int]:
+    """A session whose socket closed a dozen events into an answer: (id, resume token, last seq seen)."""
     async with connect(gateway.url, headers=ALICE) as c:
         created = await start_answer(c)
         await c.wait_for(lambda e: e["type"] == "response.output_audio.delta" and e["server_event_seq"] > 12)
         last = c.events[-1]["server_event_seq"]
-    sid, token = created["session"]["id"], created["resume_token"]
+    return created["session"]["id"], created["resume_token"], last
+
+
+async def test_dropped_socket_resumes_with_every_missed_event_exactly_once(gateway: RunningGateway) -> None:
+    sid, token, last = await left_mid_answer(gateway)
     await asyncio.sleep(0.2)  # the answer goes on without a socket
     async with connect(gateway.url, headers=ALICE) as c2:
         await c2.wait_for("session.created")  # the provisional session, replaced by the resumed one
@@ -248,11 +253,7 @@ def with_query(url: str, query: str) -> str:
 
 
 async def test_a_resume_only_socket_opens_no_session_before_its_resume(gateway: RunningGateway) -> None:
-    async with connect(gateway.url, headers=ALICE) as c:
-        created = await start_answer(c)
-        await c.wait_for(lambda e: e["type"] == "response.output_audio.delta" and e["server_event_seq"] > 12)
-        last = c.events[-1]["server_event_seq"]
-    sid, token = created["session"]["id"], created["resume_token"]
+    sid, token, last = await left_mid_answer(gateway)
     async with connect(with_query(gateway.url, "resume=1"), headers=ALICE) as c2:
         await c2.send(
             {"type": "session.resume", "session_id": sid, "resume_token": token, "last_received_server_event_seq": last}
