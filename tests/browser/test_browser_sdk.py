@@ -1,6 +1,7 @@
 """The browser SDK's pieces in Chromium, checked against the gateway's own code:
-the binary frame codec both ways, the capture resampler, and a dropped video
-chunk that Media Source playback must step over."""
+the binary frame codec both ways, the capture resampler, a dropped video
+chunk that Media Source playback must step over, and the SDK's resumes (a lost
+socket, a takeover, refusals, a drain onto another replica)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import base64
 import math
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,7 @@ import pytest
 import websockets
 from browser_support import PageLog, browser, screenshot
 from support.gateway import RunningGateway, run_gateway
+from support.redis_server import REDIS_BINARY, RedisServer
 
 from client.frames import decode_input_frame
 from gateway.protocol.server_events import encode_audio_frame
@@ -181,8 +184,21 @@ RESUME_PATHS = """async () => {
   });
   const out = {};
 
+  // Every socket a client opens, with the first event it got.
+  const sockets = [];
+  class Recording extends WebSocket {
+    constructor(url, protocols) {
+      super(url, protocols);
+      const socket = { url, first: null };
+      sockets.push(socket);
+      this.addEventListener("message", (m) => {
+        if (socket.first === null) socket.first = typeof m.data === "string" ? JSON.parse(m.data).type : "binary";
+      });
+    }
+  }
+
   // A: a session with one answer, then its socket dies while a request waits in the queue.
-  const a = track("a", new RealtimeClient({ binary: true }));
+  const a = track("a", new RealtimeClient({ binary: true, WebSocket: Recording }));
   await a.connect();
   a.sessionUpdate({ type: "realtime", audio: { input: { turn_detection: null } } });
   a.sendText("hello");
@@ -196,7 +212,7 @@ RESUME_PATHS = """async () => {
   const resumed = await a.waitFor("session.resumed");
   const second = await a.waitFor("response.done");
   out.a = { before, resumed, after: { id: a.sessionId, token: a.resumeToken }, stats: { ...a.stats },
-            second: second.response.status, binary: a.binary };
+            second: second.response.status, binary: a.binary, sockets: sockets.splice(0) };
 
   // B takes A's session over (say, from another tab): A is told and stops.
   const b = track("b", new RealtimeClient({ binary: false }));
@@ -208,14 +224,14 @@ RESUME_PATHS = """async () => {
   out.b = { id: b.sessionId, aState: a.state, aError: a.error, binary: b.binary };
 
   // C and D hold a token the gateway refuses: C carries on in a new session, D stops.
-  const c = track("c", new RealtimeClient({ resumeFallback: "new_session" }));
+  const c = track("c", new RealtimeClient({ resumeFallback: "new_session", WebSocket: Recording }));
   await c.connect();
   const lostId = c.sessionId;
   c.resumeToken = "rt_not_a_real_token";
   kill(c);
   const lost = await c.waitFor("client.session_lost");
   await untilState(c, "open");
-  out.c = { lost, lostId, id: c.sessionId, stats: { ...c.stats } };
+  out.c = { lost, lostId, id: c.sessionId, stats: { ...c.stats }, sockets: sockets.splice(0) };
   const d = track("d", new RealtimeClient());
   await d.connect();
   d.resumeToken = "rt_not_a_real_token";
@@ -239,7 +255,11 @@ async def test_sdk_resumes_queues_sends_hands_over_and_handles_refusals_against_
     assert a["stats"]["sendsQueued"] == 2 and a["stats"]["sendsFlushed"] == 2
     assert a["stats"]["resumes"] == 1 and a["stats"]["gaps"] == 0 and a["stats"]["duplicatesDropped"] == 0
     assert a["second"] == "completed" and a["binary"] is True
-    # The provisional session.created of the new socket is never delivered.
+    # The reconnect was resume-only (the default fallback "fail"): the gateway opened no
+    # throwaway session on it, its first event was session.resumed.
+    first, again = a["sockets"]
+    assert "resume=1" not in first["url"] and first["first"] == "session.created"
+    assert again["url"].endswith("?resume=1") and again["first"] == "session.resumed", again
     assert out["log"].count("a:session.resumed") == 1
     assert out["log"][:4] == ["a:connecting", "a:open", "a:reconnecting", "a:resuming"]
     # Taken over: A got session.replaced and ended without an error; B holds the session.
@@ -250,4 +270,88 @@ async def test_sdk_resumes_queues_sends_hands_over_and_handles_refusals_against_
     c = out["c"]
     assert c["lost"]["code"] == "resume_token_invalid" and c["lost"]["previous_session_id"] == c["lostId"]
     assert c["id"] != c["lostId"] and c["id"] == c["lost"]["session_id"] and c["stats"]["sessionsLost"] == 1
+    # With the "new_session" fallback the reconnect is a plain socket: its own session is the fallback.
+    assert [(s["url"].endswith("resume=1"), s["first"]) for s in c["sockets"]] == [(False, "session.created")] * 2
     assert out["d"] == {"state": "ended", "code": "resume_token_invalid"}
+
+
+@pytest.fixture
+async def replicas() -> AsyncIterator[tuple[RunningGateway, RunningGateway]]:
+    """Two replicas on one Redis, the way a drain hands a session from one to the other."""
+    if not REDIS_BINARY:
+        pytest.skip("redis-server is not installed")
+    with RedisServer() as server:
+        base = Settings(engine="passthrough", redis_url=server.url, video_engine="none", drain_window_s=10.0)
+        async with (
+            run_gateway(replace(base, replica_id="ra")) as a,
+            run_gateway(replace(base, replica_id="rb")) as b,
+        ):
+            yield a, b
+
+
+DRAINED_BEFORE = """async (other) => {
+  const { RealtimeClient } = await import("/sdk/realtime.js");
+  const sockets = [];
+  class Recording extends WebSocket {
+    constructor(url, protocols) {
+      super(url, protocols);
+      const socket = { url, first: null };
+      sockets.push(socket);
+      this.addEventListener("message", (m) => {
+        if (socket.first === null) socket.first = typeof m.data === "string" ? JSON.parse(m.data).type : "binary";
+      });
+    }
+  }
+  const c = new RealtimeClient({ WebSocket: Recording });
+  const states = [];
+  const seqs = [];
+  c.on("state", (s) => {
+    states.push({ state: s.state, attempt: s.attempt, delayMs: s.delayMs, closeCode: s.closeCode });
+    if (s.state === "reconnecting") c.url = other; // the load balancer sends the new socket elsewhere
+  });
+  c.on("event", (e) => { if (e.server_event_seq) seqs.push(e.server_event_seq); });
+  await c.connect();
+  c.sessionUpdate({ type: "realtime", audio: { input: { turn_detection: null } } });
+  c.sendText("hello");
+  c.createResponse();
+  await c.waitFor("response.done");
+  window.drained = { c, sockets, states, seqs, before: { id: c.sessionId, seq: c.lastSeq },
+                     resumed: c.waitFor("session.resumed") };
+}"""
+
+DRAINED_AFTER = """async () => {
+  const { c, sockets, states, seqs, before } = window.drained;
+  const resumed = await window.drained.resumed;
+  c.sendText("and again");
+  c.createResponse();
+  const done = await c.waitFor("response.done");
+  c.close();
+  return { sockets, states, seqs, before, resumed, status: done.response.status, id: c.sessionId, stats: { ...c.stats } };
+}"""
+
+
+async def test_sdk_resumes_a_drained_session_on_another_replica_at_once_on_a_resume_only_socket(
+    replicas: tuple[RunningGateway, RunningGateway],
+) -> None:
+    a, b = replicas
+    async with browser() as context:
+        page = await context.new_page()
+        page.log = PageLog(page)
+        await page.goto(a.http + "/")
+        await asyncio.wait_for(page.evaluate(DRAINED_BEFORE, b.url), 30)
+        await asyncio.wait_for(a.runtime.drain(), 30)  # what SIGTERM runs: the idle session is handed over
+        out = await asyncio.wait_for(page.evaluate(DRAINED_AFTER), 30)
+    # Closed with 1012 (service restart): the first attempt did not wait for the backoff.
+    reconnecting = next(s for s in out["states"] if s["state"] == "reconnecting")
+    assert reconnecting == {"state": "reconnecting", "attempt": 1, "delayMs": 0, "closeCode": 1012}, out["states"]
+    assert [s["state"] for s in out["states"]] == ["connecting", "open", "reconnecting", "resuming", "open", "closed"]
+    # The new socket went to the other replica, resume-only: no throwaway session there.
+    first, again = out["sockets"]
+    assert first["url"].startswith(a.url) and again["url"] == b.url + "?resume=1"
+    assert again["first"] == "session.resumed"
+    # The same session, nothing lost or repeated, and it answers on the new replica.
+    assert out["resumed"]["session_id"] == out["before"]["id"] == out["id"]
+    assert out["seqs"] == list(range(out["seqs"][0], out["seqs"][-1] + 1)), out["seqs"]
+    assert out["stats"]["gaps"] == 0 and out["stats"]["duplicatesDropped"] == 0 and out["stats"]["resumes"] == 1
+    assert out["status"] == "completed"
+    assert out["id"] in b.runtime.hosts and out["id"] not in a.runtime.hosts

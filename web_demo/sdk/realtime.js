@@ -4,8 +4,11 @@
 // gateway's /v1/realtime (OpenAI Realtime API, GA), sends typed client events,
 // takes audio on the binary fast path ("omni-binary.v1"), and when the socket is
 // lost it reconnects with backoff and resumes the session: `session.resume` with
-// the latest (rotated) resume token and the last `server_event_seq` received; the
-// provisional `session.created` of the new socket is ignored; the replay is
+// the latest (rotated) resume token and the last `server_event_seq` received. With
+// resumeFallback "fail" (the default) the new socket is resume-only (`?resume=1`: the
+// gateway opens no throwaway session first, and the resume goes out as it opens); with
+// "new_session", or on a server that opens a session anyway, the provisional
+// `session.created` of the new socket is ignored (or kept, for the fallback); the replay is
 // de-duplicated by `server_event_seq`; what was received is acknowledged with
 // `session.event_ack`. Connection and resume state are emitted as "state" events.
 //
@@ -284,14 +287,18 @@ export class RealtimeClient extends ClientEvents {
 
   // --- sockets --------------------------------------------------------------------------------
 
-  /** @param {string|null} credential */
-  _open(credential) {
+  /**
+   * @param {string|null} credential
+   * @param {boolean} [resumeOnly] `?resume=1`: the gateway opens no session on this socket
+   *   (its first event must be session.resume)
+   */
+  _open(credential, resumeOnly = false) {
     const protocols = this._wantBinary ? [BINARY_SUBPROTOCOL, REALTIME_SUBPROTOCOL] : [REALTIME_SUBPROTOCOL];
     if (this._beta) protocols.push(BETA_SUBPROTOCOL);
     if (credential) protocols.push(KEY_SUBPROTOCOL_PREFIX + credential);
     let ws;
     try {
-      ws = new this._WebSocket(this.url, protocols);
+      ws = new this._WebSocket(resumeOnly ? withQuery(this.url, "resume", "1") : this.url, protocols);
     } catch (err) {
       throw new RealtimeError(`cannot open ${this.url}: ${err.message}`, { code: "invalid_request" });
     }
@@ -299,13 +306,13 @@ export class RealtimeClient extends ClientEvents {
     return ws;
   }
 
-  async _openReconnect() {
-    if (this._apiKey) return this._open(this._apiKey);
-    if (this._getClientSecret) return this._open(await this._getClientSecret());
+  async _openReconnect(resumeOnly) {
+    if (this._apiKey) return this._open(this._apiKey, resumeOnly);
+    if (this._getClientSecret) return this._open(await this._getClientSecret(), resumeOnly);
     if (this._clientSecret) {
       throw new RealtimeError("the connection was lost and a client secret is single use: pass apiKey or getClientSecret to reconnect", { code: "no_credentials" });
     }
-    return this._open(null); // a gateway without required auth
+    return this._open(null, resumeOnly); // a gateway without required auth
   }
 
   /** Route a socket's messages and close into the live handlers. */
@@ -486,16 +493,19 @@ export class RealtimeClient extends ClientEvents {
       this._setState("reconnecting", { attempt, delayMs: Math.round(delayMs), closeCode, reason });
       this._retryTimer = setTimeout(async () => {
         if (this._closing) return;
+        // Resume-only unless a refusal should continue in a new session (which needs the
+        // session the server opens on the socket).
+        const resumeOnly = this._fallback !== "new_session" && !!(this.sessionId && this.resumeToken);
         let ws;
         try {
-          ws = await this._openReconnect();
+          ws = await this._openReconnect(resumeOnly);
         } catch (err) {
           if (err instanceof RealtimeError && err.code === "no_credentials") return this._end(err);
           lastError = String(err?.message ?? err);
           this.stats.failedAttempts++;
           return next();
         }
-        const outcome = await this._handshake(ws);
+        const outcome = await this._handshake(ws, resumeOnly);
         if (outcome === "live") return;
         if (outcome instanceof RealtimeError) return this._end(outcome);
         if (outcome === "replaced") return this._end(null);
@@ -517,14 +527,26 @@ export class RealtimeClient extends ClientEvents {
   /**
    * Resume on a fresh socket. Resolves "live" (resumed, resynced or fallen back),
    * "replaced", "closed" (close() was called), a RealtimeError (final), or a string
-   * saying why this attempt failed (retry).
+   * saying why this attempt failed (retry). `resumeFirst`: a resume-only socket, the
+   * session.resume goes as it opens; otherwise after the session.created of the session
+   * the server opened.
    */
-  _handshake(ws) {
+  _handshake(ws, resumeFirst = false) {
     return new Promise((resolve) => {
       let provisional = null;
       let highest = 0; // highest seq seen in the provisional session
       let refusal = null;
       let settled = false;
+      let asked = resumeFirst;
+      const askResume = () => {
+        this._setState("resuming");
+        ws.send(JSON.stringify({
+          type: "session.resume",
+          session_id: this.sessionId,
+          resume_token: this.resumeToken,
+          last_received_server_event_seq: this.lastSeq,
+        }));
+      };
       const finish = (outcome, { keep = false } = {}) => {
         if (settled) return;
         settled = true;
@@ -539,6 +561,13 @@ export class RealtimeClient extends ClientEvents {
       this._abortHandshake = () => finish("closed");
       const timer = setTimeout(() => finish("no session.resumed in time"), this._resumeTimeoutMs);
       ws.onerror = () => {};
+      if (resumeFirst) {
+        ws.onopen = () => {
+          if (settled) return;
+          this.binary = ws.protocol === BINARY_SUBPROTOCOL;
+          askResume();
+        };
+      }
       ws.onclose = (close) => {
         if (settled) return;
         const message = refusal?.message || `closed with ${close.code} ${close.reason}`.trim();
@@ -561,22 +590,22 @@ export class RealtimeClient extends ClientEvents {
           this._deliver(event);
           return finish("replaced");
         }
-        if (!provisional) {
-          if (kind === "error") refusal = event.error || {};
-          if (kind !== "session.created") return;
-          provisional = event; // the new socket's own session: ignored, we resume ours
+        if (!provisional && kind === "session.created") {
+          // The new socket's own session: ignored, we resume ours (a server that knows no
+          // resume-only sockets opens one anyway).
+          provisional = event;
           highest = Number.isInteger(seq) ? seq : 0;
           this.binary = ws.protocol === BINARY_SUBPROTOCOL;
+          if (asked) return;
           if (!this.sessionId || !this.resumeToken) {
             return this._refused(ws, provisional, highest, "resume_unsupported", "the server gave no resume token for this session", finish);
           }
-          this._setState("resuming");
-          ws.send(JSON.stringify({
-            type: "session.resume",
-            session_id: this.sessionId,
-            resume_token: this.resumeToken,
-            last_received_server_event_seq: this.lastSeq,
-          }));
+          asked = true;
+          askResume();
+          return;
+        }
+        if (!asked) { // waiting for the session.created
+          if (kind === "error") refusal = event.error || {};
           return;
         }
         if (kind === "session.resumed") {
@@ -607,7 +636,8 @@ export class RealtimeClient extends ClientEvents {
         }
         if (Number.isInteger(seq)) highest = Math.max(highest, seq);
         if (kind === "error") {
-          const code = event.error?.code;
+          refusal = event.error || {};
+          const code = refusal.code;
           if (RESUME_REFUSALS.has(code)) return this._refused(ws, provisional, highest, code, event.error?.message ?? "", finish);
           if (code === "unknown_event") {
             return this._refused(ws, provisional, highest, "resume_unsupported", "the server does not support session.resume", finish);
@@ -618,7 +648,7 @@ export class RealtimeClient extends ClientEvents {
   }
 
   _refused(ws, provisional, highest, code, message, finish) {
-    if (this._fallback !== "new_session") {
+    if (this._fallback !== "new_session" || !provisional) { // (resume-only sockets: "fail" only)
       return finish(new RealtimeError(message || `resume refused: ${code}`, { code }));
     }
     const previous = this.sessionId;
@@ -692,9 +722,13 @@ export function defaultUrl(path) {
 }
 
 function withModel(url, model) {
-  if (!model) return url;
+  return model ? withQuery(url, "model", model) : url;
+}
+
+/** `url` with the query parameter `key` set to `value` (replacing any). */
+function withQuery(url, key, value) {
   const u = new URL(url);
-  u.searchParams.set("model", model);
+  u.searchParams.set(key, value);
   return u.toString();
 }
 
