@@ -267,11 +267,30 @@ class Transcriber(Protocol):
     def close(self) -> None: ...
 
 
+class Responder(Protocol):
+    """A response the engine pushes, for an engine on the loop's thread that makes the
+    outputs of many requests at once (``Engine.responder``, optional): it calls the
+    ``emit`` it was given with each output as it comes, from a callback of its own (never
+    from within ``feed`` or ``end``), ending with the one ``Finished``, or ``fail`` with an
+    exception; no task step and no async-generator hop per output. ``feed`` and ``end``
+    are the streamed input and its final marker; ``close`` is called once in every case
+    (finished, failed, cancelled), and nothing may be emitted after it."""
+
+    def feed(self, chunk: EngineInput) -> None: ...
+
+    def end(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @runtime_checkable
 class Engine(Protocol):
     """Besides these, an engine may offer ``transcriber(request) -> Transcriber | None``:
     the orchestrator then steps a transcription in place instead of iterating
-    ``transcribe`` (None: this request goes through ``transcribe``)."""
+    ``transcribe`` (None: this request goes through ``transcribe``); and
+    ``responder(request, emit, fail) -> Responder | None``: the engine pushes a
+    response's outputs instead of the orchestrator iterating ``respond`` (None: this
+    request goes through ``respond``)."""
 
     info: EngineInfo
 

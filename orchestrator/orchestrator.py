@@ -17,7 +17,10 @@ one task the orchestrator owns:
    instead: each fed chunk is one plain call, its outputs delivered on the next
    loop turn (no task step or async-generator hop per chunk).
 3. outputs go to ``on_output`` as they come; an exception becomes
-   ``on_error(code, message)``.
+   ``on_error(code, message)``. A response whose engine offers ``responder``
+   (``engine.Responder``) is pushed instead of iterated: the engine calls the
+   handle with each output from a callback of its own (a paced engine steps all
+   its answers in one timer), and the request's task only waits for the end.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from orchestrator.engine import (
     EngineError,
     EngineInput,
     Finished,
+    Responder,
     ResponseRequest,
     Transcriber,
     TranscriptionRequest,
@@ -101,6 +105,10 @@ class RequestHandle:
         # calls it directly and its outputs go out on the next loop turn.
         self._stepper: Transcriber | None = None
         self._failure: BaseException | None = None  # the stepper's error in ``feed``, raised by the task
+        # A response the engine pushes (Responder): while set, ``feed`` and ``end`` go to it
+        # directly and its outputs come through ``_emit``; ``_pushed`` ends with its Finished.
+        self._pusher: Responder | None = None
+        self._pushed: asyncio.Future[None] | None = None
         self._admitted = 0.0  # when the engine got it (first-delta metric)
         self._km: KindMetrics | None = None  # its kind's metrics, bound at admission
         self._last: float | None = None  # when the last output came (delta gap metric)
@@ -132,8 +140,39 @@ class RequestHandle:
         if stepper is not None and item is not _END and not self._inputs:
             self._step(stepper, item)  # type: ignore[arg-type]
             return
+        pusher = self._pusher
+        if pusher is not None and not self._inputs:
+            self._push(pusher, item)
+            return
         self._inputs.append(item)
         self._wake()
+
+    def _push(self, pusher: Responder, item: object) -> None:
+        try:
+            if item is _END:
+                pusher.end()
+            else:
+                pusher.feed(item)  # type: ignore[arg-type]
+        except Exception as exc:
+            self._fail_pushed(exc)
+
+    def _emit(self, output: Any) -> None:
+        """An output of a pushed response (from the engine's own callback)."""
+        pushed = self._pushed
+        if self._pusher is None or pushed is None or pushed.done():
+            return  # cancelled, failed or finished: nothing more goes out
+        try:
+            self._deliver(output)
+        except Exception as exc:  # as in an iterated request: this request fails, not the engine
+            self._fail_pushed(exc)
+            return
+        if isinstance(output, Finished):
+            pushed.set_result(None)
+
+    def _fail_pushed(self, exc: BaseException) -> None:
+        pushed = self._pushed
+        if pushed is not None and not pushed.done():
+            pushed.set_exception(exc)
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -202,6 +241,7 @@ class RequestHandle:
         """Abort: the task is cancelled and the engine told; no final marker."""
         self._ended = True
         self._stepper = None  # its outputs not yet delivered are dropped
+        self._pusher = None  # (closed as the task ends)
         if not self.task.done():
             self.task.cancel()
 
@@ -217,6 +257,19 @@ class RequestHandle:
             delay = start + media_s - lead * chunk_s - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+
+    async def _run_pushed(self, pusher: Responder) -> None:
+        """A pushed response: the chunks fed before admission, then until its Finished."""
+        assert self._pushed is not None
+        inputs = self._inputs
+        self._pusher = pusher
+        try:
+            while inputs and self._pusher is pusher:
+                self._push(pusher, inputs.popleft())
+            await self._pushed
+        finally:
+            self._pusher = None
+            pusher.close()
 
     async def _input_stream(self) -> AsyncIterator[EngineInput]:
         inputs = self._inputs
@@ -251,11 +304,17 @@ class RequestHandle:
         try:
             engine = orch.engine
             stream: AsyncIterator[Any]
-            stepper = None
+            stepper = pusher = None
             if kind == "transcription" and orch._transcriber is not None:
                 stepper = orch._transcriber(self.request)
+            elif kind == "response" and orch._responder is not None:
+                self._pushed = asyncio.get_running_loop().create_future()
+                pusher = orch._responder(self.request, self._emit, self._fail_pushed)
             if stepper is not None:
                 await self._run_stepped(stepper)
+                stream = _nothing()
+            elif pusher is not None:
+                await self._run_pushed(pusher)
                 stream = _nothing()
             elif kind == "video":
                 assert orch.video_engine is not None and isinstance(self.request, VideoRequest)
@@ -304,6 +363,7 @@ class Orchestrator:
         self.engine_failed: str | None = None  # set when the engine reported itself dead
         # The engine's in-place transcriptions, if it offers them (engine.Transcriber).
         self._transcriber: Callable[[Any], Transcriber | None] | None = getattr(engine, "transcriber", None)
+        self._responder: Callable[..., Responder | None] | None = getattr(engine, "responder", None)
         self._cond = asyncio.Condition()
         self._paused = False
         self._admitting = 0

@@ -11,12 +11,21 @@ It computes nothing a person would call an answer, and says so:
   ``words_every`` chunks by a transcript word, then finishes. It calls no
   function: ``tool_choice`` ``auto`` is answered as always, ``required`` or a
   named function fails with ``tools_unsupported``.
+
+Both are offered stepped as well, the way the orchestrator runs them: a
+transcription answers each fed chunk with a call (``transcriber``), and answers
+are pushed (``responder``): one ``_Pacer`` per event loop steps every paced
+answer from one timer, as a model server steps a batch of requests at once,
+instead of a task and a sleep per chunk per answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import heapq
+import math
+import weakref
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
@@ -36,6 +45,10 @@ from orchestrator.engine import (
 )
 
 RATE = 24000
+# Paced answers due within this of each other are stepped in one timer of the pacer:
+# a chunk may go out up to this early (never late on its account), and the pace does
+# not drift (chunk i is due at start + i * chunk_ms whatever came before).
+PACER_GRAIN_S = 0.002
 
 
 class PassthroughEngine:
@@ -73,6 +86,7 @@ class PassthroughEngine:
         self._chunk = (tone * 32767).astype("<i2").tobytes()
         self.active: set[str] = set()  # request ids the engine is serving (tests check for leaks)
         self.aborted: list[str] = []
+        self._pacers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pacer] = weakref.WeakKeyDictionary()
 
     async def start(self) -> None:
         return None
@@ -99,46 +113,53 @@ class PassthroughEngine:
         finally:
             self.active.discard(request.request_id)
 
-    def transcriber(self, request: TranscriptionRequest) -> _Numbering:
+    def transcriber(self, request: TranscriptionRequest) -> _Numbering | None:
         """``transcribe``, stepped in place (the orchestrator's fast path: a chunk's delta
-        costs a call, not a task step through three async generators)."""
+        costs a call, not a task step through three async generators). None (so iterated)
+        for a subclass that transcribes its own way (overrides ``transcribe``)."""
+        if type(self).transcribe is not PassthroughEngine.transcribe:
+            return None
         return _Numbering(self, request.request_id)
 
     async def respond(
         self, request: ResponseRequest, inputs: AsyncIterator[EngineInput]
     ) -> AsyncIterator[EngineOutput]:
-        if request.calls_tools and request.tool_choice.mode in ("required", "function"):
-            raise EngineError("tools_unsupported", "the passthrough engine calls no function (it has no model)")
-        self.active.add(request.request_id)
+        script = _Script(self, request)
         try:
-            heard = " ".join(m.text for m in request.messages if m.role == "user")
             async for chunk in inputs:  # the streamed transcript, if any
-                if isinstance(chunk, TextChunk):
-                    heard = f"{heard} {chunk.text}".strip()
-            limit = request.max_output_tokens
-            words = 0
-            audio = "audio" in request.modalities
+                script.hear(chunk)
             loop = asyncio.get_running_loop()
             start = loop.time()
-            for i in range(self.audio_chunks):
-                if limit is not None and words >= limit:
-                    yield Finished("length", usage=Usage(output_text_tokens=words))
+            while True:
+                for output in script.step():
+                    yield output
+                if script.done:
                     return
-                if i % self.words_every == 0:
-                    yield TextDelta(f"w{i} ")
-                    words += 1
-                if audio:
-                    yield AudioDelta(self._chunk)
                 if self.paced:
-                    delay = start + (i + 1) * self.chunk_ms / 1000 - loop.time()
-                    await asyncio.sleep(max(0.0, delay))
-            yield Finished(
-                text=heard,
-                usage=Usage(input_text_tokens=len(heard.split()), output_text_tokens=words,
-                            output_audio_tokens=self.audio_chunks if audio else 0),
-            )  # fmt: skip
+                    await asyncio.sleep(max(0.0, start + script.due_s - loop.time()))
         finally:
-            self.active.discard(request.request_id)
+            script.close()
+
+    def responder(
+        self,
+        request: ResponseRequest,
+        emit: Callable[[EngineOutput], None],
+        fail: Callable[[BaseException], None],
+    ) -> _Answer | None:
+        """``respond``, pushed: the same outputs at the same pace, stepped by the loop's
+        pacer (the orchestrator's fast path: no task step or sleep per chunk). None (so
+        iterated) for a subclass that answers its own way (overrides ``respond``)."""
+        if type(self).respond is not PassthroughEngine.respond:
+            return None
+        return _Answer(_Script(self, request), self.pacer() if self.paced else None, emit, fail)
+
+    def pacer(self) -> _Pacer:
+        """The pacer of the running loop's answers."""
+        loop = asyncio.get_running_loop()
+        pacer = self._pacers.get(loop)
+        if pacer is None:
+            pacer = self._pacers[loop] = _Pacer(loop)
+        return pacer
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
@@ -164,3 +185,149 @@ class _Numbering:
 
     def close(self) -> None:
         self._engine.active.discard(self._request_id)
+
+
+class _Script:
+    """What one passthrough answer says, step by step (``respond`` and ``responder`` share
+    it): step i says a word (every ``words_every``) and a chunk of tone, the last step
+    says ``Finished``; step i is due ``i * chunk_ms`` after the answer starts."""
+
+    def __init__(self, engine: PassthroughEngine, request: ResponseRequest) -> None:
+        if request.calls_tools and request.tool_choice.mode in ("required", "function"):
+            raise EngineError("tools_unsupported", "the passthrough engine calls no function (it has no model)")
+        self._engine = engine
+        self._request_id = request.request_id
+        self.heard = " ".join(m.text for m in request.messages if m.role == "user")
+        self._limit = request.max_output_tokens
+        self._audio = "audio" in request.modalities
+        self._i = 0
+        self._words = 0
+        self.done = False
+        engine.active.add(request.request_id)
+
+    def hear(self, chunk: EngineInput) -> None:
+        if isinstance(chunk, TextChunk):
+            self.heard = f"{self.heard} {chunk.text}".strip()
+
+    @property
+    def due_s(self) -> float:
+        """When the next step is due, from the answer's start."""
+        return self._i * self._engine.chunk_ms / 1000
+
+    def step(self) -> list[EngineOutput]:
+        engine, i = self._engine, self._i
+        self._i += 1
+        if i == engine.audio_chunks:
+            self.done = True
+            return [Finished(text=self.heard, usage=Usage(
+                input_text_tokens=len(self.heard.split()), output_text_tokens=self._words,
+                output_audio_tokens=engine.audio_chunks if self._audio else 0,
+            ))]  # fmt: skip
+        if self._limit is not None and self._words >= self._limit:
+            self.done = True
+            return [Finished("length", usage=Usage(output_text_tokens=self._words))]
+        outputs: list[EngineOutput] = []
+        if i % engine.words_every == 0:
+            outputs.append(TextDelta(f"w{i} "))
+            self._words += 1
+        if self._audio:
+            outputs.append(AudioDelta(engine._chunk))
+        return outputs
+
+    def close(self) -> None:
+        self._engine.active.discard(self._request_id)
+
+
+class _Answer:
+    """One pushed passthrough answer (``orchestrator.engine.Responder``): it hears the
+    streamed input, starts at the final marker, and is stepped by the pacer (unpaced: all
+    at once, on the next loop turn)."""
+
+    def __init__(self, script: _Script, pacer: _Pacer | None,
+                 emit: Callable[[EngineOutput], None], fail: Callable[[BaseException], None]) -> None:  # fmt: skip
+        self._script, self._pacer, self._emit, self._fail = script, pacer, emit, fail
+        self._start = 0.0
+        self.closed = False
+
+    def feed(self, chunk: EngineInput) -> None:
+        self._script.hear(chunk)
+
+    def end(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._start = loop.time()
+        if self._pacer is None:
+            loop.call_soon(self._run_through)
+        else:
+            self._pacer.add(self, self._start)  # (its first step on the pacer's next timer)
+
+    def step(self) -> float | None:
+        """Say the next step; the loop time the one after it is due (None: no more)."""
+        script = self._script
+        if self.closed:
+            return None
+        try:
+            for output in script.step():
+                self._emit(output)
+        except Exception as exc:  # a bug fails this answer, not the pacer's others
+            self._fail(exc)
+            return None
+        return None if script.done else self._start + script.due_s
+
+    def _run_through(self) -> None:
+        while self.step() is not None:
+            pass
+
+    def close(self) -> None:
+        self.closed = True  # (the pacer drops it at its next step)
+        self._script.close()
+
+
+class _Pacer:
+    """Steps every paced passthrough answer of one event loop from one timer, armed at
+    the earliest due answer: each firing steps every answer due by then (within
+    ``PACER_GRAIN_S``), each at most once, so an answer that fell behind catches up one
+    chunk per firing rather than in a burst."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._due: list[tuple[float, int, _Answer]] = []  # a heap of (due, tie-break, answer)
+        self._n = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self.firings = 0  # timers fired (each steps every answer then due)
+        self.steps = 0  # answer steps made
+
+    @property
+    def waiting(self) -> int:
+        """Answers in the schedule (a closed one leaves at its next due step)."""
+        return len(self._due)
+
+    def add(self, answer: _Answer, at: float) -> None:
+        self._n += 1
+        heapq.heappush(self._due, (at, self._n, answer))
+        if at < self._timer_at:
+            self._arm(at)
+
+    def _arm(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._fire)
+
+    def _fire(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        self.firings += 1
+        due = self._due
+        horizon = self._loop.time() + PACER_GRAIN_S
+        again: list[tuple[float, _Answer]] = []
+        while due and due[0][0] <= horizon:
+            answer = heapq.heappop(due)[2]
+            self.steps += 1
+            at = answer.step()
+            if at is not None:
+                again.append((at, answer))
+        for at, answer in again:
+            self._n += 1
+            heapq.heappush(due, (at, self._n, answer))
+        if due:
+            self._arm(due[0][0])

@@ -326,7 +326,8 @@ DRAINED_AFTER = """async () => {
   c.createResponse();
   const done = await c.waitFor("response.done");
   c.close();
-  return { sockets, states, seqs, before, resumed, status: done.response.status, id: c.sessionId, stats: { ...c.stats } };
+  return { sockets, states, seqs, before, resumed, status: done.response.status, id: c.sessionId,
+           stats: { ...c.stats } };
 }"""
 
 

@@ -1,5 +1,6 @@
 """The orchestrator: admission and its bound, pause/resume, the input pump,
-cancellation and engine failures.
+cancellation and engine failures; transcriptions stepped in place and responses the
+engine pushes.
 
 The engine here is a test double written for these tests (``ScriptedEngine``):
 a real ``Engine`` implementation whose behaviour each test chooses, and which
@@ -26,9 +27,12 @@ from orchestrator.engine import (
     EngineInput,
     EngineOutput,
     Finished,
+    FunctionTool,
+    Message,
     ResponseRequest,
     TextChunk,
     TextDelta,
+    ToolChoice,
     TranscriptionRequest,
 )
 from orchestrator.engines.passthrough import PassthroughEngine
@@ -566,6 +570,154 @@ async def test_the_passthrough_transcriber_numbers_chunks_as_its_transcribe_does
 
     iterated = [o async for o in engine.transcribe(TranscriptionRequest("a"), inputs())]
     stepper = engine.transcriber(TranscriptionRequest("b"))
+    assert stepper is not None
     stepped = [o for c in chunks for o in stepper.feed(c)] + list(stepper.finish())
     stepper.close()
     assert stepped == iterated and engine.active == set()
+
+
+# --- responses the engine pushes (engine.Responder) -------------------------------------
+
+
+class CountedPassthrough(PassthroughEngine):
+    """The passthrough engine, counting the answers it was asked to push (``responder``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pushed = 0
+
+    def responder(self, request: ResponseRequest, emit: Any, fail: Any) -> Any:
+        self.pushed += 1
+        return super().responder(request, emit, fail)
+
+
+async def iterated(engine: PassthroughEngine, request: ResponseRequest, fed: list[EngineInput]) -> list[EngineOutput]:
+    async def inputs() -> AsyncIterator[EngineInput]:
+        for chunk in fed:
+            yield chunk
+
+    return [o async for o in engine.respond(request, inputs())]
+
+
+@pytest.mark.parametrize("paced", [False, True])
+@pytest.mark.parametrize("limit", [None, 2, 10])
+async def test_a_pushed_passthrough_answer_says_what_its_respond_says(paced: bool, limit: int | None) -> None:
+    engine = CountedPassthrough(audio_chunks=6, chunk_ms=2, paced=paced, words_every=2)
+    request = ResponseRequest("r1", (Message("user", "hello"),), max_output_tokens=limit)
+    fed: list[EngineInput] = [TextChunk("there"), AudioChunk(b"\x00\x00")]
+    expected = await iterated(engine, request, fed)
+    orch, rec = Orchestrator(engine), Recorder()
+    handle = orch.submit("response", request, on_output=rec.outputs.append,
+                         on_error=lambda code, msg: rec.errors.append((code, msg)))  # fmt: skip
+    for chunk in fed:  # before admission: queued, then handed to the answer
+        handle.feed(chunk)
+    handle.end()
+    await asyncio.wait_for(handle.task, 5)
+    assert rec.outputs == expected and rec.errors == []
+    last = expected[-1]
+    assert isinstance(last, Finished)
+    assert (last.reason, last.text) == (("length", "") if limit == 2 else ("stop", "hello there")), last
+    assert engine.pushed == 1 and engine.active == set()
+    get = orch.metrics.registry.get_sample_value
+    assert get("omni_request_time_to_first_delta_seconds_count", {"kind": "response"}) == 1.0
+
+
+async def test_paced_answers_are_stepped_side_by_side_by_one_timer_and_never_ahead_of_their_pace() -> None:
+    engine = PassthroughEngine(audio_chunks=5, chunk_ms=20, paced=True)
+    orch = Orchestrator(engine)
+    loop = asyncio.get_running_loop()
+    heard: dict[str, list[tuple[float, EngineOutput]]] = {}
+    handles = []
+    for n in range(20):
+        rid = f"r{n}"
+        got: list[tuple[float, EngineOutput]] = []
+        heard[rid] = got
+
+        def hear(output: EngineOutput, got: list[tuple[float, EngineOutput]] = got) -> None:
+            got.append((loop.time(), output))
+
+        handle = orch.submit("response", ResponseRequest(rid, ()), on_output=hear, on_error=lambda code, msg: None)
+        handle.end()
+        handles.append(handle)
+    await asyncio.wait_for(asyncio.gather(*(h.task for h in handles)), 10)
+    pacer = engine.pacer()
+    assert pacer.steps == 20 * 6  # five chunks and the Finished, each answer
+    assert pacer.firings <= pacer.steps // 4  # (answers started together share their timers)
+    from orchestrator.engines.passthrough import PACER_GRAIN_S
+
+    for got in heard.values():
+        audio = [t for t, o in got if isinstance(o, AudioDelta)]
+        assert len(audio) == 5 and isinstance(got[-1][1], Finished)
+        for i, t in enumerate(audio[1:], 1):  # chunk i no earlier than i x 20 ms (less the grain)
+            assert t - audio[0] >= i * 0.020 - PACER_GRAIN_S - 0.001
+    assert engine.active == set() and pacer.waiting == 0
+
+
+async def test_a_cancelled_pushed_answer_says_nothing_more_and_leaves_the_pacer() -> None:
+    engine = PassthroughEngine(audio_chunks=500, chunk_ms=5, paced=True)
+    orch, rec = Orchestrator(engine), Recorder()
+    handle = rec.submit(orch, "r1")
+    handle.end()
+    await until(lambda: sum(isinstance(o, AudioDelta) for o in rec.outputs) >= 2)
+    handle.cancel()
+    said = len(rec.outputs)
+    await asyncio.wait({handle.task}, timeout=2)
+    await until(lambda: engine.pacer().waiting == 0)  # dropped at its next due step
+    assert len(rec.outputs) == said and rec.errors == []
+    assert engine.active == set()
+    await orch.wait_idle()
+    assert engine.aborted == ["r1"]
+
+
+async def test_a_pushed_answer_whose_delivery_fails_fails_alone() -> None:
+    engine = PassthroughEngine(audio_chunks=4, chunk_ms=5, paced=True)
+    orch = Orchestrator(engine)
+    errors: list[tuple[str, str]] = []
+    good: list[EngineOutput] = []
+
+    def explode(output: EngineOutput) -> None:
+        if isinstance(output, AudioDelta):
+            raise RuntimeError("the session's handler broke")
+
+    bad = orch.submit("response", ResponseRequest("bad", ()), on_output=explode,
+                      on_error=lambda code, msg: errors.append((code, msg)))  # fmt: skip
+    fine = orch.submit("response", ResponseRequest("fine", ()), on_output=good.append, on_error=lambda c, m: None)
+    bad.end()
+    fine.end()
+    await asyncio.wait_for(asyncio.gather(bad.task, fine.task), 5)
+    assert errors == [("engine_error", "The engine failed: RuntimeError.")]
+    assert sum(isinstance(o, AudioDelta) for o in good) == 4 and isinstance(good[-1], Finished)
+    assert engine.active == set()
+    await orch.wait_idle()
+    assert engine.aborted == ["bad"]
+
+
+async def test_a_pushed_answer_refusing_a_required_tool_fails_with_tools_unsupported() -> None:
+    engine = CountedPassthrough(paced=True)
+    orch, rec = Orchestrator(engine), Recorder()
+    request = ResponseRequest("r1", (), tools=(FunctionTool("f"),), tool_choice=ToolChoice("required"))
+    handle = orch.submit("response", request, on_output=rec.outputs.append,
+                         on_error=lambda code, msg: rec.errors.append((code, msg)))  # fmt: skip
+    handle.end()
+    await asyncio.wait_for(handle.task, 2)
+    assert [code for code, _ in rec.errors] == ["tools_unsupported"] and rec.outputs == []
+    assert engine.active == set() and engine.pushed == 1
+
+
+async def test_a_passthrough_subclass_that_answers_its_own_way_is_iterated() -> None:
+    class Own(PassthroughEngine):
+        async def respond(self, request: ResponseRequest, inputs: Any) -> AsyncIterator[EngineOutput]:
+            yield Finished(text="mine")
+
+        async def transcribe(self, request: TranscriptionRequest, inputs: Any) -> AsyncIterator[EngineOutput]:
+            yield Finished(text="mine too")
+
+    engine = Own(paced=False)
+    assert engine.responder(ResponseRequest("r", ()), print, print) is None
+    assert engine.transcriber(TranscriptionRequest("t")) is None
+    orch, rec = Orchestrator(engine), Recorder()
+    for rid, kind in (("r1", "response"), ("t1", "transcription")):
+        handle = rec.submit(orch, rid, kind)
+        handle.end()
+        await asyncio.wait_for(handle.task, 2)
+    assert rec.outputs == [Finished(text="mine"), Finished(text="mine too")]
