@@ -1,6 +1,9 @@
-"""What the orchestrator costs per fed input chunk: a transcription stepped in place
+"""What the orchestrator costs per chunk in and out: a transcription stepped in place
 (``engine.Transcriber``) against the same one iterated through ``transcribe``'s async
-generators (a task step and three generator hops per chunk).
+generators (a task step and three generator hops per chunk); and paced answers the
+engine pushes (``engine.Responder``: the passthrough engine's one pacer steps them all)
+against the same answers iterated through ``respond`` (a sleep, a task step and two
+generator hops per chunk).
 
 In one process, no sockets: an ``Orchestrator`` over the passthrough engine (unpaced)
 runs ``--sessions`` transcriptions; each loop turn feeds one chunk to each (as 20 ms
@@ -9,7 +12,11 @@ The figure is CPU time (``time.process_time``) per chunk answered, the engine's 
 work included; the two modes alternate trial by trial and the best trial of each is
 quoted (the one least disturbed by the rest of the machine).
 
-    python bench/engine_hop.py            # ~10 s
+Answers: ``--answers`` paced responses side by side (20 ms chunks, a transcript word every
+5, ``--answer-chunks`` chunks each, started together), until all are done; the figure is
+CPU time per output delivered (deltas and the Finished).
+
+    python bench/engine_hop.py            # ~25 s
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any
 
 import uvloop
 
-from orchestrator.engine import AudioChunk, TranscriptionRequest
+from orchestrator.engine import AudioChunk, ResponseRequest, TranscriptionRequest
 from orchestrator.engines.passthrough import PassthroughEngine
 from orchestrator.orchestrator import Orchestrator
 
@@ -63,15 +70,49 @@ async def trial(*, stepped: bool, chunks: int, sessions: int) -> float:
     return spent / (rounds * sessions) * 1e6
 
 
+async def answers_trial(*, pushed: bool, answers: int, chunks: int) -> float:
+    """CPU µs per output delivered."""
+    orch = Orchestrator(PassthroughEngine(audio_chunks=chunks, paced=True, words_every=5))
+    if not pushed:
+        orch._responder = None  # as for an engine that offers no Responder
+    delivered = 0
+
+    def on_output(_: Any) -> None:
+        nonlocal delivered
+        delivered += 1
+
+    def on_error(code: str, message: str) -> None:
+        raise RuntimeError(f"{code}: {message}")
+
+    started = time.process_time()
+    handles = [
+        orch.submit("response", ResponseRequest(f"r{i}", ()), on_output=on_output, on_error=on_error)
+        for i in range(answers)
+    ]
+    for handle in handles:
+        handle.end()
+    await asyncio.gather(*(h.task for h in handles))
+    return (time.process_time() - started) / delivered * 1e6
+
+
+def report(figures: dict[bool, list[float]], names: tuple[str, str], unit: str) -> None:
+    for mode, name in zip((False, True), names, strict=True):
+        runs = " ".join(f"{x:.2f}" for x in figures[mode])
+        print(f"{name:24} {runs}  best {min(figures[mode]):.2f} µs per {unit}")
+    print(f"{names[1].split()[0]} / {names[0].split()[0]}: {min(figures[True]) / min(figures[False]):.2f}")
+
+
 async def main(args: argparse.Namespace) -> None:
     figures: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(args.trials):
         for stepped in (False, True):
             figures[stepped].append(await trial(stepped=stepped, chunks=args.chunks, sessions=args.sessions))
-    for stepped, name in ((False, "iterated (transcribe)"), (True, "stepped (transcriber)")):
-        runs = " ".join(f"{x:.2f}" for x in figures[stepped])
-        print(f"{name:24} {runs}  best {min(figures[stepped]):.2f} µs per chunk")
-    print(f"stepped / iterated: {min(figures[True]) / min(figures[False]):.2f}")
+    report(figures, ("iterated (transcribe)", "stepped (transcriber)"), "chunk in")
+    figures = {False: [], True: []}
+    for _ in range(args.trials):
+        for pushed in (False, True):
+            figures[pushed].append(await answers_trial(pushed=pushed, answers=args.answers, chunks=args.answer_chunks))
+    report(figures, ("iterated (respond)", "pushed (responder)"), "output")
 
 
 if __name__ == "__main__":
@@ -79,4 +120,6 @@ if __name__ == "__main__":
     parser.add_argument("--trials", type=int, default=5, help="trials per mode (alternated)")
     parser.add_argument("--chunks", type=int, default=100_000, help="chunks answered per trial")
     parser.add_argument("--sessions", type=int, default=100, help="transcriptions fed side by side")
+    parser.add_argument("--answers", type=int, default=200, help="paced answers side by side")
+    parser.add_argument("--answer-chunks", type=int, default=100, help="20 ms chunks per answer (2 s)")
     uvloop.run(main(parser.parse_args()))
