@@ -158,7 +158,7 @@ class PassthroughEngine:
         loop = asyncio.get_running_loop()
         pacer = self._pacers.get(loop)
         if pacer is None:
-            pacer = self._pacers[loop] = _Pacer(loop)
+            pacer = self._pacers[loop] = _Pacer()
         return pacer
 
     async def abort(self, request_id: str) -> None:
@@ -288,8 +288,8 @@ class _Pacer:
     ``PACER_GRAIN_S``), each at most once, so an answer that fell behind catches up one
     chunk per firing rather than in a burst."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self) -> None:
+        # (No reference to its loop: the engine keeps a pacer per loop in a weak mapping.)
         self._due: list[tuple[float, int, _Answer]] = []  # a heap of (due, tie-break, answer)
         self._n = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -312,13 +312,13 @@ class _Pacer:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = at
-        self._timer = self._loop.call_at(at, self._fire)
+        self._timer = asyncio.get_running_loop().call_at(at, self._fire)
 
     def _fire(self) -> None:
         self._timer, self._timer_at = None, math.inf
         self.firings += 1
         due = self._due
-        horizon = self._loop.time() + PACER_GRAIN_S
+        horizon = asyncio.get_running_loop().time() + PACER_GRAIN_S
         again: list[tuple[float, _Answer]] = []
         while due and due[0][0] <= horizon:
             answer = heapq.heappop(due)[2]
