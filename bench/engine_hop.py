@@ -35,22 +35,29 @@ from orchestrator.orchestrator import Orchestrator
 CHUNK = AudioChunk(b"\0" * 960)  # 20 ms of 24 kHz PCM16
 
 
+class Count:
+    """An ``on_output`` that counts the outputs."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, _: Any) -> None:
+        self.n += 1
+
+
+def refused(code: str, message: str) -> None:
+    raise RuntimeError(f"{code}: {message}")
+
+
 async def trial(*, stepped: bool, chunks: int, sessions: int) -> float:
     """CPU µs per chunk answered."""
     orch = Orchestrator(PassthroughEngine(paced=False))
     if not stepped:
         orch._transcriber = None  # as for an engine that offers no Transcriber
-    answered = 0
-
-    def on_output(_: Any) -> None:
-        nonlocal answered
-        answered += 1
-
-    def on_error(code: str, message: str) -> None:
-        raise RuntimeError(f"{code}: {message}")
+    answered = Count()
 
     handles = [
-        orch.submit("transcription", TranscriptionRequest(f"r{i}"), on_output=on_output, on_error=on_error)
+        orch.submit("transcription", TranscriptionRequest(f"r{i}"), on_output=answered, on_error=refused)
         for i in range(sessions)
     ]
     while len(orch._running) < sessions:  # noqa: ASYNC110  (every request admitted, waiting for input)
@@ -61,7 +68,7 @@ async def trial(*, stepped: bool, chunks: int, sessions: int) -> float:
         for handle in handles:
             handle.feed(CHUNK)
         await asyncio.sleep(0)  # one loop turn per round
-    while answered < rounds * sessions:  # noqa: ASYNC110  (the last round delivered)
+    while answered.n < rounds * sessions:  # noqa: ASYNC110  (the last round delivered)
         await asyncio.sleep(0)
     spent = time.process_time() - started
     for handle in handles:
@@ -75,24 +82,17 @@ async def answers_trial(*, pushed: bool, answers: int, chunks: int) -> float:
     orch = Orchestrator(PassthroughEngine(audio_chunks=chunks, paced=True, words_every=5))
     if not pushed:
         orch._responder = None  # as for an engine that offers no Responder
-    delivered = 0
-
-    def on_output(_: Any) -> None:
-        nonlocal delivered
-        delivered += 1
-
-    def on_error(code: str, message: str) -> None:
-        raise RuntimeError(f"{code}: {message}")
+    delivered = Count()
 
     started = time.process_time()
     handles = [
-        orch.submit("response", ResponseRequest(f"r{i}", ()), on_output=on_output, on_error=on_error)
+        orch.submit("response", ResponseRequest(f"r{i}", ()), on_output=delivered, on_error=refused)
         for i in range(answers)
     ]
     for handle in handles:
         handle.end()
     await asyncio.gather(*(h.task for h in handles))
-    return (time.process_time() - started) / delivered * 1e6
+    return (time.process_time() - started) / delivered.n * 1e6
 
 
 def report(figures: dict[bool, list[float]], names: tuple[str, str], unit: str) -> None:

@@ -169,7 +169,24 @@ async def test_mse_player_plays_through_a_dropped_chunk(gateway: RunningGateway,
     assert result["width"] == 128
 
 
-RESUME_PATHS = """async () => {
+# (JS) Every socket a client given ``WebSocket: Recording`` opens, in ``sockets``, with the
+# first event it got.
+RECORDING_SOCKETS = """
+  const sockets = [];
+  class Recording extends WebSocket {
+    constructor(url, protocols) {
+      super(url, protocols);
+      const socket = { url, first: null };
+      sockets.push(socket);
+      this.addEventListener("message", (m) => {
+        if (socket.first === null) socket.first = typeof m.data === "string" ? JSON.parse(m.data).type : "binary";
+      });
+    }
+  }
+"""
+
+RESUME_PATHS = (
+    """async () => {
   const { RealtimeClient } = await import("/sdk/realtime.js");
   const log = [];
   const track = (name, c) => {
@@ -184,19 +201,9 @@ RESUME_PATHS = """async () => {
   });
   const out = {};
 
-  // Every socket a client opens, with the first event it got.
-  const sockets = [];
-  class Recording extends WebSocket {
-    constructor(url, protocols) {
-      super(url, protocols);
-      const socket = { url, first: null };
-      sockets.push(socket);
-      this.addEventListener("message", (m) => {
-        if (socket.first === null) socket.first = typeof m.data === "string" ? JSON.parse(m.data).type : "binary";
-      });
-    }
-  }
-
+"""
+    + RECORDING_SOCKETS
+    + """
   // A: a session with one answer, then its socket dies while a request waits in the queue.
   const a = track("a", new RealtimeClient({ binary: true, WebSocket: Recording }));
   await a.connect();
@@ -242,6 +249,7 @@ RESUME_PATHS = """async () => {
   out.log = log;
   return out;
 }"""
+)
 
 
 async def test_sdk_resumes_queues_sends_hands_over_and_handles_refusals_against_the_gateway(page: Any) -> None:
@@ -289,20 +297,12 @@ async def replicas() -> AsyncIterator[tuple[RunningGateway, RunningGateway]]:
             yield a, b
 
 
-DRAINED_BEFORE = """async (other) => {
+DRAINED_BEFORE = (
+    """async (other) => {
   const { RealtimeClient } = await import("/sdk/realtime.js");
-  const sockets = [];
-  class Recording extends WebSocket {
-    constructor(url, protocols) {
-      super(url, protocols);
-      const socket = { url, first: null };
-      sockets.push(socket);
-      this.addEventListener("message", (m) => {
-        if (socket.first === null) socket.first = typeof m.data === "string" ? JSON.parse(m.data).type : "binary";
-      });
-    }
-  }
-  const c = new RealtimeClient({ WebSocket: Recording });
+"""
+    + RECORDING_SOCKETS
+    + """  const c = new RealtimeClient({ WebSocket: Recording });
   const states = [];
   const seqs = [];
   c.on("state", (s) => {
@@ -318,6 +318,7 @@ DRAINED_BEFORE = """async (other) => {
   window.drained = { c, sockets, states, seqs, before: { id: c.sessionId, seq: c.lastSeq },
                      resumed: c.waitFor("session.resumed") };
 }"""
+)
 
 DRAINED_AFTER = """async () => {
   const { c, sockets, states, seqs, before } = window.drained;
