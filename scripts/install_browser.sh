@@ -23,12 +23,15 @@ PY="${PYTHON:-python}"
 NPM_DIR="${CLIENTS_VENV:-.venv-clients}/npm"
 AGENTS_REALTIME="${AGENTS_REALTIME_VERSION:-0.20.0}"
 say() { echo "install_browser: $*" >&2; }
+# Another apt-get may hold dpkg's lock (a fresh machine's unattended upgrades, a second
+# install run beside this one): wait up to 10 minutes for it instead of failing at once.
+APT=(apt-get -o DPkg::Lock::Timeout=600)
 
 if [ ! -x /usr/bin/chromium ]; then
     say "installing Debian's chromium"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core
+    "${APT[@]}" update -q
+    "${APT[@]}" install -y -q --no-install-recommends chromium fonts-dejavu-core
 fi
 
 if ! "$PY" -c "import playwright.async_api" 2>/dev/null; then
@@ -39,8 +42,8 @@ fi
 if ! command -v npm >/dev/null; then
     say "installing Debian's nodejs and npm"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends nodejs npm
+    "${APT[@]}" update -q
+    "${APT[@]}" install -y -q --no-install-recommends nodejs npm
 fi
 
 package="$NPM_DIR/node_modules/@openai/agents-realtime/package.json"

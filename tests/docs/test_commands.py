@@ -82,6 +82,25 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_venv() -> None:
     assert "bash scripts/test_lowest.sh" in ci.split(TEST_COMMAND)[1]
 
 
+def test_ci_fails_when_any_step_of_the_test_command_fails(tmp_path: Path) -> None:
+    """A failed install (seen: apt's lock held by another apt-get) stops CI with a non-zero
+    status; it must not skip the suite and carry on to a green end. ``.ci/run`` is run as
+    it is, with its test command's first step failing and the steps after it recorded."""
+    ci = (ROOT / ".ci/run").read_text()
+    first_step = TEST_COMMAND.split(" && ")[0]
+    failing = TEST_COMMAND.replace(first_step, "echo reached-install >> trace && false", 1).replace(
+        "python -m pytest -q", "echo reached-suite >> trace"
+    )
+    script = ci.replace(TEST_COMMAND, failing).replace("rm -rf .venv .venv-clients", ":")
+    script = script.replace("bash scripts/test_lowest.sh", "echo reached-lowest >> trace")
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / ".ci/run").write_text(script)
+    done = subprocess.run(["bash", ".ci/run"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert (tmp_path / "trace").read_text().split() == ["reached-install"]
+    assert "test command failed" in done.stdout
+
+
 @runs(LINT)
 def test_the_tree_is_lint_format_and_type_clean() -> None:
     if shutil.which("ruff", path=str(BIN)) is None or shutil.which("mypy", path=str(BIN)) is None:
