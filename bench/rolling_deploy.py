@@ -17,6 +17,9 @@ answer (every word and audio byte, in order) and prints:
   delta while asking (target with SIGTERM: p99 <= 200 ms);
 - how long each replica took from the signal to its exit (a drain hands each session over
   at its own first idle moment, paced).
+- the silences of 100 ms or more, by what they coincided with: the session's own handover
+  (it changed socket within it), a replica starting (spawn to ready), or neither (the load
+  itself), and the most sessions silent at one moment (many at once: a stall they share).
 
 Exit status 1 if anything failed, or (SIGTERM) an answer was cut by a drain.
 

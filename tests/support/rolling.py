@@ -45,6 +45,17 @@ CHUNK_BYTES = 960  # 20 ms of 24 kHz PCM16: one passthrough audio delta
 POLICY = ReconnectPolicy(max_attempts=None, max_elapsed=60.0)  # the SDK's delays, patient
 ANSWER_TIMEOUT_S = 60.0
 FAILURES = ("silence", "gap", "bad_answer", "error", "resume_failed")
+PAUSE_S = 0.1  # a silence at least this long is kept with its moment, to say what caused it
+
+
+@dataclass(frozen=True)
+class Pause:
+    """One silence of at least PAUSE_S (loop times): did the session change socket in it?"""
+
+    began: float
+    ended: float
+    session: int
+    handover: bool
 
 
 @dataclass
@@ -57,6 +68,8 @@ class Report:
     sdk: Counter[str] = field(default_factory=Counter)
     restarts: list[tuple[str, float]] = field(default_factory=list)  # (replica, seconds from signal to exit)
     failures: list[str] = field(default_factory=list)
+    pauses: list[Pause] = field(default_factory=list)
+    starting: list[tuple[float, float]] = field(default_factory=list)  # a replica's spawn to ready (loop times)
 
     @property
     def answers(self) -> int:
@@ -118,6 +131,7 @@ class Listener:
         cut = False
         loop = asyncio.get_running_loop()
         heard = loop.time()  # the last sound, or the asking
+        heard_on = self.connections
 
         async def sent(send: Any) -> int:
             """The connection a request goes out on, counted as ``self.connections`` counts
@@ -178,7 +192,9 @@ class Listener:
             elif kind == "response.output_audio.delta":
                 now = loop.time()
                 self.largest_silence = max(self.largest_silence, now - heard)
-                heard = now
+                if now - heard >= PAUSE_S:
+                    self.report.pauses.append(Pause(heard, now, self.index, self.connections != heard_on))
+                heard, heard_on = now, self.connections
                 audio[event["response_id"]] = audio.get(event["response_id"], 0) + len(event["delta"])
             elif kind == "response.done":
                 r = event["response"]
@@ -210,7 +226,9 @@ async def roll(cluster: Cluster, rounds: int, sig: int, report: Report, *, settl
             cluster.kill_replica(replica.index, sig)
             await cluster.await_exit(replica.index, 60)
             report.restarts.append((replica.name, time.monotonic() - began))
+            spawned = asyncio.get_running_loop().time()
             await cluster.astart_replica(replica.index)
+            report.starting.append((spawned, asyncio.get_running_loop().time()))
             await asyncio.sleep(settle_s)
 
 
@@ -246,5 +264,29 @@ def summary(report: Report) -> list[str]:
         f"max {1000 * max(silences):.0f} ms ({len(report.silences)} sessions)",
         f"signal -> exit per replica: median {statistics.median(exits):.2f} s, max {max(exits):.2f} s "
         f"({len(report.restarts)} restarts)",
+        pauses(report),
         *report.failures,
     ]
+
+
+def pauses(report: Report) -> str:
+    """What the silences of PAUSE_S or more coincided with: the session's own handover (it
+    changed socket within the silence), a replica starting (spawn to ready: its start-up
+    takes CPU from the others on a small machine), or neither (the load itself); and the
+    most sessions silent at one moment (many at once: a stall every session shares, such as
+    the clients' own process)."""
+    kinds: Counter[str] = Counter()
+    for p in report.pauses:
+        if p.handover:
+            kinds["handover"] += 1
+        elif any(p.began < ready and p.ended > spawned for spawned, ready in report.starting):
+            kinds["replica starting"] += 1
+        else:
+            kinds["neither"] += 1
+    edges = sorted([(p.began, 1) for p in report.pauses] + [(p.ended, -1) for p in report.pauses])
+    most = depth = 0
+    for _, step in edges:
+        depth += step
+        most = max(most, depth)
+    what = ", ".join(f"{kinds[k]} in {k}" for k in ("handover", "replica starting", "neither"))
+    return f"silences of {1000 * PAUSE_S:.0f} ms or more: {len(report.pauses)} ({what}); at most {most} at once"
