@@ -54,7 +54,6 @@ class Pause:
 
     began: float
     ended: float
-    session: int
     handover: bool
 
 
@@ -193,7 +192,7 @@ class Listener:
                 now = loop.time()
                 self.largest_silence = max(self.largest_silence, now - heard)
                 if now - heard >= PAUSE_S:
-                    self.report.pauses.append(Pause(heard, now, self.index, self.connections != heard_on))
+                    self.report.pauses.append(Pause(heard, now, self.connections != heard_on))
                 heard, heard_on = now, self.connections
                 audio[event["response_id"]] = audio.get(event["response_id"], 0) + len(event["delta"])
             elif kind == "response.done":
