@@ -40,7 +40,8 @@ ms.addEventListener('sourceopen', async () => {
   const tick = () => {
     if (told || !(v.currentTime > 1.5 || v.ended)) return;
     told = true;
-    say('played ' + v.currentTime.toFixed(3) + ' ' + v.videoWidth + 'x' + v.videoHeight);
+    // The full value: toFixed(3) would print 1.5002 as "1.500", which the test cannot tell from 1.5.
+    say('played ' + v.currentTime + ' ' + v.videoWidth + 'x' + v.videoHeight);
   };
   v.addEventListener('timeupdate', tick);
   v.addEventListener('ended', tick);
