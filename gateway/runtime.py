@@ -29,12 +29,12 @@ from gateway.hosting.mcp import McpConnector, McpPolicy
 from gateway.hosting.video import VideoHost, VideoPeer, VideoTimeouts
 from gateway.jwt_auth import JwtVerifier
 from gateway.origins import OriginPolicy
-from gateway.protocol.duplex_config import DuplexConfig, default_session_config
+from gateway.protocol.dialects import Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
-from gateway.protocol.session_config import ConfigLimits, SessionConfig, TurnDetection, apply_update
+from gateway.protocol.session_config import ConfigLimits, SessionConfig, apply_update
 from gateway.quotas import Quotas, Seat
 from gateway.routing import CATCH_ALL, Router, RouteSpec, RoutingError, parse_routes
-from gateway.session.duplex import DuplexSession
+from gateway.session.kinds import kind_of, restore_kind
 from gateway.session.session import RealtimeSession, SessionLimits, VadStream
 from gateway.session.video_session import VideoSession
 from gateway.settings import Settings
@@ -313,14 +313,11 @@ class Runtime:
     def serves(self, model: str) -> bool:
         return self.router.resolve(model) is not None
 
-    def session_config(self, model: str, requested: dict[str, Any] | None, *, dialect: str) -> SessionConfig:
+    def session_config(self, model: str, requested: dict[str, Any] | None, *, dialect: Dialect) -> SessionConfig:
         """What a new session starts with: the dialect's defaults for ``model`` (server VAD
         where a detector runs), then what a client secret was minted with (``requested``,
         validated when minted: a shape that no longer applies falls back to the defaults)."""
-        if dialect == "duplex":  # upstream's defaults, then the same OpenAI fields of what was minted
-            config = default_session_config(model)
-        else:
-            config = SessionConfig(model=model, turn_detection=TurnDetection() if self.vad_factory else None)
+        config = kind_of(dialect).defaults(model, self.vad_factory is not None)
         if requested:
             try:
                 config, _ = apply_update(
@@ -337,11 +334,11 @@ class Runtime:
         model: str,
         *,
         principal: str,
-        dialect: str,
+        dialect: Dialect,
         requested: dict[str, Any] | None = None,
         quota: StateQuota | None = None,
     ) -> SessionHost:
-        """A new session hosted here: GA or beta, or vLLM-Omni's duplex dialect."""
+        """A new session hosted here, in ``dialect`` (built as ``session/kinds.py`` says)."""
         found = self.route(model)
         if found is None:
             raise ProtocolError(Code.MODEL_NOT_FOUND, f"No model {model!r} here; see GET /v1/models.")
@@ -350,11 +347,7 @@ class Runtime:
         if "audio" not in engine.info.modalities and "audio" in config.output_modalities:
             config = replace(config, output_modalities=("text",))  # a text model answers in text
         sid = "sess_" + secrets.token_hex(10)
-        kwargs = {"session_id": sid, "config": config, "engine": engine.info, **self._session_kwargs(sid)}
-        if dialect == "duplex":
-            session: RealtimeSession = DuplexSession(duplex=DuplexConfig(), **kwargs)
-        else:
-            session = RealtimeSession(beta=dialect == "beta", **kwargs)
+        session = kind_of(dialect).new(session_id=sid, config=config, engine=engine.info, **self._session_kwargs(sid))
         return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal, quota=quota)
 
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
@@ -365,8 +358,9 @@ class Runtime:
         if found is None:
             raise ProtocolError(Code.MODEL_NOT_FOUND, "This session's model is not served here any more.")
         engine, orch = found
-        cls = DuplexSession if state.get("dialect") == "duplex" else RealtimeSession
-        session = cls.restore(state, engine=engine.info, conversation=False, **self._session_kwargs(state["id"]))
+        session = restore_kind(state).restore(
+            state, engine=engine.info, conversation=False, **self._session_kwargs(state["id"])
+        )
         return session, orch
 
     @property

@@ -40,7 +40,7 @@ from gateway.hosting.peer import Peer
 from gateway.hosting.resume import take_over
 from gateway.protocol import client_events as ce
 from gateway.protocol import duplex_events as de
-from gateway.protocol.dialects import Control, Dialect
+from gateway.protocol.dialects import SESSION_NOT_OPEN, Control, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.server_events import decode_input_frame
 from gateway.quotas import NeedBudget, Seat
@@ -53,7 +53,6 @@ log = logging.getLogger("omni.door")
 
 Pending = Coroutine[Any, Any, None] | None  # what the transport awaits before the next message
 Kind = Literal["text", "frame", "audio"]
-SESSION_NOT_OPEN = "session_not_open"
 _AUDIO_APPENDS = (ce.AudioAppend, de.Append)  # events that carry input audio (the tenant's input limit)
 
 
@@ -68,7 +67,7 @@ class Sessions(Protocol):
         model: str,
         *,
         principal: str,
-        dialect: str,
+        dialect: Dialect,
         requested: dict[str, Any] | None = None,
         quota: StateQuota | None = None,
     ) -> SessionHost:
@@ -339,7 +338,7 @@ class Door:
         assert self.sessions is not None, "a door that only joins opens no session"
         try:
             return await self.sessions.open_session(
-                model, principal=self.principal, dialect=self.dialect.name, requested=requested, quota=self.quota
+                model, principal=self.principal, dialect=self.dialect, requested=requested, quota=self.quota
             )
         except StateLimitExceeded as exc:
             log.info("session refused: %s", exc)
@@ -378,19 +377,18 @@ class Door:
         self.peer.close(close, err.code)
 
     async def _first(self, message: Any, kind: Kind) -> None:
-        """The first message of a connection that has no session yet (the duplex
-        dialect's opening rules, and a Realtime resume-only socket's: ``transport/realtime.py``)."""
+        """The first message of a connection that has no session yet: the dialect's opening
+        rules (``Dialect.opening``; a Realtime resume-only socket's: ``transport/realtime.py``)."""
+        opening = self.dialect.opening
         try:
             if kind != "text":
-                raise ProtocolError(
-                    SESSION_NOT_OPEN, "Binary audio before the session is open; send session.update first."
-                )
+                raise ProtocolError(SESSION_NOT_OPEN, "Binary audio before the session is open; " + opening.not_open)
             event = self.dialect.decode(message)
         except ProtocolError as err:
             self.delivery.send_now(self.dialect.error(err))
             return
         control = self._controls(event) if self._controls is not None else None
-        if isinstance(event, ce.SessionUpdate) and self.dialect.name == "duplex":
+        if opening.with_config is not None and isinstance(event, opening.with_config):
             await self._open_with(event)
         elif isinstance(event, ce.SessionResume):
             await self._resume(event)
@@ -404,27 +402,20 @@ class Door:
             self.peer.close(CloseCode.NORMAL, "session closed")
         elif isinstance(event, ce.EventAck):
             pass  # nothing to acknowledge yet
-        elif self.resume_only and not isinstance(event, ce.SessionUpdate):
-            self.delivery.send_now(
-                self.dialect.error(
-                    ProtocolError(
-                        SESSION_NOT_OPEN,
-                        "This socket was opened with autostart=0 (or resume=1): send session.update to "
-                        "open a session or session.resume to resume one first.",
-                        param="type",
-                        event_id=getattr(event, "event_id", None),
-                    )
-                )
-            )
+        elif not opening.opens_default(event, self.resume_only):
+            refused = ProtocolError(SESSION_NOT_OPEN, opening.not_open, param="type",
+                                    event_id=getattr(event, "event_id", None))  # fmt: skip
+            self.delivery.send_now(self.dialect.error(refused))
         elif await self.open():
-            # Upstream's first-message rule: the default session opens, then the event is handled
-            # (a Realtime resume-only socket's session.update too: session.created, then updated).
+            # The default session opens, then the event is handled (upstream's first-message
+            # rule; a Realtime resume-only socket's session.update: session.created, then updated).
             pending = self._take(message, kind)
             if pending is not None:
                 await pending
 
-    async def _open_with(self, event: ce.SessionUpdate) -> None:
-        """The first ``session.update`` opens the session with its ``session`` object."""
+    async def _open_with(self, event: Any) -> None:
+        """The dialect's opening event (``Opening.with_config``: duplex ``session.update``)
+        opens the session with its ``session`` object (``event.session``, ``event.event_id``)."""
         model = event.session.get("model")
         model = model if isinstance(model, str) and model else self.model
         assert self.sessions is not None
@@ -458,7 +449,7 @@ class Door:
             self.delivery.send_now(self.dialect.error(err))  # the client may send another
             await host.end(reason="its first session.update was refused", delete=True)
             return
-        self._begin(host, updated=True, warnings=warnings)
+        self._begin(host, configured=True, warnings=warnings)
 
     # --- joining a session beside its connection -----------------------------------------
 
@@ -532,8 +523,8 @@ class Door:
         event: it resumed, opted in, or speaks the duplex dialect) and close (4009)."""
         host, self.host = self.host, None
         self._disarm_idle()
-        # (the duplex dialect's clients all know session.replaced: its catalogue has it)
-        if self.resumed or self.dialect.name == "duplex" or (host is not None and host.session.sends_gateway_events):
+        announce = self.dialect.always_announces_replaced or self.resumed
+        if announce or (host is not None and host.session.sends_gateway_events):
             self.delivery.send_now(self.dialect.replaced(session_id, self.generation))
         self.ctx.metrics.closes.labels(str(int(CloseCode.SESSION_REPLACED))).inc()
         self.peer.close(CloseCode.SESSION_REPLACED, "session replaced")

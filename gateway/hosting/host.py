@@ -32,7 +32,6 @@ from gateway.hosting.context import HostContext
 from gateway.hosting.delivery import Delivery
 from gateway.hosting.mcp import McpFailure
 from gateway.protocol.errors import Code, ProtocolError
-from gateway.protocol.server_events import dialect_encoder
 from gateway.session import snapshot
 from gateway.session.effects import (
     CallMcpTool,
@@ -230,16 +229,14 @@ class SessionHost:
 
     @property
     def attachment_generation(self) -> int:
-        """How many connections the session has had (the duplex dialect counts them)."""
-        return int(getattr(self.session, "attachment_generation", 1))
+        """How many connections the session has had (the duplex dialect reports it)."""
+        return self.session.attachment_generation
 
     def reattached(self) -> int:
         """A resume brought the session a new connection: its generation (in the snapshot too)."""
-        session = self.session
-        if hasattr(session, "attachment_generation"):
-            session.attachment_generation += 1
-            session.dirty = True
-        return self.attachment_generation
+        self.session.attachment_generation += 1
+        self.session.dirty = True
+        return self.session.attachment_generation
 
     def _grace_over(self) -> None:
         asyncio.get_running_loop().create_task(self.end(reason="client gone"))
@@ -248,7 +245,7 @@ class SessionHost:
 
     def start(self, **start: Any) -> str:
         """The new session's ``session.created`` (its resume token, returned, in it);
-        ``start``: what the dialect's opening adds (duplex: ``updated``, ``warnings``)."""
+        ``start``: what the dialect's opening adds (``configured``, ``warnings``)."""
         token = self.rotate_token()
         self.session.start(resume_token=token, **start)
         self.flush()
@@ -291,23 +288,19 @@ class SessionHost:
         self.session.error(ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error"))
 
     def configure(self, update: Any) -> list[tuple[str, str]]:
-        """The duplex dialect's opening ``session.update``, applied before ``session.created``."""
-        configure = getattr(self.session, "configure", None)
-        if configure is None:
-            raise ProtocolError(Code.UNSUPPORTED, "Only a duplex session is configured before it starts.")
-        warnings: list[tuple[str, str]] = configure(update)
-        return warnings
+        """The settings of the dialect's opening event, applied before the session starts
+        (``Opening.with_config``): the warnings to report; raises ProtocolError."""
+        return self.session.configure(update)
 
     def expire_idle(self) -> None:
         """No client event for the dialect's idle timeout (the door keeps the clock)."""
-        self.session.expire_idle()  # type: ignore[attr-defined]
+        self.session.expire_idle()
         self.flush()
 
     @property
     def idle_timeout_s(self) -> float | None:
         """The session's idle timeout (the duplex dialect's ``idle_timeout_s``); None: none."""
-        duplex = getattr(self.session, "duplex", None)
-        return None if duplex is None else float(duplex.idle_timeout_s)
+        return self.session.idle_timeout_s
 
     def playback(self, kind: str, response_id: str | None, item_id: str | None = None, audio_end_ms: int = 0) -> None:
         """What the connection played of the answers' audio (a WebRTC call plays it: the
@@ -354,7 +347,7 @@ class SessionHost:
         events, effects = session.take()
         if self.trace is not None:
             self.trace.flushed(session.audio_ms, events, effects)
-        encode, doors, writer = dialect_encoder(session.dialect), self.doors, self.writer
+        encode, doors, writer = session.dialect.encode, self.doors, self.writer
         journal = True
         held = bool(doors) and any(event["type"] in STATE_EVENTS for event in events)
         if held:

@@ -1,17 +1,24 @@
-"""The dialects a realtime connection may speak, as one shape (pure).
+"""The dialects a realtime connection may speak, each ONE object (pure).
 
-A ``Dialect`` is everything about a connection's language that hosting needs
-and that is not the session's own events (``server_events.dialect_encoder``
-spells those): how a client message decodes, how the connection-level events
-are spelled (errors outside the session's stream, ``session.resumed``,
+A ``Dialect`` is everything about a connection's language that the floors
+above consult, so that none of them asks which dialect it is: how a client
+message decodes and a server event encodes (``encode``: the session's events,
+spelled for the wire and the journal), how the connection-level events are
+spelled (errors outside the session's stream, ``session.resumed``,
 ``session.resync_required``, ``session.replaced``), which decoded events are
 the connection's rather than the session's (the duplex dialect's heartbeat and
-close), the metric names of client events, and whether the connection is
-commit-gated.
+close), how a connection opens its session (``Opening``), the subprotocols a
+socket may echo and whether it may take binary frames, the metric names of
+client events, and whether the connection is commit-gated. The session floor
+keeps, beside each dialect, how its sessions are built (``session/kinds.py``).
 
 - ``GA`` and ``BETA``: the OpenAI Realtime API (``client_events``,
   ``connection_events``);
 - ``DUPLEX``: vLLM-Omni's duplex dialect (``duplex_events``).
+
+``name`` is for logs, metrics and snapshots (``by_name`` finds the dialect a
+snapshot was written in); no floor above this one compares it
+(tests/unit/test_dialect_names.py).
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ from gateway.protocol import client_events as ce
 from gateway.protocol import connection_events as conn
 from gateway.protocol import duplex_events as de
 from gateway.protocol.errors import ProtocolError
+from gateway.protocol.server_events import BINARY_SUBPROTOCOL, encode_beta, encode_ga
+
+BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
+SESSION_NOT_OPEN = "session_not_open"  # a first event that opens nothing on a socket with no session yet
 
 # What a client event is when it is the connection's, not the session's: a heartbeat
 # (answered, and it keeps the session from idling out), or the end of the session for
@@ -58,9 +69,22 @@ class Resync:
 
 
 @dataclass(frozen=True, slots=True)
+class Opening:
+    """How a connection of the dialect opens its session."""
+
+    at_connect: Callable[[bool, bool], bool]  # (the URL named a model, a resume-only socket): open at connect
+    with_config: type | None  # the first event that opens the session with its own settings (None: none does)
+    opens_default: Callable[[Any, bool], bool]  # (first event, resume-only): it opens the default session
+    not_open: str  # what a first event that opens nothing is told (``session_not_open``)
+
+
+@dataclass(frozen=True, slots=True, eq=False, repr=False)  # one object each: compared (and hashed) by identity
 class Dialect:
-    name: Literal["ga", "beta", "duplex"]  # the session's dialect (its events' spelling)
+    name: str  # for logs, metrics and snapshots: never compared above this floor
     decode: Callable[[str | bytes], Any]
+    encode: Callable[[dict[str, Any]], bytes | None]  # a session event as sent and journaled; None: never sent
+    opening: Opening
+    subprotocols: tuple[str, ...]  # what a socket may echo of the offered ones, in this order of preference
     error: Callable[[ProtocolError], bytes]  # an error outside the session's stream (no seq)
     resumed: Callable[[Resumed], bytes]
     resync: Callable[[Resync], bytes]
@@ -71,6 +95,19 @@ class Dialect:
     heartbeat_ack: Callable[[str | None], bytes] | None = None  # for a ``heartbeat`` control
     closed: Callable[[str | None, Any], bytes] | None = None  # the last event of a closed session
     handshake_error: Callable[[ProtocolError], bytes] | None = None  # a refused resume; None: ``error``
+    always_announces_replaced: bool = False  # every client knows ``session.replaced`` (else only those that opted in)
+
+    def __repr__(self) -> str:
+        return f"<Dialect {self.name}>"
+
+    @property
+    def binary(self) -> bool:
+        """Whether a socket may carry audio as binary frames (``omni-binary.v1``)."""
+        return BINARY_SUBPROTOCOL in self.subprotocols
+
+    def subprotocol(self, offered: list[str]) -> str | None:
+        """The subprotocol to echo of those the client offered (never the key)."""
+        return next((name for name in self.subprotocols if name in offered), None)
 
     def event_name(self, event_type: type) -> str:
         return self.event_names.get(event_type, "other")
@@ -114,10 +151,33 @@ GA_EVENT_NAMES: dict[type, str] = {
 }
 
 
+def _open_at_connect(model_named: bool, resume_only: bool) -> bool:
+    return not resume_only
+
+
+def _opens_with_update(event: Any, resume_only: bool) -> bool:
+    return isinstance(event, ce.SessionUpdate)
+
+
+REALTIME_OPENING = Opening(
+    # As OpenAI's: the session opens at connect (``session.created`` first), unless the socket is
+    # resume-only (``?resume=1``, ``?autostart=0``): then a ``session.update`` opens it (the default
+    # session, then the update applies) and anything but a resume is refused.
+    at_connect=_open_at_connect,
+    with_config=None,
+    opens_default=_opens_with_update,
+    not_open="This socket was opened with autostart=0 (or resume=1): send session.update to open a session "
+    "or session.resume to resume one first.",
+)
+
+
 def _realtime(name: Literal["ga", "beta"]) -> Dialect:
     return Dialect(
         name=name,
         decode=ce.decode,
+        encode=encode_ga if name == "ga" else encode_beta,
+        opening=REALTIME_OPENING,
+        subprotocols=(BINARY_SUBPROTOCOL, "realtime", BETA_SUBPROTOCOL),
         error=_ga_error,
         resumed=_ga_resumed,
         resync=_ga_resync,
@@ -171,9 +231,31 @@ DUPLEX_EVENT_NAMES: dict[type, str] = {
     de.PlaybackAck: "playback.ack",
 }
 
+
+def _duplex_at_connect(model_named: bool, resume_only: bool) -> bool:
+    return model_named and not resume_only
+
+
+def _duplex_opens_default(event: Any, resume_only: bool) -> bool:
+    return not resume_only
+
+
 DUPLEX = Dialect(
     name="duplex",
     decode=de.decode,
+    encode=de.encode,
+    # vLLM-Omni's "Endpoint and transport": with ``?model=`` (and no ``autostart=0`` / ``resume=1``)
+    # the session opens at connect; otherwise the first event decides: ``session.update`` opens it
+    # with its ``session`` object, any other opens the default session and is then handled
+    # (refused on a resume-only socket).
+    opening=Opening(
+        at_connect=_duplex_at_connect,
+        with_config=ce.SessionUpdate,
+        opens_default=_duplex_opens_default,
+        not_open="This socket was opened with autostart=0 (or resume=1): send session.update to open a "
+        "session or session.resume to resume one first.",
+    ),
+    subprotocols=("realtime",),  # JSON only: no binary fast path
     error=de.error_event,
     resumed=_duplex_resumed,
     resync=_duplex_resync,
@@ -184,4 +266,12 @@ DUPLEX = Dialect(
     heartbeat_ack=de.heartbeat_ack,
     closed=de.closed_event,
     handshake_error=de.handshake_error,  # the document's flat handshake-stage shape
+    always_announces_replaced=True,  # its catalogue has session.replaced
 )
+
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (GA, BETA, DUPLEX)}
+
+
+def by_name(name: str) -> Dialect:
+    """The dialect a snapshot names (``snapshot_state``'s ``dialect``)."""
+    return DIALECTS[name]

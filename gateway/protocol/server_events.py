@@ -28,12 +28,10 @@ from __future__ import annotations
 
 import base64
 import struct
-from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from gateway.protocol import duplex_events
 from gateway.protocol.errors import Code, ProtocolError
 
 BINARY_SUBPROTOCOL = "omni-binary.v1"
@@ -57,13 +55,13 @@ BETA_NAMES = {
 BETA_DROPPED = frozenset({"conversation.item.done"})
 
 
-def dialect_encoder(dialect: str) -> Callable[[dict[str, Any]], bytes | None]:
-    """How a session of ``dialect`` (``ga``, ``beta``, ``duplex``) spells an event on the
-    wire and in its journal; None: the dialect has no such event (it is not sent)."""
-    return _ENCODERS[dialect]
+def encode_ga(event: dict[str, Any]) -> bytes:
+    """A GA session's event as sent and journaled."""
+    return encode_json(event, beta=False)
 
 
-def _beta(event: dict[str, Any]) -> bytes | None:
+def encode_beta(event: dict[str, Any]) -> bytes | None:
+    """A beta session's event as sent and journaled; None: the beta protocol has no such event."""
     return None if event["type"] in BETA_DROPPED else encode_json(event, beta=True)
 
 
@@ -78,13 +76,6 @@ def encode_json(event: dict[str, Any], *, beta: bool) -> bytes:
     if isinstance(delta, bytes | bytearray | memoryview):
         event = {**event, "delta": base64.b64encode(delta).decode("ascii")}
     return orjson.dumps(event)
-
-
-_ENCODERS: dict[str, Callable[[dict[str, Any]], bytes | None]] = {
-    "ga": lambda event: encode_json(event, beta=False),
-    "beta": _beta,
-    "duplex": duplex_events.encode,
-}
 
 
 def encode_audio_frame(event: dict[str, Any]) -> bytes:

@@ -50,6 +50,7 @@ from typing import Any
 
 from gateway.protocol import client_events as ce
 from gateway.protocol import duplex_events as de
+from gateway.protocol.dialects import DUPLEX, Dialect
 from gateway.protocol.duplex_config import DuplexConfig, apply_duplex_update, duplex_from_dict, duplex_to_dict
 from gateway.protocol.duplex_config import render_session as render_duplex
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
@@ -92,11 +93,14 @@ class DuplexSession(RealtimeSession):
         snapshot: it must mean the same on every replica)."""
         self._duplex = DuplexTurns(session_id, duplex or DuplexConfig(), clock=wall_clock)
         super().__init__(session_id=session_id, turn_taking=self._duplex, **kwargs)
-        self.attachment_generation = 1  # the sockets this session had: the transport counts resumes
 
     @property
-    def dialect(self) -> str:
-        return "duplex"
+    def dialect(self) -> Dialect:
+        return DUPLEX
+
+    @property
+    def idle_timeout_s(self) -> float | None:
+        return float(self.duplex.idle_timeout_s)
 
     @property
     def duplex(self) -> DuplexConfig:
@@ -134,16 +138,16 @@ class DuplexSession(RealtimeSession):
         self,
         resume_token: str | None = None,
         *,
-        updated: bool = False,
+        configured: bool = False,
         warnings: Sequence[tuple[str, str]] = (),
     ) -> None:
-        """``session.created`` (and, when a session.update opened the session, ``session.updated``
-        with the same object and the update's warnings)."""
+        """``session.created`` (and, when a session.update opened the session (``configured``),
+        ``session.updated`` with the same object and the update's warnings)."""
         fields: dict[str, Any] = {"attachment_generation": self.attachment_generation}
         if resume_token is not None:
             fields["resume_token"] = resume_token
         self._emit("session.created", **fields, session=self.render_config())
-        if updated:
+        if configured:
             self._emit("session.updated", session=self.render_config())
         if not self.sends_gateway_events:
             return  # session.warning is the gateway's: only for clients that opted in (gateway_events)
@@ -242,7 +246,6 @@ class DuplexSession(RealtimeSession):
 
     def snapshot_state(self, *, with_items: bool = True) -> dict[str, Any]:
         state = super().snapshot_state(with_items=with_items)
-        state["dialect"] = "duplex"
         state["duplex"] = duplex_to_dict(self.duplex)
         state["turn_id"] = self._duplex.turn_id
         state["turn_state"] = self._duplex.turn_state

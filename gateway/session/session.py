@@ -27,10 +27,11 @@ once, with no layer between the host and the part.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway.protocol import client_events as ce
+from gateway.protocol.dialects import BETA, GA, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.session_config import (
     ConfigLimits,
@@ -90,6 +91,7 @@ class RealtimeSession:
         self._warned: set[str] = set()  # ignored fields already reported (session.warning)
         self._vad_factory = vad_factory
         self.conversation = Conversation()
+        self.attachment_generation = 1  # the connections the session has had (a resume adds one)
         self.dirty = True  # state changed since the last snapshot (the host clears it once it wrote one)
         log = self._log = EventLog(lambda item_id: history.changed(item_id), self._state_changed)
         self._emit = log.emit
@@ -201,9 +203,16 @@ class RealtimeSession:
         return self._input
 
     @property
-    def dialect(self) -> str:
-        """How the session's events are spelled on the wire (``server_events.dialect_encoder``)."""
-        return "beta" if self.beta else "ga"
+    def dialect(self) -> Dialect:
+        """The dialect the session speaks: how its events are spelled on the wire and in
+        its journal (``Dialect.encode``), and how its sessions are rebuilt (``session/kinds.py``)."""
+        return BETA if self.beta else GA
+
+    @property
+    def idle_timeout_s(self) -> float | None:
+        """How long the session may go without a client event before it expires (the door
+        keeps the clock and calls ``expire_idle``); None: no idle timeout."""
+        return None
 
     @property
     def sends_gateway_events(self) -> bool:
@@ -233,8 +242,16 @@ class RealtimeSession:
 
     # --- lifecycle ----------------------------------------------------------
 
-    def start(self, resume_token: str | None = None) -> None:
-        """``resume_token`` (gateway extension) lets the client resume the session later."""
+    def start(
+        self,
+        resume_token: str | None = None,
+        *,
+        configured: bool = False,
+        warnings: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """``resume_token`` (gateway extension) lets the client resume the session later.
+        ``configured``/``warnings``: a dialect whose first event opened the session with its
+        settings (``configure``); the Realtime API opens none that way."""
         if resume_token is None:
             self._emit("session.created", session=self.render_config())
         else:
@@ -245,6 +262,16 @@ class RealtimeSession:
 
     def render_config(self) -> dict[str, Any]:
         return render(self.config, session_id=self.id, expires_at=self.expires_at, beta=self.beta)
+
+    def configure(self, update: dict[str, Any]) -> list[tuple[str, str]]:
+        """The settings of a dialect whose first event opens the session with them
+        (``Opening.with_config``), applied before the session starts: the warnings to
+        report. The Realtime API has no such event."""
+        raise ProtocolError(Code.UNSUPPORTED, "This dialect opens no session with its own settings.", param="type")
+
+    def expire_idle(self) -> None:
+        """No client event for ``idle_timeout_s``: the dialect's way to end the session."""
+        self.expire()
 
     def expire(self) -> None:
         self._log.fail(
@@ -508,6 +535,7 @@ class RealtimeSession:
         log, responses = self._log, self._responses
         return {
             "id": self.id,
+            "dialect": self.dialect.name,
             "beta": self.beta,
             "config": self.config,  # written by snapshot.dumps, read back by config_from_dict
             "created_at": self.created_at,

@@ -74,6 +74,17 @@ class Handshake:
 ErrorEncoder = Callable[[str, str], bytes]  # (code, message) -> the endpoint's error event
 
 
+def offered_subprotocols(scope: dict[str, Any]) -> list[str]:
+    """The subprotocols a socket's client offered. One Sec-WebSocket-Protocol header may list
+    several, comma separated: uvicorn before 0.51 hands the header over unsplit."""
+    return [name.strip() for entry in scope.get("subprotocols") or [] for name in entry.split(",") if name.strip()]
+
+
+def request_headers(scope: dict[str, Any]) -> dict[str, str]:
+    """The request's headers, names lower-cased."""
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
 async def accept(
     runtime: Services,
     scope: dict[str, Any],
@@ -90,10 +101,8 @@ async def accept(
     message = await receive()
     if message["type"] != "websocket.connect":
         return None
-    # One Sec-WebSocket-Protocol header may list several, comma separated: uvicorn before
-    # 0.51 hands the header over unsplit.
-    offered = [name.strip() for entry in scope.get("subprotocols") or [] for name in entry.split(",") if name.strip()]
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    offered = offered_subprotocols(scope)
+    headers = request_headers(scope)
     refusal: UpgradeRefusal | None = None
     grant: Grant | None = None
     origin = headers.get("origin")

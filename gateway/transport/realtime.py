@@ -54,12 +54,20 @@ from gateway.auth import Minted
 from gateway.hosting.calls import open_sideband
 from gateway.hosting.door import Door, Entrance, Pending, Sessions
 from gateway.protocol import duplex_events
-from gateway.protocol.connection_events import error_event
-from gateway.protocol.dialects import BETA, DUPLEX, GA, Dialect
+from gateway.protocol.dialects import BETA, BETA_SUBPROTOCOL, DUPLEX, GA, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.server_events import AUDIO_DELTA, BINARY_SUBPROTOCOL, encode_audio_frame
 from gateway.quotas import Seat
-from gateway.transport.handshake import Handshake, accept, admit_seat, common_refusal, minted_refusal, refuse
+from gateway.transport.handshake import (
+    Handshake,
+    accept,
+    admit_seat,
+    common_refusal,
+    minted_refusal,
+    offered_subprotocols,
+    refuse,
+    request_headers,
+)
 from gateway.transport.lifecycle import bound_send_buffer, drop, settle
 from gateway.transport.outbox import Outbox, SlowConsumer
 from gateway.transport.services import Services
@@ -67,23 +75,20 @@ from gateway.transport.ws_server import ABORT_EXTENSION, DIRECT_EXTENSION, MESSA
 
 log = logging.getLogger("omni.realtime")
 
-BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
 SLOW_CLOSE_GRACE_S = 5.0  # after the 4010 decision, how long the close frame may wait behind a full
 #   socket before the connection is dropped without it
-_ECHO_ORDER = (BINARY_SUBPROTOCOL, "realtime", BETA_SUBPROTOCOL)
 _AUDIO_DELTA_JSON = b'"response.output_audio.delta"'
 
 
-def choose_subprotocol(offered: list[str]) -> str | None:
-    for name in _ECHO_ORDER:
-        if name in offered:
-            return name
-    return None
-
-
-def choose_duplex_subprotocol(offered: list[str]) -> str | None:
-    """A duplex socket speaks JSON only: no binary fast path to echo."""
-    return "realtime" if "realtime" in offered else None
+def dialect_of(query: dict[str, list[str]], headers: dict[str, str], offered: list[str], *, duplex: bool) -> Dialect:
+    """The dialect a socket to ``/v1/realtime`` speaks: vLLM-Omni's duplex (``?duplex=1``, or
+    the ``/v1/duplex`` alias), the Realtime API's beta (subprotocol ``openai-beta.realtime-v1``
+    or header ``OpenAI-Beta: realtime=v1``), else GA."""
+    if duplex or duplex_events.enabled(next(iter(query.get("duplex", ())), None)):
+        return DUPLEX
+    if "realtime=v1" in headers.get("openai-beta", "") or BETA_SUBPROTOCOL in offered:
+        return BETA
+    return GA
 
 
 class RealtimeServices(Services, Protocol):
@@ -104,13 +109,12 @@ class RealtimeEndpoint:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         rt = self.runtime
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        duplex = self.duplex or duplex_events.enabled((query.get("duplex") or [None])[0])
+        dialect = dialect_of(query, request_headers(scope), offered_subprotocols(scope), duplex=self.duplex)
 
         def encode_error(code: str, message: str) -> bytes:
-            return duplex_events.error_event(ProtocolError(code, message)) if duplex else error_event(code, message)
+            return dialect.error(ProtocolError(code, message))
 
-        choose = choose_duplex_subprotocol if duplex else choose_subprotocol
-        hs = await accept(rt, scope, receive, send, choose, encode_error)
+        hs = await accept(rt, scope, receive, send, dialect.subprotocol, encode_error)
         if hs is None:
             return
         minted = hs.grant.minted  # a client secret's: the model and settings it opens, and no others
@@ -132,15 +136,15 @@ class RealtimeEndpoint:
         if seat is None:
             return
         try:
-            await self._serve(scope, receive, send, hs, model, seat, duplex=duplex)
+            await self._serve(scope, receive, send, hs, model, seat, dialect)
         finally:
             await seat.close()
 
     async def _serve(
-        self, scope: dict[str, Any], receive: Any, send: Any, hs: Handshake, model: str, seat: Seat, *, duplex: bool
+        self, scope: dict[str, Any], receive: Any, send: Any, hs: Handshake, model: str, seat: Seat, dialect: Dialect
     ) -> None:
         rt = self.runtime
-        socket = RealtimeSocket(rt, scope, receive, send, binary=not duplex and BINARY_SUBPROTOCOL in hs.offered)
+        socket = RealtimeSocket(rt, scope, receive, send, binary=dialect.binary and BINARY_SUBPROTOCOL in hs.offered)
         opening: Callable[[], Awaitable[bool]] | None
         call_id = hs.param("call_id")
         if call_id is not None:  # a sideband: the socket holds a WebRTC call's session beside it
@@ -153,15 +157,10 @@ class RealtimeEndpoint:
         else:
             autostart = (hs.param("autostart") or "").strip().lower()
             resume_only = duplex_events.enabled(hs.param("resume")) or autostart in duplex_events.FALSY
-            if duplex:
-                door = socket.door_to(DUPLEX, principal=hs.grant.principal, model=model, seat=seat,
-                                      resume_only=resume_only, minted=hs.grant.minted)  # fmt: skip
-                opening = door.open if hs.param("model") is not None and not resume_only else None
-            else:
-                beta = "realtime=v1" in hs.headers.get("openai-beta", "") or BETA_SUBPROTOCOL in hs.offered
-                door = socket.door_to(BETA if beta else GA, principal=hs.grant.principal, model=model, seat=seat,
-                                      resume_only=resume_only, minted=hs.grant.minted)  # fmt: skip
-                opening = None if resume_only else door.open
+            door = socket.door_to(dialect, principal=hs.grant.principal, model=model, seat=seat,
+                                  resume_only=resume_only, minted=hs.grant.minted)  # fmt: skip
+            at_connect = dialect.opening.at_connect(hs.param("model") is not None, resume_only)
+            opening = door.open if at_connect else None
 
         await socket.run(opening)
 

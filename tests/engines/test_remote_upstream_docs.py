@@ -77,7 +77,7 @@ async def test_the_engine_speaks_the_duplex_dialect_an_upstream_advertises() -> 
         text = "".join(o.text for o in outs if isinstance(o, TextDelta))
         assert text.split() == ["You", "said:", "good", "You", "said:", "good", "You", "said:"]
         assert sum(len(o.pcm) for o in outs if isinstance(o, AudioDelta)) == 8 * 960  # 20 ms each, 24 kHz
-        assert engine.pool.upstreams[0].dialect == "duplex"
+        assert engine.pool.upstreams[0].duplex
         (session,) = up.seen.duplex_sessions  # the duplex session object, as the document has it
         assert session["extra_body"] == {"auto_response": False} and session["turn_detection"] is None
         assert session["input_audio_format"] == "pcm16" and session["sample_rate_hz"] == 24000
@@ -186,7 +186,7 @@ async def test_a_duplex_session_on_the_gateway_is_forwarded_to_a_duplex_upstream
                     }
                 )
                 assert (await r.recv())["type"] == "session.resumed"
-        assert engine.pool.upstreams[0].dialect == "duplex" and up.seen.duplex_sessions
+        assert engine.pool.upstreams[0].duplex and up.seen.duplex_sessions
 
 
 async def test_the_turn_based_realtime_api_is_refused_with_a_clear_code() -> None:
@@ -195,7 +195,7 @@ async def test_the_turn_based_realtime_api_is_refused_with_a_clear_code() -> Non
         with pytest.raises(EngineError) as refused:
             _ = [o async for o in engine.respond(answer_request("t1"), inputs())]
         assert refused.value.code == "upstream_unsupported" and "turn-based" in refused.value.message
-        assert engine.pool.upstreams[0].dialect is None or engine.pool.upstreams[0].dialect == "openai"
+        assert not engine.pool.upstreams[0].duplex
 
 
 # --- video --------------------------------------------------------------------------------------

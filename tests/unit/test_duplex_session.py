@@ -14,6 +14,7 @@ from support import upstream_docs as doc
 
 from gateway.protocol import client_events as ce
 from gateway.protocol import duplex_events as de
+from gateway.protocol.dialects import DUPLEX
 from gateway.protocol.duplex_config import DuplexConfig, apply_duplex_update, default_session_config
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import ConfigLimits, TurnDetection
@@ -480,7 +481,7 @@ def test_every_state_event_of_the_dialect_marks_a_snapshot_that_restores_it() ->
     d.session.attachment_generation = 3
     state = orjson.loads(orjson.dumps(d.session.snapshot_state()))
     again = DuplexSession.restore(state, engine=INFO, vad_factory=None)
-    assert again.dialect == "duplex" and again.duplex == d.session.duplex and again.attachment_generation == 3
+    assert again.dialect is DUPLEX and again.duplex == d.session.duplex and again.attachment_generation == 3
     assert again.ledgers[rid].committed_ms == 120 and again.turn_id == d.session.turn_id
     item = again.conversation.get(again.ledgers[rid].item_id)
     assert item is not None and item.content[0].transcript == "w0 w1 w2 w3 w4 w5 "  # ack_only: what was heard
@@ -615,10 +616,10 @@ def test_the_playout_schedule_survives_a_snapshot() -> None:
 
 def test_session_warnings_are_opt_in_and_the_handshake_error_is_flat() -> None:
     quiet = DuplexSession(session_id="s", config=default_session_config("m"), engine=INFO, vad_factory=None)
-    quiet.start(updated=True, warnings=quiet.configure({"volume": 11}))
+    quiet.start(configured=True, warnings=quiet.configure({"volume": 11}))
     assert [e["type"] for e in quiet.events] == ["session.created", "session.updated"]
     told = DuplexSession(session_id="s", config=default_session_config("m"), engine=INFO, vad_factory=None)
-    told.start(updated=True, warnings=told.configure({"volume": 11, "gateway_events": True}))
+    told.start(configured=True, warnings=told.configure({"volume": 11, "gateway_events": True}))
     assert [e["type"] for e in told.events][-1] == "session.warning" and told.events[-1]["param"] == "session.volume"
     # "Errors": handshake-stage errors use the flat native shape
     flat = orjson.loads(de.handshake_error(ProtocolError(Code.SESSION_NOT_FOUND, "Unknown session 's'.")))

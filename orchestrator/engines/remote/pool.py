@@ -153,7 +153,7 @@ class Upstream:
     open: int = 0  # connections open, idle included
     served: int = 0  # requests given to it, ever
     idle: dict[str, list[Connection]] = field(default_factory=dict)
-    dialect: str | None = None  # "openai" | "duplex" on /v1/realtime, once known (None: not probed yet)
+    duplex: bool | None = None  # /v1/realtime speaks vLLM-Omni's duplex dialect (else OpenAI's); None: not probed yet
 
     @property
     def name(self) -> str:
@@ -164,7 +164,7 @@ class Connection:
     """One WebSocket to an upstream; JSON events in and out, audio on the
     binary fast path when the upstream chose ``omni-binary.v1``."""
 
-    def __init__(self, ws: ClientConnection, upstream: Upstream, kind: str, dialect: str | None = None) -> None:
+    def __init__(self, ws: ClientConnection, upstream: Upstream, kind: str, duplex: bool | None = None) -> None:
         self.ws = ws
         self.upstream = upstream
         self.kind = kind
@@ -172,9 +172,9 @@ class Connection:
         self.idle_since = time.monotonic()
         self.epoch = 0  # one per request; our events are tagged with it
         self.tools = False  # this upstream session was given tools (a later request must clear them)
-        # On /v1/realtime: "openai", or "duplex" (vLLM-Omni's ?duplex=1 dialect: every event has a
-        # server_event_seq, acknowledged every DUPLEX_ACK_EVERY events); None until the handshake.
-        self.dialect = dialect
+        # On /v1/realtime: False (OpenAI's dialect), or True (vLLM-Omni's ?duplex=1 dialect: every event
+        # has a server_event_seq, acknowledged every DUPLEX_ACK_EVERY events); None until the handshake.
+        self.duplex = duplex
         self.pushback: list[dict[str, Any]] = []  # events read by the handshake, not yet consumed
         self._sent = 0
         self._seq = 0  # the last server_event_seq received (duplex)
@@ -218,7 +218,7 @@ class Connection:
         if self.pushback:
             return self.pushback.pop(0)
         event = await self._recv(limit_s)
-        if self.dialect == "duplex" and isinstance(event, dict):
+        if self.duplex and isinstance(event, dict):
             seq = event.get("server_event_seq")
             if isinstance(seq, int) and seq > self._seq:
                 self._seq = seq
@@ -324,9 +324,10 @@ class UpstreamPool:
         self.api_key = api_key
         self.model = model
         self.binary = binary
-        if dialect not in ("auto", "openai", "duplex"):
+        modes = {"auto": None, "openai": False, "duplex": True}
+        if dialect not in modes:
             raise ValueError(f"upstream dialect {dialect!r}: use auto, openai or duplex")
-        self.dialect = dialect
+        self.duplex = modes[dialect]  # the dialect every upstream is spoken in; None: each one's is probed
         self.max_connections = max_connections_per_upstream
         self.max_idle = max_idle_per_upstream
         self.idle_ttl_s = idle_ttl_s
@@ -497,19 +498,19 @@ class UpstreamPool:
     async def _connect(self, upstream: Upstream, kind: str, path: str) -> Connection:
         url = upstream.ws + path
         query: dict[str, str] = {}
-        dialect = "openai" if path == REALTIME_PATH else None
-        if path == REALTIME_PATH and self.dialect != "openai" and upstream.dialect != "openai":
+        duplex: bool | None = False if path == REALTIME_PATH else None
+        if path == REALTIME_PATH and self.duplex is not False and upstream.duplex is not False:
             # vLLM-Omni's duplex route; autostart=0: no session until our session.update (a server
             # that does not speak it opens one at connect: that is how the probe tells them apart).
             query.update(duplex="1", autostart="0")
-            dialect = "duplex" if self.dialect == "duplex" or upstream.dialect == "duplex" else None
+            duplex = True if self.duplex or upstream.duplex else None
         if self.model and path == REALTIME_PATH:
             query["model"] = self.model
         if query:
             url += "?" + urlencode(query)
         subprotocols = None
         if path == REALTIME_PATH:
-            offered = [BINARY_SUBPROTOCOL, "realtime"] if self.binary and dialect != "duplex" else ["realtime"]
+            offered = [BINARY_SUBPROTOCOL, "realtime"] if self.binary and not duplex else ["realtime"]
             subprotocols = [cast(Subprotocol, p) for p in offered]
         ws = await websockets.connect(
             url,
@@ -522,7 +523,7 @@ class UpstreamPool:
             ping_interval=20,
             ping_timeout=20,
         )
-        return Connection(ws, upstream, kind, dialect)
+        return Connection(ws, upstream, kind, duplex)
 
     def _release(self, lease: Lease) -> None:
         upstream, conn = lease.upstream, lease.conn

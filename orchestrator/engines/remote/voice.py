@@ -333,7 +333,7 @@ class RemoteEngine(PooledEngine):
         vLLM-Omni's duplex session object) and return its ``session.updated``. A new connection
         whose dialect is not known yet is probed (see ``pool``, "dialect")."""
         conn = lease.conn
-        if conn.dialect is None:  # a new connection to an upstream not probed yet
+        if conn.duplex is None:  # a new connection to an upstream not probed yet
             try:
                 first = await conn.recv(self.probe_s)
             except UpstreamLost as exc:
@@ -341,17 +341,17 @@ class RemoteEngine(PooledEngine):
                     raise
                 first = None  # nothing at connect: a duplex route waiting for our session.update
             if first is None:
-                conn.dialect = "duplex"
+                conn.duplex = True
             else:
                 conn.pushback.append(first)  # type: ignore[arg-type]
-                conn.dialect = "openai"
-        if conn.dialect == "duplex":
+                conn.duplex = False
+        if conn.duplex:
             await conn.send({"type": "session.update", "session": duplex})
             if not lease.reused:
                 created = await self._expect(conn, "session.created")
-                lease.upstream.dialect = "duplex" if "capabilities" in (created.get("session") or {}) else "openai"
-                if lease.upstream.dialect == "openai":  # a late session.created: not a duplex route after all
-                    conn.dialect = "openai"
+                lease.upstream.duplex = "capabilities" in (created.get("session") or {})
+                if not lease.upstream.duplex:  # a late session.created: not a duplex route after all
+                    conn.duplex = False
                     conn.begin()  # the refusal of the duplex update that follows is now stale
                     await conn.send({"type": "session.update", "session": {"type": "realtime", **ga}})
             return await self._expect(conn, "session.updated")
@@ -365,7 +365,7 @@ class RemoteEngine(PooledEngine):
                     "no conversation; serve the model with session_mode: duplex (its ?duplex=1 route)"
                 )
                 raise EngineError("upstream_unsupported", why)
-            lease.upstream.dialect = lease.upstream.dialect or "openai"
+            lease.upstream.duplex = bool(lease.upstream.duplex)
         await conn.send({"type": "session.update", "session": {"type": "realtime", **ga}})
         return await self._expect(conn, "session.updated")
 
@@ -470,7 +470,7 @@ class RemoteEngine(PooledEngine):
         params: dict[str, Any] = {
             "max_output_tokens": request.max_output_tokens if request.max_output_tokens is not None else "inf",
         }
-        if conn.dialect == "duplex":  # the duplex catalogue's response.create spells modalities the beta way
+        if conn.duplex:  # the duplex catalogue's response.create spells modalities the beta way
             params["modalities"] = ["audio", "text"] if audio else ["text"]
         else:
             params["output_modalities"] = ["audio"] if audio else ["text"]
