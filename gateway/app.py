@@ -14,6 +14,7 @@ from starlette.staticfiles import StaticFiles
 from gateway import logs
 from gateway.http import HttpApi, token_refused
 from gateway.jwt_auth import TokenRefused
+from gateway.protocol.dialects import DUPLEX, LIVE
 from gateway.runtime import Runtime
 from gateway.session.session import VadStream
 from gateway.settings import Settings
@@ -67,7 +68,8 @@ def create_app(
             *HttpApi(rt).routes(),
             *CallsEndpoint(rt).routes(),
             WebSocketRoute("/v1/realtime", RealtimeEndpoint(rt)),
-            WebSocketRoute("/v1/duplex", RealtimeEndpoint(rt, duplex=True)),  # vLLM-Omni's alias of ?duplex=1
+            WebSocketRoute("/v1/duplex", RealtimeEndpoint(rt, dialect=DUPLEX)),  # vLLM-Omni's alias of ?duplex=1
+            WebSocketRoute("/v1/live/sessions", RealtimeEndpoint(rt, dialect=LIVE)),  # OpenAI's GPT-Live
             WebSocketRoute("/v1/realtime/video", VideoEndpoint(rt)),
             # The browser demo and SDK, last so that it never shadows the API.
             Mount("/", StaticFiles(directory=WEB_DEMO, html=True, check_dir=False), name="web_demo"),

@@ -346,8 +346,9 @@ class Runtime:
         config = self.session_config(model, requested, dialect=dialect)
         if "audio" not in engine.info.modalities and "audio" in config.output_modalities:
             config = replace(config, output_modalities=("text",))  # a text model answers in text
-        sid = "sess_" + secrets.token_hex(10)
-        session = kind_of(dialect).new(session_id=sid, config=config, engine=engine.info, **self._session_kwargs(sid))
+        kind = kind_of(dialect)
+        sid = kind.id_prefix + secrets.token_hex(10)
+        session = kind.new(session_id=sid, config=config, engine=engine.info, **self._session_kwargs(sid))
         return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal, quota=quota)
 
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:

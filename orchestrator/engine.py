@@ -125,6 +125,10 @@ class ResponseRequest:
     tools: tuple[FunctionTool, ...] = ()
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     parallel_tool_calls: bool = True  # False: at most one call per response
+    # Text this answer must communicate to the user (a result delegated work returned). The
+    # instructions ask a model that follows them to say it in its own words; an engine whose
+    # model follows no instructions (``ignored_fields`` has "instructions") says it as it is.
+    say: str | None = None
 
     @property
     def calls_tools(self) -> bool:

@@ -396,8 +396,8 @@ class Door:
             assert self.dialect.heartbeat_ack is not None
             self.delivery.send_now(self.dialect.heartbeat_ack(None))
         elif control is not None:
-            assert self.dialect.closed is not None
-            self.delivery.send_now(self.dialect.closed(None, "client_close"))
+            if self.dialect.closed is not None:  # (a dialect without one has nothing to say of no session)
+                self.delivery.send_now(self.dialect.closed(None, "client_close"))
             self.opened = True  # nothing more is taken
             self.peer.close(CloseCode.NORMAL, "session closed")
         elif isinstance(event, ce.EventAck):
@@ -449,7 +449,7 @@ class Door:
             self.delivery.send_now(self.dialect.error(err))  # the client may send another
             await host.end(reason="its first session.update was refused", delete=True)
             return
-        self._begin(host, configured=True, warnings=warnings)
+        self._begin(host, configured=True, warnings=warnings, event_id=event.event_id)
 
     # --- joining a session beside its connection -----------------------------------------
 

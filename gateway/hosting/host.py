@@ -42,6 +42,7 @@ from gateway.session.effects import (
     ListMcpTools,
     StartResponse,
     StartTranscription,
+    Wake,
 )
 from gateway.session.events import STATE_EVENTS
 from gateway.session.session import RealtimeSession
@@ -527,11 +528,23 @@ class SessionHost:
                         task.cancel()
                     if self.trace is not None:
                         self.trace.request_ended(effect.request_id, "cancelled")
+                case Wake():
+                    asyncio.get_running_loop().call_later(effect.after_s, self._wake, effect.key)
                 case CloseSocket():
                     self.ctx.metrics.closes.labels(str(effect.code)).inc()
                     for door in self.doors:
                         door.close(effect.code, effect.reason)
                     asyncio.get_running_loop().create_task(self.end(reason=effect.reason))
+
+    def _wake(self, key: str) -> None:
+        """A ``Wake`` the session asked for is due."""
+        if self.ended or self.drained:
+            return
+        try:
+            self.session.wake(key)
+        except Exception:  # a bug must cost one event, not the session
+            log.exception("session %s: unexpected failure on a timed event (%s)", self.id, key)
+        self.flush()
 
     def _start(self, effect: StartTranscription | StartResponse) -> None:
         rid = effect.request.request_id

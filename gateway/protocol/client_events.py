@@ -69,6 +69,9 @@ class ResponseParams:
     tools: tuple[dict[str, Any], ...] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # Not a client field: what an answer must communicate (``ResponseRequest.say``), set by a
+    # dialect that speaks results (the Live dialect's commentary).
+    say: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -563,6 +566,16 @@ def _ack(ctx: DecodeContext, d: dict[str, Any]) -> EventAck:
         return EventAck(ctx.event_id, ctx.int_(d, key or "last_received_server_event_seq"))
     except ProtocolError as err:
         raise AckError(err.code, err.message, param=err.param, event_id=err.event_id) from None
+
+
+def parse_resume(ctx: DecodeContext, d: dict[str, Any]) -> SessionResume:
+    """``session.resume``, the gateway's extension in every dialect."""
+    return _resume(ctx, d)
+
+
+def parse_ack(ctx: DecodeContext, d: dict[str, Any]) -> EventAck:
+    """``session.event_ack``, the gateway's extension in every dialect (raises ``AckError``)."""
+    return _ack(ctx, d)
 
 
 _PARSERS: dict[str, Any] = {

@@ -14,7 +14,8 @@ keeps, beside each dialect, how its sessions are built (``session/kinds.py``).
 
 - ``GA`` and ``BETA``: the OpenAI Realtime API (``client_events``,
   ``connection_events``);
-- ``DUPLEX``: vLLM-Omni's duplex dialect (``duplex_events``).
+- ``DUPLEX``: vLLM-Omni's duplex dialect (``duplex_events``);
+- ``LIVE``: OpenAI's GPT-Live (``live_events``, ``live_config``).
 
 ``name`` is for logs, metrics and snapshots (``by_name`` finds the dialect a
 snapshot was written in); no floor above this one compares it
@@ -30,6 +31,7 @@ from typing import Any, Literal
 from gateway.protocol import client_events as ce
 from gateway.protocol import connection_events as conn
 from gateway.protocol import duplex_events as de
+from gateway.protocol import live_events as le
 from gateway.protocol.errors import ProtocolError
 from gateway.protocol.server_events import BINARY_SUBPROTOCOL, encode_beta, encode_ga
 
@@ -269,7 +271,39 @@ DUPLEX = Dialect(
     always_announces_replaced=True,  # its catalogue has session.replaced
 )
 
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (GA, BETA, DUPLEX)}
+
+def _never(*_: Any) -> bool:
+    return False
+
+
+def _live_control(event: Any) -> Control | None:
+    return "session_close" if isinstance(event, le.Close) else None
+
+
+LIVE = Dialect(
+    name="live",
+    decode=le.decode,
+    encode=le.encode,
+    # GPT-Live's primary WebSocket: nothing opens until ``session.start`` (its settings, strict);
+    # any other first event is refused, and the client may then send session.start.
+    opening=Opening(
+        at_connect=_never,
+        with_config=le.SessionStart,
+        opens_default=_never,
+        not_open="Send session.start first, and wait for session.started before other events (or "
+        "session.resume, the gateway's extension, to resume a session).",
+    ),
+    subprotocols=("realtime",),  # JSON only
+    error=le.error_event,
+    resumed=_ga_resumed,  # the gateway's resume extension, spelled as on /v1/realtime
+    resync=_ga_resync,
+    replaced=lambda session_id, generation: conn.replaced_event(session_id),
+    control=_live_control,  # session.close: the session's last event, then the socket closes
+    event_names=le.EVENT_NAMES,
+    gated=False,
+)
+
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (GA, BETA, DUPLEX, LIVE)}
 
 
 def by_name(name: str) -> Dialect:

@@ -140,6 +140,7 @@ class DuplexSession(RealtimeSession):
         *,
         configured: bool = False,
         warnings: Sequence[tuple[str, str]] = (),
+        event_id: str | None = None,
     ) -> None:
         """``session.created`` (and, when a session.update opened the session (``configured``),
         ``session.updated`` with the same object and the update's warnings)."""

@@ -76,4 +76,14 @@ class CallMcpTool:
     arguments: str
 
 
-Effect = StartTranscription | StartResponse | Feed | EndInput | Cancel | CloseSocket | ListMcpTools | CallMcpTool
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """Call ``session.wake(key)`` in ``after_s`` seconds (the session keeps no clock of its
+    own that runs: a dialect's timed events, such as the end of an audio fixture's playback
+    or a periodic usage report). A session that ends first is not woken."""
+
+    after_s: float
+    key: str
+
+
+Effect = StartTranscription | StartResponse | Feed | EndInput | Cancel | CloseSocket | ListMcpTools | CallMcpTool | Wake

@@ -42,6 +42,17 @@ STATE_EVENTS = frozenset(
         "conversation.item.truncated",
         "response.created",
         "response.done",
+        # GPT-Live's (gateway/session/live.py): what it says changed, once the store holds it.
+        "session.started",
+        "session.input_audio.muted",
+        "session.input_audio.unmuted",
+        "session.instructions.appended",
+        "session.thinking.appended",
+        "session.commentary.appended",
+        "session.delegation.created",
+        "session.output_audio.fixture.playing",
+        "session.output_audio.fixture.played",
+        "session.closed",
     }
 )
 
@@ -101,6 +112,13 @@ class EventLog:
         event = {"type": type_, "event_id": f"event_{self.id_base}{self.seq:x}", **fields}
         event["server_event_seq"] = self.seq
         self.events.append(event)
+        if not type_.endswith(".delta") and type_ != "error":
+            self._state_changed()
+            self._note_items(type_, fields)
+
+    def unsent(self, type_: str, fields: dict[str, Any]) -> None:
+        """An event a dialect's spelling sends no client (its clients have no such event): the
+        state it announces is still the session's, for the next snapshot to write."""
         if not type_.endswith(".delta") and type_ != "error":
             self._state_changed()
             self._note_items(type_, fields)

@@ -19,6 +19,7 @@ from gateway.protocol.dialects import Dialect
 from gateway.protocol.duplex_config import DuplexConfig, default_session_config
 from gateway.protocol.session_config import SessionConfig, TurnDetection
 from gateway.session.duplex import DuplexSession
+from gateway.session.live import LiveSession
 from gateway.session.session import RealtimeSession
 
 
@@ -29,6 +30,7 @@ class SessionKind:
     cls: type[RealtimeSession]
     new_kwargs: Callable[[], dict[str, Any]]  # what a new session of the dialect is built with, beyond the common
     defaults: Callable[[str, bool], SessionConfig]  # (model, a speech detector runs here): a new session's settings
+    id_prefix: str = "sess_"  # of the session ids it hands out
 
     def new(self, **kwargs: Any) -> RealtimeSession:
         return self.cls(**self.new_kwargs(), **kwargs)
@@ -50,6 +52,7 @@ KINDS: dict[Dialect, SessionKind] = {
     dialects.GA: SessionKind(RealtimeSession, dict, _realtime_defaults),
     dialects.BETA: SessionKind(RealtimeSession, lambda: {"beta": True}, _realtime_defaults),
     dialects.DUPLEX: SessionKind(DuplexSession, lambda: {"duplex": DuplexConfig()}, _duplex_defaults),
+    dialects.LIVE: SessionKind(LiveSession, dict, _realtime_defaults, id_prefix="live_"),
 }
 
 

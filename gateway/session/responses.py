@@ -269,6 +269,7 @@ class Responses:
                     ("tools", params.tools),
                     ("tool_choice", params.tool_choice),
                     ("parallel_tool_calls", params.parallel_tool_calls),
+                    ("say", params.say),
                 )
                 if v is not None
             },
@@ -285,6 +286,7 @@ class Responses:
             tools=functions + mcp_functions,
             tool_choice=engine_tool_choice(tool_choice, mcp, functions=bool(functions)),
             parallel_tool_calls=parallel,
+            say=params.say,
         )
         resp.mcp, resp.request, resp.input_items = mcp, request, input_items
         if in_conversation:

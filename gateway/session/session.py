@@ -248,10 +248,11 @@ class RealtimeSession:
         *,
         configured: bool = False,
         warnings: Sequence[tuple[str, str]] = (),
+        event_id: str | None = None,
     ) -> None:
         """``resume_token`` (gateway extension) lets the client resume the session later.
-        ``configured``/``warnings``: a dialect whose first event opened the session with its
-        settings (``configure``); the Realtime API opens none that way."""
+        ``configured``/``warnings``/``event_id``: a dialect whose first event opened the session
+        with its settings (``configure``), and that event's id; the Realtime API opens none that way."""
         if resume_token is None:
             self._emit("session.created", session=self.render_config())
         else:
@@ -268,6 +269,9 @@ class RealtimeSession:
         (``Opening.with_config``), applied before the session starts: the warnings to
         report. The Realtime API has no such event."""
         raise ProtocolError(Code.UNSUPPORTED, "This dialect opens no session with its own settings.", param="type")
+
+    def wake(self, key: str) -> None:
+        """A ``Wake`` effect this session asked for is due (the Realtime API asks for none)."""
 
     def expire_idle(self) -> None:
         """No client event for ``idle_timeout_s``: the dialect's way to end the session."""
@@ -627,6 +631,7 @@ class RealtimeSession:
                         tools=resp.overrides.get("tools"),
                         tool_choice=resp.overrides.get("tool_choice"),
                         parallel_tool_calls=resp.overrides.get("parallel_tool_calls"),
+                        say=resp.overrides.get("say"),
                     ),
                     None,
                 )

@@ -80,11 +80,11 @@ SLOW_CLOSE_GRACE_S = 5.0  # after the 4010 decision, how long the close frame ma
 _AUDIO_DELTA_JSON = b'"response.output_audio.delta"'
 
 
-def dialect_of(query: dict[str, list[str]], headers: dict[str, str], offered: list[str], *, duplex: bool) -> Dialect:
-    """The dialect a socket to ``/v1/realtime`` speaks: vLLM-Omni's duplex (``?duplex=1``, or
-    the ``/v1/duplex`` alias), the Realtime API's beta (subprotocol ``openai-beta.realtime-v1``
-    or header ``OpenAI-Beta: realtime=v1``), else GA."""
-    if duplex or duplex_events.enabled(next(iter(query.get("duplex", ())), None)):
+def dialect_of(query: dict[str, list[str]], headers: dict[str, str], offered: list[str]) -> Dialect:
+    """The dialect a socket to ``/v1/realtime`` speaks: vLLM-Omni's duplex (``?duplex=1``), the
+    Realtime API's beta (subprotocol ``openai-beta.realtime-v1`` or header ``OpenAI-Beta:
+    realtime=v1``), else GA."""
+    if duplex_events.enabled(next(iter(query.get("duplex", ())), None)):
         return DUPLEX
     if "realtime=v1" in headers.get("openai-beta", "") or BETA_SUBPROTOCOL in offered:
         return BETA
@@ -102,14 +102,16 @@ class RealtimeServices(Services, Protocol):
 class RealtimeEndpoint:
     """ASGI app for the realtime WebSocket."""
 
-    def __init__(self, runtime: RealtimeServices, *, duplex: bool = False) -> None:
+    def __init__(self, runtime: RealtimeServices, *, dialect: Dialect | None = None) -> None:
         self.runtime = runtime
-        self.duplex = duplex  # every socket speaks vLLM-Omni's duplex dialect (its /v1/duplex alias)
+        # Every socket speaks this dialect (``/v1/duplex``: vLLM-Omni's duplex alias; ``/v1/live/sessions``:
+        # GPT-Live); None: the request says (``dialect_of``).
+        self.dialect = dialect
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         rt = self.runtime
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        dialect = dialect_of(query, request_headers(scope), offered_subprotocols(scope), duplex=self.duplex)
+        dialect = self.dialect or dialect_of(query, request_headers(scope), offered_subprotocols(scope))
 
         def encode_error(code: str, message: str) -> bytes:
             return dialect.error(ProtocolError(code, message))

@@ -8,7 +8,8 @@ It computes nothing a person would call an answer, and says so:
   latency. ``Finished.text`` is all the deltas joined.
 - ``respond`` streams ``audio_chunks`` chunks of ``chunk_ms`` ms of a quiet
   440 Hz tone, paced in real time (``chunk_ms`` apart), each preceded every
-  ``words_every`` chunks by a transcript word, then finishes. It calls no
+  ``words_every`` chunks by a transcript word (``w<i>``, or the next word of
+  the request's ``say`` while it lasts), then finishes. It calls no
   function: ``tool_choice`` ``auto`` is answered as always, ``required`` or a
   named function fails with ``tools_unsupported``.
 
@@ -200,6 +201,7 @@ class _Script:
         self.heard = " ".join(m.text for m in request.messages if m.role == "user")
         self._limit = request.max_output_tokens
         self._audio = "audio" in request.modalities
+        self._say = request.say.split() if request.say else []
         self._i = 0
         self._words = 0
         self.done = False
@@ -228,7 +230,7 @@ class _Script:
             return [Finished("length", usage=Usage(output_text_tokens=self._words))]
         outputs: list[EngineOutput] = []
         if i % engine.words_every == 0:
-            outputs.append(TextDelta(f"w{i} "))
+            outputs.append(TextDelta(f"{self._say[self._words]} " if self._words < len(self._say) else f"w{i} "))
             self._words += 1
         if self._audio:
             outputs.append(AudioDelta(engine._chunk))

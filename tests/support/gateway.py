@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 import uvicorn
 import websockets
-from support.sdk_shapes import check_event
+from support.sdk_shapes import check_event, check_live_event
 
 from client.frames import decode_audio_frame
 from gateway.app import create_app
@@ -91,13 +91,16 @@ class Client:
     was connected with ``extensions=True``). Binary audio frames are not JSON
     events and are not checked."""
 
-    def __init__(self, ws: Any, *, realtime: bool = False, beta: bool = False, extensions: bool = False) -> None:
+    def __init__(
+        self, ws: Any, *, realtime: bool = False, beta: bool = False, extensions: bool = False, live: bool = False
+    ) -> None:
         self.ws = ws
         self.events: list[dict[str, Any]] = []
         self.binary: list[bytes] = []
         self.check_shapes = realtime
         self.beta = beta
         self.extensions = extensions
+        self.live = live  # GPT-Live (/v1/live/sessions): its events are checked against openai.types.live
 
     async def send(self, event: dict[str, Any]) -> None:
         if event.get("type") == "session.resume" or (
@@ -121,7 +124,9 @@ class Client:
                 return event
             event = orjson.loads(msg)
             self.events.append(event)
-            if self.check_shapes and isinstance(event, dict):
+            if self.live and isinstance(event, dict):
+                check_live_event(event, extensions=self.extensions)
+            elif self.check_shapes and isinstance(event, dict):
                 check_event(event, beta=self.beta, extensions=self.extensions)
             return event
 
@@ -151,6 +156,7 @@ async def connect(
     parts = urlsplit(url)
     duplex = parse_qs(parts.query).get("duplex", ["0"])[0] not in ("0", "false", "")  # vLLM-Omni's dialect
     realtime = parts.path.rstrip("/").endswith("/v1/realtime") and not duplex
+    live = parts.path.rstrip("/").endswith("/v1/live/sessions")
     beta = "openai-beta.realtime-v1" in (subprotocols or []) or "realtime=v1" in " ".join(
         v for k, v in (headers or {}).items() if k.lower() == "openai-beta"
     )
@@ -159,4 +165,4 @@ async def connect(
         open_timeout=10,
         close_timeout=1,
     ) as ws:  # fmt: skip
-        yield Client(ws, realtime=realtime, beta=beta, extensions=extensions)
+        yield Client(ws, realtime=realtime, beta=beta, extensions=extensions, live=live)

@@ -23,6 +23,8 @@ from typing import Annotated, Any
 
 import pydantic
 from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
+from openai.types.live import ConnectServerEvent as LiveSidebandEvent
+from openai.types.live import ServerEvent as LiveServerEvent
 from openai.types.realtime import (
     RealtimeServerEvent as GaServerEvent,
 )
@@ -33,6 +35,17 @@ from openai.types.realtime import (
 
 _GA = pydantic.TypeAdapter(Annotated[GaServerEvent, pydantic.Field(discriminator="type")])
 _BETA = pydantic.TypeAdapter(Annotated[BetaServerEvent, pydantic.Field(discriminator="type")])
+_LIVE = pydantic.TypeAdapter(Annotated[LiveServerEvent, pydantic.Field(discriminator="type")])
+_LIVE_SIDEBAND = pydantic.TypeAdapter(Annotated[LiveSidebandEvent, pydantic.Field(discriminator="type")])
+
+# GPT-Live: the gateway's extension fields on its events (docs: "GPT-Live", "Gateway extensions").
+LIVE_EXTENSION_FIELDS = frozenset(
+    {
+        ("*", "server_event_seq"),
+        ("*", "event_id"),  # the SDK's audio deltas name none (the server's do: the resume extension replays by it)
+        ("session.started", "resume_token"),
+    }
+)
 
 # Gateway extension fields on SDK events (README: "Gateway extensions"): (event type
 # or "*", dotted path of the extra key). Everything else unknown is a defect.
@@ -149,3 +162,29 @@ def check_event(event: dict[str, Any], *, beta: bool = False, extensions: bool =
         raise ShapeError(
             f"{kind} ({'beta' if beta else 'GA'}): fields the SDK does not know: {unknown}\nevent: {event}"
         )
+
+
+def check_live_event(event: dict[str, Any], *, sideband: bool = False, extensions: bool = False) -> None:
+    """Raise ``ShapeError`` unless ``event`` is one the SDK's Live models accept, strictly:
+    ``openai.types.live.ServerEvent`` on a primary connection, ``ConnectServerEvent`` on a
+    sideband; no key the models do not declare, but the gateway's ``LIVE_EXTENSION_FIELDS``."""
+    kind = event.get("type")
+    if kind in EXTENSION_EVENTS:
+        if not extensions:
+            raise ShapeError(f"{kind}: a gateway extension event sent to a client that did not opt in")
+        missing = EXTENSION_EVENTS[kind] - event.keys()
+        if missing or not isinstance(event.get("event_id"), str):
+            raise ShapeError(f"{kind}: missing {sorted(missing) or ['event_id']}: {event}")
+        return
+    adapter = _LIVE_SIDEBAND if sideband else _LIVE
+    try:
+        parsed = adapter.validate_python(event, strict=True)
+    except pydantic.ValidationError as exc:
+        raise ShapeError(f"{kind} (Live): {_summary(exc)}\nevent: {event}") from None
+    extras: list[str] = []
+    _extras(parsed, "", extras)
+    if kind == "response.event":  # the nested Responses event is a dict the SDK leaves open
+        extras = [p for p in extras if not p.startswith("event.")]
+    unknown = [p for p in extras if ("*", p) not in LIVE_EXTENSION_FIELDS and (kind, p) not in LIVE_EXTENSION_FIELDS]
+    if unknown:
+        raise ShapeError(f"{kind} (Live): fields the SDK does not know: {unknown}\nevent: {event}")

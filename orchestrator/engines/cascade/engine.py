@@ -333,7 +333,9 @@ class CascadeEngine:
             splitter = SentenceSplitter()
             text: list[str] = []
             samples = [0]
-            if self._calls_tools:
+            if request.say is not None and not getattr(self._thinker, "follows_instructions", True):
+                thoughts = _said(request.say)  # a thinker that follows no instructions: say it as it is
+            elif self._calls_tools:
                 thoughts = cast(ToolThinker, self._thinker).think(
                     messages,
                     request.instructions,
@@ -437,3 +439,9 @@ class CascadeEngine:
         if tail:
             samples[0] += len(tail) // 2
             yield AudioDelta(tail)
+
+
+async def _said(text: str) -> AsyncIterator[str | ToolCallDelta]:
+    """``ResponseRequest.say``, word by word (as a thinker streams)."""
+    for i, word in enumerate(text.split()):
+        yield word if i == 0 else " " + word

@@ -1,0 +1,351 @@
+"""The GPT-Live session (Sans-I/O): OpenAI's Live API served by the gateway's engines.
+
+The Live model runs its own turns: there is no commit, no ``response.create``
+for speech, no cancel and no truncate, and the context is append-only. So a
+``LiveSession`` is the Realtime session (conversation, input audio and server
+VAD, responses, seq, epoch, snapshot, journal, resume) with:
+
+- **its turns** (``LiveTurns``): speech the VAD ends is committed and answered
+  at once; speech over an answer stops it (barge-in). Without a speech
+  detector the model hears but never takes a turn of its own (an appended
+  commentary still speaks);
+- **its events** (``LiveSpelling``, live_spelling.py): audio, the two
+  transcripts with their place on the session timeline, errors and notices;
+  nothing of items, responses or buffers;
+- **its commands**: ``session.input_audio.mute``/``.unmute`` (the model hears
+  silence; the timeline goes on), ``session.instructions.append`` (developer
+  context), ``.thinking.append`` (silent context), ``.commentary.append``
+  (context the model says: an answer that communicates it, at once or after
+  the answer under way), each acknowledged ``*.appended`` with its span, and
+  naming a delegation the application was handed (``delegation_id``);
+  ``session.output_audio.fixture.play`` (raw PCM16 at 24 kHz, at most 30 s:
+  the answer under way stops, the audio is sent as output, input is muted
+  until it has played: ``fixture.playing``, then ``fixture.played``);
+  ``session.update`` (delegation and triggers only); ``session.close``
+  (``session.closed`` with the final resource and usage, the last event);
+- **usage**: ``session.usage.updated`` every ``USAGE_EVERY_S`` (cumulative
+  whole seconds of the session timeline), and in ``session.closed``.
+
+Responses delegation (``response.item.create``, ``response.create``, the
+model handing a task to the Responses backend) and client delegation are
+gateway/session/live_delegation.py's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gateway.audio.codecs import AudioFormat, encode_from_pcm16
+from gateway.audio.resample import StreamResampler
+from gateway.protocol import client_events as ce
+from gateway.protocol import live_config as lc
+from gateway.protocol import live_events as le
+from gateway.protocol.dialects import LIVE, Dialect
+from gateway.protocol.errors import CloseCode, Code, ProtocolError
+from gateway.session.conversation import Item, Part, PartType
+from gateway.session.effects import CloseSocket, Wake
+from gateway.session.live_spelling import LiveSpelling
+from gateway.session.response import Response
+from gateway.session.session import RealtimeSession
+from gateway.session.turn_taking import Parts, RealtimeTurns
+
+USAGE_EVERY_S = 15.0  # session.usage.updated this often (as the API was measured to)
+FIXTURE_CHUNK_MS = 100  # an audio fixture goes out in deltas of this length
+FIXTURE_ACTIVE = "fixture_active"  # a second fixture, or an append the API refuses while one plays
+DELEGATION_NOT_FOUND = "delegation_not_found"  # a delegation_id this session never handed out
+RESPONSES_DELEGATION_REQUIRED = "responses_delegation_required"  # response.* without Responses delegation
+_WAKE_USAGE, _WAKE_FIXTURE = "usage", "fixture"
+_SAY = "Communicate this to the user now, in your own words: "
+_THINK = "Background context for this conversation (do not read it out): "
+
+
+class LiveTurns(RealtimeTurns):
+    """The Live model's turns: VAD-ended speech is answered, speech over an answer stops it,
+    whatever the client asked (it asks nothing: the Live API has no turn settings)."""
+
+    spelling_step: LiveSpelling | None = None
+    answered: Callable[[], None] = staticmethod(lambda: None)  # an answer ended as it meant to (the session's)
+
+    def bind(self, parts: Parts, config: Any) -> None:
+        super().bind(parts, config)
+        self.spelling_step = LiveSpelling(parts.log, parts.input, lambda: self.config.output_format)
+        self.spelling = self.spelling_step.spell
+
+    def speech_during_response(self) -> None:
+        self._log.epoch += 1
+        self._responses.end_current("cancelled", {"type": "cancelled", "reason": "turn_detected"}, cancel=True)
+
+    def answer(self, params: ce.ResponseParams, event_id: str | None, turn_started_at: float | None = None) -> None:
+        """The model takes its turn: an answer still under way (a commentary's) gives way to it."""
+        if self._responses.current is not None:
+            self._responses.end_current("cancelled", {"type": "cancelled", "reason": "turn_detected"}, cancel=True)
+        self._responses.create(params, event_id, turn_started_at)
+
+    def answer_ended(self, resp: Response, status: str) -> None:
+        if status != "cancelled":
+            self.answered()
+
+
+class LiveSession(RealtimeSession):
+    """See the module docstring."""
+
+    def __init__(self, *, session_id: str, live: lc.LiveSettings | None = None,
+                 wall_clock: Callable[[], float] = time.time, **kwargs: Any) -> None:  # fmt: skip
+        self._live_turns = LiveTurns()
+        super().__init__(session_id=session_id, turn_taking=self._live_turns, **kwargs)
+        self.live = live or lc.LiveSettings(model=self.config.model)
+        self.muted = False  # session.input_audio.mute: the model hears silence
+        self.fixture: str | None = None  # an audio fixture plays: its play event's id ("" for none given)
+        self.delegations: dict[str, str] = {}  # the client delegations handed out: id -> target
+        self.closed = False
+        self._pending_say: list[tuple[str, str | None]] = []  # commentary to speak once the answer ends
+        self._wall_clock = wall_clock
+        self._silence: tuple[int, bytes] = (0, b"")
+        spelling = self._live_turns.spelling_step
+        assert spelling is not None
+        self.spelling = spelling
+        self._live_turns.answered = self._say_pending
+
+    @property
+    def dialect(self) -> Dialect:
+        return LIVE
+
+    # --- lifecycle and config --------------------------------------------------------
+
+    def configure(self, update: dict[str, Any]) -> list[tuple[str, str]]:
+        """``session.start``'s ``session`` (strict), applied before ``session.started``."""
+        live = lc.parse_start(update, media=self.live.media)
+        self._apply_live(live)
+        return []
+
+    def _apply_live(self, live: lc.LiveSettings) -> None:
+        self.live = live
+        engine = self.engine
+        self.config = live.to_session(self.config, engine.voices, engine.default_voice,
+                                      vad=self._vad_factory is not None)  # fmt: skip
+
+    def start(self, resume_token: str | None = None, *, configured: bool = False,
+              warnings: Sequence[tuple[str, str]] = (), event_id: str | None = None) -> None:  # fmt: skip
+        """The initial history, then ``session.started`` (answering the ``session.start`` that
+        opened it, with the gateway's ``resume_token``)."""
+        for raw in self.live.input:
+            role, text = lc.initial_text(raw)
+            self._add_context(role, text)
+        fields: dict[str, Any] = {"session": self.render_config(), **_echo(event_id)}
+        if resume_token is not None:
+            fields["resume_token"] = resume_token
+        self._emit("session.started", **fields)
+        self.effects.append(Wake(USAGE_EVERY_S, _WAKE_USAGE))
+
+    def render_config(self) -> dict[str, Any]:
+        return lc.render(self.live, session_id=self.id, expires_at=self.expires_at)
+
+    def usage(self) -> dict[str, Any]:
+        """Cumulative billable duration: whole seconds of the session timeline."""
+        return {"seconds": float(math.floor(self.spelling.timeline_ms() / 1000))}
+
+    def wake(self, key: str) -> None:
+        if self.closed:
+            return
+        if key == _WAKE_USAGE:
+            self._emit("session.usage.updated", usage=self.usage())
+            self.effects.append(Wake(USAGE_EVERY_S, _WAKE_USAGE))
+        elif key == _WAKE_FIXTURE and self.fixture is not None:
+            played, self.fixture = self.fixture, None
+            self._emit("session.output_audio.fixture.played", **_echo(played or None))
+            self._say_pending()
+
+    def expire(self) -> None:
+        self._close("expired", None)
+        self.effects.append(CloseSocket(CloseCode.SESSION_EXPIRED, "session expired"))
+
+    def _close(self, reason: str, event_id: str | None) -> None:
+        """``session.closed``: the session's last event (everything stops first)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.shutdown()
+        self._emit("session.closed", reason=reason, session=self.render_config(), usage=self.usage(),
+                   **_echo(event_id))  # fmt: skip
+
+    # --- client events ---------------------------------------------------------------
+
+    def handle(self, event: Any) -> None:
+        try:
+            self._handle(event)
+        except ProtocolError as err:
+            if err.event_id is None:
+                err.event_id = getattr(event, "event_id", None)
+            self.error(err)
+
+    def _handle(self, event: Any) -> None:
+        if self.closed:
+            raise ProtocolError(Code.UNSUPPORTED, "The session is closed.")
+        match event:
+            case ce.AudioAppend():
+                self.append_heard(event.audio, event.event_id)
+            case le.InputMute():
+                self.muted = event.muted
+                kind = "muted" if event.muted else "unmuted"
+                self._emit(f"session.input_audio.{kind}", **_echo(event.event_id))
+            case le.ContextAppend():
+                self._append(event)
+            case le.FixturePlay():
+                self._play(event)
+            case le.SessionUpdate():
+                self._apply_live(lc.parse_update(self.live, event.session))
+                self._emit("session.updated", session=self.render_config(), **_echo(event.event_id))
+            case le.SessionStart():
+                raise ProtocolError(Code.ALREADY_STARTED, "The session has started already: send session.start "
+                                    "once, first, on a primary WebSocket.", param="type")  # fmt: skip
+            case le.ResponseItemCreate() | le.ResponseCreate():
+                if self.live.delegation_type != "responses":
+                    name = "response.item.create" if isinstance(event, le.ResponseItemCreate) else "response.create"
+                    raise ProtocolError(RESPONSES_DELEGATION_REQUIRED, f"{name} requires Responses delegation "
+                                        "(session delegation type 'responses').", param="type")  # fmt: skip
+                raise ProtocolError(Code.UNSUPPORTED, "This gateway has no Responses backend configured for "
+                                    "delegation.", param="type")  # fmt: skip
+            case le.Close():
+                self._close("close_requested", event.event_id)
+            case le.DtmfSend():
+                raise ProtocolError(Code.UNSUPPORTED, "transport.dtmf.send is for a SIP call's sideband; this "
+                                    "session has no SIP transport.", param="type")  # fmt: skip
+            case _:
+                raise ProtocolError(Code.UNKNOWN_EVENT, "This event is not a Live client event.", param="type")
+
+    def append_heard(self, audio: bytes, event_id: str | None) -> None:
+        """Input audio from the client: the model hears it, or silence as long while input is
+        muted or an audio fixture plays (its timeline goes on either way)."""
+        if self.muted or self.fixture is not None:
+            audio = self._silent(len(audio))
+        self.append_audio(audio, event_id)
+
+    def _silent(self, nbytes: int) -> bytes:
+        if self._silence[0] != nbytes:
+            fmt = self.config.input_format
+            self._silence = (nbytes, encode_from_pcm16(fmt, bytes(nbytes // fmt.bytes_per_sample * 2)))
+        return self._silence[1]
+
+    # --- appended context ----------------------------------------------------------------
+
+    def _append(self, event: le.ContextAppend) -> None:
+        if len(event.content) > lc.MAX_APPEND_CHARS:
+            raise ProtocolError(Code.STRING_TOO_LONG, f"'content' may hold at most {lc.MAX_APPEND_CHARS} "
+                                "characters.", param="content")  # fmt: skip
+        if event.kind != "thinking" and self.fixture is not None:
+            raise ProtocolError(FIXTURE_ACTIVE, f"session.{event.kind}.append is refused while an audio fixture "
+                                "plays; wait for session.output_audio.fixture.played.", param="type")  # fmt: skip
+        if event.delegation_id is not None:
+            if self.live.delegation_type == "responses":
+                raise ProtocolError(Code.INVALID_VALUE, "A non-null delegation_id is not accepted with Responses "
+                                    "delegation.", param="delegation_id")  # fmt: skip
+            if event.delegation_id not in self.delegations:
+                raise ProtocolError(DELEGATION_NOT_FOUND, f"No delegation {event.delegation_id!r} was handed to "
+                                    "this session's application.", param="delegation_id")  # fmt: skip
+        start = self.spelling.timeline_ms()
+        if event.kind == "instructions":
+            self._add_context("system", event.content)
+        elif event.kind == "thinking":
+            self._add_context("system", _THINK + event.content)
+        else:
+            self._add_context("system", _SAY + event.content)
+        self._emit(f"session.{event.kind}.appended", start_ms=start, end_ms=self.spelling.timeline_ms(),
+                   **_echo(event.event_id))  # fmt: skip
+        if event.kind == "commentary":
+            self._pending_say.append((event.content, event.event_id))
+            self._say_pending()
+
+    def _add_context(self, role: str, text: str) -> None:
+        """A text message appended to the conversation (what the model is given from now on)."""
+        part_type: PartType = "output_text" if role == "assistant" else "input_text"
+        item = Item(id=self._log.new_id("item"), type="message", role=role,  # type: ignore[arg-type]
+                    content=[Part(type=part_type, text=text)])  # fmt: skip
+        prev = self._history.insert(item, None)
+        self._emit("conversation.item.added", previous_item_id=prev, item=item.render(False))
+        self._emit("conversation.item.done", previous_item_id=prev, item=item.render(False))
+
+    def _say_pending(self) -> None:
+        """Speak the commentary waiting, unless an answer or a fixture is under way (it is said
+        when that ends: ``LiveTurns.answer_ended`` calls back here)."""
+        if not self._pending_say or self.fixture is not None or self._responses.answering() or self._input.is_open:
+            return  # said once the answer, the fixture or the user's speech under way is over
+        texts = [text for text, _ in self._pending_say]
+        event_id = self._pending_say[-1][1]
+        self._pending_say.clear()
+        text = " ".join(texts)
+        params = ce.ResponseParams(instructions=(self.config.instructions + "\n\n" + _SAY + text).strip(), say=text)
+        self._turns.answer(params, event_id)
+
+    # --- audio fixtures --------------------------------------------------------------------
+
+    def _play(self, event: le.FixturePlay) -> None:
+        if self.fixture is not None:
+            raise ProtocolError(FIXTURE_ACTIVE, "An audio fixture is playing already; only one plays at a time.",
+                                param="type")  # fmt: skip
+        if self._responses.current is not None:
+            self._responses.end_current("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
+        self.fixture = event.event_id or ""
+        self._emit("session.output_audio.fixture.playing", **_echo(event.event_id))
+        out = self.config.output_format
+        resampler = StreamResampler(le.FIXTURE_RATE, out.rate) if out.rate != le.FIXTURE_RATE else None
+        step = le.FIXTURE_RATE * FIXTURE_CHUNK_MS // 1000 * 2
+        audio = event.audio
+        for at in range(0, len(audio), step):
+            pcm = audio[at : at + step]
+            if resampler is not None:
+                pcm = resampler.process(pcm)
+            self._fixture_delta(out, pcm)
+        if resampler is not None:
+            self._fixture_delta(out, resampler.flush())
+        seconds = len(audio) / 2 / le.FIXTURE_RATE
+        self.effects.append(Wake(seconds, _WAKE_FIXTURE))
+
+    def _fixture_delta(self, fmt: AudioFormat, pcm: bytes) -> None:
+        if not pcm:
+            return
+        data = encode_from_pcm16(fmt, pcm)
+        self.spelling.output_end_ms = max(self.spelling.output_end_ms, float(self.spelling.timeline_ms()))
+        self.spelling.output_end_ms += fmt.duration_ms(len(data))
+        self._emit("session.output_audio.delta", delta=data)
+
+    # --- snapshots -------------------------------------------------------------------------
+
+    def snapshot_state(self, *, with_items: bool = True) -> dict[str, Any]:
+        state = super().snapshot_state(with_items=with_items)
+        state["live"] = {
+            "settings": lc.to_dict(self.live),
+            "muted": self.muted,
+            "fixture": self.fixture,
+            "delegations": self.delegations,
+            "closed": self.closed,
+            "pending_say": self._pending_say,
+            "spelling": self.spelling.to_dict(),
+        }
+        return state
+
+    @classmethod
+    def restore(cls, state: dict[str, Any], **kwargs: Any) -> LiveSession:
+        session = super().restore(state, **kwargs)
+        assert isinstance(session, LiveSession)
+        live = state["live"]
+        session.live = lc.from_dict(live["settings"])
+        session.muted = live["muted"]
+        session.delegations = dict(live["delegations"])
+        session.closed = live["closed"]
+        session._pending_say = [(text, event_id) for text, event_id in live["pending_say"]]
+        session.spelling.restore(live["spelling"])
+        if live["fixture"] is not None:
+            # Its audio went out on the replica that was lost; what it still had to play is not
+            # replayed (the fixture's own rule for interrupted playback): it ends here, unsaid.
+            session.fixture = None
+        session.effects.append(Wake(USAGE_EVERY_S, _WAKE_USAGE))
+        session.dirty = False
+        return session
+
+
+def _echo(event_id: str | None) -> dict[str, Any]:
+    """The client command an event answers (``client_event_id``), when it named itself."""
+    return {} if event_id is None else {"client_event_id": event_id}
