@@ -382,8 +382,6 @@ def _client(value: Any, param: str) -> dict[str, Any]:
 
 def _selector(value: Any, param: str) -> dict[str, str]:
     """A server event selector: ``{"type": ...}``, and for ``response.event`` its ``response_event``."""
-    if isinstance(value, str):
-        value = {"type": value}
     sel = f.obj(value, param)
     f.check_keys(sel, {"type", "response_event"}, param)
     kind = _nonblank(sel.get("type"), f"{param}.type")

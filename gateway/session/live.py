@@ -7,8 +7,8 @@ VAD, responses, seq, epoch, snapshot, journal, resume) with:
 
 - **its turns** (``LiveTurns``): speech the VAD ends is committed and answered
   at once; speech over an answer stops it (barge-in). Without a speech
-  detector the model hears but never takes a turn of its own (an appended
-  commentary still speaks);
+  detector (``vad`` off) input audio only moves the session timeline: the
+  model takes no turn of its own (an appended commentary is still said);
 - **its events** (``LiveSpelling``, live_spelling.py): audio, the two
   transcripts with their place on the session timeline, errors and notices;
   nothing of items, responses or buffers;
@@ -218,7 +218,15 @@ class LiveSession(RealtimeSession):
 
     def append_heard(self, audio: bytes, event_id: str | None) -> None:
         """Input audio from the client: the model hears it, or silence as long while input is
-        muted or an audio fixture plays (its timeline goes on either way)."""
+        muted or an audio fixture plays (its timeline goes on either way). With no speech
+        detector here the model takes no turn of its own: the audio moves the timeline only."""
+        if self._vad_factory is None:
+            fmt = self.config.input_format
+            if len(audio) % fmt.bytes_per_sample:
+                raise ProtocolError(Code.INVALID_AUDIO, f"Audio length {len(audio)} is not a whole number of "
+                                    f"{fmt.codec} samples.", param="audio")  # fmt: skip
+            self.audio_ms += fmt.duration_ms(len(audio))
+            return
         if self.muted or self.fixture is not None:
             audio = self._silent(len(audio))
         self.append_audio(audio, event_id)

@@ -1,0 +1,168 @@
+"""GPT-Live, Sans-I/O: its strict decoder and configuration, and ``LiveSession`` driven
+directly (client events in, Live events out, engine outputs fed back, timers fired),
+with what a snapshot keeps for the replica that takes the session over."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.protocol import client_events as ce
+from gateway.protocol import live_config as lc
+from gateway.protocol import live_events as le
+from gateway.protocol.dialects import LIVE
+from gateway.protocol.errors import ProtocolError
+from gateway.protocol.session_config import SessionConfig
+from gateway.session.effects import Cancel, StartResponse, Wake
+from gateway.session.kinds import kind_of, restore_kind
+from gateway.session.live import USAGE_EVERY_S, LiveSession
+from orchestrator.engine import AudioDelta, Finished, TextDelta
+from orchestrator.engines.passthrough import PassthroughEngine
+
+INFO = PassthroughEngine().info
+TONE = PassthroughEngine()._chunk  # 20 ms of 24 kHz PCM16
+
+
+def session(config: dict[str, Any] | None = None) -> LiveSession:
+    s = LiveSession(session_id="live_test", config=SessionConfig(model="m"), engine=INFO, vad_factory=None)
+    s.configure(config or {"model": "gpt-live-1"})
+    s.start(resume_token="tok", configured=True, event_id="start")
+    return s
+
+
+def take(s: LiveSession) -> tuple[list[dict[str, Any]], list[Any]]:
+    events, effects = s.take()
+    return [orjson.loads(LIVE.encode(e)) for e in events], effects
+
+
+def test_a_started_session_answers_its_start_and_asks_to_report_usage() -> None:
+    s = session({"model": "gpt-live-1", "input": [{"role": "developer", "content": [{"text": "be kind"}]}]})
+    events, effects = take(s)
+    assert [e["type"] for e in events] == ["session.started"]
+    assert events[0]["client_event_id"] == "start" and events[0]["resume_token"] == "tok"
+    assert effects == [Wake(USAGE_EVERY_S, "usage")]
+    assert [(it.role, it.content[0].text) for it in s.conversation] == [("system", "be kind")]
+
+
+def test_usage_is_the_whole_seconds_of_the_session_timeline_and_is_reported_again() -> None:
+    s = session()
+    take(s)
+    s.handle(ce.AudioAppend(None, bytes(48000 * 2 + 480)))  # 2.01 s heard
+    s.wake("usage")
+    events, effects = take(s)
+    assert events[-1]["type"] == "session.usage.updated" and events[-1]["usage"] == {"seconds": 2.0}
+    assert effects == [Wake(USAGE_EVERY_S, "usage")]
+
+
+def test_commentary_is_said_after_the_answer_under_way_and_context_is_not_said() -> None:
+    s = session()
+    take(s)
+    s.handle(le.ContextAppend("c1", "commentary", "first", None))
+    events, effects = take(s)
+    start = next(e for e in effects if isinstance(e, StartResponse))
+    assert start.request.say == "first" and "first" in start.request.instructions
+    s.handle(le.ContextAppend("c2", "commentary", "second", None))  # while "first" is said
+    s.handle(le.ContextAppend("t", "thinking", "quiet", None))
+    events, effects = take(s)
+    assert [e["type"] for e in events] == ["session.commentary.appended", "session.thinking.appended"]
+    assert not [e for e in effects if isinstance(e, StartResponse)]
+    rid = start.request.request_id
+    s.on_response(rid, TextDelta("first "))
+    s.on_response(rid, AudioDelta(TONE))
+    s.on_response(rid, Finished())
+    events, effects = take(s)
+    assert [e["type"] for e in events] == ["session.output_audio.delta", "session.output_transcript.delta"]
+    assert events[1]["delta"] == "first " and events[1]["end_ms"] - events[1]["start_ms"] == 20
+    again = next(e for e in effects if isinstance(e, StartResponse))
+    assert again.request.say == "second"
+
+
+def test_a_fixture_interrupts_the_answer_mutes_input_and_ends_on_its_timer() -> None:
+    s = session()
+    take(s)
+    s.handle(le.ContextAppend("c", "commentary", "talking", None))
+    _, effects = take(s)
+    rid = next(e for e in effects if isinstance(e, StartResponse)).request.request_id
+    s.handle(le.FixturePlay("f", bytes(24000)))  # half a second
+    events, effects = take(s)
+    assert Cancel(rid) in effects and Wake(0.5, "fixture") in effects
+    assert [e["type"] for e in events][:1] == ["session.output_audio.fixture.playing"]
+    assert sum(len(bytes(e["delta"], "ascii")) > 0 for e in events if e["type"] == "session.output_audio.delta") == 5
+    assert s.fixture == "f"
+    s.handle(ce.AudioAppend(None, TONE))  # heard as silence while it plays
+    assert s.input_audio.audio_ms == 20
+    s.wake("fixture")
+    events, _ = take(s)
+    assert events[-1] == {**events[-1], "type": "session.output_audio.fixture.played", "client_event_id": "f"}
+    assert s.fixture is None
+
+
+def test_a_snapshot_restores_the_live_session_on_another_replica() -> None:
+    s = session({"model": "gpt-live-1", "audio": {"output": {"voice": {"id": "v1"}}}, "store": True})
+    s.handle(le.InputMute("m", True))
+    s.delegations["item_x"] = "client"
+    s.handle(le.ContextAppend("c", "commentary", "pending", None))
+    s.spelling.output_end_ms = 1234.0
+    state = orjson.loads(orjson.dumps(s.snapshot_state(), default=str))
+    again = restore_kind(state).restore(state, engine=INFO, vad_factory=None)
+    assert isinstance(again, LiveSession) and again.dialect is LIVE
+    assert again.live == s.live and again.muted and again.delegations == {"item_x": "client"}
+    assert again.spelling.output_end_ms == 1234.0
+    assert again.render_config() == s.render_config()
+    assert Wake(USAGE_EVERY_S, "usage") in again.effects  # its usage reports go on where it lands
+
+
+def test_the_live_kind_hands_out_live_ids() -> None:
+    assert kind_of(LIVE).id_prefix == "live_" and kind_of(LIVE).cls is LiveSession
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "param"),
+    [
+        ({"type": "session.input_audio.append", "audio": "AAAA", "x": 1}, "unknown_parameter", "x"),
+        ({"type": "session.input_audio.append"}, "missing_required_parameter", "audio"),
+        ({"type": "session.commentary.append", "content": "x"}, "missing_required_parameter", "delegation_id"),
+        ({"type": "session.output_audio.fixture.play", "audio": "AAAA"}, "invalid_audio_format", "audio"),  # 3 bytes
+        ({"type": "transport.dtmf.send", "event": "12"}, "invalid_value", "event"),
+        ({"type": "decision.item.delete", "item_id": "x"}, "decisions_unsupported", "type"),
+        ({"type": "input_audio_buffer.commit"}, "unknown_event", "type"),
+        ({"type": "session.close", "event_id": 7}, "invalid_type", "event_id"),
+    ],
+)
+def test_a_client_event_is_strict(raw: dict[str, Any], code: str, param: str) -> None:
+    with pytest.raises(ProtocolError) as exc:
+        le.decode(orjson.dumps(raw))
+    assert (exc.value.code, exc.value.param) == (code, param)
+
+
+def test_a_fixture_longer_than_thirty_seconds_is_refused() -> None:
+    audio = bytes(2 * 24000 * 31)
+    raw = orjson.dumps({"type": "session.output_audio.fixture.play", "audio": base64.b64encode(audio).decode()})
+    with pytest.raises(ProtocolError) as exc:
+        le.decode(raw)
+    assert exc.value.param == "audio" and "30 s" in exc.value.message
+
+
+def test_the_configuration_renders_what_it_was_given_and_refuses_changes_it_cannot_make() -> None:
+    shown = [{"type": "session.output_transcript.delta"}, {"type": "response.event", "response_event": "response.done"}]
+    live = lc.parse_start({"model": "m", "delegation": {"type": "responses", "responses": {"model": "b"}},
+                           "client": {"data_channel": {"allowed_client_events": [],
+                                                       "allowed_server_events": shown}}})  # fmt: skip
+    rendered = lc.render(live, session_id="live_1", expires_at=0)
+    assert rendered["delegation"] == {"type": "responses", "responses": {"model": "b"}}
+    assert rendered["client"]["data_channel"]["allowed_server_events"][0] == {"type": "session.output_transcript.delta"}
+    assert lc.from_dict(orjson.loads(orjson.dumps(lc.to_dict(live)))) == live
+    updated = lc.parse_update(live, {"delegation": {"type": "responses", "responses": {"instructions": "x"}}})
+    assert updated.delegation is not None and updated.delegation.responses == {"model": "b", "instructions": "x"}
+    for update, param in (
+        ({"delegation": None}, "session.delegation"),
+        ({"delegation": {"type": "client"}}, "session.delegation.type"),
+        ({"triggers": [{"type": "decisions"}]}, "session.triggers"),
+        ({"audio": {}}, "session.audio"),
+    ):
+        with pytest.raises(ProtocolError) as exc:
+            lc.parse_update(live, update)
+        assert exc.value.param == param
