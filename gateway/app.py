@@ -70,6 +70,7 @@ def create_app(
             WebSocketRoute("/v1/realtime", RealtimeEndpoint(rt)),
             WebSocketRoute("/v1/duplex", RealtimeEndpoint(rt, dialect=DUPLEX)),  # vLLM-Omni's alias of ?duplex=1
             WebSocketRoute("/v1/live/sessions", RealtimeEndpoint(rt, dialect=LIVE)),  # OpenAI's GPT-Live
+            WebSocketRoute("/v1/live/sessions/{session_id}/fork", RealtimeEndpoint(rt, dialect=LIVE, forks=True)),
             WebSocketRoute("/v1/realtime/video", VideoEndpoint(rt)),
             # The browser demo and SDK, last so that it never shadows the API.
             Mount("/", StaticFiles(directory=WEB_DEMO, html=True, check_dir=False), name="web_demo"),

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.auth import DEFAULT_SECRET_TTL_S, MAX_SECRET_TTL_S, Grant, Minted, MintRefused
+from gateway.hosting.stored import recording
 from gateway.hosting.video import Refused, submit_interaction
 from gateway.jwt_auth import TokenRefused
 from gateway.protocol.errors import Code, ProtocolError
@@ -49,6 +50,7 @@ class HttpApi:
             Route("/v1/realtime/client_secrets", self.client_secrets, methods=["POST"]),
             Route("/admin/{action}", self.admin, methods=["POST"]),
             Route("/v1/realtime/video/{session_id}/interactions", self.video_interaction, methods=["POST"]),
+            Route("/v1/live/sessions/{session_id}/content", self.live_content, methods=["GET"]),
         ]
 
     async def healthz(self, request: Request) -> Response:
@@ -110,6 +112,21 @@ class HttpApi:
                 }
             )
         return JSONResponse({"object": "list", "data": data})
+
+    async def live_content(self, request: Request) -> Response:
+        """GPT-Live's ``GET /v1/live/sessions/{id}/content``: a stored session's recording
+        (``gateway/session/live_recording.py``), for the credential that created it."""
+        grant = await self.rt.auth.authenticate_http(request.headers)
+        if grant is None:
+            self.rt.metrics.auth_failures.inc()
+            return _error(401, Code.UNAUTHORIZED, "Downloading a recording needs 'Authorization: Bearer <API key>'.")
+        try:
+            content, media_type = await recording(self.rt.hosting, request.path_params["session_id"], grant.principal)
+        except ProtocolError as err:
+            return _error(404 if err.code == Code.SESSION_NOT_FOUND else 400, err.code, err.message, err.param)
+        except StoreError:
+            return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
+        return Response(content, media_type=media_type)
 
     async def client_secrets(self, request: Request) -> Response:
         grant = await self.rt.auth.authenticate_http(request.headers)

@@ -26,6 +26,7 @@ from gateway.hosting.context import Closable, HostContext
 from gateway.hosting.host import SessionHost
 from gateway.hosting.leases import renew_leases
 from gateway.hosting.mcp import McpConnector, McpPolicy
+from gateway.hosting.stored import load_stored
 from gateway.hosting.video import VideoHost, VideoPeer, VideoTimeouts
 from gateway.jwt_auth import JwtVerifier
 from gateway.origins import OriginPolicy
@@ -349,6 +350,21 @@ class Runtime:
         kind = kind_of(dialect)
         sid = kind.id_prefix + secrets.token_hex(10)
         session = kind.new(session_id=sid, config=config, engine=engine.info, **self._session_kwargs(sid))
+        return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal, quota=quota)
+
+    async def fork_session(self, source: str, *, principal: str, quota: StateQuota | None = None) -> SessionHost:
+        """A new session hosted here that carries on the stored session ``source`` (its
+        conversation and settings: ``RealtimeSession.fork``); raises ProtocolError
+        (``session_not_found``: none stored for ``principal``; its model not served here)
+        or StoreError."""
+        state = await load_stored(self.hosting, source, principal)
+        found = self.route(state["config"]["model"])
+        if found is None:
+            raise ProtocolError(Code.MODEL_NOT_FOUND, "The stored session's model is not served here.")
+        engine, orch = found
+        kind = restore_kind(state)
+        sid = kind.id_prefix + secrets.token_hex(10)
+        session = kind.cls.fork(state, session_id=sid, engine=engine.info, **self._session_kwargs(sid))
         return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal, quota=quota)
 
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:

@@ -76,6 +76,10 @@ class Sessions(Protocol):
         ``quota``; raises ProtocolError (no route) or StoreError (StateLimitExceeded: the
         quota has no room for it)."""
 
+    async def fork_session(self, source: str, *, principal: str, quota: StateQuota | None = None) -> SessionHost:
+        """A new session hosted here that carries on the stored session ``source`` (its model,
+        conversation and settings); raises ProtocolError (session_not_found) or StoreError."""
+
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
         """A session rebuilt from its snapshot's head on this replica (a takeover), its
         conversation not yet loaded (``SessionHost.load_conversation``); raises
@@ -126,6 +130,7 @@ class Door:
         media: Media | None = None,
         requested: dict[str, Any] | None = None,
         model_bound: bool = False,
+        source: str | None = None,
     ) -> None:
         self.ctx = ctx
         self.sessions = sessions
@@ -140,6 +145,7 @@ class Door:
         self.media = media  # the connection plays the audio (WebRTC): it knows what was played
         self.requested = requested  # a client secret's session settings: every session opened here has them
         self.model_bound = model_bound  # a client secret's: ``model`` is the only one a session here may use
+        self.source = source  # a stored session the session opened here carries on (a fork), or None
         self.sideband = False  # joined a session beside its connection (``join``)
         self._pcm: tuple[int, AudioFormat, StreamResampler | None] | None = None  # receive_pcm's conversion
         self.host: SessionHost | None = None
@@ -415,7 +421,14 @@ class Door:
 
     async def _open_with(self, event: Any) -> None:
         """The dialect's opening event (``Opening.with_config``: duplex ``session.update``)
-        opens the session with its ``session`` object (``event.session``, ``event.event_id``)."""
+        opens the session with its ``session`` object (``event.session``, ``event.event_id``);
+        on a fork's connection, the session carries the stored one on, with those overrides."""
+        if self.source is not None:
+            host = await self._fork_host(event)
+            if host is None:
+                return
+            await self._configure_and_begin(host, event)
+            return
         model = event.session.get("model")
         model = model if isinstance(model, str) and model else self.model
         assert self.sessions is not None
@@ -442,6 +455,26 @@ class Door:
         if host is None:
             self.opened = True
             return
+        await self._configure_and_begin(host, event)
+
+    async def _fork_host(self, event: Any) -> SessionHost | None:
+        assert self.sessions is not None and self.source is not None
+        try:
+            return await self.sessions.fork_session(self.source, principal=self.principal, quota=self.quota)
+        except ProtocolError as err:
+            err.event_id = event.event_id
+            self.opened = True
+            self._refuse_connection(err, CloseCode.UNKNOWN_CALL)
+        except StoreError as exc:
+            log.warning("cannot fork %s: %s", self.source, exc)
+            self.opened = True
+            self._refuse_connection(
+                ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly."),
+                CloseCode.TRY_AGAIN_LATER,
+            )
+        return None
+
+    async def _configure_and_begin(self, host: SessionHost, event: Any) -> None:
         try:
             warnings = host.configure(event.session)
         except ProtocolError as err:

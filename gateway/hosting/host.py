@@ -742,9 +742,11 @@ class SessionHost:
 
     async def end(self, *, reason: str, delete: bool = False) -> None:
         """Stop serving the session here. Its state stays in the store (resumable
-        until the journal's idle TTL) unless ``delete``."""
+        until the journal's idle TTL) unless ``delete`` and the session keeps none
+        (``RealtimeSession.retained``: stored for its client, until that TTL)."""
         if self.ended:
             return
+        delete = delete and not self.session.retained
         log.info("session %s ends here: %s", self.id, reason)
         # The last snapshot is taken before stopping: a running answer stays in it, so
         # the replica that resumes the session ends it (incomplete) and re-issues it.

@@ -223,6 +223,30 @@ def parse_update(current: LiveSettings, value: Any, param: str = "session") -> L
     return replace(current, delegation=Delegation(old.type, delay, responses))
 
 
+def parse_fork(current: LiveSettings, value: Any, *, media: bool, param: str = "session") -> LiveSettings:
+    """A fork's ``session`` (``ForkSessionConfig``; WebRTC: ``MediaSessionForkConfigParam``): the
+    stored session's settings, with ``audio.format`` (WebSocket forks), ``client`` (WebRTC forks),
+    the Responses backend's settings (a session that delegates to it already) and ``store``."""
+    cfg = f.obj(value, param)
+    f.check_keys(cfg, {"client", "delegation", "store"} if media else {"audio", "delegation", "store"}, param)
+    changes: dict[str, Any] = {"media": media}
+    if cfg.get("audio") is not None:
+        audio = f.obj(cfg["audio"], f"{param}.audio")
+        f.check_keys(audio, {"format"}, f"{param}.audio")
+        changes.update(_audio(audio, f"{param}.audio", media=False))
+    if cfg.get("client") is not None:
+        changes["data_channel"] = _client(cfg["client"], f"{param}.client")
+    if "store" in cfg:
+        changes["store"] = f.boolean(cfg["store"], f"{param}.store")
+    forked = replace(current, **changes)
+    if cfg.get("delegation") is not None:
+        if current.delegation_type != "responses":
+            raise ProtocolError(Code.INVALID_VALUE, "Only a stored session that delegates to Responses takes "
+                                "delegation overrides in a fork.", param=f"{param}.delegation")  # fmt: skip
+        forked = parse_update(forked, {"delegation": cfg["delegation"]}, param)
+    return forked
+
+
 def render(settings: LiveSettings, *, session_id: str, expires_at: int) -> dict[str, Any]:
     """The ``SessionResource``: the resolved configuration, server defaults included."""
     audio: dict[str, Any] = {"output": {"voice": copy.deepcopy(settings.voice)}}

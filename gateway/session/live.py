@@ -34,6 +34,7 @@ gateway/session/live_delegation.py's.
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,12 +46,14 @@ from gateway.protocol import live_config as lc
 from gateway.protocol import live_events as le
 from gateway.protocol.dialects import LIVE, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
+from gateway.session import live_recording
 from gateway.session.conversation import Item, Part, PartType
 from gateway.session.effects import CloseSocket, Wake
 from gateway.session.live_spelling import LiveSpelling
 from gateway.session.response import Response
 from gateway.session.session import RealtimeSession
 from gateway.session.turn_taking import Parts, RealtimeTurns
+from orchestrator.engine import EngineInfo
 
 USAGE_EVERY_S = 15.0  # session.usage.updated this often (as the API was measured to)
 FIXTURE_CHUNK_MS = 100  # an audio fixture goes out in deltas of this length
@@ -101,6 +104,7 @@ class LiveSession(RealtimeSession):
         self.fixture: str | None = None  # an audio fixture plays: its play event's id ("" for none given)
         self.delegations: dict[str, str] = {}  # the client delegations handed out: id -> target
         self.closed = False
+        self.forked = False  # a fork of a stored session: its opening event carries the fork's overrides
         self._pending_say: list[tuple[str, str | None]] = []  # commentary to speak once the answer ends
         self._wall_clock = wall_clock
         self._silence: tuple[int, bytes] = (0, b"")
@@ -116,10 +120,44 @@ class LiveSession(RealtimeSession):
     # --- lifecycle and config --------------------------------------------------------
 
     def configure(self, update: dict[str, Any]) -> list[tuple[str, str]]:
-        """``session.start``'s ``session`` (strict), applied before ``session.started``."""
-        live = lc.parse_start(update, media=self.live.media)
-        self._apply_live(live)
+        """``session.start``'s ``session`` (strict), applied before ``session.started``; a fork's
+        overrides of the stored session's settings."""
+        if self.forked:
+            self._apply_live(lc.parse_fork(self.live, update, media=self.live.media))
+        else:
+            self._apply_live(lc.parse_start(update, media=self.live.media))
         return []
+
+    # --- stored sessions: kept after their close, forked, recorded ------------------------
+
+    @property
+    def retained(self) -> bool:
+        return self.live.store
+
+    @classmethod
+    def stored(cls, state: dict[str, Any]) -> bool:
+        return bool(state.get("live", {}).get("settings", {}).get("store"))
+
+    @classmethod
+    def recording(cls, state: dict[str, Any], journal: list[bytes]) -> tuple[bytes, str]:
+        fmt = lc.from_dict(state["live"]["settings"]).audio_format
+        return live_recording.wav(journal, fmt), live_recording.MEDIA_TYPE
+
+    @classmethod
+    def fork(cls, state: dict[str, Any], *, session_id: str, engine: EngineInfo, **kwargs: Any) -> LiveSession:
+        """The stored conversation and settings, on a new session with a timeline, seq and
+        lifetime of its own; nothing of what ran (answers, fixtures, delegations) comes along.
+        Its opening event (``session.start``) applies the fork's overrides (``configure``)."""
+        fresh = {**state, "id": session_id, "seq": 0, "epoch": 0, "audio_ms": 0.0, "created_at": time.time(),
+                 "response": None, "oob": [], "id_base": secrets.token_hex(6), "id_counter": 0}  # fmt: skip
+        session = cls.restore(fresh, engine=engine, **kwargs)
+        session.muted, session.closed, session.fixture = False, False, None
+        session.delegations, session._pending_say = {}, []
+        session.spelling.restore({})
+        session.attachment_generation = 1
+        session.effects.clear()  # (restore asked for its usage timer: start asks again)
+        session.forked = True
+        return session
 
     def _apply_live(self, live: lc.LiveSettings) -> None:
         self.live = live
@@ -131,7 +169,7 @@ class LiveSession(RealtimeSession):
               warnings: Sequence[tuple[str, str]] = (), event_id: str | None = None) -> None:  # fmt: skip
         """The initial history, then ``session.started`` (answering the ``session.start`` that
         opened it, with the gateway's ``resume_token``)."""
-        for raw in self.live.input:
+        for raw in () if self.forked else self.live.input:  # (a fork's conversation holds it already)
             role, text = lc.initial_text(raw)
             self._add_context(role, text)
         fields: dict[str, Any] = {"session": self.render_config(), **_echo(event_id)}

@@ -209,6 +209,29 @@ class RealtimeSession:
         return BETA if self.beta else GA
 
     @property
+    def retained(self) -> bool:
+        """Whether the session's state outlives its close (``stored``): kept in the store for
+        its client to fork it or download its recording, until the store's idle TTL."""
+        return False
+
+    @classmethod
+    def stored(cls, state: dict[str, Any]) -> bool:
+        """Whether the snapshot ``state`` is of a session kept for its client (``retained``)."""
+        return False
+
+    @classmethod
+    def recording(cls, state: dict[str, Any], journal: list[bytes]) -> tuple[bytes, str]:
+        """The recording of a stored session, from its snapshot and journal (the events as
+        sent): (content, media type). The Realtime API keeps none."""
+        raise ProtocolError(Code.UNSUPPORTED, "This session keeps no recording.")
+
+    @classmethod
+    def fork(cls, state: dict[str, Any], *, session_id: str, engine: EngineInfo, **kwargs: Any) -> RealtimeSession:
+        """A new session ``session_id`` that carries on the stored session ``state``'s
+        conversation and settings. The Realtime API has no forks."""
+        raise ProtocolError(Code.UNSUPPORTED, "Sessions of this dialect cannot be forked.")
+
+    @property
     def idle_timeout_s(self) -> float | None:
         """How long the session may go without a client event before it expires (the door
         keeps the clock and calls ``expire_idle``); None: no idle timeout."""

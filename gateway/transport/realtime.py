@@ -102,8 +102,9 @@ class RealtimeServices(Services, Protocol):
 class RealtimeEndpoint:
     """ASGI app for the realtime WebSocket."""
 
-    def __init__(self, runtime: RealtimeServices, *, dialect: Dialect | None = None) -> None:
+    def __init__(self, runtime: RealtimeServices, *, dialect: Dialect | None = None, forks: bool = False) -> None:
         self.runtime = runtime
+        self.forks = forks  # every socket opens a session that carries on the stored one its path names
         # Every socket speaks this dialect (``/v1/duplex``: vLLM-Omni's duplex alias; ``/v1/live/sessions``:
         # GPT-Live); None: the request says (``dialect_of``).
         self.dialect = dialect
@@ -159,8 +160,9 @@ class RealtimeEndpoint:
         else:
             autostart = (hs.param("autostart") or "").strip().lower()
             resume_only = duplex_events.enabled(hs.param("resume")) or autostart in duplex_events.FALSY
+            source = scope.get("path_params", {}).get("session_id") if self.forks else None
             door = socket.door_to(dialect, principal=hs.grant.principal, model=model, seat=seat,
-                                  resume_only=resume_only, minted=hs.grant.minted)  # fmt: skip
+                                  resume_only=resume_only, minted=hs.grant.minted, source=source)  # fmt: skip
             at_connect = dialect.opening.at_connect(hs.param("model") is not None, resume_only)
             opening = door.open if at_connect else None
 
@@ -191,12 +193,12 @@ class RealtimeSocket:
         self._waiting: asyncio.Task[None] | None = None  # a message taken directly that waits on the store
 
     def door_to(self, dialect: Dialect, *, principal: str, model: str, seat: Seat, resume_only: bool = False,
-                minted: Minted | None = None) -> Door:  # fmt: skip
+                minted: Minted | None = None, source: str | None = None) -> Door:  # fmt: skip
         rt = self.runtime
         door = Door(rt.hosting, rt.sessions, self, dialect=dialect, principal=principal, model=model,
                     max_message_bytes=rt.settings.max_message_bytes, seat=seat, resume_only=resume_only,
                     requested=minted.session if minted is not None else None,
-                    model_bound=minted is not None)  # fmt: skip
+                    model_bound=minted is not None, source=source)  # fmt: skip
         self.door = door
         return door
 
