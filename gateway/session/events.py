@@ -30,7 +30,7 @@ from gateway.session.effects import Effect
 # must know: each marks the session for a snapshot, and the host sends it only once
 # the store holds that snapshot (write-ahead; tests/unit/test_state_events.py).
 # session.created is one: its resume token must resume the session anywhere.
-STATE_EVENTS = frozenset(
+REALTIME_STATE_EVENTS = frozenset(
     {
         "session.created",
         "session.updated",
@@ -42,8 +42,13 @@ STATE_EVENTS = frozenset(
         "conversation.item.truncated",
         "response.created",
         "response.done",
-        # GPT-Live's (gateway/session/live.py): what it says changed, once the store holds it.
+    }
+)
+# GPT-Live's (gateway/session/live.py): what it says changed, once the store holds it.
+LIVE_STATE_EVENTS = frozenset(
+    {
         "session.started",
+        "session.updated",
         "session.input_audio.muted",
         "session.input_audio.unmuted",
         "session.instructions.appended",
@@ -55,6 +60,7 @@ STATE_EVENTS = frozenset(
         "session.closed",
     }
 )
+STATE_EVENTS = REALTIME_STATE_EVENTS | LIVE_STATE_EVENTS
 
 # Events that name an item without changing it.
 READ_ONLY_EVENTS = frozenset({"conversation.item.retrieved"})

@@ -17,6 +17,7 @@ from gateway.protocol.dialects import LIVE
 from gateway.protocol.errors import ProtocolError
 from gateway.protocol.session_config import SessionConfig
 from gateway.session.effects import Cancel, StartResponse, Wake
+from gateway.session.events import LIVE_STATE_EVENTS
 from gateway.session.kinds import kind_of, restore_kind
 from gateway.session.live import USAGE_EVERY_S, LiveSession
 from orchestrator.engine import AudioDelta, Finished, TextDelta
@@ -166,3 +167,50 @@ def test_the_configuration_renders_what_it_was_given_and_refuses_changes_it_cann
         with pytest.raises(ProtocolError) as exc:
             lc.parse_update(live, update)
         assert exc.value.param == param
+
+
+def test_every_live_state_event_marks_a_snapshot_that_restores_it() -> None:
+    """As tests/unit/test_state_events.py proves for the Realtime API: each Live event that
+    says the session changed marks it for a snapshot (write-ahead), and a session rebuilt
+    from that snapshot holds the change; the audio and transcript deltas never ask for one."""
+    s = LiveSession(session_id="live_state", config=SessionConfig(model="m"), engine=INFO, vad_factory=None)
+    s.configure({"model": "gpt-live-1"})
+    seen: set[str] = set()
+
+    def step(action: Any, *, quiet: bool = False) -> LiveSession:
+        """``quiet``: the step sends deltas only and changes nothing a snapshot keeps."""
+        s.dirty = False
+        action()
+        events, _ = take(s)
+        changed = {e["type"] for e in events} & LIVE_STATE_EVENTS
+        seen.update(changed)
+        if changed:
+            assert s.dirty, f"{sorted(changed)} did not mark the session for a snapshot"
+        if quiet:
+            assert not s.dirty and events, [e["type"] for e in events]
+        state = orjson.loads(orjson.dumps(s.snapshot_state()))
+        restored = LiveSession.restore(state, engine=INFO, vad_factory=None)
+        assert restored.render_config() == s.render_config() and restored.muted == s.muted
+        assert [(it.role, it.content[0].text) for it in restored.conversation] == [
+            (it.role, it.content[0].text) for it in s.conversation
+        ]
+        return restored
+
+    step(lambda: s.start(resume_token="tok"))
+    step(lambda: s.handle(le.InputMute("m", True)))
+    step(lambda: s.handle(le.InputMute("u", False)))
+    step(lambda: s.handle(le.SessionUpdate("up", {"triggers": []})))
+    for kind in ("instructions", "thinking"):
+        step(lambda kind=kind: s.handle(le.ContextAppend(kind, kind, f"some {kind}", None)))  # type: ignore[misc]
+    step(lambda: s.handle(le.ContextAppend("c", "commentary", "said", None)))
+    rid = s.active_response_id
+    assert rid is not None
+    step(lambda: (s.on_response(rid, TextDelta("said ")), s.on_response(rid, AudioDelta(TONE))))  # opens the answer
+    step(lambda: (s.on_response(rid, TextDelta("more ")), s.on_response(rid, AudioDelta(TONE))), quiet=True)
+    step(lambda: s.on_response(rid, Finished()))  # (unsent: the answer's end is in the snapshot all the same)
+    step(lambda: s.handle(le.FixturePlay("f", bytes(4800))))
+    step(lambda: s.wake("fixture"))
+    restored = step(lambda: s.handle(le.Close("bye")))
+    assert restored.closed
+    # session.delegation.created: tests/unit/test_live_delegation.py (its own step).
+    assert seen == LIVE_STATE_EVENTS - {"session.delegation.created"}, sorted(LIVE_STATE_EVENTS - seen)
