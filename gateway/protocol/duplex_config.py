@@ -45,6 +45,12 @@ DEFAULT_INPUT = AudioFormat("pcm16", 16000)  # upstream's duplex default input: 
 DEFAULT_OUTPUT = AudioFormat("pcm16", 24000)
 MIN_RATE, MAX_RATE = 8000, 48000
 
+# The gateway's decision period, upstream's ``chunk_period_ms`` ("the model unit that
+# response.listen decisions and camera frames align to"): server VAD decides on silero's
+# 32 ms frames (gateway/audio/vad.py FRAME_MS). Appends may be of any length; a committed turn
+# is answered whole, so an input-clocked session's unit is a turn (session/input_clock.py).
+CHUNK_PERIOD_MS = 32
+
 # What this gateway can do, in upstream's capability vocabulary (``session.created``).
 CAPABILITIES: dict[str, Any] = {
     "implementation_level": "serving_session_adapter",  # the engine is not a model-native duplex model
@@ -57,7 +63,7 @@ CAPABILITIES: dict[str, Any] = {
     "supports_audio_truncate": True,
     "supports_external_turn_signal": True,
     "supports_client_commit": True,
-    "chunk_period_ms": None,  # no model unit: appends of any length
+    "chunk_period_ms": CHUNK_PERIOD_MS,  # an integer, as the document's (appends may be of any length)
     "input_modes": ["append_audio_chunk"],
     "signal_sources": ["client_event", "server_policy"],
     "target_barge_in_latency_ms": None,

@@ -43,6 +43,7 @@ class DuplexTurns:
     """See the module docstring."""
 
     lazy_message = False  # a response's message exists from response.created (its playback ledger)
+    message_named_by_response = True  # "response_id (item id item_<response_id>)": a client may build it
     reports_transcripts = True  # the commit fan-out has ...transcription.completed, always
 
     def __init__(self, session_id: str, duplex: DuplexConfig, *, clock: Callable[[], float] = time.time) -> None:

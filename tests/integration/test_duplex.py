@@ -498,6 +498,43 @@ async def test_a_journal_that_no_longer_holds_the_gap_asks_for_a_resync_with_ups
 # --- playback truth, the epoch, overlap ---------------------------------------------------------
 
 
+async def test_a_client_that_builds_item_ids_from_response_ids_succeeds_across_a_resume() -> None:
+    """ "Endpoint and transport": the item id is ``item_<response_id>``. A client that never
+    reads the item id, only response.created's ``response_id``, acknowledges playback,
+    retrieves and truncates with the id it built, on its socket and on the one it resumes on."""
+    async with gateway() as gw:
+        async with duplex(gw) as c:
+            created = await c.open()
+            sid, token = created["session"]["id"], created["resume_token"]
+            rid = await c.answer()
+            built = f"item_{rid}"
+            await c.wait_for(
+                lambda e: e["type"] == "response.output_audio.delta" and e["metadata"]["audio_duration_ms"] >= 200
+            )
+            assert c.of("response.output_audio.delta")[0]["item_id"] == built
+            await c.send({"type": "playback.ack", "response_id": rid, "item_id": built, "played_ms": 200})
+            assert (await c.wait_for("playback.acknowledged"))["event"]["item_id"] == built
+            await c.wait_for("response.done")
+            await c.send({"type": "conversation.item.retrieve", "item_id": built})
+            assert (await c.wait_for("conversation.item.retrieved"))["item"]["id"] == built
+            await c.send({"type": "conversation.item.truncate", "item_id": built, "content_index": 0,
+                          "audio_end_ms": 150})  # fmt: skip
+            assert (await c.wait_for("conversation.item.truncated"))["item_id"] == built
+            last = max(c.seqs())
+        async with duplex(gw) as r:
+            await r.send(doc.fill(doc.RESUME, session_id=sid, resume_token=token, last_received_server_event_seq=last))
+            await r.wait_for("session.resumed")
+            await r.send({"type": "conversation.item.retrieve", "item_id": built})
+            assert (await r.wait_for("conversation.item.retrieved"))["item"]["id"] == built
+            rid2 = await r.answer()
+            await r.send({"type": "playback.ack", "response_id": rid2, "item_id": f"item_{rid2}", "played_ms": 40})
+            assert (await r.wait_for("playback.acknowledged"))["event"]["item_id"] == f"item_{rid2}"
+            await r.send({"type": "conversation.item.truncate", "item_id": built, "content_index": 0,
+                          "audio_end_ms": 100})  # fmt: skip
+            assert (await r.wait_for("conversation.item.truncated"))["item_id"] == built
+            assert "error" not in c.types() + r.types()
+
+
 async def test_playback_acks_cut_the_history_to_what_was_heard_to_the_millisecond() -> None:
     """Acked to 430 ms, then a barge-in: the assistant item keeps the words whose audio had
     started by then (w0..w21) and exactly 430 ms of audio (a truncate beyond it is refused)."""
