@@ -15,7 +15,7 @@ import pytest
 from gateway.session import snapshot
 from gateway.session.session import RealtimeSession
 
-CHECKED = ("test_session", "test_duplex_session")  # modules that drive a bare session (no host)
+CHECKED = ("test_session", "test_duplex_session", "test_duplex_input_clock")  # modules that drive a bare session
 
 
 @pytest.fixture(autouse=True)
