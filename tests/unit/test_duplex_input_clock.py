@@ -240,7 +240,7 @@ def test_a_bad_clock_timeout_is_refused_when_the_session_is_created(key: str, va
 def test_the_opening_update_makes_the_clock() -> None:
     session = DuplexSession(session_id="s", config=default_session_config("m"), engine=INFO, vad_factory=None)
     session.configure({"extra_body": {"clock": "input", "input_clock_unit_timeout_s": 3}})
-    session.start(updated=True)
+    session.start(configured=True)
     created = session.take()[0][0]
     assert (
         created["session"]["input_index"] == 0 and created["session"]["extra_body"]["input_clock_unit_timeout_s"] == 3
