@@ -216,7 +216,7 @@ class DuplexSession(RealtimeSession):
             except ProtocolError as err:
                 if err.event_id is None:
                     err.event_id = event.event_id
-                refused = err.code
+                refused = de.ERROR_CODES.get(err.code, err.code)  # (as the client reads it in the error)
                 self.error(err)
         turns.input_handled(ack, audio_before, refused)
 
