@@ -542,8 +542,9 @@ async def test_a_lockstep_client_steps_an_input_clocked_session_and_resumes_wher
     """ "Input-clocked sessions" (``doc.INPUT_CLOCK_REVISION``): a client that sends each input
     only once the previous one is acknowledged. Every input gets one input_audio_buffer.processed,
     in order, after everything it caused (the answer through rate_limits.updated); the clock is
-    fixed; a resume on a new socket says where it stopped (session.input_index) and goes on."""
-    async with gateway() as gw:
+    fixed; a resume on a new socket says where it stopped (session.input_index) and goes on.
+    Answers last 5 s here, so that the close surely comes while the last one runs."""
+    async with gateway(PassthroughEngine(audio_chunks=250)) as gw:
         async with duplex(gw) as c:
             created = await c.open(extra_body={**doc.INPUT_CLOCK, "auto_response": True})
             assert created["session"]["input_index"] == 0
