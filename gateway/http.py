@@ -173,7 +173,7 @@ class HttpApi:
         except StoreError:
             return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
         if minted.type != "video":
-            rendered = render(rendered, session_id="sess_pending", expires_at=expires_at, beta=False)
+            rendered = render(rendered, session_id="sess_pending", expires_at=expires_at, beta=False, rest=True)
         result: dict[str, Any] = {"value": token, "expires_at": expires_at, "session": rendered}
         if self.rt.calls is not None and minted.type != "video":  # (an extension: a page needs them for
             result["ice_servers"] = self.rt.calls.config.client_ice_servers()  # its RTCPeerConnection)

@@ -17,11 +17,18 @@ Limits (each refused with ``invalid_value`` / ``unsupported_audio_format``
 and the ``param``): ``sample_rate_hz`` of PCM16 (``pcm16``, ``pcm_s16le``,
 ``s16le``) in 8000..48000 (G.711 is 8000 only; ``pcm_f32le`` is refused by name); ``idle_timeout_s`` in 1..86400;
 ``overlap_*_ms`` in 0..60000; ``overlap_silence_rms`` in 0..1.
+
+The input clock (``extra_body.clock: "input"``, session/input_clock.py) and its two
+timeouts are the session's from its creation: a timeout must be a positive number of
+seconds or null (else ``invalid_duplex_runtime_config``); a later ``session.update``
+that changes any of them is refused (``input_clock_update_unsupported``), and one whose
+``extra_body`` leaves them out keeps them.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -45,6 +52,17 @@ DEFAULT_INPUT = AudioFormat("pcm16", 16000)  # upstream's duplex default input: 
 DEFAULT_OUTPUT = AudioFormat("pcm16", 24000)
 MIN_RATE, MAX_RATE = 8000, 48000
 
+# The gateway's decision period, upstream's ``chunk_period_ms`` ("the model unit that
+# response.listen decisions and camera frames align to"): server VAD decides on silero's
+# 32 ms frames (gateway/audio/vad.py FRAME_MS). Appends may be of any length; a committed turn
+# is answered whole, so an input-clocked session's unit is a turn (session/input_clock.py).
+CHUNK_PERIOD_MS = 32
+
+# The input clock's keys of extra_body (fixed when the session is created) and the defaults
+# of its timeouts (the document's; validated and echoed: no unit is settled by them here).
+CLOCK_KEYS = ("clock", "input_clock_unit_timeout_s", "input_clock_unit_max_s")
+CLOCK_DEFAULTS_S = {"input_clock_unit_timeout_s": 15.0, "input_clock_unit_max_s": 60.0}
+
 # What this gateway can do, in upstream's capability vocabulary (``session.created``).
 CAPABILITIES: dict[str, Any] = {
     "implementation_level": "serving_session_adapter",  # the engine is not a model-native duplex model
@@ -57,7 +75,7 @@ CAPABILITIES: dict[str, Any] = {
     "supports_audio_truncate": True,
     "supports_external_turn_signal": True,
     "supports_client_commit": True,
-    "chunk_period_ms": None,  # no model unit: appends of any length
+    "chunk_period_ms": CHUNK_PERIOD_MS,  # an integer, as the document's (appends may be of any length)
     "input_modes": ["append_audio_chunk"],
     "signal_sources": ["client_event", "server_policy"],
     "target_barge_in_latency_ms": None,
@@ -83,6 +101,17 @@ class DuplexConfig:
     ref_audio: str | None = None  # accepted, echoed, not used (no voice cloning here)
     response_format: str = "pcm16"
     extra_body: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def input_clocked(self) -> bool:
+        """``extra_body.clock == "input"`` (any other value: the wall clock, as upstream reads it)."""
+        return self.extra_body.get("clock") == "input"
+
+    def clock_settings(self) -> tuple[Any, ...]:
+        """What a later update may not change: the clock, and its timeouts when it is on."""
+        if not self.input_clocked:
+            return (False,)
+        return (True, *(self.extra_body.get(k) or CLOCK_DEFAULTS_S[k] for k in CLOCK_KEYS[1:]))
 
     @property
     def auto_response(self) -> bool:
@@ -263,7 +292,18 @@ def _duplex_fields(d: DuplexConfig, upd: dict[str, Any], param: str, warnings: l
     src = {**(extra or {}), **upd}
     changes: dict[str, Any] = {}
     if extra is not None:
-        changes["extra_body"] = copy.deepcopy(extra)
+        kept = {k: d.extra_body[k] for k in CLOCK_KEYS if k in d.extra_body and k not in extra}
+        changes["extra_body"] = {**copy.deepcopy(extra), **kept}  # (the clock's keys are fixed: kept)
+        if changes["extra_body"].get("clock") == "input":
+            for key in CLOCK_KEYS[1:]:
+                value = changes["extra_body"].get(key)
+                if value is not None and not _positive_seconds(value):
+                    raise _err(
+                        f"'{param}.extra_body.{key}' must be a positive number of seconds (or null for "
+                        f"{CLOCK_DEFAULTS_S[key]:g}), got {value!r}.",
+                        f"{param}.extra_body.{key}",
+                        Code.INVALID_DUPLEX_RUNTIME_CONFIG,
+                    )
         auto = extra.get("auto_response")
         if auto is not None and not isinstance(auto, bool):
             raise _err(
@@ -308,6 +348,10 @@ def _duplex_fields(d: DuplexConfig, upd: dict[str, Any], param: str, warnings: l
             raise _err(f"'{param}.response_format' must be pcm16.", f"{param}.response_format", Code.UNSUPPORTED_FORMAT)
         changes["response_format"] = upd["response_format"]
     return replace(d, **changes)
+
+
+def _positive_seconds(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def render_session(

@@ -76,6 +76,11 @@ class Code:
     INTERACTION_FAILED = "interaction_failed"  # the video engine refused an interaction (vLLM-Omni's code)
     NO_VIDEO_ENGINE = "no_video_engine"
     MODEL_NOT_FOUND = "model_not_found"  # no route for the model a client asked for
+    # the duplex dialect's input clock (extra_body.clock "input"), upstream's codes
+    INPUT_CLOCK_UPDATE_UNSUPPORTED = "input_clock_update_unsupported"  # a later session.update that
+    #   changes clock or its timeouts (fixed when the session is created)
+    INVALID_DUPLEX_RUNTIME_CONFIG = "invalid_duplex_runtime_config"  # a clock timeout that is not a
+    #   positive number of seconds (nor null)
     # WebRTC calls
     CALL_NOT_FOUND = "call_id_not_found"  # a hangup or sideband for a call that does not exist (or another's)
     WEBRTC_UNAVAILABLE = "webrtc_unavailable"  # this gateway answers no WebRTC call (the extra, the setting)

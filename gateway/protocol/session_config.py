@@ -63,6 +63,7 @@ class SessionConfig:
     input_format: AudioFormat = PCM
     output_format: AudioFormat = PCM
     voice: str = "alloy"
+    custom_voice: bool = False  # voice came as {"id": ...}: the GA session echoes it as that object
     speed: float = 1.0
     transcription: Transcription | None = None
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
@@ -263,7 +264,7 @@ def apply_update(
         if "modalities" in upd:
             changes["output_modalities"] = f.modalities(upd["modalities"], f"{param}.modalities")
         if "voice" in upd:
-            changes["voice"] = f.voice(upd["voice"], f"{param}.voice", limits.voices)
+            changes["voice"], changes["custom_voice"] = f.voice(upd["voice"], f"{param}.voice", limits.voices)
         if "input_audio_format" in upd:
             changes["input_format"] = parse_beta_format(upd["input_audio_format"], f"{param}.input_audio_format")
         if "output_audio_format" in upd:
@@ -359,9 +360,18 @@ def apply_transcription_update(
     return replace(new, type="transcription"), warnings
 
 
+# The beta's ``transcription_session.updated`` carries a ``client_secret``: the SDK's
+# ``TranscriptionSession`` requires one ({value, expires_at}, not nullable), and its typed
+# clients refuse the event without it. No key goes out over a socket (or into the journal, whose
+# events a resume replays): it is this empty one, which opens nothing and expired at the epoch.
+# (OpenAI's beta sent ``null`` there, which the SDK's model refuses; its docs: "not present when
+# a session is updated via the WebSocket API".)
+EMPTY_CLIENT_SECRET: dict[str, Any] = {"value": "", "expires_at": 0}
+
+
 def render_beta_transcription(cfg: SessionConfig) -> dict[str, Any]:
     """The session of the beta's ``transcription_session.updated``, in the SDK's
-    ``TranscriptionSession`` shape (its ``client_secret`` only comes from the REST call)."""
+    ``TranscriptionSession`` shape (``client_secret``: ``EMPTY_CLIENT_SECRET``)."""
     td = cfg.turn_detection
     turn_detection: dict[str, Any] | None = None
     if td is not None:
@@ -373,6 +383,7 @@ def render_beta_transcription(cfg: SessionConfig) -> dict[str, Any]:
                 "silence_duration_ms": td.silence_duration_ms,
             }
     return {
+        "client_secret": dict(EMPTY_CLIENT_SECRET),
         "modalities": ["text"],
         "input_audio_format": beta_format(cfg.input_format),
         "input_audio_transcription": _tr_dict(cfg.transcription, beta=True),
@@ -403,7 +414,7 @@ def _ga_audio(value: Any, param: str, current: SessionConfig, limits: ConfigLimi
         if "format" in out:
             changes["output_format"] = parse_ga_format(out["format"], f"{param}.output.format")
         if "voice" in out:
-            changes["voice"] = f.voice(out["voice"], f"{param}.output.voice", limits.voices)
+            changes["voice"], changes["custom_voice"] = f.voice(out["voice"], f"{param}.output.voice", limits.voices)
         if "speed" in out:
             changes["speed"] = f.num(out["speed"], f"{param}.output.speed", 0.25, 1.5)
     return changes
@@ -461,7 +472,11 @@ def _audio_input(cfg: SessionConfig) -> dict[str, Any]:
     }
 
 
-def render(cfg: SessionConfig, *, session_id: str, expires_at: int, beta: bool) -> dict[str, Any]:
+def render(cfg: SessionConfig, *, session_id: str, expires_at: int, beta: bool, rest: bool = False) -> dict[str, Any]:
+    """The session object, in the shape the SDK types it where it goes out. A custom voice
+    is the object ``{"id": ...}`` in the GA session events (``RealtimeAudioConfigOutput``
+    types it so); the beta's session, and the GA REST answer (``rest``: the session of
+    ``client_secrets``, typed ``RealtimeSessionCreateResponse``), type a voice as a string."""
     max_tokens: int | str = "inf" if cfg.max_output_tokens is None else cfg.max_output_tokens
     tool_choice = cfg.tool_choice
     if beta:
@@ -500,6 +515,7 @@ def render(cfg: SessionConfig, *, session_id: str, expires_at: int, beta: bool) 
             "include": list(cfg.include) or None,
             "gateway_events": cfg.gateway_events,
         }
+    voice: str | dict[str, str] = {"id": cfg.voice} if cfg.custom_voice and not rest else cfg.voice
     return {
         "type": "realtime",
         "object": "realtime.session",
@@ -510,7 +526,7 @@ def render(cfg: SessionConfig, *, session_id: str, expires_at: int, beta: bool) 
         "instructions": cfg.instructions,
         "audio": {
             "input": _audio_input(cfg),
-            "output": {"format": ga_format(cfg.output_format), "voice": cfg.voice, "speed": cfg.speed},
+            "output": {"format": ga_format(cfg.output_format), "voice": voice, "speed": cfg.speed},
         },
         "tools": [f.public_tool(t) for t in cfg.tools],
         "tool_choice": tool_choice,

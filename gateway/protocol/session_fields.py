@@ -118,18 +118,18 @@ def max_tokens(value: Any, param: str) -> int | None:
     return integer(value, param, 1, MAX_OUTPUT_TOKENS)
 
 
-def voice(value: Any, param: str, engine_voices: tuple[str, ...]) -> str:
-    """A voice name (OpenAI's or the engine's), or a custom voice ``{"id": ...}``
-    (any id is accepted: the engine speaks it with its default voice unless it
-    has a voice of that name)."""
+def voice(value: Any, param: str, engine_voices: tuple[str, ...]) -> tuple[str, bool]:
+    """``(name, custom)``: a voice name (OpenAI's or the engine's), or a custom voice
+    ``{"id": ...}`` (``custom``: any id is accepted, and the GA session echoes it as that
+    object; the engine speaks it with its default voice unless it has a voice of that name)."""
     if isinstance(value, dict):
         check_keys(value, {"id"}, param)
-        return string(value.get("id"), f"{param}.id")
+        return string(value.get("id"), f"{param}.id"), True
     name = string(value, param)
     if name not in OPENAI_VOICES and name not in engine_voices:
         names = ", ".join(OPENAI_VOICES + engine_voices)
         raise err(f'Unknown voice {name!r}; choose one of: {names} (or a custom voice as {{"id": ...}}).', param)
-    return name
+    return name, False
 
 
 # --- tools ---------------------------------------------------------------------------

@@ -30,6 +30,10 @@ snapshot, journal, resume) with what the duplex catalogue adds on top:
   runs is answered after it (``response_create_deferred``); its fan-out is the
   document's (speech_started/stopped on manual turns too; added, created,
   committed, transcription.completed, done).
+- **Input clock** (``extra_body.clock: "input"``, the document's newest sibling
+  revision): every append, commit and ``response.create`` is acknowledged with one
+  ``input_audio_buffer.processed`` once all it caused is out (input_clock.py, kept by
+  ``DuplexTurns``); fixed when the session is created.
 - The duplex spellings: ``conversation.item.created`` after every
   ``conversation.item.added`` (its own seq), one transcript delta per audio
   delta, the duplex ``session`` object, ``event`` echoes, audio and response
@@ -55,7 +59,8 @@ from gateway.protocol.duplex_config import DuplexConfig, apply_duplex_update, du
 from gateway.protocol.duplex_config import render_session as render_duplex
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.session.duplex_turns import DuplexTurns
-from gateway.session.effects import CloseSocket
+from gateway.session.effects import CloseSocket, Effect
+from gateway.session.input_clock import InputClock
 from gateway.session.playback import Ledger
 from gateway.session.session import RealtimeSession
 from orchestrator.engine import EngineInfo
@@ -78,6 +83,14 @@ _OWN_EVENTS = (
 )
 
 
+# The client events an input-clocked session acknowledges, by their decoded type.
+_TRIGGERS: dict[type, str] = {
+    de.Append: "input_audio_buffer.append",
+    de.Commit: "input_audio_buffer.commit",
+    ce.ResponseCreate: "response.create",
+}
+
+
 class DuplexSession(RealtimeSession):
     """See the module docstring."""
 
@@ -92,6 +105,8 @@ class DuplexSession(RealtimeSession):
         """``wall_clock``: the clock of the playback ledgers' playout schedule (in the
         snapshot: it must mean the same on every replica)."""
         self._duplex = DuplexTurns(session_id, duplex or DuplexConfig(), clock=wall_clock)
+        if self._duplex.duplex.input_clocked:
+            self._duplex.input_clock = InputClock()
         super().__init__(session_id=session_id, turn_taking=self._duplex, **kwargs)
 
     @property
@@ -132,6 +147,7 @@ class DuplexSession(RealtimeSession):
         new, duplex, warnings = apply_duplex_update(self.config, self.duplex, update, limits=self._config_limits)
         self._check_config(new)
         self.config, self.duplex = new, duplex
+        self._duplex.input_clock = InputClock() if duplex.input_clocked else None  # made with the session
         return warnings
 
     def start(
@@ -175,9 +191,11 @@ class DuplexSession(RealtimeSession):
         lifecycle": ``session_id``, ``epoch``, ``reason``, ``event``), with its seq. The
         connection closes once it is out (``hosting.door``)."""
         self.shutdown()
+        self._duplex.input_clock_closed(reason)
         self._emit("session.closed", **de.closed_fields(self.id, self.epoch, reason))
 
     def _expired(self, reason: str) -> None:
+        self._duplex.input_clock_closed(reason)
         self._emit("session.expired", session_id=self.id, reason=reason)
         self.shutdown()
         self.effects.append(CloseSocket(CloseCode.SESSION_EXPIRED, "session expired"))
@@ -185,15 +203,34 @@ class DuplexSession(RealtimeSession):
     # --- client events -------------------------------------------------------------
 
     def handle(self, event: de.ClientEvent) -> None:
+        turns = self._duplex
+        ack = turns.input_arrived(_TRIGGERS.get(type(event), ""))
+        if ack is not None:
+            self.dirty = True  # an acknowledgement is owed: in the next snapshot, sent or not
+        audio_before, refused = self.audio_ms, None
         if not isinstance(event, _OWN_EVENTS):
-            super().handle(event)
-            return
-        try:
-            self._handle_own(event)
-        except ProtocolError as err:
-            if err.event_id is None:
-                err.event_id = event.event_id
-            self.error(err)
+            super().handle(event)  # (its errors are its own: only an append is ever "rejected")
+        else:
+            try:
+                self._handle_own(event)
+            except ProtocolError as err:
+                if err.event_id is None:
+                    err.event_id = event.event_id
+                refused = de.ERROR_CODES.get(err.code, err.code)  # (as the client reads it in the error)
+                self.error(err)
+        turns.input_handled(ack, audio_before, refused)
+
+    def take(self) -> tuple[list[dict[str, Any]], list[Effect]]:
+        """What the session produced; an input-clocked session's acknowledgements that came
+        due in the step go out after everything the step made (input_clock.py)."""
+        self._duplex.flush_acks()
+        return super().take()
+
+    def recover(self, reason: str) -> None:
+        super().recover(reason)
+        clock = self._duplex.input_clock
+        if clock is not None:
+            clock.lost(reason)  # answers owed on the old replica that will not be made here
 
     def _handle_own(self, event: de.DuplexEvent | ce.SessionUpdate | ce.ResponseCancel | ce.AudioClear) -> None:
         turns = self._duplex
@@ -236,6 +273,13 @@ class DuplexSession(RealtimeSession):
                 Code.INVALID_VALUE, "The model of a session cannot change; open a new session.", param="session.model"
             )
         new, duplex, warnings = apply_duplex_update(self.config, self.duplex, event.session, limits=self._config_limits)
+        if duplex.clock_settings() != self.duplex.clock_settings():
+            raise ProtocolError(
+                Code.INPUT_CLOCK_UPDATE_UNSUPPORTED,
+                "extra_body.clock and its timeouts are fixed when the session is created (its opening "
+                "session.update); open a new session to change them.",
+                param="session.extra_body.clock",
+            )
         previous, self.duplex = self.duplex, duplex
         try:
             self._apply_config(new, warnings)
@@ -253,6 +297,8 @@ class DuplexSession(RealtimeSession):
         state["attachment_generation"] = self.attachment_generation
         state["ledgers"] = self._duplex.playback.to_list()
         state["held_done"] = list(self._duplex.held_done)
+        clock = self._duplex.input_clock
+        state["input_clock"] = None if clock is None else clock.to_dict()
         return state
 
     @classmethod
@@ -267,5 +313,7 @@ class DuplexSession(RealtimeSession):
         session.attachment_generation = state["attachment_generation"]
         turns.playback.restore(state["ledgers"])
         turns.held_done = list(state.get("held_done", ()))
+        clock = state.get("input_clock")
+        turns.input_clock = None if clock is None else InputClock.from_dict(clock)
         session.dirty = False
         return session

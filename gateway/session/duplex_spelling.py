@@ -63,6 +63,15 @@ class TurnMoments(Protocol):
     def speech_started(self) -> None:
         """``input_audio_buffer.speech_started`` went out."""
 
+    def response_created(self, response_id: str) -> None:
+        """A response (the conversation's or an out-of-band one) was created."""
+
+    def response_done(self, response_id: str, status: str, details: dict[str, Any] | None) -> None:
+        """A response's ``response.done`` went out."""
+
+    def transcript_final(self, item_id: str) -> None:
+        """A committed item's transcript went out (``.completed``), or its failure."""
+
 
 class DuplexSpelling:
     """See the module docstring."""
@@ -115,6 +124,7 @@ class DuplexSpelling:
             write("error", {"error": {"type": "server_error", "code": error["code"], "message": message,
                                       "param": None, "event_id": None}})  # fmt: skip
             self._release_done(fields["item_id"])
+            self._turns.transcript_final(fields["item_id"])
             return
         elif type_ in ("conversation.item.deleted", "conversation.item.truncated"):
             fields["event"] = {"type": type_, **fields}
@@ -135,14 +145,18 @@ class DuplexSpelling:
                 write("response.output_item.added", output)
         elif type_ == "input_audio_buffer.speech_started":
             self._turns.speech_started()
-        elif type_ == "response.created" and resp is not None and fields["response"]["id"] == resp.id:
-            self._turns.answer_opened(resp)
+        elif type_ == "response.created":
+            if resp is not None and fields["response"]["id"] == resp.id:
+                self._turns.answer_opened(resp)
+            self._turns.response_created(fields["response"]["id"])
         elif type_ == "response.done":
             rid = fields["response"]["id"]
             self._spoken.discard(rid)
             self._unpaired.pop(rid, None)
+            self._turns.response_done(rid, fields["response"]["status"], fields["response"]["status_details"])
         elif type_ == "conversation.item.input_audio_transcription.completed":
             self._release_done(fields["item_id"])
+            self._turns.transcript_final(fields["item_id"])
 
     def _release_done(self, item_id: str) -> None:
         """A committed item's transcript is known: its held ``conversation.item.done``, with it."""

@@ -32,6 +32,7 @@ from gateway.protocol.session_config import SessionConfig, beta_format
 from gateway.session.conversation import Item, Part
 from gateway.session.duplex_spelling import DuplexSpelling
 from gateway.session.events import Spelling
+from gateway.session.input_clock import TRIGGERS, Ack, InputClock, Unit
 from gateway.session.playback import Ledger, Playback
 from gateway.session.response import Response
 from gateway.session.turn_taking import Parts
@@ -43,6 +44,7 @@ class DuplexTurns:
     """See the module docstring."""
 
     lazy_message = False  # a response's message exists from response.created (its playback ledger)
+    message_named_by_response = True  # "response_id (item id item_<response_id>)": a client may build it
     reports_transcripts = True  # the commit fan-out has ...transcription.completed, always
 
     def __init__(self, session_id: str, duplex: DuplexConfig, *, clock: Callable[[], float] = time.time) -> None:
@@ -65,6 +67,8 @@ class DuplexTurns:
         self._overlap_ms = 0.0
         self._overlap_decided = False
         self._video_warned = False
+        # extra_body.clock "input": the input clock (input_clock.py), made with the session.
+        self.input_clock: InputClock | None = None
 
     def bind(self, parts: Parts, config: SessionConfig) -> None:
         self.config = config
@@ -91,7 +95,9 @@ class DuplexTurns:
     def session_state(self) -> dict[str, Any]:
         """The ``state`` of the duplex session object."""
         resp = self._responses.current
+        clock = {} if self.input_clock is None else {"input_index": self.input_clock.inputs}
         return {
+            **clock,  # an input-clocked session: the latest input's input_index (what a resume resends after)
             "turn_state": self.turn_state,
             "epoch": self._log.epoch,
             "turn_id": self.turn_id,
@@ -108,9 +114,12 @@ class DuplexTurns:
         # Read by the next answer() (a VAD turn is answered only with auto_response); a VAD
         # commit that no answer follows (a full buffer) leaves it set for the next one.
         self._vad_commit = True
+        item_id, committed_ms = self._input.open_item_id, self._input.buffered_ms
         done = self._input.commit(event_id, manual=False)
         if not done:
             self._vad_commit = False
+        else:
+            self._turn_committed(item_id, committed_ms)
         return done
 
     def answer(self, params: ce.ResponseParams, event_id: str | None, turn_started_at: float | None = None) -> None:
@@ -118,10 +127,31 @@ class DuplexTurns:
             self._vad_commit = False
             if not self._respond_next:
                 return
+        clock = self.input_clock
+        unit = clock.for_answer() if clock is not None else None
         if self._responses.current is not None and event_id is None:
             self._deferred = params  # a turn committed while an answer runs: answered after it
+            if clock is not None and unit is not None:
+                clock.defer(unit)
             return
-        self._responses.create(params, event_id, turn_started_at)
+        self._create(params, event_id, turn_started_at, unit)
+
+    def _create(
+        self, params: ce.ResponseParams, event_id: str | None, turn_started_at: float | None, unit: Unit | None
+    ) -> None:
+        """The answer, created now (``unit``: the input clock's unit it answers)."""
+        clock = self.input_clock
+        if clock is not None:
+            clock.answering = unit
+        try:
+            self._responses.create(params, event_id, turn_started_at)
+        except ProtocolError:
+            if clock is not None and unit is not None:
+                clock.not_answered(unit)
+            raise
+        finally:
+            if clock is not None:
+                clock.answering = None
         self.response_turn = self.turn_id
 
     def speech_during_response(self) -> None:
@@ -149,7 +179,10 @@ class DuplexTurns:
         self.turn_state = "idle"
         if self._deferred is not None:
             params, self._deferred = self._deferred, None
-            self.answer(params, None)
+            clock = self.input_clock
+            unit = clock.take_deferred() if clock is not None else None
+            self.flush_acks()  # what the answer that ended completed is acknowledged before the next begins
+            self._create(params, None, None, unit)
 
     # --- input ---------------------------------------------------------------------
 
@@ -290,10 +323,15 @@ class DuplexTurns:
         has_audio = self._input.can_commit
         if has_audio:
             self._speech_stopped()  # "speech_started -> speech_stopped -> committed"
+        item_id, committed_ms = self._input.open_item_id, self._input.buffered_ms
         if has_audio or not text:
             self._input.commit(event.event_id, manual=True)  # raises commit_empty without text or audio
         elif self._input.is_open:
             self._input.drop()  # under the minimum, next to text: dropped
+        if has_audio:
+            self._turn_committed(item_id, committed_ms)
+        else:
+            self._turn_committed(None, 0.0)  # a text turn
         self._speech_item = None
         if not has_audio:
             self.turn_id += 1
@@ -333,6 +371,8 @@ class DuplexTurns:
         it still plays on the client (``Playback.playing``). Every barge-in advances the
         fence, whether or not anything was interrupted."""
         self._deferred = None  # the next commit's answer covers the whole conversation
+        if self.input_clock is not None:
+            self.input_clock.drop_deferred(reason)
         if self._responses.current is not None:
             self._responses.end_current("cancelled", {"type": "cancelled", "reason": reason}, cancel=True)
             self.turn_state = "barge_in"
@@ -450,7 +490,74 @@ class DuplexTurns:
             },
         )
 
+    # --- the input clock (input_clock.py) -----------------------------------------------
+
+    def input_arrived(self, trigger: str) -> Ack | None:
+        """A client event reached the session: its acknowledgement, if it is owed one."""
+        clock = self.input_clock
+        return clock.begin(trigger) if clock is not None and trigger in TRIGGERS else None
+
+    def input_handled(self, ack: Ack | None, audio_before_ms: float, refused: str | None) -> None:
+        """The client event is handled (``refused``: the code of its error). An append refused
+        before its audio was taken is ``rejected``; the acknowledgements due go out."""
+        clock = self.input_clock
+        if clock is None:
+            return
+        if ack is not None:
+            audio_ms = self._input.audio_ms
+            rejected = refused if ack.trigger == TRIGGERS[0] and audio_ms == audio_before_ms else None
+            clock.end(ack, audio_ms, rejected)
+        clock.step_over()
+        self.flush_acks()
+
+    def flush_acks(self) -> None:
+        """The acknowledgements now due (after every event the step made)."""
+        clock = self.input_clock
+        if clock is None:
+            return
+        for fields in clock.flush():
+            self._emit("input_audio_buffer.processed", **fields)
+
+    def input_clock_closed(self, reason: str) -> None:
+        """Teardown: every owed input acknowledged at once, before the session's last event."""
+        clock = self.input_clock
+        fields = clock.close(reason, self._input.audio_ms) if clock is not None else None
+        if fields is not None:
+            self._emit("input_audio_buffer.processed", **fields)
+
+    def _turn_committed(self, item_id: str | None, committed_ms: float) -> None:
+        clock = self.input_clock
+        if clock is None:
+            return
+        item = self._history.get(item_id) if item_id is not None else None
+        clock.turn(committed_ms, item_id if item is not None and item.pending_transcription else None)
+
     # --- what the spelling tells (duplex_spelling.TurnMoments) ------------------------------
+
+    def response_created(self, response_id: str) -> None:
+        if self.input_clock is not None:
+            self.input_clock.response_created(response_id)
+
+    def response_done(self, response_id: str, status: str, details: dict[str, Any] | None) -> None:
+        """A response ended: its unit's answer with it (one lost with a replica is made again)."""
+        clock = self.input_clock
+        if clock is None:
+            return
+        details = details or {}
+        lost = details.get("gateway_reason")  # (only a takeover ends a response with it: recover)
+        reissue = lost is not None and self.config.reissue_interrupted_responses
+        error = details.get("error")
+        if lost is not None:
+            decision, reason = "aborted", lost
+        elif status in ("cancelled", "failed"):
+            decision, reason = status, details.get("reason") or (error.get("code") if isinstance(error, dict) else None)
+        else:
+            decision, reason = "speak", None  # (completed, or incomplete at max_output_tokens)
+        clock.response_done(response_id, decision, reason, reissue=reissue)
+
+    def transcript_final(self, item_id: str) -> None:
+        if self.input_clock is not None:
+            self.input_clock.transcript_final(item_id)
 
     @property
     def ending(self) -> tuple[str, str] | None:

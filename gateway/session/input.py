@@ -159,6 +159,11 @@ class InputAudio:
         return self._input.item_id if self._input is not None else None
 
     @property
+    def buffered_ms(self) -> float:
+        """The uncommitted audio: what a commit now would commit."""
+        return self._buffer_ms
+
+    @property
     def can_commit(self) -> bool:
         """Whether a commit now would make an item (enough audio is buffered)."""
         return self._input is not None and self._buffer_ms >= self._limits.min_commit_ms

@@ -89,7 +89,13 @@ MCP_ROUNDS = 4
 
 class ResponseTurns(Protocol):
     """What the responses part tells the dialect's turn-taking (``turn_taking.TurnTaking``):
-    the conversation's answer ends (an out-of-band one ends unannounced)."""
+    the conversation's answer ends (an out-of-band one ends unannounced); and what it asks of
+    it: how a response's message is named."""
+
+    @property
+    def message_named_by_response(self) -> bool:
+        """A response's (first) message is ``item_<response id>`` (the duplex document's
+        identity rule: a client may build the id); False: a fresh ``item_`` id."""
 
     def answer_ending(self, resp: Response, status: str) -> None:
         """Before its closing events: what the dialect must capture of it."""
@@ -353,7 +359,10 @@ class Responses:
             self._emit("conversation.item.added", previous_item_id=prev, item=item.render(self._beta))
 
     def _new_message(self, resp: Response) -> Part:
-        item = Item(self._new_id("item"), "assistant", [], status="in_progress")
+        item_id = f"item_{resp.id}"
+        if resp.message is not None or not self._turns.message_named_by_response or self._history.get(item_id):
+            item_id = self._new_id("item")  # (a second message, after a call; or the name is taken)
+        item = Item(item_id, "assistant", [], status="in_progress")
         part = Part("output_audio", transcript="") if "audio" in resp.modalities else Part("output_text", text="")
         resp.message, resp.part = item, part
         return part

@@ -61,6 +61,7 @@ class RealtimeTurns:
 
     spelling: Spelling | None = None
     lazy_message = True
+    message_named_by_response = False  # item ids are the API's own: item_<random>
     reports_transcripts = False  # transcripts only with input_audio_transcription
 
     def bind(self, parts: Parts, config: SessionConfig) -> None:

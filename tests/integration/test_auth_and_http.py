@@ -13,8 +13,10 @@ import httpx
 import orjson
 import pytest
 import websockets
+from openai.types.realtime import RealtimeSessionCreateResponse
 from prometheus_client.parser import text_string_to_metric_families
 from support.gateway import Client, RunningGateway, connect, run_gateway
+from support.sdk_shapes import check_event
 
 from gateway.auth import Grant, principal_of_key
 from gateway.protocol.errors import Code
@@ -237,6 +239,22 @@ async def test_client_secret_is_minted_in_the_ga_shape(http: httpx.AsyncClient) 
     assert session["object"] == "realtime.session"
     assert session["instructions"] == "Talk like a pirate."
     assert session["audio"]["output"]["voice"] == "alloy"
+
+
+async def test_a_custom_voice_is_a_name_in_the_rest_answer_and_the_object_on_the_socket(
+    gw: RunningGateway, http: httpx.AsyncClient
+) -> None:
+    """The SDK types the REST answer's session (``RealtimeSessionCreateResponse``) with a voice
+    name only, and the socket's session.created (the request shape) with a name or ``VoiceID``."""
+    r = await mint(http, {"session": {"type": "realtime", "audio": {"output": {"voice": {"id": "voice_7f3a"}}}}})
+    assert r.status_code == 200
+    session = r.json()["session"]
+    assert session["audio"]["output"]["voice"] == "voice_7f3a"
+    RealtimeSessionCreateResponse.model_validate(session, strict=True)
+    async with connect(gw.url, subprotocols=["realtime", KEY_PROTO + r.json()["value"]]) as c:
+        created = await c.wait_for("session.created")
+        assert created["session"]["audio"]["output"]["voice"] == {"id": "voice_7f3a"}
+        check_event(created)
 
 
 async def test_client_secret_lifetime_follows_expires_after(http: httpx.AsyncClient) -> None:

@@ -498,6 +498,93 @@ async def test_a_journal_that_no_longer_holds_the_gap_asks_for_a_resync_with_ups
 # --- playback truth, the epoch, overlap ---------------------------------------------------------
 
 
+async def test_a_client_that_builds_item_ids_from_response_ids_succeeds_across_a_resume() -> None:
+    """ "Endpoint and transport": the item id is ``item_<response_id>``. A client that never
+    reads the item id, only response.created's ``response_id``, acknowledges playback,
+    retrieves and truncates with the id it built, on its socket and on the one it resumes on."""
+    async with gateway() as gw:
+        async with duplex(gw) as c:
+            created = await c.open()
+            sid, token = created["session"]["id"], created["resume_token"]
+            rid = await c.answer()
+            built = f"item_{rid}"
+            await c.wait_for(
+                lambda e: e["type"] == "response.output_audio.delta" and e["metadata"]["audio_duration_ms"] >= 200
+            )
+            assert c.of("response.output_audio.delta")[0]["item_id"] == built
+            await c.send({"type": "playback.ack", "response_id": rid, "item_id": built, "played_ms": 200})
+            assert (await c.wait_for("playback.acknowledged"))["event"]["item_id"] == built
+            await c.wait_for("response.done")
+            await c.send({"type": "conversation.item.retrieve", "item_id": built})
+            assert (await c.wait_for("conversation.item.retrieved"))["item"]["id"] == built
+            await c.send({"type": "conversation.item.truncate", "item_id": built, "content_index": 0,
+                          "audio_end_ms": 150})  # fmt: skip
+            assert (await c.wait_for("conversation.item.truncated"))["item_id"] == built
+            last = max(c.seqs())
+        async with duplex(gw) as r:
+            await r.send(doc.fill(doc.RESUME, session_id=sid, resume_token=token, last_received_server_event_seq=last))
+            await r.wait_for("session.resumed")
+            await r.send({"type": "conversation.item.retrieve", "item_id": built})
+            assert (await r.wait_for("conversation.item.retrieved"))["item"]["id"] == built
+            rid2 = await r.answer()
+            await r.send({"type": "playback.ack", "response_id": rid2, "item_id": f"item_{rid2}", "played_ms": 40})
+            assert (await r.wait_for("playback.acknowledged"))["event"]["item_id"] == f"item_{rid2}"
+            await r.send({"type": "conversation.item.truncate", "item_id": built, "content_index": 0,
+                          "audio_end_ms": 100})  # fmt: skip
+            assert (await r.wait_for("conversation.item.truncated"))["item_id"] == built
+            assert "error" not in c.types() + r.types()
+
+
+# --- input-clocked sessions (the document's newest sibling revision) ------------------------------
+
+
+async def test_a_lockstep_client_steps_an_input_clocked_session_and_resumes_where_it_stopped() -> None:
+    """ "Input-clocked sessions" (``doc.INPUT_CLOCK_REVISION``): a client that sends each input
+    only once the previous one is acknowledged. Every input gets one input_audio_buffer.processed,
+    in order, after everything it caused (the answer through rate_limits.updated); the clock is
+    fixed; a resume on a new socket says where it stopped (session.input_index) and goes on.
+    Answers last 5 s here, so that the close surely comes while the last one runs."""
+    async with gateway(PassthroughEngine(audio_chunks=250)) as gw:
+        async with duplex(gw) as c:
+            created = await c.open(extra_body={**doc.INPUT_CLOCK, "auto_response": True})
+            assert created["session"]["input_index"] == 0
+            sid, token = created["session"]["id"], created["resume_token"]
+            await c.send(doc.fill(doc.APPEND, audio=doc.pcm16(300), duration_ms=300))
+            first = await c.wait_for("input_audio_buffer.processed")
+            assert doc.gaps(doc.INPUT_PROCESSED, first) == []
+            assert (first["input_index"], first["audio_end_ms"], first["units"]) == (1, 300, [])
+            await c.send(doc.COMMIT)
+            second = await c.wait_for("input_audio_buffer.processed")
+            turn = c.types()[c.events.index(first) + 1 : c.events.index(second)]
+            assert turn[-2:] == ["response.done", "rate_limits.updated"]  # all it caused, then its ack
+            assert "conversation.item.input_audio_transcription.completed" in turn
+            assert (second["input_index"], second["trigger"], second["unit_end_ms"]) == (
+                2, "input_audio_buffer.commit", 300,
+            )  # fmt: skip
+            assert second["units"] == [{"end_ms": 300, "decision": "speak"}]
+            await c.send({"type": "session.update", "event_id": "u", "session": {"extra_body": {"clock": None}}})
+            refused = await c.wait_for("error")
+            assert (refused["error"]["code"], refused["error"]["event_id"]) == ("input_clock_update_unsupported", "u")
+            await c.send(doc.fill(doc.APPEND, audio=doc.pcm16(100), duration_ms=100))
+            await c.wait_for(lambda e: e["type"] == "input_audio_buffer.processed" and e["input_index"] == 3)
+            last = max(c.seqs())
+        async with duplex(gw) as r:
+            await r.send(doc.fill(doc.RESUME, session_id=sid, resume_token=token, last_received_server_event_seq=last))
+            resumed = await r.wait_for("session.resumed")
+            assert resumed["session"]["input_index"] == 3  # what reached the session: resend what comes after
+            await r.send(doc.fill(doc.APPEND, audio=doc.pcm16(100), duration_ms=100))
+            fourth = await r.wait_for("input_audio_buffer.processed")
+            assert (fourth["input_index"], fourth["audio_end_ms"]) == (4, 500)
+            await r.send({"type": "response.create", "response": {"modalities": ["text"]}})
+            await r.send(doc.CLOSE)  # while the answer runs: one teardown ack, then session.closed
+            closed = await r.wait_for("session.closed")
+            teardown = r.of("input_audio_buffer.processed")[-1]
+            assert r.events.index(teardown) == r.events.index(closed) - 1
+            assert (teardown["input_index"], teardown["trigger"]) == (5, "response.create")
+            assert teardown["units"] == [{"end_ms": 300, "decision": "aborted", "reason": "client_close"}]
+        assert "error" not in r.types() and c.types().count("error") == 1
+
+
 async def test_playback_acks_cut_the_history_to_what_was_heard_to_the_millisecond() -> None:
     """Acked to 430 ms, then a barge-in: the assistant item keeps the words whose audio had
     started by then (w0..w21) and exactly 430 ms of audio (a truncate beyond it is refused)."""

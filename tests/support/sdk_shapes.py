@@ -113,6 +113,18 @@ def _extras(model: Any, path: str, out: list[str]) -> None:
             _extras(value, f"{path}.{key}", out)
 
 
+def _voice_as_name(session: dict[str, Any]) -> dict[str, Any]:
+    """The session with a custom voice ``{"id": ...}`` as its id, for the response model only:
+    the event's model (the request shape, checked strictly before this) types the voice as a
+    name or ``VoiceID``; ``RealtimeSessionCreateResponse`` (the REST answer's) as a name only."""
+    output = (session.get("audio") or {}).get("output")
+    voice = output.get("voice") if isinstance(output, dict) else None
+    if not (isinstance(voice, dict) and set(voice) == {"id"} and isinstance(voice["id"], str)):
+        return session
+    audio = session["audio"]
+    return {**session, "audio": {**audio, "output": {**output, "voice": voice["id"]}}}
+
+
 def check_event(event: dict[str, Any], *, beta: bool = False, extensions: bool = False) -> None:
     """Raise ``ShapeError`` unless ``event`` is one the SDK accepts, strictly."""
     kind = event.get("type")
@@ -133,12 +145,12 @@ def check_event(event: dict[str, Any], *, beta: bool = False, extensions: bool =
             raise ShapeError(f"{kind} (beta): session.model must be a string, got {model!r}")
         checked = {**event, "session": {**event["session"], "model": "gpt-4o-realtime-preview"}}
     if beta and kind == "transcription_session.updated" and isinstance(event.get("session"), dict):
-        # The beta SDK's TranscriptionSession requires client_secret, which its own docstring
-        # says is "not present when a session is updated via the WebSocket API": a
-        # placeholder stands in for it, and nothing else is relaxed.
-        if "client_secret" in event["session"]:
-            raise ShapeError(f"{kind}: a client_secret went out over the socket: {event}")
-        checked = {**event, "session": {**event["session"], "client_secret": {"value": "x", "expires_at": 0}}}
+        # The beta SDK's TranscriptionSession requires client_secret {value, expires_at}: the
+        # event carries one (validated as is, below), and it must be the empty one, so that no
+        # usable key ever goes out over the socket (or into the journal).
+        secret = event["session"].get("client_secret")
+        if secret != {"value": "", "expires_at": 0}:
+            raise ShapeError(f"{kind}: client_secret must be the empty {{value: '', expires_at: 0}}: {event}")
     try:
         parsed = adapter.validate_python(checked, strict=True)
     except pydantic.ValidationError as exc:
@@ -148,7 +160,9 @@ def check_event(event: dict[str, Any], *, beta: bool = False, extensions: bool =
     session = event.get("session")
     if not beta and kind in ("session.created", "session.updated") and isinstance(session, dict):
         try:
-            response = _SESSION_RESPONSES[session.get("type", "realtime")].validate_python(session, strict=True)
+            response = _SESSION_RESPONSES[session.get("type", "realtime")].validate_python(
+                _voice_as_name(session), strict=True
+            )
         except (KeyError, pydantic.ValidationError) as exc:
             detail = _summary(exc) if isinstance(exc, pydantic.ValidationError) else f"type {exc}"
             raise ShapeError(f"{kind}: not the SDK's session response shape: {detail}\nevent: {event}") from None

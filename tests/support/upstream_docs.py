@@ -638,6 +638,29 @@ FATAL_RESUME_CODES = frozenset(
     }
 )
 
+# --- DUPLEX, the newest sibling revision: input-clocked sessions -----------------------------
+# The section "Input-clocked sessions" that vllm-project/vllm-omni#8485 (head eacc510a, branch
+# duplex-input-clock of williamLyh/vllm-omni) adds to docs/serving/realtime_duplex_api.md, as
+# carried onto main 61cae20d (the document's blob ed4f2846) by InteractionGym's vLLM-Omni patch.
+INPUT_CLOCK_REVISION = "vllm-project/vllm-omni#8485@eacc510a"
+# "Session options that control model time": the opening session.update's extra_body
+INPUT_CLOCK = {"clock": "input"}
+# "Input-clocked sessions": S→C input_audio_buffer.processed
+INPUT_PROCESSED = {
+    "type": "input_audio_buffer.processed",
+    "event_id": "event_5c1e…",
+    "audio_end_ms": 3200,
+    "unit_end_ms": 3000,
+    "input_index": 16,
+    "trigger": "input_audio_buffer.append",
+    "units": [{"end_ms": 3000, "decision": "speak"}],
+}
+# "Acknowledgement contract": what is acknowledged, and the settled units' decisions
+INPUT_CLOCK_TRIGGERS = ("input_audio_buffer.append", "input_audio_buffer.commit", "response.create")
+SETTLED_DECISIONS = frozenset({"dropped", "cancelled", "aborted", "timed_out"})
+# "Fixed at creation" and "Timeouts": the errors
+INPUT_CLOCK_ERRORS = ("input_clock_unsupported", "input_clock_update_unsupported", "invalid_duplex_runtime_config")
+
 # --- TURN: the turn-based /v1/realtime ("Protocol") --------------------------------------------
 
 # "A minimal client sends events in this order" (audio base64 PCM16, 16 kHz for Qwen3-Omni)

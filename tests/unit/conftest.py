@@ -15,7 +15,7 @@ import pytest
 from gateway.session import snapshot
 from gateway.session.session import RealtimeSession
 
-CHECKED = ("test_session", "test_duplex_session")  # modules that drive a bare session (no host)
+CHECKED = ("test_session", "test_duplex_session", "test_duplex_input_clock")  # modules that drive a bare session
 
 
 @pytest.fixture(autouse=True)
@@ -46,5 +46,14 @@ def incremental_snapshots_stay_exact(request: pytest.FixtureRequest, monkeypatch
             assert got == want, f"item {item.id} changed without an event naming it: stored {got}, now {want}"
         return out
 
+    restore = RealtimeSession.restore.__func__  # type: ignore[attr-defined]
+
+    def seeded_restore(cls: Any, state: dict[str, Any], **kwargs: Any) -> Any:
+        """A restored session's store holds the records of the snapshot it came from."""
+        session = restore(cls, state, **kwargs)
+        records[id(session)] = {item.id: snapshot.item_bytes(item) for item in session.conversation}
+        return session
+
     monkeypatch.setattr(RealtimeSession, "take", checked_take)
+    monkeypatch.setattr(RealtimeSession, "restore", classmethod(seeded_restore))
     yield

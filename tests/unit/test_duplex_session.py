@@ -12,6 +12,7 @@ import orjson
 import pytest
 from support import upstream_docs as doc
 
+from gateway.audio.vad import FRAME_MS
 from gateway.protocol import client_events as ce
 from gateway.protocol import duplex_events as de
 from gateway.protocol.dialects import DUPLEX
@@ -21,6 +22,7 @@ from gateway.protocol.session_config import ConfigLimits, TurnDetection
 from gateway.session.duplex import DuplexSession
 from gateway.session.effects import Cancel, CloseSocket, StartResponse
 from gateway.session.events import STATE_EVENTS
+from gateway.session.turns import FRAME_MS as TURN_FRAME_MS
 from orchestrator.engine import AudioDelta, Finished, TextDelta
 from orchestrator.engines.passthrough import PassthroughEngine
 
@@ -78,6 +80,13 @@ class Driver:
         self.words = 0  # words of the running answer
         self.session.start(resume_token="rt_x")
         self.take()
+
+    @classmethod
+    def around(cls, session: DuplexSession) -> Driver:
+        """A driver of a session made elsewhere (restored from a snapshot)."""
+        driver = cls.__new__(cls)
+        driver.now, driver.session, driver.events, driver.effects, driver.words = 1000.0, session, [], [], 0
+        return driver
 
     def take(self) -> list[dict[str, Any]]:
         events, effects = self.session.take()
@@ -235,6 +244,11 @@ def test_session_created_carries_the_duplex_identity_and_capabilities() -> None:
     assert doc.gaps(doc.SESSION_CREATED, created) == [] and "incarnation" not in created
     assert (created["type"], created["attachment_generation"]) == ("session.created", 1)
     assert created["session"]["capabilities"]["supports_session_resume"] is True
+    # "chunk_period_ms": an integer, as the document has it (a client sizes appends and
+    # aligns decisions to it): the server VAD's frame, the period this gateway decides at
+    period = created["session"]["capabilities"]["chunk_period_ms"]
+    assert type(period) is type(doc.SESSION_CREATED["session"]["capabilities"]["chunk_period_ms"]) is int
+    assert period == FRAME_MS == int(TURN_FRAME_MS)
 
 
 def test_a_commit_answers_unless_auto_response_is_off() -> None:
@@ -344,6 +358,55 @@ def test_an_answer_opens_speaks_and_pairs_each_audio_delta_with_one_transcript_d
     assert audio[-1]["sample_rate_hz"] == 24000 and audio[-1]["format"] == "pcm16"
     transcript = "".join(e["delta"] for e in deltas[1::2])
     assert next(e for e in answer if e["type"] == "response.output_audio_transcript.done")["transcript"] == transcript
+
+
+def test_an_answers_item_is_item_underscore_its_response_id_and_a_client_may_build_it() -> None:
+    """ "Endpoint and transport": "response_id (item id item_<response_id>) names one assistant
+    utterance". A client that builds the id from response.created's response_id acknowledges
+    playback, retrieves and truncates with it, before a snapshot and after it (another replica),
+    and the answers made after the restore follow the rule too."""
+    d = Driver()
+    d.append(loud(200))
+    d.send({"type": "input_audio_buffer.commit"})
+    rid = d.answer(30)
+    built = f"item_{rid}"
+    answer = [e for e in d.events if e.get("response_id") == rid or (e.get("item") or {}).get("role") == "assistant"]
+    named = {e.get("item_id") or (e.get("item") or {}).get("id") for e in answer} - {None}
+    assert named == {built}  # every event that names the answer's item names it so
+    events = d.send({"type": "playback.ack", "response_id": rid, "item_id": built, "played_ms": 300})
+    assert d.types(events) == ["playback.acknowledged"] and events[0]["event"]["item_id"] == built
+    d.answer(0, finish=True)
+    events = d.send({"type": "conversation.item.retrieve", "item_id": built})
+    assert d.types(events) == ["conversation.item.retrieved"] and events[0]["item"]["id"] == built
+    events = d.send({"type": "conversation.item.truncate", "item_id": built, "content_index": 0, "audio_end_ms": 250})
+    assert d.types(events) == ["conversation.item.truncated"] and events[0]["item_id"] == built
+
+    state = orjson.loads(orjson.dumps(d.session.snapshot_state()))
+    again = DuplexSession.restore(state, engine=INFO, vad_factory=None, wall_clock=lambda: d.now)
+    r = Driver.around(again)
+    events = r.send({"type": "conversation.item.retrieve", "item_id": built})
+    assert r.types(events) == ["conversation.item.retrieved"] and events[0]["item"]["id"] == built
+    events = r.send({"type": "playback.ack", "response_id": rid, "item_id": built, "played_ms": 100})
+    assert r.types(events) == ["playback.acknowledged"]
+    events = r.send({"type": "conversation.item.truncate", "item_id": built, "content_index": 0, "audio_end_ms": 90})
+    assert r.types(events) == ["conversation.item.truncated"]
+    r.append(loud(200))
+    r.send({"type": "input_audio_buffer.commit"})
+    rid2 = r.answer(5, finish=True)
+    assert rid2 != rid and r.session.ledgers[rid2].item_id == f"item_{rid2}"
+    events = r.send({"type": "conversation.item.retrieve", "item_id": f"item_{rid2}"})
+    assert r.types(events) == ["conversation.item.retrieved"]
+
+
+def test_the_openai_dialects_keep_their_own_item_ids() -> None:
+    """The identity rule is the duplex document's: a GA answer's item is a fresh item_ id."""
+    from support.session_driver import Driver as GaDriver
+
+    g = GaDriver()
+    events, _ = g.send({"type": "response.create"})
+    created = next(e for e in events if e["type"] == "response.created")["response"]["id"]
+    added = next(e for e in events if e["type"] == "response.output_item.added")["item"]["id"]
+    assert added.startswith("item_") and added != f"item_{created}"
 
 
 def test_text_after_the_last_audio_goes_out_with_an_empty_audio_delta_and_no_audio_no_text() -> None:

@@ -10,19 +10,27 @@ import base64
 from dataclasses import replace
 from typing import Any
 
+import orjson
+import pydantic
 import pytest
+from openai.types.beta.realtime import TranscriptionSessionUpdatedEvent as BetaTranscriptionSessionUpdated
+from openai.types.realtime import RealtimeServerEvent, SessionUpdatedEvent
 from support.session_driver import TONE, Driver, EnergyVad
 
+from gateway.protocol import client_events as ce
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import TurnDetection
+from gateway.session import snapshot
 from gateway.session.context import fit_context
 from gateway.session.conversation import Item, Part
 from gateway.session.effects import Cancel, EndInput, StartResponse, StartTranscription
+from gateway.session.snapshot import config_from_dict
 from gateway.session.turns import SEMANTIC_WAITS, semantic_silence_ms
 from orchestrator.engine import AudioDelta, Finished, TextDelta, TokenLogprob
 from orchestrator.engines.passthrough import PassthroughEngine
 
 MS = 48  # bytes of 24 kHz PCM16 per ms
+SERVER_EVENTS: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(RealtimeServerEvent)
 
 # Every field of the SDK's RealtimeSessionCreateRequest, with a non-default value.
 FULL_GA_SESSION: dict[str, Any] = {
@@ -90,7 +98,7 @@ def test_a_session_update_with_every_ga_field_is_accepted_and_echoed_in_the_sdk_
         "type": "semantic_vad", "eagerness": "high", "create_response": True, "interrupt_response": False,
     }  # fmt: skip
     assert s["audio"]["input"]["transcription"]["keywords"] == ["Ada", "Lovelace"]
-    assert s["audio"]["output"]["voice"] == "voice_1234"
+    assert s["audio"]["output"]["voice"] == {"id": "voice_1234"}  # a custom voice comes back as it went
     assert s["truncation"]["retention_ratio"] == 0.5
     assert s["include"] == ["item.input_audio_transcription.logprobs"]
     assert s["tool_choice"] == {"type": "function", "name": "get_weather"}
@@ -100,6 +108,35 @@ def test_a_session_update_with_every_ga_field_is_accepted_and_echoed_in_the_sdk_
             "session.audio.input.transcription.delay", "session.tools"} <= warned  # fmt: skip
     again = update(d, FULL_GA_SESSION)
     assert d.types(again) == ["session.updated"]  # reported once per session
+
+
+def test_a_custom_voice_comes_back_as_the_object_typed_clients_read_the_id_of() -> None:
+    """Where the SDK types a voice as a name or ``VoiceID`` (the GA session of session.created
+    and .updated), a custom voice is the object; where it types a name only (the response
+    object of response.created/done, the beta's session), it is the name."""
+    d = Driver()
+    events = update(d, {"audio": {"output": {"voice": {"id": "voice_7f3a"}}}})
+    assert events[0]["session"]["audio"]["output"]["voice"] == {"id": "voice_7f3a"}
+    typed = SERVER_EVENTS.validate_python(events[0])  # as openai-agents reads every event
+    assert isinstance(typed, SessionUpdatedEvent)
+    assert typed.session.audio.output.voice.id == "voice_7f3a"  # type: ignore[union-attr]
+    # In a snapshot and back (another replica renders the same object).
+    restored = config_from_dict(orjson.loads(snapshot.dumps({"config": d.session.config}))["config"])
+    assert restored == d.session.config and restored.custom_voice
+    events = update(d, {"instructions": "Be brief."})  # an update that does not name the voice keeps it
+    assert events[0]["session"]["audio"]["output"]["voice"] == {"id": "voice_7f3a"}
+    # response.create's own custom voice: RealtimeResponse types the voice as a name
+    events, _ = d.send({"type": "response.create", "response": {"audio": {"output": {"voice": {"id": "voice_9"}}}}})
+    created = next(e for e in events if e["type"] == "response.created")
+    assert created["response"]["audio"]["output"]["voice"] == "voice_9"
+    d.session.handle(ce.decode(b'{"type": "response.cancel"}'))
+    d.take()
+    events = update(d, {"audio": {"output": {"voice": "marin"}}})  # a name again: a name
+    assert events[0]["session"]["audio"]["output"]["voice"] == "marin"
+    # The beta's session types the voice as a name: the custom voice's id
+    b = Driver(beta=True)
+    events, _ = b.send({"type": "session.update", "session": {"voice": {"id": "voice_7f3a"}}})
+    assert events[0]["session"]["voice"] == "voice_7f3a"
 
 
 def test_a_full_session_is_never_refused_in_the_beta_dialect_either() -> None:
@@ -479,6 +516,10 @@ def test_a_beta_transcription_session_update_makes_a_transcription_session() -> 
     }})  # fmt: skip
     assert d.types(events) == ["transcription_session.updated"]
     session = events[0]["session"]
+    # The SDK's TranscriptionSession requires a client_secret: an empty one, never a usable key
+    assert session["client_secret"] == {"value": "", "expires_at": 0}
+    typed = BetaTranscriptionSessionUpdated.model_validate(events[0], strict=True)
+    assert typed.session.client_secret.value == ""
     assert session["input_audio_transcription"]["model"] == "gpt-4o-transcribe"
     assert session["turn_detection"]["silence_duration_ms"] == 300 and session["modalities"] == ["text"]
     assert d.session.config.type == "transcription"

@@ -360,6 +360,8 @@ def replace_td(td: TurnDetection) -> SessionConfig:
 class Ends:
     """A turn-taking that records the conversation's answer's ends, with the events before each."""
 
+    message_named_by_response = False
+
     def __init__(self, log: EventLog) -> None:
         self.log = log
         self.calls: list[tuple[str, str, list[str]]] = []
