@@ -98,6 +98,7 @@ class Dialect:
     closed: Callable[[str | None, Any], bytes] | None = None  # the last event of a closed session
     handshake_error: Callable[[ProtocolError], bytes] | None = None  # a refused resume; None: ``error``
     always_announces_replaced: bool = False  # every client knows ``session.replaced`` (else only those that opted in)
+    model_at_start: bool = False  # the opening event names the model (checked then), never the URL
 
     def __repr__(self) -> str:
         return f"<Dialect {self.name}>"
@@ -301,6 +302,7 @@ LIVE = Dialect(
     control=_live_control,  # session.close: the session's last event, then the socket closes
     event_names=le.EVENT_NAMES,
     gated=False,
+    model_at_start=True,  # "required in the session configuration ...; do not pass it as a URL query parameter"
 )
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (GA, BETA, DUPLEX, LIVE)}

@@ -124,13 +124,14 @@ class RealtimeEndpoint:
         asked = hs.param("model")
         model = asked or (minted.model if minted is not None else rt.settings.model)
         refusal = common_refusal(rt, hs) or minted_refusal(hs.grant, video=False, model=asked)
-        if refusal is None and not rt.sessions.serves(model):
+        checked = not dialect.model_at_start  # (else the door checks the model the opening event names)
+        if refusal is None and checked and not rt.sessions.serves(model):
             refusal = (
                 Code.MODEL_NOT_FOUND,
                 f"No model {model!r} is served here; GET /v1/models lists them.",
                 CloseCode.UNKNOWN_MODEL,
             )
-        if refusal is None and not hs.grant.tenant.allows_model(model):
+        if refusal is None and checked and not hs.grant.tenant.allows_model(model):
             refusal = (Code.MODEL_NOT_ALLOWED, f"This credential may not use the model {model!r}.", CloseCode.FORBIDDEN)
         if refusal is not None:
             await refuse(rt, send, refusal, encode_error(refusal[0], refusal[1]))

@@ -8,9 +8,11 @@ detector; speech is eSpeak NG's, made at test time."""
 from __future__ import annotations
 
 import base64
+import hashlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 import websockets
 from support.gateway import Client, RunningGateway, connect, run_gateway
@@ -248,3 +250,35 @@ async def test_a_close_ends_the_session_with_its_usage(gw: RunningGateway) -> No
         with pytest.raises(websockets.ConnectionClosedOK) as exc:
             await c.recv()
         assert exc.value.rcvd is not None and exc.value.rcvd.code == 1000
+
+
+async def test_a_live_session_is_held_to_its_credential_and_tenant() -> None:
+    """Keys, the tenant's model allow-list and its limits apply to Live sessions as to every
+    session (the same door): no key is refused at the upgrade; a model the tenant may not use is
+    refused at session.start (close 4003); a session over the tenant's limit at connect (4029)."""
+    keys = orjson.dumps({"tenants": [
+        {"name": "acme", "key_sha256": hashlib.sha256(b"sk-acme").hexdigest(), "models": ["gpt-live-1"],
+         "limits": {"max_sessions": 1}},
+    ]}).decode()  # fmt: skip
+    settings = Settings(engine="passthrough", video_engine="none", api_keys=("sk-op",), keys_file=keys)
+    async with run_gateway(settings, engine=PassthroughEngine(audio_chunks=3), vad_factory=None) as gw:
+        with pytest.raises(websockets.InvalidStatus) as exc:
+            async with connect(url(gw)):
+                pass
+        assert exc.value.response.status_code == 401
+        acme = {"Authorization": "Bearer sk-acme"}
+        async with connect(url(gw), headers=acme) as c:
+            await c.send({**START, "session": {"model": "gpt-live-2"}})
+            error = await c.wait_for("error")
+            assert error["error"]["code"] == "model_not_allowed" and error["client_event_id"] == "start"
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await c.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4003
+        async with connect(url(gw), headers=acme) as c:
+            await started(c)
+            async with connect(url(gw), headers=acme) as second:  # over max_sessions 1
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    while True:
+                        await second.recv()
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 4029
+            assert errors(second)[0]["code"] == "rate_limit_exceeded"
