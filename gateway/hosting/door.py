@@ -501,6 +501,12 @@ class Door:
     async def _resume(self, event: ce.SessionResume) -> None:
         await self.resume(event)
 
+    async def resume_at_connect(self, event: ce.SessionResume) -> bool:
+        """A resume the connection asked for in its URL, before any message: as ``session.resume``
+        first. The connection is served either way (a refusal is said on it)."""
+        await self.resume(event)
+        return True
+
     async def resume(self, event: ce.SessionResume) -> ProtocolError | None:
         """Resume ``event.session_id`` through this door (what ``session.resume`` does; a
         WebRTC re-offer carries one). The refusal, if any, is said to the client and returned."""

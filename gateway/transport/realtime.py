@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -53,6 +54,7 @@ import orjson
 from gateway.auth import Minted
 from gateway.hosting.calls import open_sideband
 from gateway.hosting.door import Door, Entrance, Pending, Sessions
+from gateway.protocol import client_events as ce
 from gateway.protocol import duplex_events
 from gateway.protocol.dialects import BETA, BETA_SUBPROTOCOL, DUPLEX, GA, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
@@ -89,6 +91,22 @@ def dialect_of(query: dict[str, list[str]], headers: dict[str, str], offered: li
     if "realtime=v1" in headers.get("openai-beta", "") or BETA_SUBPROTOCOL in offered:
         return BETA
     return GA
+
+
+def resume_at_connect(hs: Handshake) -> ce.SessionResume | None:
+    """The gateway's resume extension in the URL (``?resume_session_id=&resume_token=&
+    last_received_server_event_seq=``): what ``session.resume`` as a first event does, for a
+    client whose reconnect can change its URL but not send an event first (the official SDKs'
+    ``on_reconnecting`` hook). None: the URL names no resume; a malformed one is not a resume
+    either (the session.resume event says why, if the client sends it)."""
+    session_id, token, seq = (
+        hs.param("resume_session_id"),
+        hs.param("resume_token"),
+        hs.param("last_received_server_event_seq"),
+    )
+    if not (session_id and token and seq and seq.isdigit()):
+        return None
+    return ce.SessionResume(None, session_id, token, int(seq))
 
 
 class RealtimeServices(Services, Protocol):
@@ -164,8 +182,12 @@ class RealtimeEndpoint:
             source = scope.get("path_params", {}).get("session_id") if self.forks else None
             door = socket.door_to(dialect, principal=hs.grant.principal, model=model, seat=seat,
                                   resume_only=resume_only, minted=hs.grant.minted, source=source)  # fmt: skip
-            at_connect = dialect.opening.at_connect(hs.param("model") is not None, resume_only)
-            opening = door.open if at_connect else None
+            resume = resume_at_connect(hs)
+            if resume is not None:  # the resume a reconnecting client names in its URL: before anything else
+                opening = functools.partial(door.resume_at_connect, resume)
+            else:
+                at_connect = dialect.opening.at_connect(hs.param("model") is not None, resume_only)
+                opening = door.open if at_connect else None
 
         await socket.run(opening)
 

@@ -150,3 +150,56 @@ async def test_a_live_session_survives_its_replica_at_any_moment_of_an_answer(ha
     for audio_deltas in (1, 7, 23, 41):
         await harness.ensure_all_up()
         print(await outage(harness, audio_deltas=audio_deltas, how=how))
+
+
+async def test_the_official_sdk_resumes_a_live_session_through_a_drain(harness: Harness) -> None:
+    """openai-python's ``client.live`` reconnects by itself when its socket closes 1012 (a
+    drain); its ``on_reconnecting`` hook may change the URL of the next attempt, and the
+    gateway resumes a session the URL names (``resume_session_id``, ``resume_token``,
+    ``last_received_server_event_seq``: the resume extension). Through nginx, the replica
+    holding the session is drained mid-answer: the SDK resumes on another, nothing is lost
+    or twice, and the answer is said whole."""
+    openai = pytest.importorskip("openai")
+    await harness.ensure_all_up()
+    held: dict[str, Any] = {"seq": 0, "token": "", "sid": ""}
+
+    def on_reconnecting(event: Any) -> dict[str, Any]:
+        return {"extra_query": {"resume_session_id": held["sid"], "resume_token": held["token"],
+                                "last_received_server_event_seq": str(held["seq"])}}  # fmt: skip
+
+    base = harness.cluster.url.replace("/v1/realtime", "/v1")
+    client = openai.AsyncOpenAI(api_key=harness.api_key, websocket_base_url=base)
+    said: list[str] = []
+    resumed = 0
+    async with client.live.connect(on_reconnecting=on_reconnecting, initial_delay=0.05) as conn:
+        await conn.session.start(session={"model": "gpt-live-1"})
+        await conn.session.commentary.append(content="one two three", delegation_id=None)
+        owner: int | None = None
+        deltas = 0
+        async for event in conn:
+            seq = getattr(event, "server_event_seq", 0) or 0
+            if event.type in ("session.started", "session.resumed"):
+                held["token"] = event.resume_token  # type: ignore[union-attr]
+                if event.type == "session.started":
+                    held["sid"] = event.session.id  # type: ignore[union-attr]
+                    held["seq"] = seq
+                    owner = await harness.wait_owner(held["sid"])
+                else:
+                    resumed += 1
+                continue
+            assert event.type not in ("error", "session.resync_required"), event
+            if seq <= held["seq"]:
+                continue  # replayed: held already
+            assert seq == held["seq"] + 1, f"gap: {held['seq']} -> {seq}"
+            held["seq"] = seq
+            if event.type == "session.output_audio.delta":
+                deltas += 1
+                if deltas == 9 and owner is not None and resumed == 0:
+                    harness.cluster.kill_replica(owner, signal.SIGTERM)  # a drain
+            elif event.type == "session.output_transcript.delta":
+                said.extend(event.delta.split())  # type: ignore[union-attr]
+                if said[-len(WORDS) :] == WORDS:
+                    break
+        assert resumed == 1
+        assert await harness.wait_owner(held["sid"]) != owner
+        await conn.session.close()
