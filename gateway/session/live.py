@@ -176,7 +176,21 @@ class LiveSession(RealtimeSession):
         if resume_token is not None:
             fields["resume_token"] = resume_token
         self._emit("session.started", **fields)
+        for code, message in self._notices():
+            self._emit("info", code=code, message=message)
         self.effects.append(Wake(USAGE_EVERY_S, _WAKE_USAGE))
+
+    def _notices(self) -> list[tuple[str, str]]:
+        """What the engine does not do of what the session asked (``info``: it goes on)."""
+        engine, notices = self.engine, []
+        if self.live.instructions and "instructions" in engine.ignored_fields:
+            notices.append(("unsupported_field", f"'session.instructions' are kept, but this engine's model "
+                            f"does not follow them ({engine.name}: see /v1/models)."))  # fmt: skip
+        voice = self.live.voice["id"] if isinstance(self.live.voice, dict) else self.live.voice
+        if voice != self.config.voice:
+            notices.append(("voice_substituted", f"The voice {voice!r} is spoken with this engine's voice "
+                            f"{self.config.voice!r}."))  # fmt: skip
+        return notices
 
     def render_config(self) -> dict[str, Any]:
         return lc.render(self.live, session_id=self.id, expires_at=self.expires_at)

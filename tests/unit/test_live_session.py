@@ -42,8 +42,9 @@ def take(s: LiveSession) -> tuple[list[dict[str, Any]], list[Any]]:
 def test_a_started_session_answers_its_start_and_asks_to_report_usage() -> None:
     s = session({"model": "gpt-live-1", "input": [{"role": "developer", "content": [{"text": "be kind"}]}]})
     events, effects = take(s)
-    assert [e["type"] for e in events] == ["session.started"]
+    assert [e["type"] for e in events] == ["session.started", "info"]
     assert events[0]["client_event_id"] == "start" and events[0]["resume_token"] == "tok"
+    assert events[1]["code"] == "voice_substituted" and "'tone'" in events[1]["message"]  # the passthrough's voice
     assert effects == [Wake(USAGE_EVERY_S, "usage")]
     assert [(it.role, it.content[0].text) for it in s.conversation] == [("system", "be kind")]
 
