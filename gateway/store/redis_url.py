@@ -51,7 +51,7 @@ REDIS_PORT = 6379
 DEFAULT_WAIT_TIMEOUT_MS = 1000  # one WAIT; below the store's 2 s socket timeout
 OUR_OPTIONS = ("cluster", "wait_replicas", "wait_timeout_ms")
 SENTINEL_OPTIONS = ("sentinel_password", "sentinel_username", "wait_replicas", "wait_timeout_ms")
-CLUSTER_OPTIONS = ("cluster",)
+CLUSTER_OPTIONS = ("cluster", "wait_replicas", "wait_timeout_ms")  # (the wait ones: refused, saying why)
 
 
 class RedisUrlError(ValueError):
