@@ -52,7 +52,7 @@ from types import TracebackType
 
 if __package__ in (None, ""):  # run as a script: deploy/ is on the path, not the repo
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from deploy.local_redis import TOPOLOGIES, Topology, TopologyError, start_topology  # noqa: E402
+from deploy.local_redis import TOPOLOGIES, Topology, TopologyError, start_topology
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"

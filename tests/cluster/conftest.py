@@ -21,8 +21,8 @@ import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
