@@ -719,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--log-level", help="gateway log level")
     up.add_argument("--keep-run-dir", action="store_true", help="keep logs and configs after stopping")
     up.add_argument("--redis", choices=list(TOPOLOGIES), default="single",
-                    help="Redis topology: one server (default), Sentinel (master, 2 replicas, 3 sentinels) "
+                    help="Redis topology: one server (default), Sentinel (master, a replica, 3 sentinels) "
                          "or a 3-master cluster")  # fmt: skip
     args = parser.parse_args(argv)
     if args.command != "up":

@@ -6,7 +6,7 @@ tests; every process is a child of this one, with no persistence, in a temporary
 Every wait is for a state (``INFO replication``, ``SENTINEL get-master-addr-by-name``,
 ``CLUSTER INFO``), polled, never a fixed sleep::
 
-    with SentinelRedis(replicas=2) as s:       # s.url: redis+sentinel://...
+    with SentinelRedis(replicas=1) as s:       # s.url: redis+sentinel://...
         s.failover()                           # SENTINEL FAILOVER; returns once the new master has a replica
         s.kill_master()                        # SIGKILL; returns once a replica was promoted
         s.restart_node(port)                   # the killed one, back as a replica of the new master
@@ -178,13 +178,15 @@ class SingleRedis(Topology):
 
 class SentinelRedis(Topology):
     """A master, ``replicas`` replicas and three sentinels (quorum 2), with a password on
-    the data nodes and another on the sentinels: the URL carries both.
+    the data nodes and another on the sentinels: the URL carries both, and
+    ``wait_replicas`` = ``replicas`` (a write counts once every replica has it: whichever
+    one Sentinel promotes has it).
 
     ``down_after_ms``: how long the sentinels wait before they call a silent master down
     (a failover after a crash takes about this plus an election); low enough for a test,
     not so low that a busy machine's pause looks like a crash."""
 
-    def __init__(self, replicas: int = 2, *, down_after_ms: int = 2000, password: str = "data-secret",
+    def __init__(self, replicas: int = 1, *, down_after_ms: int = 2000, password: str = "data-secret",
                  sentinel_password: str = "sentinel-secret") -> None:  # fmt: skip
         super().__init__()
         if replicas < 1:
@@ -218,7 +220,8 @@ class SentinelRedis(Topology):
                    "every sentinel knows the replicas and the other sentinels")  # fmt: skip
         hosts = ",".join(f"{HOST}:{s.port}" for s in self.sentinels)
         self.url = (
-            f"redis+sentinel://:{self.password}@{hosts}/{MASTER_NAME}/0?sentinel_password={self.sentinel_password}"
+            f"redis+sentinel://:{self.password}@{hosts}/{MASTER_NAME}/0"
+            f"?sentinel_password={self.sentinel_password}&wait_replicas={self.replica_count}"
         )
         return self
 

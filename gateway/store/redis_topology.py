@@ -24,7 +24,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError
+from redis.exceptions import ConnectionError, NoScriptError, TimeoutError
 
 from gateway.store.base import StoreUnavailable
 from gateway.store.redis_url import RedisTarget
@@ -127,8 +127,11 @@ def connect(
     """The redis-py client(s) for ``target``. Connects lazily: nothing is sent here."""
     timeouts: dict[str, Any] = {"socket_timeout": socket_timeout_s, "socket_connect_timeout": connect_timeout_s}
     pool: dict[str, Any] = {} if max_connections is None else {"max_connections": max_connections}
-    # One immediate retry on a fresh connection, never more: fail fast.
-    once: dict[str, Any] = {"retry": Retry(NoBackoff(), 1), "health_check_interval": HEALTH_CHECK_S}
+    # One immediate retry on a fresh connection, never more: fail fast. Named errors, since
+    # redis-py retries only those (a pipeline too): a broken pooled connection, or (Sentinel)
+    # a master demoted under us, whose READONLY redis-py turns into a ConnectionError.
+    once: dict[str, Any] = {"retry": Retry(NoBackoff(), 1), "retry_on_error": [ConnectionError, TimeoutError],
+                            "health_check_interval": HEALTH_CHECK_S}  # fmt: skip
     auth: dict[str, Any] = {"username": target.username, "password": target.password}
     if target.topology == "single":
         return Clients(Redis.from_url(target.url, **timeouts, **once, **pool))

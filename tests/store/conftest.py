@@ -1,5 +1,5 @@
 """Fixtures that run every store contract test against memory AND Redis, the latter in
-each topology the gateway supports: one server, Sentinel (a master, two replicas, three
+each topology the gateway supports: one server, Sentinel (a master, a replica, three
 sentinels; ``wait_replicas=1``, the Sentinel default) and a three-master Redis Cluster.
 
 Redis is private redis-servers started for this test session on free ports
