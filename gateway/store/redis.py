@@ -1,8 +1,12 @@
 """Redis session store: what lets sessions survive socket drops and replica deaths.
 
-Key schema (``P`` = ``limits.key_prefix``, default ``omni:``; the ``{sid}``
-hash tag keeps one session's keys in one Redis Cluster slot, so each Lua
-script touches a single slot):
+One Redis, Sentinel or Redis Cluster, by the URL's form (``redis_url.py``; the clients:
+``redis_topology.py``). The same keys and scripts serve all three.
+
+Key schema (``P`` = ``limits.key_prefix``, default ``omni:``). Two hash tags: ``{sid}``
+keeps one session's keys in one Redis Cluster slot, ``{ph}`` one principal's; every Lua
+script is given every key it touches and all of them carry one tag, so each script runs
+on one slot:
 
 =========================  =======  =============================================
 key                        type     content and expiry
@@ -28,6 +32,8 @@ key                        type     content and expiry
                                     journal); ``_total``: their sum
 ``P t:{ph}:leased``        zset     of them, the served: session id -> lease
                                     expiry (ms); the others are *kept*
+``P t:{ph}:order``         hash     session id -> ``fence:ver`` of the write its
+                                    size in ``held`` came from
 =========================  =======  =============================================
 
 (``ph``: the first 16 hex of sha256(principal), so any principal makes a
@@ -36,11 +42,31 @@ way under the principal ``secrets:<principal>``: ``open`` holds those neither
 used nor expired, ``starts`` those minted in the last 60 s.)
 
 (no space between ``P`` and the rest; ``omni:s:{abc}:snap``). Bus channels are
-``P bus:<channel>``, e.g. ``omni:bus:replica:<owner>``, ``omni:bus:session:<sid>``.
+``P bus:<channel>``, e.g. ``omni:bus:replica:<owner>``, ``omni:bus:session:<sid>``;
+plain pub/sub on one Redis and Sentinel, sharded (SPUBLISH/SSUBSCRIBE) on a cluster.
 
-Every write and lease call is one Lua script (``_redis_lua.py``): the fence
-check and the write happen atomically in one round trip. The idle TTL is
+Every write and lease call is one Lua script (``_redis_lua.py``) on the session's keys:
+the fence check and the write happen atomically in one round trip. The idle TTL is
 refreshed on every commit, acquire, renew and ack trim.
+
+Under a ``StateQuota`` the principal's ledger is kept by a second script on the ledger's
+slot, after the session's (a commit, trim, renew or release) or before it (an acquire: the
+ledger admits a new session and counts it as served first). The two are not one atomic
+step, so: a commit reports the session's size with its ``fence:ver``, and the ledger keeps
+the newest, whatever order two replicas' reports arrive in; a commit counts as done once
+its ledger has its size (else ``StoreUnavailable``; the retry reports it again); sessions
+the ledger forgets are dropped from it at once and their keys deleted right after, each
+only if no replica holds its lease then (one that resumed it in between keeps it; keys
+left by a replica that dies between the two steps expire with their idle TTL).
+
+Rolling upgrade from the release before this layout: no key moved, and the values are
+the same; new replicas add ``t:{ph}:order`` and meta's ``ver``, which older ones ignore.
+On one Redis (the only topology older replicas could use) both run side by side: an
+older replica still updates the ledger in its one script, and the ``order`` entries of
+sessions it forgets stay until the ledger's idle TTL (a few bytes each).
+
+With ``wait_replicas`` (Sentinel's default: 1) each batch of writes ends with ``WAIT``
+on the same connection; too few replicas make the batch ``StoreUnavailable``.
 
 Failure behaviour: every call that cannot complete raises ``StoreUnavailable``.
 Nothing hangs: connects give up after ``connect_timeout_s`` (default 1 s), reads
@@ -55,9 +81,16 @@ then find no snapshot (or, for a live session, a journal gap) and say so to the
 client, and every live writer gets ``FencedError`` with ``current=None`` (the
 fence counter is gone) until its session is acquired again.
 
+A Sentinel failover: calls fail (``StoreUnavailable``) from the moment the master stops
+taking writes (or, with ``wait_replicas``, stops having them replicated) until the client
+reaches the promoted master: each new connection asks the sentinels, a demoted master's
+READONLY is a broken connection (retried once at once), and a ``WAIT`` short of replicas
+drops the idle connections. A cluster node's failure fails the calls on its slots only.
+
 Bus subscriptions run on their own connection in a background task; when it
-breaks they resubscribe with jittered backoff (``BUS_BACKOFF_*``). Pub/sub is
-at most once: a message published while a subscriber is reconnecting is lost.
+breaks they resubscribe with jittered backoff (``BUS_BACKOFF_*``; on a cluster, each
+channel on its own link to its shard: ``shard_bus.py``). Pub/sub is at most once: a
+message published while a subscriber is reconnecting is lost.
 """
 
 from __future__ import annotations
