@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from gateway.cli import settings_from_args
-from gateway.store.redis_url import parse_redis_url
 from gateway.settings import ENGINES, ENV_PREFIX, Settings, setting_names
+from gateway.store.redis_url import parse_redis_url
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
