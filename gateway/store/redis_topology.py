@@ -68,8 +68,8 @@ async def run_ops(client: Any, ops: Sequence[Op], wait_replicas: int, wait_timeo
             op = ops[i]
             if op.script is None:
                 pipe.execute_command(*op.args)
-            else:
-                pipe.evalsha(sha_of(op.script), len(op.keys), *op.keys, *op.args)
+            else:  # (by name: redis-py 5's cluster pipeline blocks its evalsha method, not the command)
+                pipe.execute_command("EVALSHA", sha_of(op.script), len(op.keys), *op.keys, *op.args)
         if wait_replicas:
             pipe.execute_command("WAIT", wait_replicas, wait_timeout_ms)
         out: list[Any] = await pipe.execute(raise_on_error=False)
