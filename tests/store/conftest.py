@@ -10,7 +10,7 @@ single topology and the others are skipped. Each test gets its own key prefix.
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -40,16 +40,17 @@ def redis_url() -> Iterator[str]:
         pytest.skip("no redis-server binary and no REDIS_URL")
 
 
-def _topology(kind: type[Topology]) -> Iterator[str]:
+def _topology(make: Callable[[], Topology]) -> Iterator[str]:
     if not have_redis_server():
         pytest.skip("needs the redis-server binary (starts a Sentinel set or a cluster)")
-    with kind() as topology:
+    with make() as topology:
         yield topology.url
 
 
 @pytest.fixture(scope="session")
 def sentinel_url() -> Iterator[str]:
-    yield from _topology(SentinelRedis)
+    # Slow to call a master down: a busy machine's pause must not fail it over mid-test.
+    yield from _topology(lambda: SentinelRedis(down_after_ms=10_000))
 
 
 @pytest.fixture(scope="session")
