@@ -106,7 +106,9 @@ async def test_a_sentinel_failover_under_streaming_sessions_loses_nothing(cluste
     assert isinstance(sentinel, SentinelRedis)
     report = Report()
     stop = asyncio.Event()
-    listeners = [Listener(i, cluster.url, report) for i in range(SESSIONS)]
+    # A resume refused with store_unavailable (the store still failing over, or a WAIT slower
+    # than its timeout on a loaded machine) closes 1013 and the SDK resumes again: counted.
+    listeners = [Listener(i, cluster.url, report, passing=("store_unavailable",)) for i in range(SESSIONS)]
     opener = Opener(cluster)
     running = [asyncio.create_task(listener.run(stop)) for listener in listeners]
     probing = asyncio.create_task(opener.run(stop))
@@ -161,7 +163,8 @@ async def test_a_sentinel_failover_under_streaming_sessions_loses_nothing(cluste
             report.sdk[name] += getattr(s, name)
     opened = sum(p.opened for p in opener.probes)
     lines = "\n".join([*phases, *summary(report), f"new sessions: {opened} opened, "
-                       f"{len(opener.probes) - opened} refused"])  # fmt: skip
+                       f"{len(opener.probes) - opened} refused; resumes refused (store_unavailable, "
+                       f"resumed again): {report.counts['error_store_unavailable']}"])  # fmt: skip
     print(lines)
     assert report.bad == 0, lines
     # An answer under way when its socket dropped is ended (replica_lost: it ran on the replica

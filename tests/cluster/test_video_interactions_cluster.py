@@ -50,8 +50,9 @@ def redis_topology(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def cluster(binaries: dict[str, str], redis_topology: str) -> AsyncIterator[Cluster]:
     # drain_window_s: short, so that stopping the replicas does not wait for the 20 s default.
+    # ready_timeout_s: the video engine loads torch, slow on a loaded machine.
     async with Cluster(replicas=2, engine="passthrough", api_keys=(KEY,), env={"OMNI_GATEWAY_DRAIN_WINDOW_S": "1"},
-                       stop_timeout_s=15, redis=redis_topology) as c:  # fmt: skip
+                       stop_timeout_s=15, ready_timeout_s=90, redis=redis_topology) as c:  # fmt: skip
         yield c
 
 
