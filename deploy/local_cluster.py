@@ -50,6 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+if __package__ in (None, ""):  # run as a script: deploy/ is on the path, not the repo
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from deploy.local_redis import TOPOLOGIES, Topology, TopologyError, start_topology
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
 POLL_S = 0.02  # how often readiness and exits are polled
@@ -330,6 +334,7 @@ class Cluster:
         stop_timeout_s: float = 30.0,  # SIGTERM'd replicas still running then are SIGKILLed;
         #   longer than the gateway's drain (drain_window_s, default 20 s)
         keep_run_dir: bool = False,  # keep logs and configs after stop (debugging)
+        redis: str = "single",  # single | sentinel | cluster (deploy/local_redis.py)
     ) -> None:
         if replicas < 1:
             raise ValueError("a cluster needs at least one replica")
@@ -341,6 +346,10 @@ class Cluster:
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.keep_run_dir = keep_run_dir
+        if redis not in TOPOLOGIES:
+            raise ValueError(f"unknown Redis topology {redis!r}: one of {', '.join(TOPOLOGIES)}")
+        self.redis_topology = redis
+        self.topology: Topology | None = None  # sentinel, cluster: their processes
         self.run_dir: Path | None = None
         self.replicas: list[Replica] = []
         self.redis_port = 0
@@ -362,12 +371,17 @@ class Cluster:
 
     @property
     def redis_url(self) -> str:
+        """The URL the replicas are given (``redis+sentinel://`` or ``redis+cluster://`` for those)."""
+        if self.topology is not None:
+            return self.topology.url
         return f"redis://{HOST}:{self.redis_port}/0"
 
     def pids(self) -> list[int]:
         """Every process of the cluster that is running now (nginx workers included)."""
         procs = [self._redis, self._nginx, *(r.process for r in self.replicas)]
         pids = [p.pid for p in procs if p is not None and p.poll() is None]
+        if self.topology is not None:
+            pids += self.topology.pids()
         if self._nginx is not None and self._nginx.poll() is None:
             pids += child_pids(self._nginx.pid)
         return pids
@@ -417,6 +431,9 @@ class Cluster:
 
     def _redis_steps(self) -> _Steps:
         assert self.run_dir is not None
+        if self.redis_topology != "single":  # started whole, blocking (in a thread for astart)
+            yield _Until(self._start_topology, self.ready_timeout_s, blocking=True)
+            return
         log = self.run_dir / "redis.log"
         self._redis = _spawn(
             [self._bins["redis-server"], "--port", str(self.redis_port), "--bind", HOST, "--save", "",
@@ -426,6 +443,14 @@ class Cluster:
         proc = self._redis
         yield _Until(lambda: self._alive_or_fail("redis-server", proc, log) and redis_ping(self.redis_port),
                      self.ready_timeout_s, lambda: self._timeout("redis-server", log), blocking=True)  # fmt: skip
+
+    def _start_topology(self) -> bool:
+        if self.topology is None:
+            try:
+                self.topology = start_topology(self.redis_topology)
+            except TopologyError as err:
+                raise ClusterError(str(err)) from err
+        return True
 
     def _nginx_steps(self) -> _Steps:
         assert self.run_dir is not None
@@ -519,6 +544,8 @@ class Cluster:
         await _adrive(self._restart_redis_steps())
 
     def _restart_redis_steps(self) -> _Steps:
+        if self.topology is not None:
+            raise ClusterError("restart_redis restarts a single Redis; a topology's nodes: cluster.topology")
         _signal(self._redis, signal.SIGKILL)
         yield _Until(_exited([self._redis]), 10.0)
         yield from self._redis_steps()
@@ -551,6 +578,8 @@ class Cluster:
                     os.kill(pid, signal.SIGKILL)
         yield from self._terminate([r.process for r in self.replicas], signal.SIGTERM, self.stop_timeout_s)
         yield from self._terminate([self._redis], signal.SIGTERM, 5.0)
+        if self.topology is not None:
+            self.topology.stop()
         if self.run_dir is not None and not self.keep_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         atexit.unregister(self.stop)
@@ -650,7 +679,7 @@ def _up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     began = time.monotonic()
     cluster = Cluster(replicas=args.replicas, engine=args.engine, api_keys=args.api_key or (),
-                      log_level=args.log_level, keep_run_dir=args.keep_run_dir)  # fmt: skip
+                      log_level=args.log_level, keep_run_dir=args.keep_run_dir, redis=args.redis)  # fmt: skip
     try:
         cluster.start()
         print(f"cluster up in {time.monotonic() - began:.1f}s (run dir {cluster.run_dir})")
@@ -689,6 +718,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--api-key", action="append", help="accepted API key; repeat for several (default: no auth)")
     up.add_argument("--log-level", help="gateway log level")
     up.add_argument("--keep-run-dir", action="store_true", help="keep logs and configs after stopping")
+    up.add_argument("--redis", choices=list(TOPOLOGIES), default="single",
+                    help="Redis topology: one server (default), Sentinel (master, a replica, 3 sentinels) "
+                         "or a 3-master cluster")  # fmt: skip
     args = parser.parse_args(argv)
     if args.command != "up":
         parser.print_help()

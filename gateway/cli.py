@@ -34,6 +34,7 @@ from gateway.settings import (
     is_loopback,
     with_checkpoint_model,
 )
+from gateway.store.redis_url import redis_url_problem
 from gateway.tenants import KeysFile, TenantConfigError, TenantLimits
 
 if TYPE_CHECKING:
@@ -143,6 +144,8 @@ def problems(settings: Settings) -> list[str]:
     if not settings.models:  # with routes, each route carries its own options
         if settings.engine == "remote" and not settings.upstreams:
             out.append("--engine remote needs at least one --upstream ws://host:port (env OMNI_GATEWAY_UPSTREAMS)")
+    if (redis := redis_url_problem(settings.redis_url)) is not None:
+        out.append(redis)
     if settings.video_engine == "remote" and not settings.upstreams:
         out.append("--video-engine remote needs at least one --upstream (env OMNI_GATEWAY_UPSTREAMS)")
     if settings.video_engine == "omni" and not settings.video_model:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The transport and protocol tests on the LOWEST websockets, uvicorn and starlette that
-# pyproject.toml admits, and the WebRTC calls on the lowest aiortc, av and python-multipart
-# of the webrtc extra, and the MCP client on the lowest mcp (the main CI run has the newest:
+# pyproject.toml admits, the session store's contract (one Redis, Sentinel, Cluster) on the
+# lowest redis, and the WebRTC calls on the lowest aiortc, av and python-multipart of the
+# webrtc extra, and the MCP client on the lowest mcp (the main CI run has the newest:
 # what `pip install` resolves).
 # Builds a fresh virtual environment (.venv-lowest) every run, with the same extras as the main
 # run (the WebRTC tests trace a cascade turn with OpenTelemetry); .ci/run calls it.
@@ -18,7 +19,7 @@ pins=$("$PY" - <<'PYEOF'
 import re, tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
 deps = project["dependencies"] + project["optional-dependencies"]["webrtc"]
-for name in ("websockets", "uvicorn", "starlette", "aiortc", "av", "python-multipart"):
+for name in ("websockets", "uvicorn", "starlette", "redis", "aiortc", "av", "python-multipart"):
     spec = next(d for d in deps if re.match(rf"{name}\b", d))
     low = re.search(r">=\s*([\w.]+)", spec)
     if not low:
@@ -54,7 +55,9 @@ PYEOF
     tests/integration/test_openai_sdk.py \
     tests/unit/test_protocol.py \
     tests/webrtc \
-    tests/client
+    tests/client \
+    tests/store \
+    tests/unit/test_redis_url.py
 
 # The MCP client on the lowest mcp the mcp extra admits. Installed after the run above: the MCP
 # SDK needs a newer starlette than our floor (sse-starlette), so pip may upgrade it here.

@@ -1,6 +1,10 @@
 """Fixtures for the multi-replica proofs: one local cluster (redis + 3 gateway
 replicas + nginx, round-robin, no sticky sessions) per test module.
 
+``redis_topology`` (module scope; default ``single``) is the Redis under it: a test that
+must hold on a Redis Cluster too says so with
+``@pytest.mark.parametrize("redis_topology", ["single", "cluster"], indirect=True)``.
+
 The cluster is started once per module (``cluster``); ``harness`` wraps it for
 one test: it brings back any replica a previous test left dead, and gives the
 test a Redis client (on the test's own event loop) to read the ownership lease
@@ -18,9 +22,9 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +32,8 @@ if str(REPO_ROOT) not in sys.path[:1]:
     sys.path.insert(0, str(REPO_ROOT))  # before tests/, so ``client`` is the SDK, not tests/client
 
 from deploy.local_cluster import Cluster, ClusterError, ensure_binaries, http_status  # noqa: E402
+from gateway.store.redis_topology import Clients, connect  # noqa: E402
+from gateway.store.redis_url import parse_redis_url  # noqa: E402
 
 API_KEY = "sk-cluster-resume"
 REPLICAS = 3
@@ -49,12 +55,23 @@ def cluster_binaries() -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(cluster_binaries: None) -> Iterator[Cluster]:
+def redis_topology(request: pytest.FixtureRequest) -> str:
+    """The Redis the module's cluster runs on: single, unless a test parametrizes it."""
+    return str(getattr(request, "param", "single"))
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_binaries: None, redis_topology: str) -> Iterator[Cluster]:
     keep = os.environ.get("OMNI_CLUSTER_KEEP_RUN_DIR", "") not in ("", "0")
     with Cluster(replicas=REPLICAS, engine="passthrough", api_keys=(API_KEY,), env=CLUSTER_ENV,
-                 keep_run_dir=keep) as c:  # fmt: skip
-        print(f"\ncluster run dir: {c.run_dir} (kept: {keep})")
+                 keep_run_dir=keep, redis=redis_topology) as c:  # fmt: skip
+        print(f"\ncluster run dir: {c.run_dir} (kept: {keep}; redis: {redis_topology})")
         yield c
+
+
+def redis_clients(url: str) -> Clients:
+    """A test's own client of the cluster's Redis, whatever its topology (``.redis``)."""
+    return connect(parse_redis_url(url), 5.0, 5.0, None)
 
 
 @dataclass
@@ -62,7 +79,7 @@ class Harness:
     """The module's cluster, seen from one test."""
 
     cluster: Cluster
-    redis: aioredis.Redis
+    redis: Any  # redis.asyncio Redis, or RedisCluster
     api_key: str = API_KEY
     replicas: int = REPLICAS
 
@@ -127,10 +144,10 @@ class Harness:
 
 @pytest.fixture
 async def harness(cluster: Cluster) -> AsyncIterator[Harness]:
-    client = aioredis.from_url(cluster.redis_url, socket_timeout=5, socket_connect_timeout=5)
-    h = Harness(cluster, client)
+    clients = redis_clients(cluster.redis_url)
+    h = Harness(cluster, clients.redis)
     await h.ensure_all_up()
     try:
         yield h
     finally:
-        await client.aclose()
+        await clients.close()

@@ -540,6 +540,7 @@ async def drop_once(h: Harness, drop_at: int, *, binary: bool = False) -> Run:
         await rt.close()
 
 
+@pytest.mark.parametrize("redis_topology", ["single", "cluster"], indirect=True)
 async def test_dropped_socket_resumes_on_any_replica_at_the_first_attempt(harness: Harness) -> None:
     rng = random.Random()
     counts = Counts()

@@ -43,10 +43,16 @@ def binaries() -> dict[str, str]:
 
 
 @pytest.fixture
-async def cluster(binaries: dict[str, str]) -> AsyncIterator[Cluster]:
+def redis_topology(request: pytest.FixtureRequest) -> str:
+    return str(getattr(request, "param", "single"))
+
+
+@pytest.fixture
+async def cluster(binaries: dict[str, str], redis_topology: str) -> AsyncIterator[Cluster]:
     # drain_window_s: short, so that stopping the replicas does not wait for the 20 s default.
+    # ready_timeout_s: the video engine loads torch, slow on a loaded machine.
     async with Cluster(replicas=2, engine="passthrough", api_keys=(KEY,), env={"OMNI_GATEWAY_DRAIN_WINDOW_S": "1"},
-                       stop_timeout_s=15) as c:  # fmt: skip
+                       stop_timeout_s=15, ready_timeout_s=90, redis=redis_topology) as c:  # fmt: skip
         yield c
 
 
@@ -78,6 +84,7 @@ def _has(event: dict[str, Any], key: str, value: Any) -> bool:
     return value in got if isinstance(got, list) else bool(got == value)
 
 
+@pytest.mark.parametrize("redis_topology", ["single", "cluster"], indirect=True)
 async def test_interactions_posted_to_each_replica_reach_the_socket(cluster: Cluster) -> None:
     video_url = f"ws://127.0.0.1:{cluster.nginx_port}/v1/realtime/video"
     async with websockets.connect(video_url, additional_headers=AUTH, open_timeout=10, max_size=None,

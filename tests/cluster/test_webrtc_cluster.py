@@ -180,6 +180,7 @@ async def test_a_call_whose_replica_dies_is_re_offered_elsewhere_and_carries_on(
     await hand_over(harness, journal, signal.SIGKILL)
 
 
+@pytest.mark.parametrize("redis_topology", ["single", "cluster"], indirect=True)
 async def test_a_sideband_on_another_replica_holds_the_call_and_a_hangup_anywhere_ends_it(harness: Harness) -> None:
     key = harness.api_key
     auth = {"Authorization": f"Bearer {key}"}

@@ -93,3 +93,22 @@ async def test_the_quota_ttl_is_the_state_idle_ttl(backend: Backend) -> None:
         assert asyncio.get_running_loop().time() < deadline, "the state outlived its quota's TTL"
         await asyncio.sleep(0.05)
     assert (await store.state_held("p")).sessions == 0
+
+
+async def test_a_late_size_report_never_overwrites_a_newer_one(backend: Backend) -> None:
+    """Redis keeps the ledger in a second script after the session's write (their keys are in
+    different cluster slots): two replicas' reports may arrive out of order, and the newest
+    write's size must win. (White-box: the report is sent as a replica would send it late.)"""
+    if backend.kind != "redis":
+        pytest.skip("Redis only: memory keeps the ledger in the same step as the write")
+    from gateway.store.redis import RedisStore, Sized
+
+    store = backend.store()
+    assert isinstance(store, RedisStore)
+    q = StateQuota("p")
+    fence = await open_session(store, "s1", q, size=3)
+    assert (await store.state_held("p")).bytes == 3_000
+    assert await store._report_sizes([Sized(0, q, "s1", 1_000, fence, 0)]) == []  # an older write's: ignored
+    assert (await store.state_held("p")).bytes == 3_000
+    await store._report_sizes([Sized(0, q, "s1", 2_000, fence + 1, 0)])  # a newer owner's: taken
+    assert (await store.state_held("p")).bytes == 2_000

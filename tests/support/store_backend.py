@@ -12,8 +12,9 @@ class Backend:
     """Makes stores of one kind. ``store()`` gives a replica's store; ``peer()``
     gives another replica's view of the same data (memory: the same object)."""
 
-    def __init__(self, kind: str, url: str | None) -> None:
-        self.kind = kind
+    def __init__(self, kind: str, url: str | None, *, topology: str = "single") -> None:
+        self.kind = kind  # memory | redis
+        self.topology = topology  # of a redis kind: single | sentinel | cluster
         self.url = url
         self.prefix = f"test-{uuid.uuid4().hex[:10]}:"
         self._stores: list[SessionStore] = []
