@@ -1,4 +1,4 @@
-"""Every command line the README and deploy/README.md give a user is run, as written.
+"""Every command line the README, docs/ and deploy/README.md give a user is run, as written.
 
 ``support.docs.command_lines`` reads the shell blocks; each test below registers the
 exact lines it runs (``@runs``), and the first test fails on a documented line that no
@@ -29,6 +29,7 @@ from typing import ClassVar
 
 import orjson
 import pytest
+import test_site  # noqa: F401  (registers the site's build command)
 import test_user_install  # noqa: F401  (registers the README's first command)
 from support.docs import DOCS, ROOT, RUNNERS, command_lines, inline_invocations, readme_commands, runs
 from support.gateway import free_port

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "deploy/README.md")  # every command line in these is run by a test
+# Every command line in these is run by a test: the README, every page of docs/, deploy's README.
+DOCS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")), "deploy/README.md")
 SHELL_FENCES = ("bash", "sh", "shell", "console")  # fenced blocks that hold commands (mark them so)
 
 _FENCE = re.compile(r"^```(\w*)\s*$")

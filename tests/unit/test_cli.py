@@ -1,4 +1,4 @@
-"""``omni-gateway serve``'s flags: every engine the README names, the default model
+"""``omni-gateway serve``'s flags: every engine docs/engines.md names, the default model
 named after a checkpoint, and settings that cannot serve refused before start."""
 
 from __future__ import annotations
