@@ -1,8 +1,8 @@
 """Stable error codes and WebSocket close codes.
 
 Every client-visible failure has one code here. Codes never change meaning;
-new failures get new codes. docs/errors.md lists every code:
-keep it in step with this module.
+new failures get new codes. docs/errors.md lists every code;
+tests/docs/test_error_codes.py holds that table against every code the gateway sends.
 """
 
 from __future__ import annotations
