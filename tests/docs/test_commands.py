@@ -283,6 +283,7 @@ async def test_serve_with_redis_runs_a_worker_per_core_on_one_port(tmp_path: Pat
                 assert up == {str(i): 1.0 for i in range(cores)}, gw.log()
             response = await text_turn(gw.url)
             assert response["status"] == "completed", response
+            assert gw.log(50_000).count("omni-gateway is serving on") == 1  # one worker speaks for the port
 
 
 class Collector(http.server.BaseHTTPRequestHandler):

@@ -33,13 +33,29 @@ DEFAULT_URL = "ws://127.0.0.1:8000"
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     port = free_port()
     log = tmp_path_factory.mktemp("examples") / "serve.log"
-    env = clean_env(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMNI_GATEWAY_PORT=str(port))
+    # PYTHONPATH: this tree's gateway, wherever the test venv's editable install points
+    env = clean_env(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMNI_GATEWAY_PORT=str(port), PYTHONPATH=str(ROOT))
     gw = Served("omni-gateway serve", port=port, cwd=ROOT, log_path=log, env=env)
     try:
         gw.wait_ready(120)
         yield gw
     finally:
         gw.stop()
+
+
+def test_serve_says_what_to_do_next(gateway: Served) -> None:
+    """Once it listens: the demo's address, the models and what their engine really does
+    (the default is an echo), where the protocols are."""
+    log = gateway.log(20_000)
+    http = f"http://127.0.0.1:{gateway.port}"
+    assert f"omni-gateway is serving on {http}\n" in log
+    assert f"  open {http}/ for the voice and video demos" in log
+    assert f"  OpenAI Realtime API: ws://127.0.0.1:{gateway.port}/v1/realtime" in log
+    assert "  model omni-cascade: the cascade engine, an echo, not a language model: it transcribes" in log
+    assert 'says back "You said: " and the transcript' in log
+    assert "  any other model name: the same engine as omni-cascade\n" in log
+    assert f"  video: ws://127.0.0.1:{gateway.port}/v1/realtime/video, model cpu-video: Procedural CPU video" in log
+    assert log.index("Uvicorn running on") < log.index("omni-gateway is serving on")
 
 
 def run_example(command: str, gateway: Served, **env: str) -> str:
