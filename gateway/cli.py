@@ -231,7 +231,7 @@ def next_steps(runtime: Runtime) -> list[str]:
         f"  open {http}/ for the voice and video demos (the microphone needs localhost or https: "
         "from another machine, an SSH tunnel or TLS in front)",
         f"  OpenAI Realtime API: {ws}/v1/realtime (vLLM-Omni's duplex dialect: ?duplex=1; "
-        f"WebRTC calls: POST {http}/v1/realtime/calls)",
+        f"WebRTC calls: POST {http}/v1/realtime/calls); GPT-Live: {ws}/v1/live/sessions",
     ]
     said: dict[str, str] = {}  # engine key -> the model it was first said for
     for spec in runtime.router.specs:

@@ -33,6 +33,7 @@ NOT_SENT = {
     "ultrafast": "libx264's preset",
     "other": "the tenant label of principals outside the keys file (metrics)",
     "video": "the kind of a video host",
+    "marin": "GPT-Live's default voice",
 }
 
 
