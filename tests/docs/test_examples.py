@@ -37,7 +37,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     env = clean_env(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMNI_GATEWAY_PORT=str(port), PYTHONPATH=str(ROOT))
     gw = Served("omni-gateway serve", port=port, cwd=ROOT, log_path=log, env=env)
     try:
-        gw.wait_ready(120)
+        gw.wait_ready(300)  # the cascade's models and torch load slowly on a busy machine
         yield gw
     finally:
         gw.stop()
