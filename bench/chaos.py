@@ -10,7 +10,7 @@ replica is SIGKILLed and restarted ``--down`` seconds later. After
 ``--duration`` seconds, the sessions finish their turn and the counts are
 printed.
 
-Each turn ends in exactly one of (README, "Sessions that survive"):
+Each turn ends in exactly one of (docs/sessions.md):
 
 - ``completed``: the answer completed (``completed_after_resume`` when the
   session resumed meanwhile: the kill came while it was idle or after the

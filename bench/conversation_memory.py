@@ -1,7 +1,7 @@
 """What a conversation item costs in memory: a voice session's turns, in one process.
 
 A conversation grows, by design, up to its bounds (``max_conversation_items``,
-``max_conversation_bytes``; README, *Limits*), so a long session's memory is
+``max_conversation_bytes``; docs/settings.md, *Limits*), so a long session's memory is
 mostly its conversation. This builds one ``RealtimeSession`` (Sans-I/O, no
 sockets, no engine) and plays ``--turns`` turns into it, each as
 ``bench/voice_load.py --duplex`` plays them: a user message of ``--user-chars``

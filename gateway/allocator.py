@@ -5,7 +5,7 @@ and medium blocks that live as long as a session. glibc keeps what they leave: a
 freed block of 128 KiB or more raises its mmap threshold to that size (so the next
 ones come from the heap, where they fragment it), and memory freed in the middle of
 a heap or in a thread's arena goes back to the system only when trimmed. Measured
-(``bench/fuzz_long.py``, README "Threat model"): RSS grows with every hostile round
+(``bench/fuzz_long.py``, docs/threat-model.md): RSS grows with every hostile round
 and stays there. So, where glibc is the allocator:
 
 - ``tune()``: ``mallopt(M_MMAP_THRESHOLD, 128 KiB)`` fixes the threshold (blocks of

@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="omni-gateway", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="omni-gateway", description="A realtime streaming gateway for omni-modal models (omni-gateway serve)."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
     serve.add_argument("--host", help="bind address (env OMNI_GATEWAY_HOST, default 127.0.0.1)")
@@ -196,17 +198,56 @@ def main(argv: list[str] | None = None) -> int:
         lifespan="on",
     )
     runtime = app.state.runtime
+    says = next_steps(runtime) if worker is None or worker.slot == 0 else []  # one worker speaks for the port
     if worker is None:
-        server = DrainingServer(config, runtime)
+        server = DrainingServer(config, runtime, next_steps=says)
         server.run()
     else:  # one of several on this port: the supervisor's socket, every worker's metrics
         aggregate = workers.WorkerMetrics(worker, runtime.metrics.registry)
         runtime.metrics_exposition = aggregate.scrape
-        server = DrainingServer(config, runtime, services=(aggregate,))
+        server = DrainingServer(config, runtime, services=(aggregate,), next_steps=says)
         server.run(sockets=[socket.socket(fileno=worker.fd)])
     if not server.started:  # the app failed to start (the log says why: an engine, the store)
         return 3
     return 0
+
+
+# What the embedded default answers, said plainly: it is not a model.
+ECHO_SAYS = (
+    "an echo, not a language model: it transcribes what it hears (pocketsphinx, English, often wrong) "
+    'and says back "You said: " and the transcript (eSpeak NG)'
+)
+
+
+def next_steps(runtime: Runtime) -> list[str]:
+    """What ``serve`` prints once it listens: where the demo is, the models served and what
+    each engine really does (the default is an echo), where the protocols are."""
+    settings = runtime.settings
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    host = f"[{host}]" if ":" in host else host
+    http, ws = f"http://{host}:{settings.port}", f"ws://{host}:{settings.port}"
+    lines = [
+        f"omni-gateway is serving on {http}",
+        f"  open {http}/ for the voice and video demos (the microphone needs localhost or https: "
+        "from another machine, an SSH tunnel or TLS in front)",
+        f"  OpenAI Realtime API: {ws}/v1/realtime (vLLM-Omni's duplex dialect: ?duplex=1; "
+        f"WebRTC calls: POST {http}/v1/realtime/calls); GPT-Live: {ws}/v1/live/sessions",
+    ]
+    said: dict[str, str] = {}  # engine key -> the model it was first said for
+    for spec in runtime.router.specs:
+        name = "any other model name" if spec.name == "*" else f"model {spec.name}"
+        if spec.key in said:
+            lines.append(f"  {name}: the same engine as {said[spec.key]}")
+            continue
+        said[spec.key] = spec.name
+        info = runtime.router.engines[spec.key].info
+        does = ECHO_SAYS if info.name == "cascade" and "EchoThinker" in info.description else info.description
+        lines.append(f"  {name}: the {info.name} engine, {does[:1].lower()}{does[1:]}")
+    if runtime.video_engine is not None:
+        video = runtime.video_engine.info
+        lines.append(f"  video: {ws}/v1/realtime/video, model {runtime.video_model or 'any'}: {video.description}")
+    lines.append("  examples: examples/ in the repository; stop: Ctrl-C (sessions drain first)")
+    return lines
 
 
 class Service(Protocol):
@@ -222,10 +263,17 @@ class DrainingServer(uvicorn.Server):
     1012 and uvicorn shuts down. A second signal exits at once.
     """
 
-    def __init__(self, config: uvicorn.Config, runtime: Runtime, services: Sequence[Service] = ()) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        runtime: Runtime,
+        services: Sequence[Service] = (),
+        next_steps: Sequence[str] = (),
+    ) -> None:
         super().__init__(config)
         self.runtime = runtime
         self.services = services  # started once the server serves, closed when it shuts down
+        self.next_steps = next_steps  # printed once it listens
         self.draining = False
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -233,6 +281,8 @@ class DrainingServer(uvicorn.Server):
         await super().startup(sockets)
         for service in self.services:
             await service.start()
+        if self.started and not self.should_exit and self.next_steps:  # listening (not a port in use)
+            print("\n".join(self.next_steps), file=sys.stderr, flush=True)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for service in self.services:

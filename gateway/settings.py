@@ -54,7 +54,7 @@ class Settings:
     # the memory store lives in one process, so ``serve`` refuses to start without it.
     workers: int | None = None
 
-    # --- browser-safe auth and tenants (README: "Auth", "Tenants and limits") ---
+    # --- browser-safe auth and tenants (docs/auth.md, docs/tenants.md) ---
     # Web pages that may open sockets (comma separated: "https://app.example.com",
     # "https://*.example.com", "*"). Unset: pages on this machine, and the gateway's own
     # pages when auth is required. Clients that send no Origin (non-browsers) always may.
@@ -72,7 +72,7 @@ class Settings:
     jwt_max_lifetime_s: float = 86_400.0  # a token whose exp - iat (exp - now without iat) is longer:
     #   refused, 401 saying so; 0: any lifetime
     # Default limits of every principal (a keys-file entry or a token's ``limits`` claim may
-    # set its own); summed over all replicas; 0: no limit. What a client sees when hit: README.
+    # set its own); summed over all replicas; 0: no limit. What a client sees when hit: docs/tenants.md.
     tenant_max_sessions: int = 0  # sockets open at once; more: rate_limit_exceeded, close 4029
     tenant_session_starts_per_min: int = 0  # sockets opened in any 60 s; more: as above
     tenant_audio_in_s_per_min: float = 0.0  # input audio per clock minute; more: the append is dropped

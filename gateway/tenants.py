@@ -56,7 +56,7 @@ class TenantConfigError(ValueError):
 @dataclass(frozen=True, slots=True)
 class TenantLimits:
     """One principal's limits, summed over every replica. 0: no limit. When hit:
-    ``error`` ``rate_limit_exceeded`` (README: "Tenants and limits")."""
+    ``error`` ``rate_limit_exceeded`` (docs/tenants.md)."""
 
     max_sessions: int = 0  # open sockets (realtime and video) at once; more: refused at connect, close 4029
     session_starts_per_min: int = 0  # sockets opened in any 60 s (a reconnect to resume counts); more:

@@ -254,7 +254,7 @@ class SessionHost:
 
     def receive(self, event: Any) -> None:
         """One decoded client event of the session's dialect. After a drain handed the
-        session over, none is handled: the client resumes elsewhere (README, *Drain*)."""
+        session over, none is handled: the client resumes elsewhere (docs/sessions.md, *Drain*)."""
         if self.drained:
             return
         try:

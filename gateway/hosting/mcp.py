@@ -6,7 +6,7 @@ official ``mcp`` SDK's streamable HTTP client (the ``mcp`` extra). Each
 listing and each call is one MCP connection (initialize, the request, close):
 nothing is held between calls, so nothing leaks between sessions.
 
-What bounds an outbound call, each an operator setting (README, "MCP tools"):
+What bounds an outbound call, each an operator setting (docs/tools.md, "MCP tools"):
 
 - ``mcp_allowed_urls``: the URLs the gateway may connect to, as prefixes
   (``https://mcp.example.com/``), or ``*`` for any URL whose host resolves

@@ -73,7 +73,7 @@ TURN_SIGNALS = frozenset(
 TURN_STATES = ("idle", "user_speaking", "user_committed", "assistant_generating", "assistant_playing", "barge_in")
 
 # Our error code -> upstream's, where upstream has one for the same failure. Every other
-# code is ours (README, "Errors"); upstream standardises only the envelope and the classes.
+# code is ours (docs/errors.md); upstream standardises only the envelope and the classes.
 ERROR_CODES = {
     Code.BUFFER_TOO_SMALL: "input_audio_buffer_empty",
     Code.SESSION_NOT_FOUND: "session_resume_expired",

@@ -1,8 +1,8 @@
 """Stable error codes and WebSocket close codes.
 
 Every client-visible failure has one code here. Codes never change meaning;
-new failures get new codes. The README's "Errors" table is generated from
-nothing: keep it in step with this module by hand.
+new failures get new codes. docs/errors.md lists every code;
+tests/docs/test_error_codes.py holds that table against every code the gateway sends.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class Code:
 
 
 class CloseCode(IntEnum):
-    """WebSocket close codes the gateway uses (documented in the README)."""
+    """WebSocket close codes the gateway uses (documented in docs/errors.md)."""
 
     NORMAL = 1000
     GOING_AWAY = 1001

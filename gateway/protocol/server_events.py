@@ -97,7 +97,7 @@ def decode_input_frame(frame: bytes) -> bytes:
         raise ProtocolError(
             Code.INVALID_AUDIO,
             f"Binary frames must start with kind byte {KIND_INPUT_AUDIO} and 3 reserved bytes "
-            "(input audio); see the README's binary fast path.",
+            "(input audio); see docs/realtime.md, 'The binary fast path'.",
             param="binary",
         )
     return frame[4:]

@@ -4,7 +4,7 @@ Items render in the GA shape, or the beta shape for beta clients: messages
 (content parts), function calls the assistant made (``function_call``: name,
 JSON arguments) and their results (``function_call_output``). Input audio
 is not kept once it has been transcribed: an ``input_audio`` part holds its
-transcript only (documented in the README), so a long session's memory stays
+transcript only (documented in docs/realtime.md), so a long session's memory stays
 proportional to its text. An ``input_image`` part keeps its image (a checked data
 URL), counted in the conversation's bytes. ``item_from_spec`` makes an item of what a client
 sent (``conversation.item.create``, a response's ``input``).

@@ -2,7 +2,7 @@
 
 vLLM-Omni's input clock, as the newest sibling revision of its duplex document
 defines it ("Input-clocked sessions": ``docs/serving/realtime_duplex_api.md`` of
-vllm-project/vllm-omni#8485; README, *Input-clocked sessions*). A session created
+vllm-project/vllm-omni#8485; docs/duplex.md, *Input-clocked sessions*). A session created
 with ``extra_body.clock: "input"`` acknowledges every ``input_audio_buffer.append``,
 ``input_audio_buffer.commit`` and ``response.create`` that reaches it with exactly
 one ``input_audio_buffer.processed``, in input order, sent only once every output

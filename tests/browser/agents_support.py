@@ -22,7 +22,7 @@ from starlette.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
 from support.speech import silence, speak
 
-VERSION = "0.20.0"  # scripts/install_browser.sh installs this one; the README names it
+VERSION = "0.20.0"  # scripts/install_browser.sh installs this one; docs/browser.md names it
 PACKAGE = Path(os.environ.get("CLIENTS_VENV", REPO / ".venv-clients")) / "npm/node_modules/@openai/agents-realtime"
 PREFIX = "/vendor/agents-realtime"
 KEY = "sk-agents-test-key"

@@ -78,8 +78,11 @@ class PageLog:
 
 
 @contextlib.asynccontextmanager
-async def browser(wav: Path | None = None, *, viewport: tuple[int, int] = (1100, 1000)) -> AsyncIterator[Any]:
-    """A fresh Chromium (its own user-data-dir) as a Playwright persistent context."""
+async def browser(
+    wav: Path | None = None, *, viewport: tuple[int, int] = (1100, 1000), args: tuple[str, ...] = ()
+) -> AsyncIterator[Any]:
+    """A fresh Chromium (its own user-data-dir) as a Playwright persistent context; ``args``
+    are more of Chromium's flags."""
     from playwright.async_api import async_playwright
 
     user_data = tempfile.mkdtemp(prefix="omni-chromium-")
@@ -89,7 +92,7 @@ async def browser(wav: Path | None = None, *, viewport: tuple[int, int] = (1100,
                 user_data,
                 executable_path=CHROMIUM,
                 headless=True,
-                args=chromium_args(wav),
+                args=[*chromium_args(wav), *args],
                 viewport={"width": viewport[0], "height": viewport[1]},
                 permissions=["microphone"],
             )

@@ -1,7 +1,8 @@
 """What the pages tell a person when something is missing: a credential the
 gateway requires (and then connecting with an API key, a client secret or a
 token), a denied microphone, a gateway that is gone; a page of another site
-that the gateway's allowed_origins does not name."""
+that the gateway's allowed_origins does not name; a voice page opened over plain http
+from another host (no secure context: no microphone, no AudioWorklet)."""
 
 from __future__ import annotations
 
@@ -187,3 +188,28 @@ async def test_a_token_from_the_pages_own_backend_opens_a_session_from_the_page(
         await page.locator('#status[data-state="open"]').wait_for(timeout=10_000)
         assert {h.principal for h in gateway.runtime.hosts.values()} == {"jwt:browser-user"}
         assert not log.errors, log
+
+
+async def test_the_voice_page_over_plain_http_from_another_host_says_it_needs_a_secure_context() -> None:
+    """http://voice.example:PORT/ is no secure context (only https://, localhost and loopback
+    addresses are), so the page has no microphone and no AudioWorklet. Chromium resolves the
+    name to 127.0.0.1 (``--host-resolver-rules``): the traffic stays on this machine."""
+    async with (
+        run_gateway(Settings(engine="passthrough", video_engine="none")) as gateway,
+        browser(args=("--host-resolver-rules=MAP voice.example 127.0.0.1",)) as context,
+    ):
+        page = await context.new_page()
+        log = PageLog(page)
+        origin = f"http://voice.example:{gateway.port}"
+        await page.goto(origin + "/voice.html")
+        assert await page.evaluate("() => window.isSecureContext") is False
+        error = page.locator("#error")
+        await error.wait_for(state="visible", timeout=10_000)  # said at once, before Start
+        said = await error.inner_text()
+        assert f"{origin} is not one" in said and "https://" in said, said
+        assert f"http://localhost:{gateway.port}" in said and f"ssh -L {gateway.port}:127.0.0.1:{gateway.port}" in said
+        await page.get_by_role("button", name="Start").click()  # start() says it before its first await
+        assert await error.inner_text() == said
+        assert await page.evaluate("() => window.__voice.audio") is None  # no AudioContext was tried
+        assert "addModule" not in str(log) and not log.errors, log
+        assert await page.locator("#status").get_attribute("data-state") == "new"

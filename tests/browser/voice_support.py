@@ -86,3 +86,18 @@ class RecordingThinker:
             answer += sentence
             yield sentence
         self.answers.append(answer)
+
+
+def check_turn_latency(seen: dict[str, Any], first_audio: str) -> float:
+    """The page's one definition of turn latency (voice.html, #latency-definition): from the
+    turn's end (speech_stopped arriving) to the answer's first sound as the page plays it,
+    the level of what it plays measured in the page. So it comes after the answer's first
+    audio reached the page (``first_audio``: the WebSocket's first audio delta, WebRTC's
+    output_audio_buffer.started) and within the playout that follows. The figure."""
+    [latency] = seen["latencies"]
+    events = seen["events"]
+    ended = next(e["at"] for e in events if e["type"] == "input_audio_buffer.speech_stopped")
+    arrived = next(e["at"] for e in events if e["type"] == first_audio and e["at"] >= ended) - ended
+    assert arrived <= latency + 25, (arrived, latency)  # heard after it arrived (one 20 ms meter window of slack)
+    assert latency < arrived + 1500, (arrived, latency)  # and not a later sound
+    return float(latency)

@@ -1,4 +1,4 @@
-"""A crash at every moment of a spoken answer (README, "Sessions that survive").
+"""A crash at every moment of a spoken answer (docs/sessions.md).
 
 Real processes: replicas of ``python -m gateway serve`` on one redis-server
 (``deploy/local_cluster.py``), each serving two routes: ``omni-cascade`` (the

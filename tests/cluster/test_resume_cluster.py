@@ -2,7 +2,7 @@
 sessions), redis-server and three gateway replicas (``--engine passthrough``),
 driven through nginx by the Python SDK (``client.RealtimeClient``).
 
-What is proved (README, "Sessions that survive"):
+What is proved (docs/sessions.md):
 
 - a replica SIGKILLed in the middle of a streamed answer: the SDK resumes on
   another replica; every event after the client's last seq arrives exactly once
@@ -413,7 +413,7 @@ async def test_replica_killed_mid_answer_resumes_elsewhere_exactly_once(harness:
 
 
 async def test_an_answer_the_client_saw_complete_is_not_ended_again_after_a_crash(harness: Harness) -> None:
-    """The journal tail dies with the replica (README: "a replica that dies loses at most the events
+    """The journal tail dies with the replica (docs/sessions.md: "a replica that dies loses at most the events
     of its last 25 ms"), but never an answer's end: Redis pauses writes (CLIENT PAUSE WRITE) from word
     45, so the last words reach the client and not the journal, while ``response.done`` waits for its
     commit; the replica is killed as soon as the client has ``response.done``. The answer completed for
@@ -440,7 +440,7 @@ async def test_an_answer_the_client_saw_complete_is_not_ended_again_after_a_cras
             await answer(rt, tape, hook)
             assert pause.fired
             done_seq = tape.of("response.done")[0]["server_event_seq"]
-            # README: response.done is sent only once its journal batch is committed.
+            # docs/sessions.md: response.done is sent only once its journal batch is committed.
             assert await harness.journal_last(sid) >= done_seq, "response.done reached the client before the journal"
             await harness.redis.execute_command("CLIENT", "UNPAUSE")
             await read_until(rt, tape, "session.resumed")

@@ -1,4 +1,4 @@
-"""Every command line the README and deploy/README.md give a user is run, as written.
+"""Every command line the README, docs/ and deploy/README.md give a user is run, as written.
 
 ``support.docs.command_lines`` reads the shell blocks; each test below registers the
 exact lines it runs (``@runs``), and the first test fails on a documented line that no
@@ -29,20 +29,35 @@ from typing import ClassVar
 
 import orjson
 import pytest
+import test_examples  # noqa: F401  (registers the examples' commands)
+import test_site  # noqa: F401  (registers the site's build command)
 import test_user_install  # noqa: F401  (registers the README's first command)
-from support.docs import DOCS, ROOT, RUNNERS, command_lines, inline_invocations, readme_commands, runs
+from support.docs import (
+    DOCS,
+    ROOT,
+    RUNNERS,
+    SHELL_FENCES,
+    code_blocks,
+    command_lines,
+    inline_invocations,
+    readme_command,
+    runs,
+)
 from support.gateway import free_port
 from support.redis_server import REDIS_BINARY, RedisServer
 from support.serve import Served, clean_env, text_turn
 from support.workers import by_worker, scrape
 
 from gateway.cli import settings_from_args
+from gateway.routing import CATCH_ALL, parse_routes
+from gateway.settings import Settings
+from gateway.tenants import KeysFile, TenantLimits, key_digest
 from gateway.workers import available_cores
 
 pytestmark = pytest.mark.timeout(300)
 
 BIN = Path(sys.executable).parent  # this test run's venv: where `omni-gateway` is installed
-TEST_COMMAND = readme_commands()[1]
+TEST_COMMAND = readme_command("pytest")
 LINT = "ruff check . && ruff format --check . && mypy"
 
 
@@ -50,13 +65,74 @@ def documented() -> set[str]:
     return {line for doc in DOCS for line in command_lines(doc)}
 
 
+def blocks() -> set[str]:
+    """The text of every block that is neither commands nor a diagram (``text``)."""
+    return {b.text for doc in DOCS for b in code_blocks(doc) if b.lang not in (*SHELL_FENCES, "text")}
+
+
 def test_every_documented_command_line_is_run_by_a_test() -> None:
     lines = documented()
     assert lines, "no command lines found: are the shell blocks marked ```bash?"
     missing = sorted(lines - RUNNERS.keys())
     assert not missing, f"documented but run by no test (add one here): {missing}"
-    stale = sorted(RUNNERS.keys() - lines)
+    stale = sorted(RUNNERS.keys() - lines - blocks())
     assert not stale, f"tests run lines the documents no longer give: {stale}"
+
+
+EXAMPLES = {p.read_text() for p in (ROOT / "examples").glob("*.py")}
+
+
+def test_every_code_block_is_run_by_a_test_or_says_it_is_illustrative() -> None:
+    """A block is an example file as it is (tests/docs/test_examples.py runs each), a
+    block a test here runs, or one whose line before it says ``illustrative``. A diagram
+    is a ``text`` block; a block names its language."""
+    unchecked = []
+    for doc in DOCS:
+        for block in code_blocks(doc):
+            assert block.lang, f"{doc}: a block after {block.before!r} names no language (`text` for a diagram)"
+            if block.lang in (*SHELL_FENCES, "text"):
+                continue
+            if block.text in EXAMPLES or block.text in RUNNERS or "illustrative" in block.before.lower():
+                continue
+            unchecked.append(f"{doc}: the {block.lang} block after {block.before!r}")
+    assert not unchecked, f"neither run by a test nor marked illustrative: {unchecked}"
+
+
+def test_an_example_shown_in_the_docs_is_the_whole_file() -> None:
+    shown = {b.text for doc in DOCS for b in code_blocks(doc) if b.lang == "python"} & EXAMPLES
+    assert len(shown) == 4, "README: openai_sdk.py; docs: python_sdk.py, duplex.py, video.py"
+
+
+def block_after(doc: str, marker: str) -> str:
+    (text,) = [b.text for b in code_blocks(doc) if marker in b.before]
+    return text
+
+
+ROUTES = block_after("docs/settings.md", "engine's options:")
+KEYS_FILE = block_after("docs/tenants.md", "client secrets with it")
+
+
+@runs(ROUTES)
+def test_the_model_routes_shown_are_what_the_gateway_parses() -> None:
+    routes = {r.name: r for r in parse_routes(ROUTES, Settings())}
+    assert set(routes) == {"omni-cascade", "tone", CATCH_ALL}
+    assert routes["tone"].engine == "passthrough" and routes["tone"].options == {"audio_chunks": 25}
+
+
+@runs(KEYS_FILE)
+def test_the_keys_file_shown_is_what_the_gateway_parses() -> None:
+    """Its placeholder filled as the text says: ``printf %s "$KEY" | sha256sum``."""
+    env = {"KEY": "sk-acme", "PATH": os.environ["PATH"]}
+    hashed = subprocess.run(["bash", "-c", 'printf %s "$KEY" | sha256sum'], env=env, capture_output=True, text=True)
+    digest = hashed.stdout.split()[0]
+    assert digest == key_digest("sk-acme")
+    placeholder = '"<sha256 hex of the key: printf %s \\"$KEY\\" | sha256sum>"'
+    assert placeholder in KEYS_FILE
+    text = KEYS_FILE.replace(placeholder, f'"{digest}"')
+    entry = KeysFile.parse(text, TenantLimits()).lookup("sk-acme")
+    assert entry is not None and entry.principal == "tenant:acme"
+    assert entry.tenant.limits.max_sessions == 20 and entry.tenant.allows_model("omni-cascade")
+    assert not entry.tenant.allows_model("another") and not entry.tenant.admin
 
 
 def test_every_inline_invocation_parses_with_the_real_command_line() -> None:
@@ -207,6 +283,7 @@ async def test_serve_with_redis_runs_a_worker_per_core_on_one_port(tmp_path: Pat
                 assert up == {str(i): 1.0 for i in range(cores)}, gw.log()
             response = await text_turn(gw.url)
             assert response["status"] == "completed", response
+            assert gw.log(50_000).count("omni-gateway is serving on") == 1  # one worker speaks for the port
 
 
 class Collector(http.server.BaseHTTPRequestHandler):

@@ -1,4 +1,4 @@
-"""The README's *Coverage of the GA API* tables match the official SDK's models
+"""The *Coverage of the GA API* tables (docs/realtime-coverage.md) match the official SDK's models
 and the code: every GA client event, server event and session field is listed
 once, and each status says what the code does."""
 
@@ -28,9 +28,9 @@ STATUSES = {"supported", "passed to the engine", "accepted and reported", "not a
 
 
 def table(heading: str) -> dict[str, str]:
-    """``name -> status`` of the table under ``#### heading`` in the README."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split(f"#### {heading}\n", 1)[1].split("\n#", 1)[0]
+    """``name -> status`` of the table under ``## heading`` in docs/realtime-coverage.md."""
+    text = (ROOT / "docs" / "realtime-coverage.md").read_text()
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n#", 1)[0]
     rows = re.findall(r"^\| `([^`]+)` \| ([^|]+?) \|", section, re.M)
     names = [name for name, _ in rows]
     assert len(names) == len(set(names)), f"{heading}: a row repeats"

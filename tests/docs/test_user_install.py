@@ -15,13 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.docs import ROOT, readme_commands, runs
+from support.docs import ROOT, readme_command, runs
 from support.gateway import free_port
 from support.serve import Served, audio_turn, clean_env, text_turn, video_turn
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-INSTALL_AND_SERVE = readme_commands()[0]
+INSTALL_AND_SERVE = readme_command("omni-gateway serve")
 
 
 def copy_of_the_repository(to: Path) -> Path:

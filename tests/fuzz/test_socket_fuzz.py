@@ -2,7 +2,7 @@
 event type (tests/support/fuzz.py) mixed with probes that must still be answered.
 
 It fails on any ERROR record or traceback in the gateway's log, on an error event
-without a code, on a close code the README does not document, on a probe left
+without a code, on a close code docs/errors.md does not document, on a probe left
 unanswered on a socket that stayed open, and on memory that keeps growing. The long
 version is bench/fuzz_long.py (100,000+ inputs, with figures).
 """

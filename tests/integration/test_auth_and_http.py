@@ -229,7 +229,7 @@ async def test_client_secret_is_minted_in_the_ga_shape(http: httpx.AsyncClient) 
     assert r.status_code == 200
     body = r.json()
     # OpenAI's three fields, and the one documented extension: the STUN/TURN servers a page
-    # gives its RTCPeerConnection for a WebRTC call (README, "WebRTC calls").
+    # gives its RTCPeerConnection for a WebRTC call (docs/webrtc.md).
     assert set(body) == {"value", "expires_at", "session", "ice_servers"}
     assert body["ice_servers"] == []  # none configured
     assert body["value"].startswith("ek_")

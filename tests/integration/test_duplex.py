@@ -199,7 +199,7 @@ async def test_the_pre_realtime_append_aliases_are_refused_and_the_documents_for
 async def test_every_client_example_of_the_document_is_answered_as_documented() -> None:
     """Each C→S example of "Message examples", in a live session; only the documented
     replies come back, each with the keys of the document's example, and no error (the tool
-    result needs tools: not here, see README)."""
+    result needs tools: not here, see docs/duplex.md)."""
     async with gateway() as gw, duplex(gw) as c:
         await c.send(doc.fill(doc.SESSION_UPDATE))
         await c.wait_for("session.created")
@@ -421,7 +421,7 @@ async def test_resume_on_an_autostart_0_socket_replays_with_no_session_created()
         async with duplex(gw) as r:
             await r.send(doc.fill(doc.RESUME, session_id=sid, resume_token=token, last_received_server_event_seq=last))
             resumed = await r.recv()
-            # "Session lifecycle": S→C session.resumed; a connection event (no seq: see the README)
+            # "Session lifecycle": S→C session.resumed; a connection event (no seq: see docs/duplex.md)
             assert doc.gaps(doc.SESSION_RESUMED, resumed) == [] and "server_event_seq" not in resumed
             assert (resumed["session_id"], resumed["attachment_generation"]) == (
                 sid,

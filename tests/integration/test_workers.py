@@ -1,7 +1,7 @@
 """``omni-gateway serve --workers N``, with real processes: a supervisor and its
 workers on one port (SO_REUSEPORT), a private redis-server, clients on raw sockets.
 
-Proved here (README, "Workers"): sessions spread over the workers; a worker
+Proved here (docs/workers.md): sessions spread over the workers; a worker
 SIGKILLed in the middle of an answer is restarted by the supervisor, and its
 sessions resume on a sibling (the interrupted answer ends ``incomplete``, reason
 ``replica_lost``, and is re-issued whole, or the client is resynced); one scrape

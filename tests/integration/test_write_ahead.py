@@ -1,5 +1,5 @@
-"""Write-ahead over real sockets and a private Redis (README, "Sessions that
-survive"): an event that changes session state reaches the client only once
+"""Write-ahead over real sockets and a private Redis (docs/sessions.md,
+"Write-ahead"): an event that changes session state reaches the client only once
 Redis holds it in the journal and the snapshot holds the state it announces.
 
 Redis holds every write for a moment (``CLIENT PAUSE WRITE``) just before each

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "deploy/README.md")  # every command line in these is run by a test
+# Every command line in these is run by a test: the README, every page of docs/, deploy's README.
+DOCS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")), "deploy/README.md")
 SHELL_FENCES = ("bash", "sh", "shell", "console")  # fenced blocks that hold commands (mark them so)
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
@@ -40,6 +42,43 @@ def command_lines(doc: str) -> list[str]:
 
 def readme_commands() -> list[str]:
     return command_lines("README.md")
+
+
+def readme_command(marker: str) -> str:
+    """The README's one command line that holds ``marker``: the first command (install and
+    serve: ``omni-gateway serve``) and the test command (``pytest``)."""
+    (line,) = [line for line in readme_commands() if marker in line]
+    return line
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced block of a document: its language, its text, and the last line of prose
+    before it (where an illustrative block says so)."""
+
+    doc: str
+    lang: str
+    text: str
+    before: str
+
+
+def code_blocks(doc: str) -> list[Block]:
+    blocks: list[Block] = []
+    lang: str | None = None
+    body: list[str] = []
+    before = ""
+    for raw in (ROOT / doc).read_text().splitlines():
+        match = _FENCE.match(raw.strip())
+        if match and lang is None:
+            lang, body = match.group(1), []
+        elif match:
+            blocks.append(Block(doc, lang or "", "\n".join(body) + "\n", before))
+            lang = None
+        elif lang is not None:
+            body.append(raw)
+        elif raw.strip():
+            before = raw.strip()
+    return blocks
 
 
 def inline_invocations(doc: str) -> list[str]:

@@ -175,7 +175,7 @@ class Hostile:
 
 # --- the driver: hostile sessions against a running gateway -------------------------------
 
-DOCUMENTED_CLOSES = {1000, 1007, 1009, 4010}  # README's close-code table: what hostile input may earn
+DOCUMENTED_CLOSES = {1000, 1007, 1009, 4010}  # docs/errors.md's close-code table: what hostile input may earn
 
 
 class FuzzStats:

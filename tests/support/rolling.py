@@ -20,7 +20,7 @@ delta normally comes ~20 ms after the request; a drain's handover (close 1012, r
 resume, ask again) and a crash show up here.
 
 A request sent as the old socket closed may not have been read: after a resume the session
-asks again for what it has not seen (the replay shows what the store holds), as the README
+asks again for what it has not seen (the replay shows what the store holds), as docs/sessions.md
 says a client should.
 """
 

@@ -47,7 +47,7 @@ LIVE_EXTENSION_FIELDS = frozenset(
     }
 )
 
-# Gateway extension fields on SDK events (README: "Gateway extensions"): (event type
+# Gateway extension fields on SDK events (docs/realtime.md: "Shapes, extensions and dialects"): (event type
 # or "*", dotted path of the extra key). Everything else unknown is a defect.
 EXTENSION_FIELDS = frozenset(
     {
@@ -58,7 +58,7 @@ EXTENSION_FIELDS = frozenset(
         ("session.created", "session.gateway_events"),
         ("session.updated", "session.gateway_events"),
         ("response.done", "response.status_details.gateway_reason"),
-        ("rate_limits.updated", "tenant_limits"),  # every limit of the caller (README: "Tenants and limits")
+        ("rate_limits.updated", "tenant_limits"),  # every limit of the caller (docs/tenants.md)
     }
 )
 

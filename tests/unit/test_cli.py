@@ -1,4 +1,4 @@
-"""``omni-gateway serve``'s flags: every engine the README names, the default model
+"""``omni-gateway serve``'s flags: every engine docs/engines.md names, the default model
 named after a checkpoint, and settings that cannot serve refused before start."""
 
 from __future__ import annotations
@@ -63,3 +63,13 @@ def test_an_unknown_engine_is_an_argparse_error(capsys: pytest.CaptureFixture[st
 def test_settings_the_app_cannot_start_with_exit_3(tmp_path: Path) -> None:
     missing = str(tmp_path / "missing.json")
     assert main(["serve", "--engine", "passthrough", "--video-engine", "none", "--models", missing]) == 3
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"]])
+def test_help_is_plain_text(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """No reStructuredText markup (the module docstring's double backticks) in what a person reads."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: omni-gateway" in out and "``" not in out

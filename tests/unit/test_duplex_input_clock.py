@@ -1,7 +1,7 @@
 """Input-clocked duplex sessions (``extra_body.clock: "input"``), Sans-I/O: the
 acknowledgement contract of the duplex document's newest sibling revision
 (``doc.INPUT_CLOCK_REVISION``, "Input-clocked sessions"), on ``DuplexSession`` driven
-directly as ``test_duplex_session.py`` drives it. A unit here is a turn (README,
+directly as ``test_duplex_session.py`` drives it. A unit here is a turn (docs/duplex.md,
 *Input-clocked sessions*): it completes when its transcript and its answer are out."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 a real orchestrator running the passthrough engine, the in-process store, and a
 peer that records what reaches the client and what the store held at that moment.
 
-Write-ahead (README, "Sessions that survive"): an event that changes session
+Write-ahead (docs/sessions.md): an event that changes session
 state reaches the client only once the store holds the state it announces; the
 deltas of an answer stay batched.
 """

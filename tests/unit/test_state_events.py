@@ -124,7 +124,7 @@ def test_every_state_event_marks_a_snapshot_that_holds_what_it_announces() -> No
 
 
 def test_the_state_events_are_the_ones_the_readme_names() -> None:
-    # The docs ("Sessions that survive"; GPT-Live's in docs/live.md): the events that reach the
+    # docs/sessions.md (GPT-Live's in docs/live.md): the events that reach the
     # client only once stored.
     assert LIVE_STATE_EVENTS == {
         "session.started",

@@ -1,7 +1,7 @@
 """WebRTC calls end to end (``POST /v1/realtime/calls``), an aiortc "browser" against the
 gateway on this machine: both request forms, client secrets, the answer's audio as a
 track paced and cut by the gateway, the WebRTC-only events, the sideband socket, hangup,
-and every refusal before any media (README: "WebRTC calls").
+and every refusal before any media (docs/webrtc.md).
 
 The engine is the passthrough one (a paced tone, a word per 20 ms chunk): what is under
 test is the transport, not a model. Every event read off the data channel is checked

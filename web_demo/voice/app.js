@@ -11,7 +11,7 @@
 
 import { $, askForCredential, credentialFrom, explain, fmtMs, statusView } from "../common.js";
 import { connectRealtime } from "../sdk/connect.js";
-import { AudioIO, MicrophoneError } from "./audio.js";
+import { AudioIO, MicrophoneError, insecureContext } from "./audio.js";
 
 const params = new URLSearchParams(location.search);
 const MODEL = params.get("model") || undefined;
@@ -37,7 +37,7 @@ const seen = {
   outputTranscripts: {}, // assistant item id -> concatenated transcript deltas
   outputDone: {}, // assistant item id -> the transcript of response.output_audio_transcript.done
   responses: [], // {id, status, reason}
-  latencies: [], // ms, speech_stopped (or commit) -> first audio delta, per turn
+  latencies: [], // ms per turn: the turn's end (speech_stopped, a commit, a typed message) -> the answer heard here
   truncations: [], // {itemId, audioEndMs, receivedMs} (WebRTC: the gateway's conversation.item.truncated, why "gateway")
   playback: [], // WebRTC: output_audio_buffer.started/stopped/cleared, {type, responseId, at}
   events: [], // {type, seq} of every server event, in order (the latest 2000)
@@ -52,25 +52,30 @@ const seen = {
 let client = null;
 let audio = null;
 let talking = false;
-let turnEndedAt = null; // performance.now() of speech_stopped / commit, until the first audio delta
+// Turn latency, one definition on both paths: from the end of the user's turn as this page learns
+// it (speech_stopped arriving, or the commit / typed message it sends) to the answer's first
+// sound in this page: the first stretch of its level above the meter's threshold, measured with
+// WebAudio where the page plays it (a WebRTC call's answer track; the WebSocket path's player).
+let turnEndedAt = null; // performance.now() of the turn's end, until the answer is heard
 let awaitingFirstAudio = false;
 const items = new Map(); // item id -> {li, body, note, role, audioDone, notes}
 const interrupted = new Set(); // assistant items whose playback was stopped: later audio is ignored
 let activeAudioItem = null; // the assistant item whose audio was last queued for playback
 let playingResponse = null; // WebRTC: the response whose audio the gateway is playing
-let answerMeter = null; // WebRTC: the answer track's level, measured here
+let answerMeter = null; // the answer's level as this page plays it (the call's track, or the player)
 let micMeter = null;
 
 window.__voice = {
   seen, start, stop,
   get client() { return client; },
   get audio() { return audio; },
-  get answerLevel() { return answerMeter?.stats ?? null; }, // WebRTC: the answer track's audio in this page
+  get answerLevel() { return answerMeter?.stats ?? null; }, // the answer's audio as this page plays it
 };
 
 // --- controls --------------------------------------------------------------------------------
 
 ui.start.addEventListener("click", () => start());
+if (insecureContext()) showError(insecureContext()); // said before Start: nothing here can use the microphone
 $("credential-form").addEventListener("submit", (e) => {
   e.preventDefault();
   if (!ui.start.disabled) start();
@@ -93,12 +98,14 @@ ui.textForm.addEventListener("submit", (e) => {
 
 async function start() {
   hideError();
+  const insecure = insecureContext();
+  if (insecure) return showError(insecure);
   setBusy(true);
   try {
     audio = await AudioIO.create({ onStats: showPlayback }); // inside the click: the context may start
   } catch (err) {
     setBusy(false);
-    return showError(`Audio could not start: ${err.message}`);
+    return showError(err instanceof MicrophoneError ? err.message : `Audio could not start: ${err.message}`);
   }
   // The microphone first: a WebRTC call offers it as its track (the WebSocket path sends
   // nothing of it before the session is open).
@@ -134,6 +141,7 @@ async function start() {
   } else {
     for (const track of stream.getAudioTracks()) track.enabled = true; // the capture worklet holds push to talk
     await audio.startMicrophone(onMicrophone);
+    answerMeter = audio.meter(audio.player, onAnswerLevel); // what the player plays
   }
   ui.stop.disabled = false;
   ui.talk.disabled = !ui.ptt.checked; // the microphone is open now
@@ -280,10 +288,6 @@ function wire(rt) {
     });
   }
   rt.on("response.output_audio.delta", (e) => {
-    if (awaitingFirstAudio && turnEndedAt !== null) {
-      awaitingFirstAudio = false;
-      addLatency(performance.now() - turnEndedAt);
-    }
     if (!audio || interrupted.has(e.item_id) || !e.audio) return;
     activeAudioItem = e.item_id;
     audio.play(e.item_id, e.audio);
@@ -312,15 +316,11 @@ function wire(rt) {
   // WebRTC: the gateway plays the answer on the track and says when it starts, ends or is cut.
   rt.on("track", ({ stream }) => {
     answerMeter?.stop();
-    answerMeter = audio?.meter(stream, showAnswerLevel) ?? null;
+    answerMeter = audio?.meter(stream, onAnswerLevel) ?? null;
   });
   rt.on("output_audio_buffer.started", (e) => {
     seen.playback.push({ type: "started", responseId: e.response_id, at: performance.now() });
     playingResponse = e.response_id;
-    if (awaitingFirstAudio && turnEndedAt !== null) {
-      awaitingFirstAudio = false;
-      addLatency(performance.now() - turnEndedAt);
-    }
   });
   for (const type of ["output_audio_buffer.stopped", "output_audio_buffer.cleared"]) {
     rt.on(type, (e) => {
@@ -442,8 +442,14 @@ function showPlayback(stats) {
   ui.playStats.textContent = `${fmtMs(stats.playedSamples / SAMPLES_PER_MS)} played · ${stats.underruns} underruns · ${fmtMs(stats.droppedSamples / SAMPLES_PER_MS)} skipped`;
 }
 
-function showAnswerLevel(stats) {
+/** The answer's level as this page plays it: the meter, and the turn's latency at its first sound. */
+function onAnswerLevel(stats) {
   ui.answerLevel.value = Math.min(1, stats.level * 4);
+  const burst = stats.bursts[stats.bursts.length - 1];
+  if (awaitingFirstAudio && turnEndedAt !== null && burst && burst[0] >= turnEndedAt) {
+    awaitingFirstAudio = false; // a stretch of sound that began after the turn ended: the answer
+    addLatency(burst[0] - turnEndedAt);
+  }
 }
 
 function showTransport() {

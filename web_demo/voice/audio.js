@@ -3,6 +3,22 @@
 
 const here = (path) => new URL(path, import.meta.url).href;
 
+/**
+ * Why this page cannot use audio here: the microphone (getUserMedia) and AudioWorklets exist
+ * only in a secure context (https://, or http://localhost and 127.0.0.1 on this machine).
+ * null in a secure context.
+ */
+export function insecureContext() {
+  if (window.isSecureContext) return null;
+  const port = location.port ? `:${location.port}` : "";
+  return (
+    `The microphone needs a secure context, and ${location.origin} is not one. Open this page over https:// ` +
+    `(TLS in front of the gateway), or as http://localhost${port} or http://127.0.0.1${port} on the machine that ` +
+    `runs the gateway. From another machine, forward the port over SSH (ssh -L ${location.port || 80}:127.0.0.1:` +
+    `${location.port || 80} the-gateway-host) and open http://127.0.0.1${port}/ on yours.`
+  );
+}
+
 /** A microphone that cannot be opened, with a message a person can act on. */
 export class MicrophoneError extends Error {
   /** @param {string} message @param {string} code "denied" | "not_found" | "busy" | "insecure" | "unknown" */
@@ -23,6 +39,8 @@ export class AudioIO {
    * @param {{prebufferMs?: number, maxBufferMs?: number, onStats?: (stats: object) => void}} [options]
    */
   static async create({ prebufferMs = 80, maxBufferMs = 15000, onStats } = {}) {
+    const insecure = insecureContext(); // else AudioWorklet is undefined and addModule throws a TypeError
+    if (insecure) throw new MicrophoneError(insecure, "insecure");
     const ctx = new AudioContext({ latencyHint: "interactive" });
     await ctx.audioWorklet.addModule(here("./capture-worklet.js"));
     await ctx.audioWorklet.addModule(here("./playback-worklet.js"));
@@ -66,7 +84,7 @@ export class AudioIO {
    */
   async openMicrophone({ echoCancellation = true } = {}) {
     if (!navigator.mediaDevices?.getUserMedia) {
-      throw new MicrophoneError("This page cannot use a microphone here: open it over https:// or from localhost.", "insecure");
+      throw new MicrophoneError(insecureContext() ?? "This browser gives this page no microphone.", "insecure");
     }
     try {
       this.stream = await navigator.mediaDevices.getUserMedia({
@@ -103,13 +121,14 @@ export class AudioIO {
   }
 
   /**
-   * A level meter on a stream (the microphone, or a WebRTC call's answer track), read
-   * every `intervalMs`; never connected to the speakers.
-   * @param {MediaStream} stream
+   * A level meter on a stream (the microphone, or a WebRTC call's answer track) or on a node
+   * of this context (the player: what the WebSocket path plays), read every 20 ms; it adds
+   * nothing to what the speakers play.
+   * @param {MediaStream | AudioNode} source
    * @param {(level: LevelStats) => void} [onLevel]
    */
-  meter(stream, onLevel) {
-    const m = new LevelMeter(this.ctx, stream, onLevel);
+  meter(source, onLevel) {
+    const m = new LevelMeter(this.ctx, source, onLevel);
     this.meters.add(m);
     return m;
   }
@@ -173,16 +192,20 @@ export class AudioIO {
  * @property {number} samples windows read
  */
 
-/** The level of a MediaStream through an AnalyserNode (a WebRTC track's audio, measured in the page). */
+/**
+ * The level of a MediaStream (a WebRTC track's audio) or of an AudioNode's output (the
+ * player), through an AnalyserNode: the audio as the page plays it, measured in the page.
+ */
 export class LevelMeter {
   /**
    * @param {AudioContext} ctx
-   * @param {MediaStream} stream
+   * @param {MediaStream | AudioNode} source
    * @param {(stats: LevelStats) => void} [onLevel]
    * @param {{intervalMs?: number, threshold?: number}} [options]
    */
-  constructor(ctx, stream, onLevel, { intervalMs = 20, threshold = 0.01 } = {}) {
-    this.source = ctx.createMediaStreamSource(stream);
+  constructor(ctx, source, onLevel, { intervalMs = 20, threshold = 0.01 } = {}) {
+    this.ownSource = source instanceof MediaStream; // a node of the page's graph is tapped, never disconnected
+    this.source = this.ownSource ? ctx.createMediaStreamSource(source) : source;
     this.analyser = new AnalyserNode(ctx, { fftSize: 1024 });
     this.source.connect(this.analyser);
     this.threshold = threshold;
@@ -219,7 +242,8 @@ export class LevelMeter {
 
   stop() {
     clearInterval(this._timer);
-    this.source.disconnect();
+    if (this.ownSource) this.source.disconnect();
+    else this.source.disconnect(this.analyser);
   }
 }
 
