@@ -398,8 +398,9 @@ class SessionHost:
 
     def idle(self) -> bool:
         """Between answers and turns: handing the session over now cuts nothing (no
-        response running or waiting to start, no user audio buffered, no transcription
-        or MCP listing under way), and the conversation of a restored session is read."""
+        response running or waiting to start, no user audio buffered, no transcription,
+        MCP listing or Responses backend request under way), and the conversation of a
+        restored session is read."""
         session = self.session
         responses = session.responses
         return self._head is None and not (
@@ -407,6 +408,7 @@ class SessionHost:
             or responses.out_of_band
             or session.input_audio.is_open
             or self.mcp_tasks
+            or self.backend_tasks
             or any(item.pending_transcription for item in session.conversation)
         )
 

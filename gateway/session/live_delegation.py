@@ -28,13 +28,14 @@ request carries, one list per session, stateless on the backend (each
 request carries them all, ``store: false``). The Live conversation's user and
 assistant messages enter it (as text) before each task and each client
 message, so the backend sees the dialogue in order; then the task (a user
-message), or the client's items (``response.item.create``: messages,
-``function_call_output``, ``function_call``); then what each response outputs
-(its messages and function calls). A function call the backend made waits for
-its output (``response.item.create``), and is left out of every request until
-it has one; ``response.create`` then continues the delegation that call
-belongs to (or, answering none, is the client's own request: its events carry
-no ``delegation_id``). It holds at most ``MAX_BACKEND_ITEMS`` items and
+message, as its request starts), or the client's items
+(``response.item.create``: messages, ``function_call``,
+``function_call_output``, which goes right after its call); then what each
+response outputs (its messages and function calls). A function call the
+backend made waits for its output, and is left out of every request until it
+has one; ``response.create`` then continues the delegation that call belongs
+to (or, answering none, is the client's own request: its events carry no
+``delegation_id``). It holds at most ``MAX_BACKEND_ITEMS`` items and
 ``MAX_BACKEND_BYTES`` of JSON: past either, its oldest items are dropped.
 
 **A request** (``RunResponses``, run by the host): the session's
@@ -52,9 +53,11 @@ spoken (the commentary path: ``ResponseParams.say``). A failure is an
 status, timeout, invalid stream), never silence, and the model is told
 (silently) that the task failed.
 
+The Responses conversation and the request under way are in the session's
+snapshot (a ``response.event`` asks for none: this part marks what changes).
 On another replica (a resume after the one running it was lost), a request
-under way runs again from the start (a new ``response.created``); pending
-acknowledgements are dropped.
+under way runs again from the start, without what it had output (a new
+``response.created``); acknowledgements still due are dropped.
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ ACK_INSTRUCTIONS = (
     "the result. Do not answer the request itself."
 )
 MAX_BACKEND_ITEMS = 256  # the Responses conversation's items; more: the oldest are dropped
-MAX_BACKEND_BYTES = 1 << 20  # its items' JSON; more: the oldest are dropped
+MAX_BACKEND_BYTES = 256 << 10  # its items' JSON (in every snapshot); more: the oldest are dropped
 MAX_QUEUED = 8  # the model's tasks waiting for the request under way; more: not delegated
 MAX_TASK_CHARS = 8000  # a delegate call's task; longer: not delegated (the model is told why)
 
@@ -172,7 +175,6 @@ class _Run:
     request_id: str
     delegation_id: str | None  # None: the client's own response.create
     event_id: str | None  # the response.create that asked for it
-    body: dict[str, Any]  # (kept: a replica that resumes the session runs it again)
     text: list[str] = field(default_factory=list)  # its messages' text, as they finish
     ended: bool = False  # its stream said the response ended (completed, failed, incomplete)
 
@@ -187,6 +189,7 @@ class Delegations:
         self.handed: dict[str, str] = {}  # the delegations handed out: id -> target
         self.items: list[dict[str, Any]] = []  # the Responses conversation (module docstring)
         self._sizes: list[int] = []  # each item's JSON bytes
+        self._made_by: list[str | None] = []  # each item's request (an output of it), or None
         self._copied: set[str] = set()  # Live conversation items already in it
         self.calls: dict[str, str | None] = {}  # the backend's function calls awaiting output: -> delegation
         self._answered: dict[str, str | None] = {}  # calls answered since the last request: -> delegation
@@ -251,11 +254,13 @@ class Delegations:
             if call_id in self.calls:
                 self._answered[call_id] = self.calls.pop(call_id)
             self._append(item, after=call_id)
+            self._log.changed()
             return
         self._sync()
         if item.get("type") == "function_call":
             self.calls.pop(item["call_id"], None)  # (the client's own: it answers it itself)
         self._append(item)
+        self._log.changed()
 
     def response_create(self, event: le.ResponseCreate) -> None:
         """``response.create``: a request to the backend, continuing the delegation whose function
@@ -290,8 +295,9 @@ class Delegations:
                          if not (it.get("type") == "function_call" and it.get("call_id") in unanswered)]  # fmt: skip
         body["stream"] = True
         body["store"] = False
-        run = self.running = _Run(self._log.new_id("dresp"), delegation_id, event_id, body)
+        run = self.running = _Run(self._log.new_id("dresp"), delegation_id, event_id)
         self._log.effects.append(RunResponses(run.request_id, body))
+        self._log.changed()
 
     def backend_event(self, request_id: str, event: dict[str, Any]) -> None:
         """One event of the stream of request ``request_id``."""
@@ -319,11 +325,13 @@ class Delegations:
                     run.text.append(part["text"])
             content = [{"type": "output_text", "text": p["text"]} for p in item.get("content") or ()
                        if isinstance(p, dict) and p.get("type") == "output_text"]  # fmt: skip
-            self._append({"type": "message", "role": "assistant", "content": content})
+            self._append({"type": "message", "role": "assistant", "content": content}, made_by=run.request_id)
+            self._log.changed()
         elif kind == "function_call" and isinstance(item.get("call_id"), str):
             call: dict[str, Any] = {k: item[k] for k in ("type", "call_id", "name", "arguments") if k in item}
             self.calls[item["call_id"]] = run.delegation_id
-            self._append(call)
+            self._append(call, made_by=run.request_id)
+            self._log.changed()
 
     def backend_ended(self, request_id: str, failure: tuple[str, str] | None) -> None:
         """Request ``request_id`` is over: ``failure`` (code, message), or None: its stream ended."""
@@ -331,6 +339,7 @@ class Delegations:
         if run is None or run.request_id != request_id:
             return
         self.running = None
+        self._log.changed()
         if failure is None and not run.ended:
             failure = (RESPONSES_BACKEND_UNREACHABLE, "The Responses backend closed its stream before the "
                        "response ended.")  # fmt: skip
@@ -373,9 +382,10 @@ class Delegations:
                 self._append({"type": "message", "role": item.role, "content": [{"type": part, "text": text}]})
         self._copied &= present
 
-    def _append(self, item: dict[str, Any], *, after: str | None = None) -> None:
+    def _append(self, item: dict[str, Any], *, after: str | None = None, made_by: str | None = None) -> None:
         """``item`` at the end; a call's output (``after``: its call id) right after the calls
-        made with that call, where they are (as chat templates want a call's result)."""
+        made with that call, where they are (as chat templates want a call's result).
+        ``made_by``: the request it is an output of."""
         at = len(self.items)
         calls = [
             i for i, it in enumerate(self.items) if it.get("type") == "function_call" and it.get("call_id") == after
@@ -386,9 +396,15 @@ class Delegations:
                 at += 1
         self.items.insert(at, item)
         self._sizes.insert(at, len(orjson.dumps(item)))
+        self._made_by.insert(at, made_by)
         while len(self.items) > MAX_BACKEND_ITEMS or (len(self.items) > 1 and sum(self._sizes) > MAX_BACKEND_BYTES):
-            dropped = self.items.pop(0)
-            self._sizes.pop(0)
+            self._drop(0)
+
+    def _drop(self, at: int) -> None:
+        dropped = self.items.pop(at)
+        self._sizes.pop(at)
+        self._made_by.pop(at)
+        if dropped.get("type") == "function_call":
             self.calls.pop(dropped.get("call_id", ""), None)
 
     # --- snapshots -----------------------------------------------------------------------------
@@ -398,10 +414,11 @@ class Delegations:
         return {
             "handed": self.handed,
             "items": self.items,
+            "made_by": self._made_by,
             "copied": sorted(self._copied),
             "calls": self.calls,
             "answered": self._answered,
-            "running": None if run is None else [run.request_id, run.delegation_id, run.event_id, run.body],
+            "running": None if run is None else [run.request_id, run.delegation_id, run.event_id],
             "queue": self.queue,
         }
 
@@ -411,15 +428,17 @@ class Delegations:
         self.handed = dict(d["handed"])
         self.items = list(d.get("items", ()))
         self._sizes = [len(orjson.dumps(it)) for it in self.items]
+        self._made_by = list(d.get("made_by", [None] * len(self.items)))
         self._copied = set(d.get("copied", ()))
         self.calls = dict(d.get("calls", {}))
         self._answered = dict(d.get("answered", {}))
         self.queue = [(delegation_id, task) for delegation_id, task in d.get("queue", ())]
         running = d.get("running")
-        if running is not None:
-            _, delegation_id, event_id, body = running
-            run = self.running = _Run(self._log.new_id("dresp"), delegation_id, event_id, body)
-            self._log.effects.append(RunResponses(run.request_id, body))
+        if running is not None:  # its stream was on the replica lost: it runs again, without what it output
+            lost, delegation_id, event_id = running
+            for at in reversed([i for i, by in enumerate(self._made_by) if by == lost]):
+                self._drop(at)
+            self._run(delegation_id, event_id)
 
 
 def _task_of(arguments: str) -> str | ValueError:

@@ -7,6 +7,7 @@ delegation on a real backend (``vllm serve``) is tests/vllm/test_live_delegation
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,6 +20,7 @@ from support.speech import chunks, silence, speak
 from gateway.session.live_delegation import ACK_SAY
 from gateway.settings import Settings
 from orchestrator.engines.cascade.engine import CascadeEngine
+from orchestrator.engines.passthrough import PassthroughEngine
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -131,3 +133,42 @@ async def test_an_unreachable_backend_is_a_coded_error_and_the_session_goes_on()
             assert (await c.wait_for("error"))["client_event_id"] == "again"
             await c.send({"type": "session.close"})
             await c.wait_for("session.closed")
+
+
+async def test_a_request_under_way_keeps_the_session_busy_and_ends_with_it() -> None:
+    """A backend that has begun its answer and goes on (a raw server on 127.0.0.1): a drain
+    waits for the request (the session is not idle), and closing the session drops it."""
+    dropped = asyncio.Event()
+
+    async def backend(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+        )
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
+                     b'data: {"type": "response.created", "response": {"id": "r1", "output": []}}\n\n')  # fmt: skip
+        await writer.drain()
+        await reader.read()  # until the gateway drops the connection
+        dropped.set()
+        writer.close()
+
+    server = await asyncio.start_server(backend, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    settings = Settings(engine="passthrough", live_responses_url=f"http://127.0.0.1:{port}/v1")
+    try:
+        async with run_gateway(settings, engine=PassthroughEngine(audio_chunks=10), vad_factory=None) as gw:
+            async with connect(url(gw)) as c:
+                started = await start(c, delegation={"type": "responses", "responses": {"model": "tiny"}})
+                host = gw.runtime.hosts[started["session"]["id"]]
+                await c.send({"type": "response.item.create", "item": {"role": "user", "content": "hello"}})
+                await c.send({"type": "response.create"})
+                await c.wait_for("response.event")
+                assert host.backend_tasks and not host.idle()
+                await c.send({"type": "session.close"})
+                await c.wait_for("session.closed")
+                await asyncio.wait_for(dropped.wait(), 10)
+                assert not host.backend_tasks
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -499,13 +499,14 @@ def test_a_restored_session_keeps_its_delegations_and_runs_the_request_under_way
     _, effects = live.delegates("Find the weather in Paris")
     (delegation_id,) = live.session.delegations
     (run,) = runs(effects)
-    live.backend(run.request_id, text_response("x")[0], end=False)  # under way when the replica is lost
+    live.backend(run.request_id, *text_response("x")[:3], end=False)  # under way when the replica is lost
+    assert live.session.dirty  # (its output changed the Responses conversation: a snapshot is due)
     state = orjson.loads(orjson.dumps(live.session.snapshot_state()))
     again = LiveSession.restore(state, engine=CALLS, vad_factory=None)
     assert again.delegations == {delegation_id: "responses"}
     _, effects = again.take()
     (rerun,) = runs(effects)
-    assert rerun.body == run.body and rerun.request_id != run.request_id
+    assert rerun.body == run.body and rerun.request_id != run.request_id  # (what it had output is not in it)
     again.backend_event(run.request_id, text_response("stale")[0])  # the lost replica's request is no more
     again.backend_event(rerun.request_id, text_response("x")[0])
     events, _ = again.take()
@@ -521,6 +522,28 @@ def test_a_snapshot_from_before_the_responses_conversation_restores() -> None:
     state["live"]["delegations"] = handed
     again = LiveSession.restore(state, engine=CALLS, vad_factory=None)
     assert again.delegations == handed
+
+
+def test_the_responses_conversation_asks_for_a_snapshot_as_it_changes_and_a_stream_s_deltas_do_not() -> None:
+    live = Live(RESPONSES)
+    steps: list[tuple[str, bool]] = []
+
+    def step(name: str, action: Any) -> None:
+        live.session.dirty = False
+        action()
+        live.take()
+        steps.append((name, live.session.dirty))
+
+    step("item", lambda: live.send({"type": "response.item.create", "item": {"role": "user", "content": "hi"}}))
+    step("create", lambda: live.send({"type": "response.create"}))
+    rid = runs(live.effects)[-1].request_id
+    stream = text_response("Hello.")
+    step("created", lambda: live.session.backend_event(rid, stream[0]))
+    step("delta", lambda: live.session.backend_event(rid, stream[1]))
+    step("output", lambda: live.session.backend_event(rid, stream[2]))
+    step("ended", lambda: live.backend(rid, stream[3]))
+    assert steps == [("item", True), ("create", True), ("created", False), ("delta", False), ("output", True),
+                     ("ended", True)]  # fmt: skip
 
 
 def test_slim_clears_lifecycle_snapshots_only() -> None:
