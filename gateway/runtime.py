@@ -378,7 +378,8 @@ class Runtime:
         engine, orch = found
         kind = restore_kind(state)
         sid = kind.id_prefix + secrets.token_hex(10)
-        session = kind.cls.fork(state, session_id=sid, engine=engine.info, **self._session_kwargs(sid))
+        session = kind.cls.fork(state, session_id=sid, engine=engine.info, **kind.new_kwargs(self.settings),
+                                **self._session_kwargs(sid))  # fmt: skip
         return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal, quota=quota)
 
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:

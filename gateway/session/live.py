@@ -109,10 +109,11 @@ class LiveSession(RealtimeSession):
     """See the module docstring."""
 
     def __init__(self, *, session_id: str, live: lc.LiveSettings | None = None,
-                 wall_clock: Callable[[], float] = time.time, responses_backend: bool = False,
+                 wall_clock: Callable[[], float] = time.time, responses_backend: bool | None = None,
                  **kwargs: Any) -> None:  # fmt: skip
-        """``responses_backend``: the gateway has a Responses backend (else a session with
-        Responses delegation is refused at its start)."""
+        """``responses_backend``: whether the gateway has a Responses backend (False: a session
+        with Responses delegation is refused at its start; None: not known here, as for a
+        session restored from its snapshot, whose start was checked where it started)."""
         self._live_turns = LiveTurns()
         super().__init__(session_id=session_id, turn_taking=self._live_turns, **kwargs)
         self.live = live or lc.LiveSettings(model=self.config.model)
@@ -176,7 +177,9 @@ class LiveSession(RealtimeSession):
                  "response": None, "oob": [], "id_base": secrets.token_hex(6), "id_counter": 0}  # fmt: skip
         session = cls.restore(fresh, engine=engine, **kwargs)
         session.muted, session.closed, session.fixture = False, False, None
-        session.delegations, session._pending_say = {}, []
+        session._pending_say = []
+        session._delegations = Delegations(session._log, session)
+        session._delegations.settings = session.live.delegation or lc.Delegation()
         session.spelling.restore({})
         session.attachment_generation = 1
         session.effects.clear()  # (restore asked for its usage timer: start asks again)
@@ -184,7 +187,7 @@ class LiveSession(RealtimeSession):
         return session
 
     def _apply_live(self, live: lc.LiveSettings) -> None:
-        if live.delegation_type == "responses" and not self._responses_backend:
+        if live.delegation_type == "responses" and self._responses_backend is False:
             raise ProtocolError(RESPONSES_BACKEND_UNCONFIGURED, "This gateway has no Responses backend to delegate "
                                 "to (its operator sets live_responses_url); use delegation type 'client'.",
                                 param="session.delegation.type")  # fmt: skip
@@ -472,7 +475,6 @@ class LiveSession(RealtimeSession):
         live = state["live"]
         session.live = lc.from_dict(live["settings"])
         session.muted = live["muted"]
-        session._responses_backend = True  # (its start was checked where it started)
         session._delegations.settings = session.live.delegation or lc.Delegation()
         session._delegations.restore(live.get("delegation") or {"handed": live.get("delegations", {})})
         session.closed = live["closed"]

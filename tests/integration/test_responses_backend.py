@@ -2,7 +2,7 @@
 127.0.0.1: what it sends, the framings it reads (chunked, Content-Length, closed-ended,
 split anywhere), and every failure as its documented code. The servers here are raw
 asyncio servers scripted per case (they answer what a real backend would, or fail as
-one can); the real backend (``vllm serve``) is tests/vllm/test_live_delegation.py's."""
+one can); the real backend (``vllm serve``) is tests/vllm/test_vllm_live_delegation.py's."""
 
 from __future__ import annotations
 

@@ -514,6 +514,33 @@ def test_a_restored_session_keeps_its_delegations_and_runs_the_request_under_way
     assert of(events, "response.event")[0]["delegation_id"] == delegation_id
 
 
+def test_delegation_created_marks_a_snapshot_that_holds_the_delegation() -> None:
+    """session.delegation.created is a state event (write-ahead: tests/unit/test_live_session.py
+    proves the others): it marks the session for a snapshot, and the snapshot holds it."""
+    live = Live()
+    rid = live.turn().request.request_id
+    live.session.dirty = False
+    events, _ = live.answer(rid, ToolCallDelta(0, '{"task": "t"}', call_id="c", name=DELEGATE), Finished())
+    assert of(events, "session.delegation.created") and live.session.dirty
+    state = orjson.loads(orjson.dumps(live.session.snapshot_state()))
+    again = LiveSession.restore(state, engine=CALLS, vad_factory=None)
+    assert again.delegations == live.session.delegations != {}
+    assert any(it.type == "function_call_output" for it in again.conversation)
+
+
+def test_a_fork_carries_no_delegation_and_runs_nothing_but_checks_for_a_backend() -> None:
+    live = Live(RESPONSES)
+    live.delegates()
+    state = orjson.loads(orjson.dumps(live.session.snapshot_state()))
+    fork = LiveSession.fork(state, session_id="live_fork", engine=CALLS, vad_factory=None, responses_backend=True)
+    assert fork.delegations == {} and fork._delegations.running is None and fork._delegations.items == []
+    assert not runs(fork.take()[1])
+    elsewhere = LiveSession.fork(state, session_id="live_f2", engine=CALLS, vad_factory=None, responses_backend=False)
+    with pytest.raises(Exception) as raised:
+        elsewhere.configure({})
+    assert getattr(raised.value, "code", None) == "responses_backend_unconfigured"
+
+
 def test_a_snapshot_from_before_the_responses_conversation_restores() -> None:
     live = Live()
     live.delegates()

@@ -3,7 +3,7 @@
 silero VAD, pocketsphinx, eSpeak NG) whose thinker is a script that calls ``delegate``
 (``support.delegating_thinker``: no CPU model here decides to call a function); the
 refusals and failures of Responses delegation without a reachable backend. Responses
-delegation on a real backend (``vllm serve``) is tests/vllm/test_live_delegation.py's."""
+delegation on a real backend (``vllm serve``) is tests/vllm/test_vllm_live_delegation.py's."""
 
 from __future__ import annotations
 
