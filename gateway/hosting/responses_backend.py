@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
+
+log = logging.getLogger("omni.responses")
 
 UNCONFIGURED = "responses_backend_unconfigured"
 UNREACHABLE = "responses_backend_unreachable"
@@ -84,8 +87,8 @@ class ResponsesBackend:
         self._host = parts.hostname
         self._port = parts.port or (443 if self._tls else 80)
         self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        netloc = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
-        self._authority = f"[{netloc}]" if ":" in parts.hostname and parts.port is None else netloc
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # (an IPv6 address)
+        self._authority = host if parts.port is None else f"{host}:{parts.port}"
 
     async def stream(self, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """The events of the request's stream, as they arrive. Raises ``ResponsesFailure``."""
@@ -99,9 +102,18 @@ class ResponsesBackend:
         except TimeoutError:
             raise ResponsesFailure(TIMEOUT, f"No connection to the Responses backend within {timeout:g} s.") from None
         except (OSError, ssl.SSLError) as exc:
-            raise ResponsesFailure(UNREACHABLE, f"The Responses backend is unreachable ({exc}).") from None
+            log.warning("the Responses backend is unreachable: %s", exc)  # (its address is the operator's)
+            raise ResponsesFailure(UNREACHABLE, "The Responses backend is unreachable.") from None
         try:
             writer.write(self._request(body))
+            try:
+                async with asyncio.timeout(timeout):
+                    await writer.drain()
+            except TimeoutError:
+                raise ResponsesFailure(TIMEOUT, f"The Responses backend took no request for {timeout:g} s.") from None
+            except (OSError, ssl.SSLError) as exc:
+                log.warning("the connection to the Responses backend broke: %s", exc)
+                raise ResponsesFailure(UNREACHABLE, "The connection to the Responses backend broke.") from None
             answer = HttpResponse()
             sse = SseDecoder(self.policy.max_event_bytes)
             head_done = False
@@ -112,9 +124,8 @@ class ResponsesBackend:
                 except TimeoutError:
                     raise ResponsesFailure(TIMEOUT, f"The Responses backend sent nothing for {timeout:g} s.") from None
                 except (OSError, ssl.SSLError) as exc:
-                    raise ResponsesFailure(
-                        UNREACHABLE, f"The connection to the Responses backend broke ({exc})."
-                    ) from None
+                    log.warning("the connection to the Responses backend broke: %s", exc)
+                    raise ResponsesFailure(UNREACHABLE, "The connection to the Responses backend broke.") from None
                 if not data and answer.status is None:
                     raise ResponsesFailure(
                         UNREACHABLE, "The Responses backend closed the connection without answering."

@@ -166,7 +166,9 @@ async def test_a_backend_that_goes_quiet_times_out() -> None:
 async def test_no_backend_listening_is_unreachable() -> None:
     async with backend(answer(b"", b"")) as (url, _):
         pass  # closed: its port refuses connections now
-    assert (await failure(url)).code == UNREACHABLE
+    failed = await failure(url)
+    assert failed.code == UNREACHABLE
+    assert "127.0.0.1" not in failed.message  # (the backend's address is the operator's: logged, not told)
 
 
 @pytest.mark.parametrize(
@@ -180,6 +182,12 @@ async def test_no_backend_listening_is_unreachable() -> None:
 async def test_a_connection_that_breaks_is_unreachable(raw: bytes) -> None:
     async with backend(answer(raw, b"")) as (url, _):
         assert (await failure(url)).code == UNREACHABLE
+
+
+def test_an_ipv6_backend_is_named_in_brackets() -> None:
+    for url, host in (("http://[::1]:8000/v1", "[::1]:8000"), ("https://[::1]/v1", "[::1]"), ("http://b/v1", "b")):
+        request = ResponsesBackend(BackendPolicy(url))._request({})
+        assert f"\r\nHost: {host}\r\n".encode() in request, request
 
 
 def test_a_url_that_is_not_http_is_refused_at_start() -> None:
