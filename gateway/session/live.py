@@ -82,7 +82,7 @@ class LiveTurns(RealtimeTurns):
 
     spelling_step: LiveSpelling | None = None
     answered: Callable[[], None] = staticmethod(lambda: None)  # an answer ended as it meant to (the session's)
-    delegated: Callable[[Response], None] = staticmethod(lambda resp: None)  # any answer ended (its calls)
+    ended: Callable[[Response], None] = staticmethod(lambda resp: None)  # any answer ended (its calls: the session's)
 
     def bind(self, parts: Parts, config: Any) -> None:
         super().bind(parts, config)
@@ -100,7 +100,7 @@ class LiveTurns(RealtimeTurns):
         self._responses.create(params, event_id, turn_started_at)
 
     def answer_ended(self, resp: Response, status: str) -> None:
-        self.delegated(resp)
+        self.ended(resp)
         if status != "cancelled":
             self.answered()
 
@@ -131,7 +131,7 @@ class LiveSession(RealtimeSession):
         assert spelling is not None
         self.spelling = spelling
         self._live_turns.answered = self._say_pending
-        self._live_turns.delegated = self._delegated
+        self._live_turns.ended = self._delegated
 
     @property
     def dialect(self) -> Dialect:
