@@ -37,7 +37,7 @@ def create_app(
 ) -> Starlette:
     settings = settings or Settings()
     logs.install()
-    for secret in (*settings.api_keys, settings.upstream_api_key, settings.jwt_secret):
+    for secret in (*settings.api_keys, settings.upstream_api_key, settings.jwt_secret, settings.live_responses_api_key):
         logs.register_secret(secret)
     rt = Runtime(settings, engine, vad_factory=vad_factory, telemetry=telemetry)
     for spec in rt.router.specs:  # a route's own upstream key

@@ -26,6 +26,7 @@ from gateway.hosting.context import Closable, HostContext
 from gateway.hosting.host import SessionHost
 from gateway.hosting.leases import renew_leases
 from gateway.hosting.mcp import McpConnector, McpPolicy
+from gateway.hosting.responses_backend import BackendPolicy, ResponsesBackend
 from gateway.hosting.stored import load_stored
 from gateway.hosting.video import VideoHost, VideoPeer, VideoTimeouts
 from gateway.jwt_auth import JwtVerifier
@@ -136,6 +137,17 @@ def load_calls(settings: Settings) -> CallBook | None:
         return None
 
 
+def responses_backend(settings: Settings) -> ResponsesBackend | None:
+    """GPT-Live's Responses backend, where ``live_responses_url`` names one (a URL that is not
+    http(s) stops the start: ValueError)."""
+    if not settings.live_responses_url:
+        return None
+    return ResponsesBackend(
+        BackendPolicy(settings.live_responses_url, settings.live_responses_api_key, settings.live_responses_timeout_s,
+                      settings.live_responses_max_event_bytes)
+    )  # fmt: skip
+
+
 def load_vad() -> Callable[[], VadStream] | None:
     """Silero's speech detector when its model is installed (the ``cpu`` extra)."""
     try:
@@ -216,6 +228,7 @@ class Runtime:
             mcp=McpConnector(
                 McpPolicy(settings.mcp_allowed_urls, settings.mcp_timeout_s, settings.mcp_max_result_bytes)
             ),
+            responses=responses_backend(settings),
         )
         # What GET /metrics answers; None: this process's registry. A worker of several sets
         # it to every worker's metrics (gateway/workers.py).
@@ -349,7 +362,8 @@ class Runtime:
             config = replace(config, output_modalities=("text",))  # a text model answers in text
         kind = kind_of(dialect)
         sid = kind.id_prefix + secrets.token_hex(10)
-        session = kind.new(session_id=sid, config=config, engine=engine.info, **self._session_kwargs(sid))
+        session = kind.new(self.settings, session_id=sid, config=config, engine=engine.info,
+                           **self._session_kwargs(sid))  # fmt: skip
         return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal, quota=quota)
 
     async def fork_session(self, source: str, *, principal: str, quota: StateQuota | None = None) -> SessionHost:
@@ -364,7 +378,8 @@ class Runtime:
         engine, orch = found
         kind = restore_kind(state)
         sid = kind.id_prefix + secrets.token_hex(10)
-        session = kind.cls.fork(state, session_id=sid, engine=engine.info, **self._session_kwargs(sid))
+        session = kind.cls.fork(state, session_id=sid, engine=engine.info, **kind.new_kwargs(self.settings),
+                                **self._session_kwargs(sid))  # fmt: skip
         return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal, quota=quota)
 
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:

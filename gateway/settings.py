@@ -190,6 +190,17 @@ class Settings:
     mcp_max_result_bytes: int = 1 << 20  # what one listing or call may read from a server; more: the
     #   connection is dropped and it fails, as for a timeout
 
+    # --- GPT-Live's Responses delegation (gateway/hosting/responses_backend.py; docs: "Delegation") ---
+    live_responses_url: str | None = None  # an OpenAI-compatible API's base URL (http://host:8000/v1,
+    #   as vllm serve answers it): a Live session with delegation "responses" runs its tasks there
+    #   (POST {url}/responses, stream: true). None: such a session is refused at session.start
+    #   (responses_backend_unconfigured)
+    live_responses_api_key: str | None = None  # sent to it as Authorization: Bearer (never logged)
+    live_responses_timeout_s: float = 60.0  # connecting, and each wait for the next byte of its
+    #   answer; past it the request is dropped: error responses_backend_timeout
+    live_responses_max_event_bytes: int = 1 << 20  # one server-sent event of its stream; larger: the
+    #   request is dropped, error responses_backend_invalid
+
     drain_window_s: float = 20.0  # SIGTERM: each session is handed over (its sockets closed with 1012:
     #   reconnect and resume elsewhere) at its first idle moment, paced; at the end of this window every
     #   session left is handed over as it is (a running answer: re-issued where it resumes)
@@ -238,7 +249,7 @@ def _convert(name: str, raw: str, current: Any) -> Any:
         return tuple(k.strip() for k in raw.split(",") if k.strip())
     if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id", "keys_file",
                 "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience", "otel_traces_endpoint",
-                "webrtc_ice_servers", "webrtc_udp_ports"):  # fmt: skip
+                "webrtc_ice_servers", "webrtc_udp_ports", "live_responses_url", "live_responses_api_key"):  # fmt: skip
         return raw or None
     if name == "auth_required":
         return parse_bool(raw)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.hosting.mcp import McpConnector
+from gateway.hosting.responses_backend import ResponsesBackend
 from gateway.store.base import SessionStore
 from gateway.telemetry import Telemetry
 from orchestrator.metrics import Metrics
@@ -65,6 +66,7 @@ class HostContext:
     telemetry: Telemetry | None = None  # traces (gateway/telemetry.py); None: off
     max_message_bytes: int = 15 << 20  # a client message larger than this: message_too_large (settings)
     mcp: McpConnector | None = None  # reaches the sessions' MCP servers (settings mcp_*); None: MCP off
+    responses: ResponsesBackend | None = None  # GPT-Live's Responses backend (live_responses_*); None: none
     # The sessions served here, by id, realtime and video: the lease loop renews their
     # leases and the bus listener finds them. A host adds itself when it takes its lease
     # and leaves when it ends.

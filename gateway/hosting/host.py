@@ -31,6 +31,7 @@ from gateway.hosting import takeover
 from gateway.hosting.context import HostContext
 from gateway.hosting.delivery import Delivery
 from gateway.hosting.mcp import McpFailure
+from gateway.hosting.responses_backend import UNCONFIGURED, ResponsesFailure
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.session import snapshot
 from gateway.session.effects import (
@@ -40,6 +41,7 @@ from gateway.session.effects import (
     EndInput,
     Feed,
     ListMcpTools,
+    RunResponses,
     StartResponse,
     StartTranscription,
     Wake,
@@ -119,6 +121,8 @@ class SessionHost:
         # MCP listings and calls under way (gateway/hosting/mcp.py), by the response they serve
         # ("" for listings): a cancel of the response cancels its calls, the end all of them.
         self.mcp_tasks: dict[str, set[asyncio.Task[None]]] = {}
+        # Responses backend requests under way (gateway/hosting/responses_backend.py), by request id.
+        self.backend_tasks: dict[str, asyncio.Task[None]] = {}
         # A drain (runtime.drain) waits for the session's first idle moment: called then, once.
         self._when_idle: Callable[[SessionHost], None] | None = None
         self.drained = False  # handed over by a drain: its last snapshot says so (the resumer's reason)
@@ -394,8 +398,9 @@ class SessionHost:
 
     def idle(self) -> bool:
         """Between answers and turns: handing the session over now cuts nothing (no
-        response running or waiting to start, no user audio buffered, no transcription
-        or MCP listing under way), and the conversation of a restored session is read."""
+        response running or waiting to start, no user audio buffered, no transcription,
+        MCP listing or Responses backend request under way), and the conversation of a
+        restored session is read."""
         session = self.session
         responses = session.responses
         return self._head is None and not (
@@ -403,6 +408,7 @@ class SessionHost:
             or responses.out_of_band
             or session.input_audio.is_open
             or self.mcp_tasks
+            or self.backend_tasks
             or any(item.pending_transcription for item in session.conversation)
         )
 
@@ -520,12 +526,17 @@ class SessionHost:
                     self._mcp_task("", self._list_mcp(effect))
                 case CallMcpTool():
                     self._mcp_task(effect.response_id, self._call_mcp(effect))
+                case RunResponses():
+                    self._run_responses(effect)
                 case Cancel():
                     handle = self.handles.pop(effect.request_id, None)
                     if handle is not None:
                         handle.cancel()
                     for task in self.mcp_tasks.pop(effect.request_id, ()):
                         task.cancel()
+                    backend = self.backend_tasks.pop(effect.request_id, None)
+                    if backend is not None:
+                        backend.cancel()
                     if self.trace is not None:
                         self.trace.request_ended(effect.request_id, "cancelled")
                 case Wake():
@@ -636,6 +647,51 @@ class SessionHost:
         self.session.mcp_called(effect.item_id, output, error)
         self.flush()
 
+    # --- the Responses backend (the session's effect; gateway/hosting/responses_backend.py) ---
+
+    def _run_responses(self, effect: RunResponses) -> None:
+        if self.ended:
+            return
+        rid = effect.request_id
+        task = asyncio.get_running_loop().create_task(self._responses(effect))
+        self.backend_tasks[rid] = task
+        task.add_done_callback(
+            lambda t: self.backend_tasks.pop(rid, None) if self.backend_tasks.get(rid) is t else None
+        )
+
+    async def _responses(self, effect: RunResponses) -> None:
+        """Stream the request's events into the session, then its end (or why it failed)."""
+        rid = effect.request_id
+        failure: tuple[str, str] | None = None
+        try:
+            backend = self.ctx.responses
+            if backend is None:
+                raise ResponsesFailure(UNCONFIGURED, "This gateway has no Responses backend (live_responses_url).")
+            async with contextlib.aclosing(backend.stream(effect.body)) as events:
+                async for event in events:
+                    if self.ended:
+                        return
+                    self._backend(rid, event, None)
+        except ResponsesFailure as exc:
+            failure = (exc.code, exc.message)
+        except Exception:
+            log.exception("session %s: the Responses request %s failed", self.id, rid)
+            failure = (Code.INTERNAL, "The gateway failed while running the Responses request.")
+        if not self.ended:
+            self._backend(rid, None, failure)
+
+    def _backend(self, rid: str, event: dict[str, Any] | None, failure: tuple[str, str] | None) -> None:
+        """An event of request ``rid`` (None: its end, ``failure`` or not) into the session, then a
+        flush (a bug costs that one event, not the session)."""
+        try:
+            if event is not None:
+                self.session.backend_event(rid, event)
+            else:
+                self.session.backend_ended(rid, failure)
+        except Exception:
+            log.exception("session %s: unexpected failure on a Responses event", self.id)
+        self.flush()
+
     def _expire(self) -> None:
         self.session.expire()
         self.flush()
@@ -739,6 +795,9 @@ class SessionHost:
             for task in tasks:
                 task.cancel()
         self.mcp_tasks.clear()
+        for backend in self.backend_tasks.values():
+            backend.cancel()
+        self.backend_tasks.clear()
 
     async def end(self, *, reason: str, delete: bool = False) -> None:
         """Stop serving the session here. Its state stays in the store (resumable

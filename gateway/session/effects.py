@@ -77,6 +77,18 @@ class CallMcpTool:
 
 
 @dataclass(frozen=True, slots=True)
+class RunResponses:
+    """POST ``body`` (a Responses API request, ``stream: true``) to the gateway's Responses
+    backend (the ``live_responses_*`` settings) and hand each event of its stream to
+    ``session.backend_event(request_id, event)``, then the end to
+    ``session.backend_ended(request_id, failure)`` (None, or its code and message). A
+    ``Cancel`` of ``request_id`` drops the request: nothing more is handed back."""
+
+    request_id: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Wake:
     """Call ``session.wake(key)`` in ``after_s`` seconds (the session keeps no clock of its
     own that runs: a dialect's timed events, such as the end of an audio fixture's playback
@@ -86,4 +98,15 @@ class Wake:
     key: str
 
 
-Effect = StartTranscription | StartResponse | Feed | EndInput | Cancel | CloseSocket | ListMcpTools | CallMcpTool | Wake
+Effect = (
+    StartTranscription
+    | StartResponse
+    | Feed
+    | EndInput
+    | Cancel
+    | CloseSocket
+    | ListMcpTools
+    | CallMcpTool
+    | RunResponses
+    | Wake
+)

@@ -6,7 +6,8 @@ ids the session hands out (events, items, responses and calls share one random
 base, kept in the snapshot), the events and effects the shell has not taken
 yet, and what the next snapshot must write: the ids of the conversation items
 that changed or were deleted since the last one. It reports each change of
-state (every event but a delta or an error, and ``touch``) to
+state (every event but a delta, an error or a ``response.event``, and ``touch``
+and ``changed``) to
 ``state_changed``: the session keeps the ``dirty`` flag, which the host reads
 and clears on every flush.
 
@@ -25,6 +26,10 @@ from typing import Any, Protocol
 from gateway.protocol.errors import ProtocolError
 from gateway.session.conversation import Item
 from gateway.session.effects import Effect
+
+# Events that change no state by themselves: an error; GPT-Live's ``response.event`` (one
+# per event of a Responses stream: its part says what changed, ``changed``).
+QUIET = frozenset({"error", "response.event"})
 
 # Events that announce a change of session state a replica taking the session over
 # must know: each marks the session for a snapshot, and the host sends it only once
@@ -108,7 +113,7 @@ class EventLog:
         event = {"type": type_, "event_id": f"event_{self.id_base}{self.seq:x}", **fields}
         event["server_event_seq"] = self.seq
         self.events.append(event)
-        if not type_.endswith(".delta") and type_ != "error":
+        if not type_.endswith(".delta") and type_ not in QUIET:
             self._state_changed()  # every other event reflects a state change worth a snapshot
             self._note_items(type_, fields)
 
@@ -118,14 +123,14 @@ class EventLog:
         event = {"type": type_, "event_id": f"event_{self.id_base}{self.seq:x}", **fields}
         event["server_event_seq"] = self.seq
         self.events.append(event)
-        if not type_.endswith(".delta") and type_ != "error":
+        if not type_.endswith(".delta") and type_ not in QUIET:
             self._state_changed()
             self._note_items(type_, fields)
 
     def unsent(self, type_: str, fields: dict[str, Any]) -> None:
         """An event a dialect's spelling sends no client (its clients have no such event): the
         state it announces is still the session's, for the next snapshot to write."""
-        if not type_.endswith(".delta") and type_ != "error":
+        if not type_.endswith(".delta") and type_ not in QUIET:
             self._state_changed()
             self._note_items(type_, fields)
 
@@ -147,6 +152,10 @@ class EventLog:
     def new_id(self, prefix: str) -> str:
         self.id_counter += 1
         return f"{prefix}_{self.id_base}{self.id_counter:04x}"
+
+    def changed(self) -> None:
+        """The session's state changed with no event saying so (the next snapshot writes it)."""
+        self._state_changed()
 
     def touch(self, item: Item) -> None:
         """An item changed with no event naming it: its record must be written again."""

@@ -21,6 +21,7 @@ from gateway.protocol.session_config import SessionConfig, TurnDetection
 from gateway.session.duplex import DuplexSession
 from gateway.session.live import LiveSession
 from gateway.session.session import RealtimeSession
+from gateway.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,12 +29,13 @@ class SessionKind:
     """The sessions of one dialect."""
 
     cls: type[RealtimeSession]
-    new_kwargs: Callable[[], dict[str, Any]]  # what a new session of the dialect is built with, beyond the common
+    new_kwargs: Callable[[Settings], dict[str, Any]]  # what a new session of the dialect is built with, beyond
+    #   the common, from the gateway's settings
     defaults: Callable[[str, bool], SessionConfig]  # (model, a speech detector runs here): a new session's settings
     id_prefix: str = "sess_"  # of the session ids it hands out
 
-    def new(self, **kwargs: Any) -> RealtimeSession:
-        return self.cls(**self.new_kwargs(), **kwargs)
+    def new(self, settings: Settings, **kwargs: Any) -> RealtimeSession:
+        return self.cls(**self.new_kwargs(settings), **kwargs)
 
     def restore(self, state: dict[str, Any], **kwargs: Any) -> RealtimeSession:
         return self.cls.restore(state, **kwargs)
@@ -49,10 +51,13 @@ def _duplex_defaults(model: str, vad: bool) -> SessionConfig:
 
 
 KINDS: dict[Dialect, SessionKind] = {
-    dialects.GA: SessionKind(RealtimeSession, dict, _realtime_defaults),
-    dialects.BETA: SessionKind(RealtimeSession, lambda: {"beta": True}, _realtime_defaults),
-    dialects.DUPLEX: SessionKind(DuplexSession, lambda: {"duplex": DuplexConfig()}, _duplex_defaults),
-    dialects.LIVE: SessionKind(LiveSession, dict, _realtime_defaults, id_prefix="live_"),
+    dialects.GA: SessionKind(RealtimeSession, lambda s: {}, _realtime_defaults),
+    dialects.BETA: SessionKind(RealtimeSession, lambda s: {"beta": True}, _realtime_defaults),
+    dialects.DUPLEX: SessionKind(DuplexSession, lambda s: {"duplex": DuplexConfig()}, _duplex_defaults),
+    # A Live session with Responses delegation needs the gateway's Responses backend.
+    dialects.LIVE: SessionKind(
+        LiveSession, lambda s: {"responses_backend": bool(s.live_responses_url)}, _realtime_defaults, id_prefix="live_"
+    ),
 }
 
 

@@ -26,9 +26,11 @@ VAD, responses, seq, epoch, snapshot, journal, resume) with:
 - **usage**: ``session.usage.updated`` every ``USAGE_EVERY_S`` (cumulative
   whole seconds of the session timeline), and in ``session.closed``.
 
-Responses delegation (``response.item.create``, ``response.create``, the
-model handing a task to the Responses backend) and client delegation are
-gateway/session/live_delegation.py's.
+Delegation, both kinds (the model's built-in ``delegate`` function,
+``session.delegation.created``, the spoken acknowledgement, the Responses
+backend's conversation, ``response.item.create``/``response.create`` and
+``response.event``), is gateway/session/live_delegation.py's (``Delegations``);
+the session lends it its voice (``Voice``: what it says, hears and is told).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from gateway.audio.codecs import AudioFormat, encode_from_pcm16
@@ -49,6 +52,15 @@ from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.session import live_recording
 from gateway.session.conversation import Item, Part, PartType
 from gateway.session.effects import CloseSocket, Wake
+from gateway.session.live_delegation import (
+    ACK_INSTRUCTIONS,
+    ACK_SAY,
+    DELEGATE,
+    DELEGATE_TOOL,
+    RESPONSES_BACKEND_UNCONFIGURED,
+    Delegations,
+    can_delegate,
+)
 from gateway.session.live_spelling import LiveSpelling
 from gateway.session.response import Response
 from gateway.session.session import RealtimeSession
@@ -59,7 +71,6 @@ USAGE_EVERY_S = 15.0  # session.usage.updated this often (as the API was measure
 FIXTURE_CHUNK_MS = 100  # an audio fixture goes out in deltas of this length
 FIXTURE_ACTIVE = "fixture_active"  # a second fixture, or an append the API refuses while one plays
 DELEGATION_NOT_FOUND = "delegation_not_found"  # a delegation_id this session never handed out
-RESPONSES_DELEGATION_REQUIRED = "responses_delegation_required"  # response.* without Responses delegation
 _WAKE_USAGE, _WAKE_FIXTURE = "usage", "fixture"
 _SAY = "Communicate this to the user now, in your own words: "
 _THINK = "Background context for this conversation (do not read it out): "
@@ -71,6 +82,7 @@ class LiveTurns(RealtimeTurns):
 
     spelling_step: LiveSpelling | None = None
     answered: Callable[[], None] = staticmethod(lambda: None)  # an answer ended as it meant to (the session's)
+    ended: Callable[[Response], None] = staticmethod(lambda resp: None)  # any answer ended (its calls: the session's)
 
     def bind(self, parts: Parts, config: Any) -> None:
         super().bind(parts, config)
@@ -88,6 +100,7 @@ class LiveTurns(RealtimeTurns):
         self._responses.create(params, event_id, turn_started_at)
 
     def answer_ended(self, resp: Response, status: str) -> None:
+        self.ended(resp)
         if status != "cancelled":
             self.answered()
 
@@ -96,13 +109,19 @@ class LiveSession(RealtimeSession):
     """See the module docstring."""
 
     def __init__(self, *, session_id: str, live: lc.LiveSettings | None = None,
-                 wall_clock: Callable[[], float] = time.time, **kwargs: Any) -> None:  # fmt: skip
+                 wall_clock: Callable[[], float] = time.time, responses_backend: bool | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        """``responses_backend``: whether the gateway has a Responses backend (False: a session
+        with Responses delegation is refused at its start; None: not known here, as for a
+        session restored from its snapshot, whose start was checked where it started)."""
         self._live_turns = LiveTurns()
         super().__init__(session_id=session_id, turn_taking=self._live_turns, **kwargs)
         self.live = live or lc.LiveSettings(model=self.config.model)
         self.muted = False  # session.input_audio.mute: the model hears silence
         self.fixture: str | None = None  # an audio fixture plays: its play event's id ("" for none given)
-        self.delegations: dict[str, str] = {}  # the client delegations handed out: id -> target
+        self._responses_backend = responses_backend
+        self._delegations = Delegations(self._log, self)
+        self._delegations.settings = self.live.delegation or lc.Delegation()
         self.closed = False
         self.forked = False  # a fork of a stored session: its opening event carries the fork's overrides
         self._pending_say: list[tuple[str, str | None]] = []  # commentary to speak once the answer ends
@@ -112,10 +131,16 @@ class LiveSession(RealtimeSession):
         assert spelling is not None
         self.spelling = spelling
         self._live_turns.answered = self._say_pending
+        self._live_turns.ended = self._delegated
 
     @property
     def dialect(self) -> Dialect:
         return LIVE
+
+    @property
+    def delegations(self) -> dict[str, str]:
+        """The delegations handed out: id -> target (what appends may name)."""
+        return self._delegations.handed
 
     # --- lifecycle and config --------------------------------------------------------
 
@@ -152,7 +177,9 @@ class LiveSession(RealtimeSession):
                  "response": None, "oob": [], "id_base": secrets.token_hex(6), "id_counter": 0}  # fmt: skip
         session = cls.restore(fresh, engine=engine, **kwargs)
         session.muted, session.closed, session.fixture = False, False, None
-        session.delegations, session._pending_say = {}, []
+        session._pending_say = []
+        session._delegations = Delegations(session._log, session)
+        session._delegations.settings = session.live.delegation or lc.Delegation()
         session.spelling.restore({})
         session.attachment_generation = 1
         session.effects.clear()  # (restore asked for its usage timer: start asks again)
@@ -160,10 +187,16 @@ class LiveSession(RealtimeSession):
         return session
 
     def _apply_live(self, live: lc.LiveSettings) -> None:
+        if live.delegation_type == "responses" and self._responses_backend is False:
+            raise ProtocolError(RESPONSES_BACKEND_UNCONFIGURED, "This gateway has no Responses backend to delegate "
+                                "to (its operator sets live_responses_url); use delegation type 'client'.",
+                                param="session.delegation.type")  # fmt: skip
         self.live = live
+        self._delegations.settings = live.delegation or lc.Delegation()
         engine = self.engine
-        self.config = live.to_session(self.config, engine.voices, engine.default_voice,
-                                      vad=self._vad_factory is not None)  # fmt: skip
+        config = live.to_session(self.config, engine.voices, engine.default_voice, vad=self._vad_factory is not None)
+        # The model may hand tasks off where its engine calls functions (live_delegation.py).
+        self.config = replace(config, tools=(DELEGATE_TOOL,) if can_delegate(engine) else ())
 
     def start(self, resume_token: str | None = None, *, configured: bool = False,
               warnings: Sequence[tuple[str, str]] = (), event_id: str | None = None) -> None:  # fmt: skip
@@ -200,7 +233,7 @@ class LiveSession(RealtimeSession):
         return {"seconds": float(math.floor(self.spelling.timeline_ms() / 1000))}
 
     def wake(self, key: str) -> None:
-        if self.closed:
+        if self.closed or self._delegations.wake(key):
             return
         if key == _WAKE_USAGE:
             self._emit("session.usage.updated", usage=self.usage())
@@ -213,6 +246,10 @@ class LiveSession(RealtimeSession):
     def expire(self) -> None:
         self._close("expired", None)
         self.effects.append(CloseSocket(CloseCode.SESSION_EXPIRED, "session expired"))
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._delegations.shutdown()
 
     def _close(self, reason: str, event_id: str | None) -> None:
         """``session.closed``: the session's last event (everything stops first)."""
@@ -253,13 +290,10 @@ class LiveSession(RealtimeSession):
             case le.SessionStart():
                 raise ProtocolError(Code.ALREADY_STARTED, "The session has started already: send session.start "
                                     "once, first, on a primary WebSocket.", param="type")  # fmt: skip
-            case le.ResponseItemCreate() | le.ResponseCreate():
-                if self.live.delegation_type != "responses":
-                    name = "response.item.create" if isinstance(event, le.ResponseItemCreate) else "response.create"
-                    raise ProtocolError(RESPONSES_DELEGATION_REQUIRED, f"{name} requires Responses delegation "
-                                        "(session delegation type 'responses').", param="type")  # fmt: skip
-                raise ProtocolError(Code.UNSUPPORTED, "This gateway has no Responses backend configured for "
-                                    "delegation.", param="type")  # fmt: skip
+            case le.ResponseItemCreate():
+                self._delegations.item_create(event)
+            case le.ResponseCreate():
+                self._delegations.response_create(event)
             case le.Close():
                 self._close("close_requested", event.event_id)
             case le.DtmfSend():
@@ -308,10 +342,9 @@ class LiveSession(RealtimeSession):
         start = self.spelling.timeline_ms()
         if event.kind == "instructions":
             self._add_context("system", event.content)
-        elif event.kind == "thinking":
-            self._add_context("system", _THINK + event.content)
         else:
-            self._add_context("system", _SAY + event.content)
+            self._delegations.appended()  # (the acknowledgements still due are dropped)
+            self._add_context("system", (_THINK if event.kind == "thinking" else _SAY) + event.content)
         self._emit(f"session.{event.kind}.appended", start_ms=start, end_ms=self.spelling.timeline_ms(),
                    **_echo(event.event_id))  # fmt: skip
         if event.kind == "commentary":
@@ -336,8 +369,57 @@ class LiveSession(RealtimeSession):
         event_id = self._pending_say[-1][1]
         self._pending_say.clear()
         text = " ".join(texts)
-        params = ce.ResponseParams(instructions=(self.config.instructions + "\n\n" + _SAY + text).strip(), say=text)
+        # (Saying a result delegates nothing: no tools.)
+        params = ce.ResponseParams(instructions=(self.config.instructions + "\n\n" + _SAY + text).strip(), say=text,
+                                   tools=())  # fmt: skip
         self._turns.answer(params, event_id)
+
+    # --- delegation (live_delegation.py decides; these are what it asks of the voice) ------------
+
+    def _delegated(self, resp: Response) -> None:
+        """An answer ended: its ``delegate`` calls hand their tasks off."""
+        calls = [it for it in resp.outputs if it.type == "function_call" and it.name == DELEGATE]
+        if not calls:
+            return
+        spoke = any(it.type == "message" and it.as_message().text.strip() for it in resp.outputs)
+        for call in calls:
+            self._delegations.delegate(call.call_id or call.id, call.arguments, spoke=spoke)
+
+    def backend_event(self, request_id: str, event: dict[str, Any]) -> None:
+        self._delegations.backend_event(request_id, event)
+
+    def backend_ended(self, request_id: str, failure: tuple[str, str] | None) -> None:
+        self._delegations.backend_ended(request_id, failure)
+
+    def timeline_ms(self) -> int:
+        return self.spelling.timeline_ms()
+
+    def dialogue(self) -> Iterable[Item]:
+        return self.conversation
+
+    def call_output(self, call_id: str, text: str) -> None:
+        item = Item(id=self._log.new_id("item"), type="function_call_output", role="user", content=[],
+                    call_id=call_id, output=text)  # fmt: skip
+        prev = self._history.insert(item, None)
+        self._emit("conversation.item.added", previous_item_id=prev, item=item.render(False))
+        self._emit("conversation.item.done", previous_item_id=prev, item=item.render(False))
+
+    def speak(self, text: str) -> None:
+        self._add_context("system", _SAY + text)
+        self._pending_say.append((text, None))
+        self._say_pending()
+
+    def tell(self, text: str) -> None:
+        self._add_context("system", _THINK + text)
+
+    def acknowledge(self) -> None:
+        """A short acknowledgement of a delegation, unless the model, the user or a fixture is
+        heard, or a result waits to be said (it would only interrupt, or come late)."""
+        if self.fixture is not None or self._responses.answering() or self._input.is_open or self._pending_say:
+            return
+        params = ce.ResponseParams(instructions=(self.config.instructions + "\n\n" + ACK_INSTRUCTIONS).strip(),
+                                   say=ACK_SAY, tools=())  # fmt: skip
+        self._turns.answer(params, None)
 
     # --- audio fixtures --------------------------------------------------------------------
 
@@ -379,7 +461,7 @@ class LiveSession(RealtimeSession):
             "settings": lc.to_dict(self.live),
             "muted": self.muted,
             "fixture": self.fixture,
-            "delegations": self.delegations,
+            "delegation": self._delegations.to_dict(),
             "closed": self.closed,
             "pending_say": self._pending_say,
             "spelling": self.spelling.to_dict(),
@@ -393,7 +475,8 @@ class LiveSession(RealtimeSession):
         live = state["live"]
         session.live = lc.from_dict(live["settings"])
         session.muted = live["muted"]
-        session.delegations = dict(live["delegations"])
+        session._delegations.settings = session.live.delegation or lc.Delegation()
+        session._delegations.restore(live.get("delegation") or {"handed": live.get("delegations", {})})
         session.closed = live["closed"]
         session._pending_say = [(text, event_id) for text, event_id in live["pending_say"]]
         session.spelling.restore(live["spelling"])

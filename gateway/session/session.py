@@ -296,6 +296,12 @@ class RealtimeSession:
     def wake(self, key: str) -> None:
         """A ``Wake`` effect this session asked for is due (the Realtime API asks for none)."""
 
+    def backend_event(self, request_id: str, event: dict[str, Any]) -> None:
+        """An event of the ``RunResponses`` request ``request_id`` (the Realtime API runs none)."""
+
+    def backend_ended(self, request_id: str, failure: tuple[str, str] | None) -> None:
+        """The ``RunResponses`` request ``request_id`` is over: ``failure`` is (code, message), or None."""
+
     def expire_idle(self) -> None:
         """No client event for ``idle_timeout_s``: the dialect's way to end the session."""
         self.expire()

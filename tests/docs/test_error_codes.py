@@ -34,6 +34,7 @@ NOT_SENT = {
     "other": "the tenant label of principals outside the keys file (metrics)",
     "video": "the kind of a video host",
     "marin": "GPT-Live's default voice",
+    "delegate": "the name of the function the Live model delegates with",
 }
 
 

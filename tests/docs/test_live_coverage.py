@@ -60,12 +60,17 @@ def test_the_refused_client_events_are_refused_by_the_decoder() -> None:
 
 
 def test_every_live_error_code_is_in_the_errors_table() -> None:
+    from gateway.hosting import responses_backend as backend
     from gateway.protocol import live_config, live_events
     from gateway.session import live as live_session
+    from gateway.session import live_delegation as delegation
 
     section = PAGE.read_text().split("## Errors\n", 1)[1].split("\n## ", 1)[0]
     listed = set(re.findall(r"`([a-z_]+)`", section))
     codes = {live_config.DECISIONS_UNSUPPORTED, live_events.DECISIONS_UNSUPPORTED, live_session.FIXTURE_ACTIVE,
-             live_session.DELEGATION_NOT_FOUND, live_session.RESPONSES_DELEGATION_REQUIRED, "session_not_open",
-             "session_already_started", "unknown_parameter", "unknown_event", "session_not_found"}  # fmt: skip
+             live_session.DELEGATION_NOT_FOUND, delegation.RESPONSES_DELEGATION_REQUIRED, "session_not_open",
+             "session_already_started", "unknown_parameter", "unknown_event", "session_not_found",
+             delegation.RESPONSES_BACKEND_UNCONFIGURED, "conversation_already_has_active_response",
+             backend.UNCONFIGURED, backend.UNREACHABLE, backend.HTTP_ERROR, backend.TIMEOUT,
+             backend.INVALID}  # fmt: skip
     assert codes <= listed, codes - listed
