@@ -129,6 +129,9 @@ def load_calls(settings: Settings) -> CallBook | None:
         advertise_mode="replace" if settings.webrtc_advertise_mode == "replace" else "add",
         ice_connect_timeout_s=settings.webrtc_ice_timeout_s,
         peer_timeout_s=settings.webrtc_peer_timeout_s,
+        peer_networks=settings.webrtc_peer_networks,
+        max_offer_sections=settings.webrtc_max_offer_sections,
+        max_offer_candidates=settings.webrtc_max_offer_candidates,
     )
     try:
         return CallBook.build(config)

@@ -122,6 +122,12 @@ class Settings:
     max_http_body_bytes: int = 1 << 20  # one HTTP request body (client secrets, video interactions,
     #   WebRTC offers), read as it streams in; larger: 413 request_body_too_large, the rest is never
     #   read and the connection is closed
+    request_timeout_s: float = 30.0  # a whole HTTP request, head and body, from its first byte (a body
+    #   is read only after its credential was checked); not in within this: 408 request_timeout and the
+    #   socket closes (after a response began: just closed); 0: no timeout
+    max_request_bodies: int = 64  # HTTP request bodies being read at once per process (each after its
+    #   credential was checked; such a connection leaves max_pending_connections' count meanwhile); one
+    #   more: 503 server_busy, unread, and the connection closes; 0: no limit
 
     # --- sessions that survive (resume) ---
     replica_id: str | None = None  # this process in the cluster; None: "<host>-<pid>-<random>"
@@ -166,6 +172,14 @@ class Settings:
     webrtc_ice_timeout_s: float = 15.0  # an answered call not connected this long ends (ice_timeout)
     webrtc_peer_timeout_s: float = 10.0  # no packet at all from a connected peer this long: the call
     #   ends (peer_timeout); its session stays resumable for detach_grace_s
+    webrtc_peer_networks: tuple[str, ...] = ("public",)  # where the gateway's ICE agent may send
+    #   checks: "public" (globally routable addresses) and addresses or CIDR ranges, comma separated.
+    #   An offer's candidate elsewhere (or on a port below 1024, or an mDNS name) is left out, never
+    #   contacted; the peer still connects through its own checks (peer-reflexive candidates)
+    webrtc_max_offer_sections: int = 16  # m-lines in one offer, counted before it is parsed; more:
+    #   400 offer_too_many_sections
+    webrtc_max_offer_candidates: int = 64  # a=candidate lines in one offer, counted before it is
+    #   parsed; more: 400 offer_too_many_candidates
 
     # --- traces (OpenTelemetry, the ``otel`` extra; gateway/telemetry.py) ---
     otel_traces_endpoint: str | None = None  # OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces;
@@ -245,7 +259,8 @@ def parse_bool(raw: str) -> bool:
 
 
 def _convert(name: str, raw: str, current: Any) -> Any:
-    if name in ("api_keys", "upstreams", "allowed_origins", "webrtc_advertised_addresses", "mcp_allowed_urls"):
+    if name in ("api_keys", "upstreams", "allowed_origins", "webrtc_advertised_addresses", "mcp_allowed_urls",
+                "webrtc_peer_networks"):  # fmt: skip
         return tuple(k.strip() for k in raw.split(",") if k.strip())
     if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id", "keys_file",
                 "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience", "otel_traces_endpoint",
