@@ -6,6 +6,8 @@ owner, through the store.
 
 **Sideband** (``/v1/realtime?call_id=``): a backend's socket that holds the call's
 session beside the browser (it updates it, answers function calls, watches its events).
+Only a session a WebRTC call carried has one (``SessionHost.call``): the id of any other
+session, spelled as a call's, is answered as a call that does not exist.
 On the replica that serves the session it joins the session's host (``Door.join``). On
 any other replica it is relayed over the bus: the socket's ``Relay`` forwards what the
 backend sends to the owner, whose ``Link`` (a door joined to the host, writing to the
@@ -55,13 +57,14 @@ def session_id_of(call_id: str) -> str | None:
     return SESSION_PREFIX + rest if rest.isalnum() else None
 
 
-async def principal_of(ctx: HostContext, session_id: str) -> str | None:
-    """Who the session belongs to, from this replica or the store (None: no such session)."""
+async def principal_of(ctx: HostContext, session_id: str, *, call: bool = False) -> str | None:
+    """Who the session belongs to, from this replica or the store (None: no such session;
+    with ``call``, none that a WebRTC call carried either)."""
     host = ctx.hosts.get(session_id)
     if isinstance(host, SessionHost):
-        return None if host.ended else host.principal
+        return None if host.ended or (call and not host.call) else host.principal
     head = realtime_head(await ctx.store.load_snapshot(session_id))  # (not a video's registration)
-    principal = head.get("principal") if head is not None else None
+    principal = head.get("principal") if head is not None and (head.get("call") or not call) else None
     return principal if isinstance(principal, str) else None
 
 
@@ -163,7 +166,7 @@ class Links:
 
     def _open(self, link: str, replica: str, principal: str) -> None:
         peer = BusPeer(self.ctx, replica, link, on_closed=lambda: self._forget(link))
-        if principal != self.host.principal or self.host.ended or not replica:
+        if principal != self.host.principal or self.host.ended or not self.host.call or not replica:
             peer.close(CloseCode.UNKNOWN_MODEL, Code.CALL_NOT_FOUND)  # another's call: as one that does not exist
             return
         door = Door(self.ctx, None, peer, dialect=GA, principal=principal, model=self.host.session.config.model,
@@ -277,13 +280,13 @@ async def open_sideband(
         return not_found
     host = ctx.hosts.get(session_id)
     if isinstance(host, SessionHost) and not host.ended:
-        if host.principal != principal:
+        if host.principal != principal or not host.call:  # (a plain socket's session: as no call)
             return not_found
         door = make_door()
         door.join(host)
         return door
     try:
-        if await principal_of(ctx, session_id) != principal:
+        if await principal_of(ctx, session_id, call=True) != principal:
             return not_found
         owner = await ctx.store.owner_of(session_id)
     except StoreError:

@@ -131,6 +131,7 @@ class Door:
         requested: dict[str, Any] | None = None,
         model_bound: bool = False,
         source: str | None = None,
+        minted: str | None = None,
     ) -> None:
         self.ctx = ctx
         self.sessions = sessions
@@ -146,6 +147,7 @@ class Door:
         self.requested = requested  # a client secret's session settings: every session opened here has them
         self.model_bound = model_bound  # a client secret's: ``model`` is the only one a session here may use
         self.source = source  # a stored session the session opened here carries on (a fork), or None
+        self.minted = minted  # a client secret's binding: what its sessions carry, the only ones it resumes
         self.sideband = False  # joined a session beside its connection (``join``)
         self._pcm: tuple[int, AudioFormat, StreamResampler | None] | None = None  # receive_pcm's conversion
         self.host: SessionHost | None = None
@@ -373,6 +375,7 @@ class Door:
         log.info("session %s opened principal=%s dialect=%s", host.id, self.principal, self.dialect.name)
         self.host = host
         self.opened = True
+        host.minted = self.minted
         host.attach(self)
         host.start(**start)
         self.generation = host.attachment_generation

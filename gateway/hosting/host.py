@@ -113,6 +113,12 @@ class SessionHost:
         self.principal = principal
         self.token_hash = token_hash
         self.fence = fence
+        # Who may take the session beside its principal's keys and tokens: the binding of the
+        # client secret that opened it (``Minted.binding``; None: a key or token opened it, and
+        # no client secret resumes it), and whether it is a WebRTC call's (only then may a
+        # sideband join it). Both live in the snapshot, so every replica knows them.
+        self.minted: str | None = head.get("minted") if head is not None else None
+        self.call = bool(head.get("call")) if head is not None else False
         self.writer = self._new_writer(fence)
         self.doors: list[Attached] = []  # the connections attached: one (a resume replaces it), and sidebands
         self.sidebands: set[Attached] = set()  # of the doors, the ones that joined beside it
@@ -212,6 +218,8 @@ class SessionHost:
             self._detach_timer.cancel()
             self._detach_timer = None
         door.delivery.committed(self.writer.committed_seq)
+        if getattr(door, "media", None) is not None:
+            self.call = True  # carried by a WebRTC call: its sideband may join
         if sideband:
             self.doors.append(door)
             self.sidebands.add(door)
@@ -463,6 +471,10 @@ class SessionHost:
             state = self.session.snapshot_state(with_items=False)
         state["principal"] = self.principal
         state["token_hash"] = self.token_hash
+        if self.minted is not None:
+            state["minted"] = self.minted
+        if self.call:
+            state["call"] = True
         if self.drained:
             state["ended_by"] = "drain"  # (a resume elsewhere ends what was cut as drained, not lost)
         return snapshot.dumps(state)

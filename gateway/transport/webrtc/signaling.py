@@ -241,8 +241,9 @@ class CallsEndpoint:
             await call.end("answer failed")
             return _error(400, "invalid_offer", f"Invalid SDP offer: it could not be answered ({type(exc).__name__}).",
                           "sdp")  # fmt: skip
+        minted = grant.minted.binding() if grant.minted is not None else None  # (a re-offer's resume checks it)
         door = Door(rt.hosting, rt.sessions, call, dialect=GA, principal=grant.principal, model=model,
-                    max_message_bytes=rt.settings.max_message_bytes, seat=seat, media=call)  # fmt: skip
+                    max_message_bytes=rt.settings.max_message_bytes, seat=seat, media=call, minted=minted)  # fmt: skip
         if resume is not None:
             refused = await door.resume(resume)
             if refused is not None:
