@@ -229,7 +229,13 @@ class Runtime:
             telemetry=self.telemetry,
             max_message_bytes=settings.max_message_bytes,
             mcp=McpConnector(
-                McpPolicy(settings.mcp_allowed_urls, settings.mcp_timeout_s, settings.mcp_max_result_bytes)
+                McpPolicy(
+                    settings.mcp_allowed_urls,
+                    settings.mcp_timeout_s,
+                    settings.mcp_max_result_bytes,
+                    settings.mcp_max_listings,
+                    settings.mcp_max_listings_per_session,
+                )
             ),
             responses=responses_backend(settings),
         )

@@ -198,11 +198,17 @@ class Settings:
     mcp_allowed_urls: tuple[str, ...] = ("*",)  # URLs a session's MCP tools may reach, as prefixes
     #   ("https://mcp.example.com/"), comma separated; "*": any URL whose host resolves only to public
     #   addresses (a loopback, private or link-local one is reached only where a prefix names it);
-    #   empty: MCP off. Refused: the listing fails (mcp_list_tools.failed, error mcp_list_tools_failed)
+    #   empty: MCP off. Matched on the URL as requested (dot-segments resolved, scheme and host lower
+    #   case, default port dropped; credentials, backslashes and encoded '.', '/' refused). Refused: the
+    #   listing fails (mcp_list_tools.failed, error mcp_list_tools_failed)
     mcp_timeout_s: float = 30.0  # one listing or tool call, connect to answer; past it: it fails
     #   (mcp_list_tools.failed, or response.mcp_call.failed and the model hears why)
     mcp_max_result_bytes: int = 1 << 20  # what one listing or call may read from a server; more: the
     #   connection is dropped and it fails, as for a timeout
+    mcp_max_listings: int = 32  # MCP listings running at once per process; one more waits for a place
+    #   (at most mcp_timeout_s; then mcp_list_tools.failed, "listings are busy")
+    mcp_max_listings_per_session: int = 4  # ... and per session (a session.update naming 128 servers
+    #   lists 4 at a time); each listing is also one client event of its tenant's events_per_s
 
     # --- GPT-Live's Responses delegation (gateway/hosting/responses_backend.py; docs: "Delegation") ---
     live_responses_url: str | None = None  # an OpenAI-compatible API's base URL (http://host:8000/v1,

@@ -72,6 +72,10 @@ class OutputMeter(Protocol):
     def output_refusal(self) -> str:
         """What to tell the client when the limit stops or refuses a response."""
 
+    async def work(self) -> None:
+        """Work done for the principal that no client message paid for (an MCP listing):
+        charged as one client event, waiting for the budget."""
+
 
 class Attached(Protocol):
     """A connection attached to a host (its ``Door``), as the host sees it."""
@@ -129,6 +133,8 @@ class SessionHost:
         self.mcp_tasks: dict[str, set[asyncio.Task[None]]] = {}
         # Responses backend requests under way (gateway/hosting/responses_backend.py), by request id.
         self.backend_tasks: dict[str, asyncio.Task[None]] = {}
+        self._listings: dict[str, asyncio.Task[None]] = {}  # by server label: the one listing wanted
+        self._listing_slots: asyncio.Semaphore | None = None  # the session's share (mcp_max_listings_per_session)
         # A drain (runtime.drain) waits for the session's first idle moment: called then, once.
         self._when_idle: Callable[[SessionHost], None] | None = None
         self.drained = False  # handed over by a drain: its last snapshot says so (the resumer's reason)
@@ -535,7 +541,7 @@ class SessionHost:
                     if not self.ended:
                         self._start(effect)
                 case ListMcpTools():
-                    self._mcp_task("", self._list_mcp(effect))
+                    self._list_anew(effect)
                 case CallMcpTool():
                     self._mcp_task(effect.response_id, self._call_mcp(effect))
                 case RunResponses():
@@ -608,10 +614,10 @@ class SessionHost:
 
     # --- MCP servers (the session's effects; gateway/hosting/mcp.py does the I/O) ---------
 
-    def _mcp_task(self, key: str, work: Any) -> None:
+    def _mcp_task(self, key: str, work: Any) -> asyncio.Task[None] | None:
         if self.ended:
             work.close()
-            return
+            return None
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(work)
         tasks = self.mcp_tasks.setdefault(key, set())
         tasks.add(task)
@@ -622,14 +628,37 @@ class SessionHost:
                 del self.mcp_tasks[key]
 
         task.add_done_callback(done)
+        return task
+
+    def _list_anew(self, effect: ListMcpTools) -> None:
+        """List a server; a label listed again (reached anew) cancels its listing under way."""
+        label = str(effect.server.get("server_label", ""))
+        superseded = self._listings.pop(label, None)
+        if superseded is not None:
+            superseded.cancel()
+        task = self._mcp_task("", self._list_mcp(effect))
+        if task is None:
+            return
+        self._listings[label] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self._listings.get(label) is t:
+                del self._listings[label]
+
+        task.add_done_callback(done)
 
     async def _list_mcp(self, effect: ListMcpTools) -> None:
         tools: list[dict[str, Any]] | None = None
         failure: str | None = None
         try:
-            if self.ctx.mcp is None:
+            mcp = self.ctx.mcp
+            if mcp is None:
                 raise McpFailure("MCP is off on this gateway")
-            tools = await self.ctx.mcp.list_tools(effect.server)
+            if self._listing_slots is None:
+                self._listing_slots = asyncio.Semaphore(mcp.policy.max_listings_per_session)
+            meter = self.meter
+            tools = await mcp.list_tools(effect.server, session_slots=self._listing_slots,
+                                         charge=meter.work if meter is not None else None)  # fmt: skip
         except McpFailure as exc:
             failure = str(exc)
         except Exception:
