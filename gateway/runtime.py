@@ -195,6 +195,8 @@ class Runtime:
             max_buffer_ms=settings.max_buffer_ms,
             max_items=settings.max_conversation_items,
             max_conversation_bytes=settings.max_conversation_bytes,
+            max_images=settings.max_conversation_images,
+            max_image_pixels=settings.max_conversation_image_pixels,
             lifetime_s=settings.session_lifetime_s,
         )
         self.vad_factory: Callable[[], VadStream] | None = load_vad() if vad_factory is True else (vad_factory or None)

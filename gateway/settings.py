@@ -103,6 +103,11 @@ class Settings:
     max_conversation_bytes: int = 4 << 20  # text, images and transcript marks of a session's conversation
     #   (each item counted as it changes); past it, the next item added deletes the oldest
     #   (conversation.item.deleted), as for max_conversation_items
+    max_conversation_images: int = 32  # input_image parts in a session's conversation; past it, the next
+    #   item added deletes the oldest, as above; one item (or a response's input) holding more: invalid_value
+    max_conversation_image_pixels: int = 50_000_000  # the pixels those images declare in their headers,
+    #   in all (an engine decodes them for each response: 150 MB as RGB); past it: as for the count.
+    #   One image may declare at most 25,000,000 (5000 x 5000): more, invalid_value, never added
     session_lifetime_s: float = 3_600.0  # then error session_expired and close 4008
     outbound_queue_bytes: int = 16 << 20  # unsent bytes per socket; more: close 4010 slow_consumer
     outbound_stall_s: float = 10.0  # a send the socket has not taken for this long while more events
