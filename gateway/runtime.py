@@ -38,7 +38,7 @@ from gateway.quotas import Quotas, Seat
 from gateway.routing import CATCH_ALL, Router, RouteSpec, RoutingError, parse_routes
 from gateway.session.kinds import kind_of, restore_kind
 from gateway.session.session import RealtimeSession, SessionLimits, VadStream
-from gateway.session.video_session import VideoSession
+from gateway.session.video_session import InteractionLimits, VideoSession
 from gateway.settings import Settings
 from gateway.store import create_store
 from gateway.store.base import SessionStore, StateQuota
@@ -428,7 +428,8 @@ class Runtime:
         """A new streaming video session, owned in the store before it returns."""
         assert self.video_engine is not None
         info = replace(self.video_engine.info, model=self.video_model)
-        session = VideoSession(session_id="vsess_" + secrets.token_hex(10), info=info)
+        limits = InteractionLimits(self.settings.video_interactions_per_s, self.settings.video_max_interaction_ids)
+        session = VideoSession(session_id="vsess_" + secrets.token_hex(10), info=info, limits=limits)
         timeouts = VideoTimeouts(
             start_s=self.settings.video_start_timeout_s, stall_s=self.settings.video_stall_timeout_s
         )

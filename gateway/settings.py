@@ -160,6 +160,11 @@ class Settings:
     #   session_start_timeout, close 1000 (vLLM-Omni's start timeout)
     video_stall_timeout_s: float = 60.0  # no chunk produced and no session.ping this long while
     #   streaming: error stall_timeout, the stream is stopped, close 1000 (vLLM-Omni's stall report)
+    video_interactions_per_s: int = 20  # interactions one stream takes in a second, from its socket and
+    #   HTTP together (counted where it streams); more: error rate_limit_exceeded (HTTP 429), dropped; 0: none
+    video_max_interaction_ids: int = 1_024  # event ids a stream remembers to refuse a reuse
+    #   (event_id_conflict); older ones are forgotten (their reuse is taken). An event_id is at most 256
+    #   characters (longer: string_above_max_length)
 
     # --- WebRTC calls (POST /v1/realtime/calls; the webrtc extra: gateway/transport/webrtc/) ---
     webrtc: bool = True  # answer WebRTC calls where aiortc is installed (false, or without it:
