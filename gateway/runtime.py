@@ -230,6 +230,8 @@ class Runtime:
             detach_grace_s=settings.detach_grace_s,
             telemetry=self.telemetry,
             max_message_bytes=settings.max_message_bytes,
+            relay_max_bytes=settings.sideband_relay_max_bytes,
+            relay_queue_bytes=settings.outbound_queue_bytes,
             mcp=McpConnector(
                 McpPolicy(
                     settings.mcp_allowed_urls,

@@ -186,6 +186,11 @@ class Settings:
     #   checks: "public" (globally routable addresses) and addresses or CIDR ranges, comma separated.
     #   An offer's candidate elsewhere (or on a port below 1024, or an mDNS name) is left out, never
     #   contacted; the peer still connects through its own checks (peer-reflexive candidates)
+    sideband_relay_max_bytes: int = 1 << 20  # a call's sideband held by a replica that does not serve the
+    #   call is relayed over the bus: a message it sends larger than this is refused there
+    #   (message_too_large; the session goes on), an event larger than this reaches it in pieces, and at
+    #   most this many bytes are in flight on the bus each way (the socket waits for room: TCP slows
+    #   the backend). What waits for room on the call's replica beyond outbound_queue_bytes: 4010
     webrtc_max_offer_sections: int = 16  # m-lines in one offer, counted before it is parsed; more:
     #   400 offer_too_many_sections
     webrtc_max_offer_candidates: int = 64  # a=candidate lines in one offer, counted before it is

@@ -233,7 +233,7 @@ class RealtimeSocket:
         """A sideband: join the session of WebRTC call ``call_id`` (on this replica, or relayed
         to the one serving it); the refusal, if any (call_id_not_found, store_unavailable)."""
         rt = self.runtime
-        entrance = await open_sideband(rt.hosting, self, call_id, principal=principal,
+        entrance = await open_sideband(rt.hosting, self, call_id, principal=principal, seat=seat,
                                        make_door=lambda: self.door_to(GA, principal=principal, model=model,
                                                                       seat=seat))  # fmt: skip
         if isinstance(entrance, ProtocolError):
