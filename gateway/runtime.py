@@ -379,12 +379,14 @@ class Runtime:
                            **self._session_kwargs(sid))  # fmt: skip
         return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal, quota=quota)
 
-    async def fork_session(self, source: str, *, principal: str, quota: StateQuota | None = None) -> SessionHost:
+    async def fork_session(
+        self, source: str, *, principal: str, quota: StateQuota | None = None, minted: str | None = None
+    ) -> SessionHost:
         """A new session hosted here that carries on the stored session ``source`` (its
         conversation and settings: ``RealtimeSession.fork``); raises ProtocolError
-        (``session_not_found``: none stored for ``principal``; its model not served here)
-        or StoreError."""
-        state = await load_stored(self.hosting, source, principal)
+        (``session_not_found``: none stored for ``principal``, or for the client secret of
+        binding ``minted``; its model not served here) or StoreError."""
+        state = await load_stored(self.hosting, source, principal, minted)
         found = self.route(state["config"]["model"])
         if found is None:
             raise ProtocolError(Code.MODEL_NOT_FOUND, "The stored session's model is not served here.")

@@ -76,9 +76,13 @@ class Sessions(Protocol):
         ``quota``; raises ProtocolError (no route) or StoreError (StateLimitExceeded: the
         quota has no room for it)."""
 
-    async def fork_session(self, source: str, *, principal: str, quota: StateQuota | None = None) -> SessionHost:
+    async def fork_session(
+        self, source: str, *, principal: str, quota: StateQuota | None = None, minted: str | None = None
+    ) -> SessionHost:
         """A new session hosted here that carries on the stored session ``source`` (its model,
-        conversation and settings); raises ProtocolError (session_not_found) or StoreError."""
+        conversation and settings); for a client secret (``minted``: its binding), only one
+        opened with a secret minted the same. Raises ProtocolError (session_not_found) or
+        StoreError."""
 
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
         """A session rebuilt from its snapshot's head on this replica (a takeover), its
@@ -463,7 +467,8 @@ class Door:
     async def _fork_host(self, event: Any) -> SessionHost | None:
         assert self.sessions is not None and self.source is not None
         try:
-            return await self.sessions.fork_session(self.source, principal=self.principal, quota=self.quota)
+            return await self.sessions.fork_session(self.source, principal=self.principal, quota=self.quota,
+                                                    minted=self.minted)  # fmt: skip
         except ProtocolError as err:
             err.event_id = event.event_id
             self.opened = True
