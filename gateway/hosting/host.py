@@ -134,6 +134,8 @@ class SessionHost:
         # Responses backend requests under way (gateway/hosting/responses_backend.py), by request id.
         self.backend_tasks: dict[str, asyncio.Task[None]] = {}
         self._listings: dict[str, asyncio.Task[None]] = {}  # by server label: the one listing wanted
+        self._outstanding = 0  # listings running or waiting for a place
+        self._flush_due = False  # a flush is scheduled for the end of this loop turn
         self._listing_slots: asyncio.Semaphore | None = None  # the session's share (mcp_max_listings_per_session)
         # A drain (runtime.drain) waits for the session's first idle moment: called then, once.
         self._when_idle: Callable[[SessionHost], None] | None = None
@@ -631,21 +633,44 @@ class SessionHost:
         return task
 
     def _list_anew(self, effect: ListMcpTools) -> None:
-        """List a server; a label listed again (reached anew) cancels its listing under way."""
+        """List a server; a label listed again (reached anew) cancels its listing under way.
+        Past the listings a session may have outstanding, it fails at once."""
         label = str(effect.server.get("server_label", ""))
         superseded = self._listings.pop(label, None)
         if superseded is not None:
             superseded.cancel()
+        mcp = self.ctx.mcp
+        if mcp is not None and self._outstanding >= mcp.max_outstanding_per_session:
+            limit = mcp.max_outstanding_per_session
+            why = (f"this session has {limit} MCP servers being listed, its limit (four times "
+                   "mcp_max_listings_per_session): list fewer at once")  # fmt: skip
+            self.session.mcp_listed(effect.item_id, None, why)
+            self._flush_soon()
+            return
         task = self._mcp_task("", self._list_mcp(effect))
         if task is None:
             return
         self._listings[label] = task
+        self._outstanding += 1
 
         def done(t: asyncio.Task[None]) -> None:
+            self._outstanding -= 1
             if self._listings.get(label) is t:
                 del self._listings[label]
 
         task.add_done_callback(done)
+
+    def _flush_soon(self) -> None:
+        """Flush at the end of this loop turn: what many listings end with at once goes out in
+        one flush (one commit), not one each."""
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._due_flush)
+
+    def _due_flush(self) -> None:
+        self._flush_due = False
+        if not self.ended:
+            self.flush()
 
     async def _list_mcp(self, effect: ListMcpTools) -> None:
         tools: list[dict[str, Any]] | None = None
@@ -669,7 +694,7 @@ class SessionHost:
         log.info("session %s: MCP server %s listed: %s", self.id, effect.server.get("server_label"),
                  failure or f"{len(tools or ())} tools")  # fmt: skip
         self.session.mcp_listed(effect.item_id, tools, failure)
-        self.flush()
+        self._flush_soon()
 
     async def _call_mcp(self, effect: CallMcpTool) -> None:
         output: str | None = None

@@ -24,9 +24,14 @@ What bounds an outbound call, each an operator setting (docs/tools.md, "MCP tool
   connection is dropped and the listing or call fails.
 - ``mcp_max_listings`` (per process) and ``mcp_max_listings_per_session``:
   listings running at once; one more waits for a place, at most
-  ``mcp_timeout_s``, then fails (``the gateway's MCP listings are busy``). Each
-  listing is charged to the session's tenant as one client event
-  (``events_per_s``), waiting for its budget within the same bound.
+  ``mcp_timeout_s``, then fails (``the gateway's MCP listings are busy``). A
+  session holds at most four times its share running or waiting; past that a
+  listing fails at once (the host's ``_list_anew``). Each listing is charged to
+  the session's tenant as one client event (``events_per_s``), waiting for its
+  budget within the same bound.
+
+The SDK (and the pydantic models it builds: seconds of CPU) is imported on the
+first listing or call, in a worker thread, never on the event loop.
 
 One TLS context serves every ``https://`` connection of the process (built once,
 in a worker thread: loading the CA store takes tens of milliseconds and most of
@@ -157,10 +162,18 @@ class McpConnector:
 
         self.available = all(importlib.util.find_spec(m) is not None for m in ("mcp", "httpx2"))
         self._sse_limit: bool | None = None
+        self._imported: asyncio.Future[None] | None = None  # the SDK, imported once in a worker thread
         self._tls: asyncio.Future[ssl.SSLContext] | None = None  # https://: one per process, built once
         self._plain: ssl.SSLContext | None = None  # http://: no CA loaded, never used
         self._slots: asyncio.Semaphore | None = None  # listings running in the process
         self.tls_contexts_built = 0  # (what the tests count: once per process at most)
+
+    async def imported(self) -> None:
+        """The SDK imported (once per process, in a worker thread: it builds hundreds of
+        pydantic models, seconds of CPU that must not stop every session)."""
+        if self._imported is None:
+            self._imported = asyncio.ensure_future(asyncio.to_thread(_import_sdk))
+        await asyncio.shield(self._imported)
 
     async def tls_context(self, url: str) -> ssl.SSLContext:
         """The TLS context for ``url``'s connection (see the module docstring)."""
@@ -188,6 +201,11 @@ class McpConnector:
         return self._sse_limit
 
     # --- what the host asks ------------------------------------------------------------
+
+    @property
+    def max_outstanding_per_session(self) -> int:
+        """Listings a session may have running or waiting; more fail at once."""
+        return 4 * self.policy.max_listings_per_session
 
     async def list_tools(
         self,
@@ -291,6 +309,12 @@ class McpConnector:
         return url
 
 
+def _import_sdk() -> None:
+    import httpx2  # noqa: F401
+    import mcp.client.streamable_http
+    import mcp.types  # noqa: F401
+
+
 def _prefix(prefix: str) -> str:
     """An allow-list entry as URLs are compared with it (``normalized``, keeping a bare
     origin's missing slash: ``https://a.com`` still ends at the host)."""
@@ -317,6 +341,7 @@ class _Connection:
         if not connector.available:
             raise McpFailure("the gateway has no MCP client (install omni-realtime-gateway[mcp])")
         self._url = await connector.check_url(self._server["server_url"])
+        await connector.imported()
         self._stack = stack = contextlib.AsyncExitStack()
         try:
             async with asyncio.timeout(connector.policy.timeout_s):  # (in this task: anyio's scopes need it)
