@@ -15,8 +15,9 @@ peak and after, and what the gateway did with the attack:
   never answers, half of them over ``https://``): the most listings that held a connection
   at once, and how many were made at all;
 - ``images``: 960 items of a 3 KB PNG declaring 5000 x 5000 pixels in one conversation,
-  then ``response.create``: the images the conversation kept (and so what an engine that
-  decodes would decode for the response);
+  then ``response.create``, against a gateway in this process whose engine decodes every
+  image it is given (as the ``vllm`` engine does): the images the conversation kept, what
+  the response decoded, RSS (this process's);
 - ``video``: 200 interactions POSTed with a 1 MiB ``event_id`` and 200 with a 256-character
   one, as fast as they go: what was refused (400, 429);
 - ``relay``: two replicas on one Redis whose pub/sub output buffer limit is 1 MB, a call
@@ -242,47 +243,99 @@ async def mcp(port: int, seconds: float, silent: Silent, silent_port: int) -> st
     return f"listings holding a connection at once: at most {silent.most}; connections made: {silent.accepted}"
 
 
-def png_declaring(width: int, height: int) -> bytes:
+def png_bomb(width: int = 5000, height: int = 5000) -> bytes:
+    """A valid 1-bit grayscale PNG of ``width`` x ``height``, all black: about 3 KB, and
+    ``width * height * 3`` bytes once decoded to RGB (what a vision engine decodes)."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    rows = zlib.compress(b"".join(b"\x00" + b"\x00\x00\x00" * width for _ in range(16)), 9)  # (a few rows)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    row = b"\x00" + bytes((width + 7) // 8)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(row * height, 9))
+        + chunk(b"IEND", b"")
+    )
 
 
-async def images(port: int, seconds: float) -> str:
-    data = png_declaring(5000, 5000)
+class DecodingEngine:
+    """The passthrough engine, taking images and decoding every one a response gets (in a
+    worker thread, one after another, as the ``vllm`` engine does), so RSS shows what a
+    vision engine's decoding costs; made by ``images`` in this process."""
+
+    @staticmethod
+    def make() -> Any:
+        import dataclasses
+
+        from orchestrator.engines.images import conversation_images, decode_image
+        from orchestrator.engines.passthrough import PassthroughEngine
+
+        class Decoding(PassthroughEngine):
+            def __init__(self) -> None:
+                super().__init__(paced=False)
+                self.info = dataclasses.replace(self.info, accepts_images=True)
+                self.decoded = 0
+
+            def respond(self, request: Any, inputs: Any) -> Any:
+                images = conversation_images(request.messages)
+                parent = super().respond
+
+                async def run() -> Any:
+                    decoded = await asyncio.to_thread(lambda: [decode_image(image) for image in images])
+                    self.decoded += len(decoded)
+                    del decoded
+                    async for out in parent(request, inputs):
+                        yield out
+
+                return run()
+
+        return Decoding()
+
+
+async def images(run: Path) -> None:
+    """960 items of a 3 KB PNG declaring 5000x5000 in one conversation, then a response,
+    against a gateway in this process (its engine decodes what it is given)."""
+    import websockets
+    from support.gateway import run_gateway
+
+    from gateway.settings import Settings
+
+    data = png_bomb()
     url = "data:image/png;base64," + base64.b64encode(data).decode()
-    ws = await realtime_socket(port, KEY)
-    counts = {"added": 0, "deleted": 0, "error": 0}
-    errors: set[str] = set()
+    engine = DecodingEngine.make()
+    settings = Settings(engine="passthrough", video_engine="none", api_keys=(KEY,))
+    async with run_gateway(settings, engine=engine, vad_factory=None) as gw:
+        with Watch(gw.port, os.getpid(), run, "images") as watch:
+            ws = await websockets.connect(gw.url, max_size=None, additional_headers={"Authorization": f"Bearer {KEY}"})
+            counts = {"added": 0, "deleted": 0, "error": 0, "done": 0}
+            answered = asyncio.Event()
 
-    async def read() -> None:
-        with contextlib.suppress(Exception):
-            async for message in ws:
-                event = orjson.loads(message)
-                kind = event["type"]
-                if kind == "conversation.item.added":
-                    counts["added"] += 1
-                elif kind == "conversation.item.deleted":
-                    counts["deleted"] += 1
-                elif kind == "error":
-                    counts["error"] += 1
-                    errors.add(event["error"]["code"])
+            async def read() -> None:
+                with contextlib.suppress(Exception):
+                    async for message in ws:
+                        kind = orjson.loads(message)["type"]
+                        key = {"conversation.item.added": "added", "conversation.item.deleted": "deleted",
+                               "error": "error", "response.done": "done"}.get(kind)  # fmt: skip
+                        if key:
+                            counts[key] += 1
+                        if kind == "response.done":
+                            answered.set()
 
-    reader = asyncio.ensure_future(read())
-    item = {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": url}]}
-    for _ in range(960):
-        await ws.send(orjson.dumps({"type": "conversation.item.create", "item": item}).decode())
-    await ws.send(orjson.dumps({"type": "response.create"}).decode())
-    await asyncio.sleep(seconds)
-    await ws.close()
-    reader.cancel()
-    kept = counts["added"] - counts["deleted"]
-    return (f"{len(data)}-byte PNG declaring 5000x5000: {counts['added']} added, {counts['deleted']} deleted, "
-            f"{kept} kept ({kept * 25_000_000 * 3 / (1 << 20):.0f} MiB to decode for a response); "
-            f"{counts['error']} errors {sorted(errors)}")  # fmt: skip
+            reader = asyncio.ensure_future(read())
+            item = {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": url}]}
+            for _ in range(960):
+                await ws.send(orjson.dumps({"type": "conversation.item.create", "item": item}).decode())
+            await ws.send(orjson.dumps({"type": "response.create"}).decode())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(answered.wait(), 120)
+            await ws.close()
+            reader.cancel()
+        kept = counts["added"] - counts["deleted"]
+        watch.report("images", f"a {len(data)}-byte PNG declaring 5000x5000, 960 times: {counts['added']} added, "
+                     f"{counts['deleted']} deleted, {kept} kept; the response's engine decoded {engine.decoded} "
+                     f"({engine.decoded * 75} MB as RGB); RSS is this process's (gateway and client)")  # fmt: skip
 
 
 async def video(port: int, seconds: float) -> str:
@@ -431,7 +484,7 @@ async def main_async(args: argparse.Namespace) -> None:
                    "OMNI_GATEWAY_MCP_TIMEOUT_S": "10"}  # fmt: skip
             await run_one("mcp", run, args.seconds, lambda port: mcp(port, args.seconds, silent, silent_port), env)
     if "images" in only:
-        await run_one("images", run, 3.0, lambda port: images(port, 3.0), {"OMNI_GATEWAY_VIDEO_ENGINE": "none"})
+        await images(run)
     if "video" in only:
         await run_one("video", run, 2.0, lambda port: video(port, 2.0))
     if "relay" in only:
