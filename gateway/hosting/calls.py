@@ -28,12 +28,15 @@ A relayed sideband is held to what one on the owner would be, and cannot flood t
   pieces of at most that size;
 - each direction has at most ``relay_max_bytes`` in flight on the bus (``Window``: the
   receiver acknowledges what it handled, ``sideband.ack``). The relay waits for room
-  before it reads the socket's next message (so a flooding backend is slowed by TCP);
-  the owner keeps what waits for room up to ``relay_queue_bytes`` (the
-  ``outbound_queue_bytes`` of a socket), then closes the sideband as a slow consumer
-  (4010). So one sideband never holds more than a window in a replica's pub/sub output
-  buffer, and never makes Redis drop the replica's bus subscription (its
-  ``client-output-buffer-limit pubsub``, 32 MB / 8 MB for 60 s by default).
+  before it reads the socket's next message (so a flooding backend is slowed by TCP),
+  and the owner acknowledges a message only once what it made the session say to the
+  sideband fits in a window (so an echo larger than the message cannot outrun the
+  bus); what waits for room beyond that (the call's own traffic, to a sideband that
+  lags) is kept up to ``relay_queue_bytes`` (the ``outbound_queue_bytes`` of a
+  socket), then the sideband is closed as a slow consumer (4010). So one sideband
+  never holds more than a window in a replica's pub/sub output buffer, and never makes
+  Redis drop the replica's bus subscription (its ``client-output-buffer-limit pubsub``,
+  32 MB / 8 MB for 60 s by default).
 """
 
 from __future__ import annotations
@@ -224,6 +227,8 @@ class BusPeer:
         self._input_format = input_format
         self._waiting: deque[bytes] = deque()  # messages waiting for room in the window
         self._waiting_bytes = 0
+        self._drained = asyncio.Event()  # what waits is within one window (set), or more (clear)
+        self._drained.set()
 
     def send(self, data: bytes, event: dict[str, Any] | None = None) -> None:
         if self.closed:
@@ -238,7 +243,7 @@ class BusPeer:
             message = orjson.dumps(body)
             self._waiting.append(message)
             self._waiting_bytes += len(message)
-        if self._waiting_bytes > self.ctx.relay_queue_bytes:
+        if self._waiting_bytes > self.ctx.relay_queue_bytes:  # (the call's own traffic, to a sideband that lags)
             log.warning("relayed sideband %s: %d bytes wait for the bus; closing (slow consumer)", self.link,
                         self._waiting_bytes)  # fmt: skip
             self._waiting.clear()
@@ -259,11 +264,22 @@ class BusPeer:
             self._waiting_bytes -= len(message)
             self.window.sent(len(message))
             self.outbound.put_bytes(message)
+        if self._waiting_bytes <= self.ctx.relay_max_bytes or self.closed:
+            self._drained.set()
+        else:
+            self._drained.clear()
+
+    async def drained(self) -> None:
+        """Until what waits for the bus is within one window: the link's feed waits for it
+        before it acknowledges the sideband's next message, so a sideband whose messages
+        make more to say than the bus carries is slowed down (its relay, then TCP)."""
+        await self._drained.wait()
 
     def close(self, code: int, reason: str) -> None:
         if not self.closed:
             self.closed = True
             self._pump()  # (what fits goes first; the close follows it, in order)
+            self._drained.set()
             self.outbound.put({"type": "sideband.close", "link": self.link, "code": code, "reason": reason}, last=True)
             self._on_closed()
 
@@ -314,15 +330,17 @@ class Links:
         inbox: asyncio.Queue[str | None] = asyncio.Queue()  # (bounded by the relay's window)
         self.doors[link] = (door, inbox, peer)
         peer.joined()
-        self.ctx.spawn(self._feed(door, inbox, Acks(peer.outbound, {"link": link})))
+        self.ctx.spawn(self._feed(door, inbox, peer, Acks(peer.outbound, {"link": link})))
 
-    async def _feed(self, door: Door, inbox: asyncio.Queue[str | None], acks: Acks) -> None:
+    async def _feed(self, door: Door, inbox: asyncio.Queue[str | None], peer: BusPeer, acks: Acks) -> None:
         """The backend's messages, handed to its door one after another (a message that waits
-        on the store holds the ones after it, as on a socket); each acknowledged once handled."""
+        on the store holds the ones after it, as on a socket); each acknowledged once handled
+        and what it made the session say is on its way (``BusPeer.drained``)."""
         while (text := await inbox.get()) is not None:
             pending = door.receive(text)
             if pending is not None:
                 await pending
+            await peer.drained()
             acks.handled()
 
 

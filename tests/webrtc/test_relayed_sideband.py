@@ -152,13 +152,9 @@ async def test_a_message_past_the_relay_cap_is_refused_and_a_large_event_arrives
 
 
 def disconnections(server: RedisServer) -> int:
-    import redis
-
-    client = redis.Redis(port=server.port)
-    try:
-        return int(client.info("stats").get("client_output_buffer_limit_disconnections", 0))
-    finally:
-        client.close()
+    """Clients Redis closed for their output buffer (its log says each; Redis 7.0 has no
+    counter of them)."""
+    return server.log().count("for overcoming of output buffer limits")
 
 
 async def test_one_sideband_never_makes_redis_drop_a_bus_subscription() -> None:
