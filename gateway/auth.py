@@ -81,6 +81,11 @@ class Minted:
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, "model": self.model, "session": self.session}
 
+    def binding(self) -> str:
+        """What the sessions opened with such a secret carry (sha256 of what it was minted
+        for): a client secret resumes only a session whose binding is its own."""
+        return hashlib.sha256(orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Minted:
         return cls(str(raw["type"]), str(raw["model"]), raw.get("session"))

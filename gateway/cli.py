@@ -36,6 +36,7 @@ from gateway.settings import (
 )
 from gateway.store.redis_url import redis_url_problem
 from gateway.tenants import KeysFile, TenantConfigError, TenantLimits
+from gateway.transport.webrtc.sdp import PeerNetworks
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -134,6 +135,21 @@ def problems(settings: Settings) -> list[str]:
             "or --api-key, --keys-file, or a token issuer (OMNI_GATEWAY_JWT_SECRET / _JWT_JWKS); "
             "auth is required beyond loopback"
         )
+    if settings.auth_required is False and (settings.has_credentials or not is_loopback(settings.host)):
+        # Auth off with keys set (or beyond loopback) would let anyone act as the operator: every
+        # anonymous caller gets the operator's grant. Refused rather than warned: a log line is
+        # read after the damage.
+        out.append(
+            "refusing to start with OMNI_GATEWAY_AUTH_REQUIRED=false "
+            + ("while credentials are configured (they would be ignored: anyone could act as the operator)"
+               if settings.has_credentials else f"on {settings.host} (anyone who reaches it could act as the operator)")
+            + "; unset OMNI_GATEWAY_AUTH_REQUIRED (auth then follows the bind address and the credentials), or "
+            "serve on 127.0.0.1 with no credentials configured"
+        )  # fmt: skip
+    try:
+        PeerNetworks.parse(settings.webrtc_peer_networks)
+    except ValueError as err:
+        out.append(f"OMNI_GATEWAY_WEBRTC_PEER_NETWORKS: {err}")
     if settings.jwt_jwks:
         jwks = jwks_url_problem(settings.jwt_jwks, allow_http=settings.jwt_jwks_allow_http)
         if jwks is not None:

@@ -271,7 +271,8 @@ class HttpApi:
         if outcome is None:  # another's session answers exactly as one that does not exist
             return _error(404, Code.SESSION_NOT_FOUND, f"No streaming video session {sid!r}.")
         if isinstance(outcome, Refused):
-            return _error(409, outcome.code, outcome.message, "interaction")
+            status = 429 if outcome.code == Code.RATE_LIMIT_EXCEEDED else 409
+            return _error(status, outcome.code, outcome.message, "interaction")
         body = {"queued": True, "session_id": sid, "event_id": spec.event_id}
         if outcome.forwarded:  # the owning replica reports the outcome on the session's socket
             body = {"queued": True, "forwarded": True, "session_id": sid, "event_id": spec.event_id}

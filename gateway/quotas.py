@@ -353,6 +353,23 @@ class Seat:
             )
         self._in_metric.inc(ms / 1000)
 
+    async def work(self) -> None:
+        """Work done for the principal that no client message paid for (an MCP listing a
+        session.update asked for): one client event of the ``events_per_s`` budget, waited
+        for when the window's is spent (the caller bounds the wait)."""
+        self._events_metric.inc()
+        allowance = self.events
+        if allowance is None:
+            return
+        while True:
+            taken = allowance.take(1)
+            if taken:
+                return
+            if taken is None:
+                await allowance.refill(1)
+            else:
+                await asyncio.sleep(max(0.01, allowance.reset_seconds() or 0.05))
+
     def _spend(self, allowance: Allowance, amount: int) -> bool:
         taken = allowance.take(amount)
         if taken is None:

@@ -38,7 +38,7 @@ from gateway.quotas import Quotas, Seat
 from gateway.routing import CATCH_ALL, Router, RouteSpec, RoutingError, parse_routes
 from gateway.session.kinds import kind_of, restore_kind
 from gateway.session.session import RealtimeSession, SessionLimits, VadStream
-from gateway.session.video_session import VideoSession
+from gateway.session.video_session import InteractionLimits, VideoSession
 from gateway.settings import Settings
 from gateway.store import create_store
 from gateway.store.base import SessionStore, StateQuota
@@ -129,6 +129,9 @@ def load_calls(settings: Settings) -> CallBook | None:
         advertise_mode="replace" if settings.webrtc_advertise_mode == "replace" else "add",
         ice_connect_timeout_s=settings.webrtc_ice_timeout_s,
         peer_timeout_s=settings.webrtc_peer_timeout_s,
+        peer_networks=settings.webrtc_peer_networks,
+        max_offer_sections=settings.webrtc_max_offer_sections,
+        max_offer_candidates=settings.webrtc_max_offer_candidates,
     )
     try:
         return CallBook.build(config)
@@ -192,6 +195,8 @@ class Runtime:
             max_buffer_ms=settings.max_buffer_ms,
             max_items=settings.max_conversation_items,
             max_conversation_bytes=settings.max_conversation_bytes,
+            max_images=settings.max_conversation_images,
+            max_image_pixels=settings.max_conversation_image_pixels,
             lifetime_s=settings.session_lifetime_s,
         )
         self.vad_factory: Callable[[], VadStream] | None = load_vad() if vad_factory is True else (vad_factory or None)
@@ -225,8 +230,16 @@ class Runtime:
             detach_grace_s=settings.detach_grace_s,
             telemetry=self.telemetry,
             max_message_bytes=settings.max_message_bytes,
+            relay_max_bytes=settings.sideband_relay_max_bytes,
+            relay_queue_bytes=settings.outbound_queue_bytes,
             mcp=McpConnector(
-                McpPolicy(settings.mcp_allowed_urls, settings.mcp_timeout_s, settings.mcp_max_result_bytes)
+                McpPolicy(
+                    settings.mcp_allowed_urls,
+                    settings.mcp_timeout_s,
+                    settings.mcp_max_result_bytes,
+                    settings.mcp_max_listings,
+                    settings.mcp_max_listings_per_session,
+                )
             ),
             responses=responses_backend(settings),
         )
@@ -366,12 +379,14 @@ class Runtime:
                            **self._session_kwargs(sid))  # fmt: skip
         return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal, quota=quota)
 
-    async def fork_session(self, source: str, *, principal: str, quota: StateQuota | None = None) -> SessionHost:
+    async def fork_session(
+        self, source: str, *, principal: str, quota: StateQuota | None = None, minted: str | None = None
+    ) -> SessionHost:
         """A new session hosted here that carries on the stored session ``source`` (its
         conversation and settings: ``RealtimeSession.fork``); raises ProtocolError
-        (``session_not_found``: none stored for ``principal``; its model not served here)
-        or StoreError."""
-        state = await load_stored(self.hosting, source, principal)
+        (``session_not_found``: none stored for ``principal``, or for the client secret of
+        binding ``minted``; its model not served here) or StoreError."""
+        state = await load_stored(self.hosting, source, principal, minted)
         found = self.route(state["config"]["model"])
         if found is None:
             raise ProtocolError(Code.MODEL_NOT_FOUND, "The stored session's model is not served here.")
@@ -417,7 +432,8 @@ class Runtime:
         """A new streaming video session, owned in the store before it returns."""
         assert self.video_engine is not None
         info = replace(self.video_engine.info, model=self.video_model)
-        session = VideoSession(session_id="vsess_" + secrets.token_hex(10), info=info)
+        limits = InteractionLimits(self.settings.video_interactions_per_s, self.settings.video_max_interaction_ids)
+        session = VideoSession(session_id="vsess_" + secrets.token_hex(10), info=info, limits=limits)
         timeouts = VideoTimeouts(
             start_s=self.settings.video_start_timeout_s, stall_s=self.settings.video_stall_timeout_s
         )

@@ -103,6 +103,11 @@ class Settings:
     max_conversation_bytes: int = 4 << 20  # text, images and transcript marks of a session's conversation
     #   (each item counted as it changes); past it, the next item added deletes the oldest
     #   (conversation.item.deleted), as for max_conversation_items
+    max_conversation_images: int = 32  # input_image parts in a session's conversation; past it, the next
+    #   item added deletes the oldest, as above; one item (or a response's input) holding more: invalid_value
+    max_conversation_image_pixels: int = 50_000_000  # the pixels those images declare in their headers,
+    #   in all (an engine decodes them for each response: 150 MB as RGB); past it: as for the count.
+    #   One image may declare at most 25,000,000 (5000 x 5000): more, invalid_value, never added
     session_lifetime_s: float = 3_600.0  # then error session_expired and close 4008
     outbound_queue_bytes: int = 16 << 20  # unsent bytes per socket; more: close 4010 slow_consumer
     outbound_stall_s: float = 10.0  # a send the socket has not taken for this long while more events
@@ -122,6 +127,12 @@ class Settings:
     max_http_body_bytes: int = 1 << 20  # one HTTP request body (client secrets, video interactions,
     #   WebRTC offers), read as it streams in; larger: 413 request_body_too_large, the rest is never
     #   read and the connection is closed
+    request_timeout_s: float = 30.0  # a whole HTTP request, head and body, from its first byte (a body
+    #   is read only after its credential was checked); not in within this: 408 request_timeout and the
+    #   socket closes (after a response began: just closed); 0: no timeout
+    max_request_bodies: int = 64  # HTTP request bodies being read at once per process (each after its
+    #   credential was checked; such a connection leaves max_pending_connections' count meanwhile); one
+    #   more: 503 server_busy, unread, and the connection closes; 0: no limit
 
     # --- sessions that survive (resume) ---
     replica_id: str | None = None  # this process in the cluster; None: "<host>-<pid>-<random>"
@@ -149,6 +160,11 @@ class Settings:
     #   session_start_timeout, close 1000 (vLLM-Omni's start timeout)
     video_stall_timeout_s: float = 60.0  # no chunk produced and no session.ping this long while
     #   streaming: error stall_timeout, the stream is stopped, close 1000 (vLLM-Omni's stall report)
+    video_interactions_per_s: int = 20  # interactions one stream takes in a second, from its socket and
+    #   HTTP together (counted where it streams); more: error rate_limit_exceeded (HTTP 429), dropped; 0: none
+    video_max_interaction_ids: int = 1_024  # event ids a stream remembers to refuse a reuse
+    #   (event_id_conflict); older ones are forgotten (their reuse is taken). An event_id is at most 256
+    #   characters (longer: string_above_max_length)
 
     # --- WebRTC calls (POST /v1/realtime/calls; the webrtc extra: gateway/transport/webrtc/) ---
     webrtc: bool = True  # answer WebRTC calls where aiortc is installed (false, or without it:
@@ -166,6 +182,19 @@ class Settings:
     webrtc_ice_timeout_s: float = 15.0  # an answered call not connected this long ends (ice_timeout)
     webrtc_peer_timeout_s: float = 10.0  # no packet at all from a connected peer this long: the call
     #   ends (peer_timeout); its session stays resumable for detach_grace_s
+    webrtc_peer_networks: tuple[str, ...] = ("public",)  # where the gateway's ICE agent may send
+    #   checks: "public" (globally routable addresses) and addresses or CIDR ranges, comma separated.
+    #   An offer's candidate elsewhere (or on a port below 1024, or an mDNS name) is left out, never
+    #   contacted; the peer still connects through its own checks (peer-reflexive candidates)
+    sideband_relay_max_bytes: int = 1 << 20  # a call's sideband held by a replica that does not serve the
+    #   call is relayed over the bus: a message it sends larger than this is refused there
+    #   (message_too_large; the session goes on), an event larger than this reaches it in pieces, and at
+    #   most this many bytes are in flight on the bus each way (the socket waits for room: TCP slows
+    #   the backend). What waits for room on the call's replica beyond outbound_queue_bytes: 4010
+    webrtc_max_offer_sections: int = 16  # m-lines in one offer, counted before it is parsed; more:
+    #   400 offer_too_many_sections
+    webrtc_max_offer_candidates: int = 64  # a=candidate lines in one offer, counted before it is
+    #   parsed; more: 400 offer_too_many_candidates
 
     # --- traces (OpenTelemetry, the ``otel`` extra; gateway/telemetry.py) ---
     otel_traces_endpoint: str | None = None  # OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces;
@@ -184,11 +213,17 @@ class Settings:
     mcp_allowed_urls: tuple[str, ...] = ("*",)  # URLs a session's MCP tools may reach, as prefixes
     #   ("https://mcp.example.com/"), comma separated; "*": any URL whose host resolves only to public
     #   addresses (a loopback, private or link-local one is reached only where a prefix names it);
-    #   empty: MCP off. Refused: the listing fails (mcp_list_tools.failed, error mcp_list_tools_failed)
+    #   empty: MCP off. Matched on the URL as requested (dot-segments resolved, scheme and host lower
+    #   case, default port dropped; credentials, backslashes and encoded '.', '/' refused). Refused: the
+    #   listing fails (mcp_list_tools.failed, error mcp_list_tools_failed)
     mcp_timeout_s: float = 30.0  # one listing or tool call, connect to answer; past it: it fails
     #   (mcp_list_tools.failed, or response.mcp_call.failed and the model hears why)
     mcp_max_result_bytes: int = 1 << 20  # what one listing or call may read from a server; more: the
     #   connection is dropped and it fails, as for a timeout
+    mcp_max_listings: int = 32  # MCP listings running at once per process; one more waits for a place
+    #   (at most mcp_timeout_s; then mcp_list_tools.failed, "listings are busy")
+    mcp_max_listings_per_session: int = 4  # ... and per session (a session.update naming 128 servers
+    #   lists 4 at a time); each listing is also one client event of its tenant's events_per_s
 
     # --- GPT-Live's Responses delegation (gateway/hosting/responses_backend.py; docs: "Delegation") ---
     live_responses_url: str | None = None  # an OpenAI-compatible API's base URL (http://host:8000/v1,
@@ -245,7 +280,8 @@ def parse_bool(raw: str) -> bool:
 
 
 def _convert(name: str, raw: str, current: Any) -> Any:
-    if name in ("api_keys", "upstreams", "allowed_origins", "webrtc_advertised_addresses", "mcp_allowed_urls"):
+    if name in ("api_keys", "upstreams", "allowed_origins", "webrtc_advertised_addresses", "mcp_allowed_urls",
+                "webrtc_peer_networks"):  # fmt: skip
         return tuple(k.strip() for k in raw.split(",") if k.strip())
     if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id", "keys_file",
                 "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience", "otel_traces_endpoint",

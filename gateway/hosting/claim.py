@@ -67,20 +67,22 @@ async def claim(
     provisional: SessionHost | None,
     restore: Restore,
     quota: StateQuota | None = None,
+    minted: str | None = None,
 ) -> Claim:
-    """Take ``event.session_id`` for ``principal`` (its state kept within ``quota``). Raises
+    """Take ``event.session_id`` for ``principal`` (its state kept within ``quota``; ``minted``:
+    the binding of the resumer's client secret, see ``takeover.admit``). Raises
     ProtocolError (a refusal, before anyone is fenced) or StoreError."""
     sid, last = event.session_id, event.last_received_server_event_seq
     host = ctx.hosts.get(sid)
     if isinstance(host, SessionHost) and host is not provisional:
-        held = Held(host.token_hash, host.principal, host.session.seq, live=True)
-        _raise(admit(held, event, principal), event)
+        held = Held(host.token_hash, host.principal, host.session.seq, live=True, minted=host.minted)
+        _raise(admit(held, event, principal, minted), event)
         return Claim(host, held, recovered=False, _read=None, _after=last)
     # The snapshot's head only: what admitting and answering the resume need. The
     # conversation is read once the resume is answered (SessionHost.load_conversation).
     state = realtime_head(await ctx.store.load_snapshot(sid))
     found = Held.from_snapshot(state) if state is not None else None
-    _raise(admit(found, event, principal), event)
+    _raise(admit(found, event, principal, minted), event)
     assert state is not None and found is not None
     session, orchestrator = restore(state)
     previous = await ctx.store.owner_of(sid)

@@ -65,6 +65,9 @@ class HostContext:
     detach_grace_s: float  # a session whose connection dropped keeps running here this long
     telemetry: Telemetry | None = None  # traces (gateway/telemetry.py); None: off
     max_message_bytes: int = 15 << 20  # a client message larger than this: message_too_large (settings)
+    relay_max_bytes: int = 1 << 20  # a relayed sideband's message, and its bytes in flight on the bus each
+    #   way (sideband_relay_max_bytes; calls.py)
+    relay_queue_bytes: int = 16 << 20  # what the owner keeps for a relayed sideband beyond that: more, 4010
     mcp: McpConnector | None = None  # reaches the sessions' MCP servers (settings mcp_*); None: MCP off
     responses: ResponsesBackend | None = None  # GPT-Live's Responses backend (live_responses_*); None: none
     # The sessions served here, by id, realtime and video: the lease loop renews their

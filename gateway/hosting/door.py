@@ -76,9 +76,13 @@ class Sessions(Protocol):
         ``quota``; raises ProtocolError (no route) or StoreError (StateLimitExceeded: the
         quota has no room for it)."""
 
-    async def fork_session(self, source: str, *, principal: str, quota: StateQuota | None = None) -> SessionHost:
+    async def fork_session(
+        self, source: str, *, principal: str, quota: StateQuota | None = None, minted: str | None = None
+    ) -> SessionHost:
         """A new session hosted here that carries on the stored session ``source`` (its model,
-        conversation and settings); raises ProtocolError (session_not_found) or StoreError."""
+        conversation and settings); for a client secret (``minted``: its binding), only one
+        opened with a secret minted the same. Raises ProtocolError (session_not_found) or
+        StoreError."""
 
     def restore_session(self, state: dict[str, Any]) -> tuple[RealtimeSession, Orchestrator]:
         """A session rebuilt from its snapshot's head on this replica (a takeover), its
@@ -131,6 +135,7 @@ class Door:
         requested: dict[str, Any] | None = None,
         model_bound: bool = False,
         source: str | None = None,
+        minted: str | None = None,
     ) -> None:
         self.ctx = ctx
         self.sessions = sessions
@@ -146,6 +151,7 @@ class Door:
         self.requested = requested  # a client secret's session settings: every session opened here has them
         self.model_bound = model_bound  # a client secret's: ``model`` is the only one a session here may use
         self.source = source  # a stored session the session opened here carries on (a fork), or None
+        self.minted = minted  # a client secret's binding: what its sessions carry, the only ones it resumes
         self.sideband = False  # joined a session beside its connection (``join``)
         self._pcm: tuple[int, AudioFormat, StreamResampler | None] | None = None  # receive_pcm's conversion
         self.host: SessionHost | None = None
@@ -373,6 +379,7 @@ class Door:
         log.info("session %s opened principal=%s dialect=%s", host.id, self.principal, self.dialect.name)
         self.host = host
         self.opened = True
+        host.minted = self.minted
         host.attach(self)
         host.start(**start)
         self.generation = host.attachment_generation
@@ -460,7 +467,8 @@ class Door:
     async def _fork_host(self, event: Any) -> SessionHost | None:
         assert self.sessions is not None and self.source is not None
         try:
-            return await self.sessions.fork_session(self.source, principal=self.principal, quota=self.quota)
+            return await self.sessions.fork_session(self.source, principal=self.principal, quota=self.quota,
+                                                    minted=self.minted)  # fmt: skip
         except ProtocolError as err:
             err.event_id = event.event_id
             self.opened = True

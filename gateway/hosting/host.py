@@ -72,6 +72,10 @@ class OutputMeter(Protocol):
     def output_refusal(self) -> str:
         """What to tell the client when the limit stops or refuses a response."""
 
+    async def work(self) -> None:
+        """Work done for the principal that no client message paid for (an MCP listing):
+        charged as one client event, waiting for the budget."""
+
 
 class Attached(Protocol):
     """A connection attached to a host (its ``Door``), as the host sees it."""
@@ -113,6 +117,12 @@ class SessionHost:
         self.principal = principal
         self.token_hash = token_hash
         self.fence = fence
+        # Who may take the session beside its principal's keys and tokens: the binding of the
+        # client secret that opened it (``Minted.binding``; None: a key or token opened it, and
+        # no client secret resumes it), and whether it is a WebRTC call's (only then may a
+        # sideband join it). Both live in the snapshot, so every replica knows them.
+        self.minted: str | None = head.get("minted") if head is not None else None
+        self.call = bool(head.get("call")) if head is not None else False
         self.writer = self._new_writer(fence)
         self.doors: list[Attached] = []  # the connections attached: one (a resume replaces it), and sidebands
         self.sidebands: set[Attached] = set()  # of the doors, the ones that joined beside it
@@ -123,6 +133,10 @@ class SessionHost:
         self.mcp_tasks: dict[str, set[asyncio.Task[None]]] = {}
         # Responses backend requests under way (gateway/hosting/responses_backend.py), by request id.
         self.backend_tasks: dict[str, asyncio.Task[None]] = {}
+        self._listings: dict[str, asyncio.Task[None]] = {}  # by server label: the one listing wanted
+        self._outstanding = 0  # listings running or waiting for a place
+        self._flush_due = False  # a flush is scheduled for the end of this loop turn
+        self._listing_slots: asyncio.Semaphore | None = None  # the session's share (mcp_max_listings_per_session)
         # A drain (runtime.drain) waits for the session's first idle moment: called then, once.
         self._when_idle: Callable[[SessionHost], None] | None = None
         self.drained = False  # handed over by a drain: its last snapshot says so (the resumer's reason)
@@ -212,6 +226,8 @@ class SessionHost:
             self._detach_timer.cancel()
             self._detach_timer = None
         door.delivery.committed(self.writer.committed_seq)
+        if getattr(door, "media", None) is not None:
+            self.call = True  # carried by a WebRTC call: its sideband may join
         if sideband:
             self.doors.append(door)
             self.sidebands.add(door)
@@ -463,6 +479,10 @@ class SessionHost:
             state = self.session.snapshot_state(with_items=False)
         state["principal"] = self.principal
         state["token_hash"] = self.token_hash
+        if self.minted is not None:
+            state["minted"] = self.minted
+        if self.call:
+            state["call"] = True
         if self.drained:
             state["ended_by"] = "drain"  # (a resume elsewhere ends what was cut as drained, not lost)
         return snapshot.dumps(state)
@@ -523,7 +543,7 @@ class SessionHost:
                     if not self.ended:
                         self._start(effect)
                 case ListMcpTools():
-                    self._mcp_task("", self._list_mcp(effect))
+                    self._list_anew(effect)
                 case CallMcpTool():
                     self._mcp_task(effect.response_id, self._call_mcp(effect))
                 case RunResponses():
@@ -596,10 +616,10 @@ class SessionHost:
 
     # --- MCP servers (the session's effects; gateway/hosting/mcp.py does the I/O) ---------
 
-    def _mcp_task(self, key: str, work: Any) -> None:
+    def _mcp_task(self, key: str, work: Any) -> asyncio.Task[None] | None:
         if self.ended:
             work.close()
-            return
+            return None
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(work)
         tasks = self.mcp_tasks.setdefault(key, set())
         tasks.add(task)
@@ -610,14 +630,60 @@ class SessionHost:
                 del self.mcp_tasks[key]
 
         task.add_done_callback(done)
+        return task
+
+    def _list_anew(self, effect: ListMcpTools) -> None:
+        """List a server; a label listed again (reached anew) cancels its listing under way.
+        Past the listings a session may have outstanding, it fails at once."""
+        label = str(effect.server.get("server_label", ""))
+        superseded = self._listings.pop(label, None)
+        if superseded is not None:
+            superseded.cancel()
+        mcp = self.ctx.mcp
+        if mcp is not None and self._outstanding >= mcp.max_outstanding_per_session:
+            limit = mcp.max_outstanding_per_session
+            why = (f"this session has {limit} MCP servers being listed, its limit (four times "
+                   "mcp_max_listings_per_session): list fewer at once")  # fmt: skip
+            self.session.mcp_listed(effect.item_id, None, why)
+            self._flush_soon()
+            return
+        task = self._mcp_task("", self._list_mcp(effect))
+        if task is None:
+            return
+        self._listings[label] = task
+        self._outstanding += 1
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._outstanding -= 1
+            if self._listings.get(label) is t:
+                del self._listings[label]
+
+        task.add_done_callback(done)
+
+    def _flush_soon(self) -> None:
+        """Flush at the end of this loop turn: what many listings end with at once goes out in
+        one flush (one commit), not one each."""
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._due_flush)
+
+    def _due_flush(self) -> None:
+        self._flush_due = False
+        if not self.ended:
+            self.flush()
 
     async def _list_mcp(self, effect: ListMcpTools) -> None:
         tools: list[dict[str, Any]] | None = None
         failure: str | None = None
         try:
-            if self.ctx.mcp is None:
+            mcp = self.ctx.mcp
+            if mcp is None:
                 raise McpFailure("MCP is off on this gateway")
-            tools = await self.ctx.mcp.list_tools(effect.server)
+            if self._listing_slots is None:
+                self._listing_slots = asyncio.Semaphore(mcp.policy.max_listings_per_session)
+            meter = self.meter
+            tools = await mcp.list_tools(effect.server, session_slots=self._listing_slots,
+                                         charge=meter.work if meter is not None else None)  # fmt: skip
         except McpFailure as exc:
             failure = str(exc)
         except Exception:
@@ -628,7 +694,7 @@ class SessionHost:
         log.info("session %s: MCP server %s listed: %s", self.id, effect.server.get("server_label"),
                  failure or f"{len(tools or ())} tools")  # fmt: skip
         self.session.mcp_listed(effect.item_id, tools, failure)
-        self.flush()
+        self._flush_soon()
 
     async def _call_mcp(self, effect: CallMcpTool) -> None:
         output: str | None = None

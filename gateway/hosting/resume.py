@@ -25,6 +25,7 @@ class Resuming(Attached, Protocol):
     ctx: HostContext
     sessions: Any  # door.Sessions: restore_session
     principal: str
+    minted: str | None  # the binding of the connection's client secret (None: a key or token)
     dialect: dialects.Dialect
     generation: int
 
@@ -41,7 +42,7 @@ async def take_over(door: Resuming, event: ce.SessionResume, provisional: Sessio
     ProtocolError (a refusal, before anyone is fenced) or StoreError."""
     assert door.sessions is not None
     taken = await claim(door.ctx, event, door.principal, provisional=provisional,
-                        restore=door.sessions.restore_session, quota=door.quota)  # fmt: skip
+                        restore=door.sessions.restore_session, quota=door.quota, minted=door.minted)  # fmt: skip
     host, last = taken.host, event.last_received_server_event_seq
     token = host.rotate_token()
     delivery = door.delivery
@@ -59,7 +60,7 @@ async def take_over(door: Resuming, event: ce.SessionResume, provisional: Sessio
         if provisional is not None:
             await provisional.end(reason="resume failed", delete=True)
         return
-    outcome = plan(taken.held, read, event, door.principal)
+    outcome = plan(taken.held, read, event, door.principal, door.minted)
     s = host.session
     if isinstance(outcome, Resync) and not await _load_conversation(door, host, provisional, held=True):
         return  # (the state to resync from is the conversation: read it first)

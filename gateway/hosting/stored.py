@@ -29,9 +29,11 @@ def _not_found(session_id: str) -> ProtocolError:
     )
 
 
-async def load_stored(ctx: HostContext, session_id: str, principal: str) -> dict[str, Any]:
+async def load_stored(ctx: HostContext, session_id: str, principal: str, minted: str | None = None) -> dict[str, Any]:
     """The state of the stored session ``session_id`` (its conversation included), for
-    ``principal``; raises ProtocolError (``session_not_found``) or StoreError."""
+    ``principal`` (and, for a client secret of binding ``minted``, only a session opened with
+    a secret minted the same: ``takeover.admit``); raises ProtocolError (``session_not_found``)
+    or StoreError."""
     loaded = await ctx.store.load_session(session_id)
     if loaded is None:
         raise _not_found(session_id)
@@ -41,6 +43,8 @@ async def load_stored(ctx: HostContext, session_id: str, principal: str) -> dict
     except (ValueError, KeyError):  # not a realtime session's snapshot (a video session's registration)
         raise _not_found(session_id) from None
     if state.get("principal") != principal or not kind.cls.stored(state):
+        raise _not_found(session_id)
+    if minted is not None and state.get("minted") != minted:
         raise _not_found(session_id)
     return state
 

@@ -64,10 +64,13 @@ class Held:
     principal: str  # who created the session (only they may resume it)
     seq: int  # the highest seq known to be sent: everything, for a live host
     live: bool  # True: a host on this replica serves it; False: read from the store
+    minted: str | None = None  # the binding of the client secret that opened it (None: a key or token did)
 
     @classmethod
     def from_snapshot(cls, state: dict[str, Any]) -> Held:
-        return cls(state["token_hash"], state["principal"], state["seq"], live=False)
+        minted = state.get("minted")
+        return cls(state["token_hash"], state["principal"], state["seq"], live=False,
+                   minted=minted if isinstance(minted, str) else None)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +102,17 @@ class Resync:
 Plan = Refusal | Replay | Resync
 
 
-def admit(held: Held | None, event: ce.SessionResume, principal: str) -> Refusal | None:
+def admit(held: Held | None, event: ce.SessionResume, principal: str, minted: str | None = None) -> Refusal | None:
     """Whether ``principal`` may resume the session with ``event``; needs no journal.
+    ``minted``: the resumer came with a client secret, of this binding (``Minted.binding``):
+    it resumes only a session opened with a secret minted for the same (its principal's key
+    or token resumes any of the principal's sessions).
 
-    The owner is checked before the token, and another principal's session is
-    answered exactly as one that does not exist: a stolen token tells its thief
-    nothing (not whether it is valid, nor whether the session is there)."""
-    if held is None or held.principal != principal:
+    The owner is checked before the token, and another principal's session (or, for a
+    client secret, one it was not minted for) is answered exactly as one that does not
+    exist: a stolen token tells its thief nothing (not whether it is valid, nor whether
+    the session is there)."""
+    if held is None or held.principal != principal or (minted is not None and held.minted != minted):
         return Refusal(
             Code.SESSION_NOT_FOUND,
             f"No session {event.session_id!r} to resume (unknown or expired); start a new session.",
@@ -124,10 +131,12 @@ def admit(held: Held | None, event: ce.SessionResume, principal: str) -> Refusal
     return None
 
 
-def plan(held: Held | None, read: JournalRead, event: ce.SessionResume, principal: str) -> Plan:
+def plan(
+    held: Held | None, read: JournalRead, event: ce.SessionResume, principal: str, minted: str | None = None
+) -> Plan:
     """What to do with the resume: ``read`` is the journal after the client's seq.
     Refuses only what ``admit`` refuses."""
-    refusal = admit(held, event, principal)
+    refusal = admit(held, event, principal, minted)
     if refusal is not None:
         return refusal
     assert held is not None

@@ -24,6 +24,9 @@ MAX_NODES = 50_000  # members and elements in one event (a 15 MiB item of tiny p
 # One input_image, decoded (PNG or JPEG; never a URL to fetch). Larger: invalid_value, the
 # item is not added. (The message limit, max_message_bytes, bounds the base64 before it.)
 MAX_IMAGE_BYTES = 10 << 20
+# Pixels one input_image may declare in its header (5000 x 5000; 75 MB decoded as RGB): a small
+# file of one colour can declare any size. More: invalid_value, the item is not added.
+MAX_IMAGE_PIXELS = 25_000_000
 # A session's instructions, in UTF-8 bytes: 128 KiB is about 32k tokens, the whole context of
 # OpenAI's realtime models (more could never be followed). They live in the session's snapshot
 # (and its session.created/updated events) for as long as it is kept: longer is

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.protocol import session_fields
-from gateway.protocol.bounds import MAX_CONTENT_PARTS, MAX_IMAGE_BYTES, shape_violation
+from gateway.protocol.bounds import MAX_CONTENT_PARTS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, shape_violation
 from gateway.protocol.errors import Code, ProtocolError, json_object
+from gateway.protocol.image_size import image_size
 from gateway.protocol.session_fields import MAX_OUTPUT_TOKENS
 
 Role = Literal["user", "assistant", "system"]
@@ -31,6 +32,7 @@ class PartSpec:
     # input_image: a checked data URL (data:image/png;base64,... or image/jpeg), and its detail
     image_url: str | None = None
     detail: Literal["auto", "low", "high"] = "auto"
+    pixels: int = 0  # input_image: width x height, as its header declares them
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +316,8 @@ def _part(ctx: DecodeContext, p: Any, param: str, role: Role) -> PartSpec:
             detail = "auto"
         else:
             raise ctx.err(f"'{param}.detail' must be auto, low or high.", f"{param}.detail")
-        return PartSpec("input_image", image_url=_image_url(ctx, url, f"{param}.image_url"), detail=detail)
+        checked, pixels = _image_url(ctx, url, f"{param}.image_url")
+        return PartSpec("input_image", image_url=checked, detail=detail, pixels=pixels)
     if kind == "output_audio":
         transcript = p.get("transcript")
         if not isinstance(transcript, str):
@@ -330,10 +333,11 @@ def _part(ctx: DecodeContext, p: Any, param: str, role: Role) -> PartSpec:
 _IMAGE_MAGIC: dict[str, bytes] = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
 
 
-def _image_url(ctx: DecodeContext, url: str, param: str) -> str:
+def _image_url(ctx: DecodeContext, url: str, param: str) -> tuple[str, int]:
     """``url``, a ``data:image/png;base64,...`` (or JPEG) URL whose bytes are checked to be
-    that image type, as ``data:<type>;base64,<body>``. Any other URL is refused: the
-    gateway fetches nothing on a client's behalf."""
+    that image type, as ``data:<type>;base64,<body>``, and the pixels its header declares
+    (at most ``MAX_IMAGE_PIXELS``). Any other URL is refused: the gateway fetches nothing
+    on a client's behalf."""
     if not url.startswith("data:"):
         raise ctx.err(
             f"'{param}' must be a data URL (data:image/png;base64,... or data:image/jpeg;base64,...); "
@@ -357,7 +361,14 @@ def _image_url(ctx: DecodeContext, url: str, param: str) -> str:
     data = ctx.b64(body, param)
     if not data.startswith(_IMAGE_MAGIC[mime]):
         raise ctx.err(f"'{param}' does not hold a {mime} image (its bytes do not start as one).", param)
-    return f"data:{mime};base64,{body}"
+    size = image_size(data)
+    if size is None:
+        raise ctx.err(f"'{param}' holds a {mime} file whose size (width and height) cannot be read.", param)
+    width, height = size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise ctx.err(f"The image in '{param}' declares {width}x{height} pixels, over the {MAX_IMAGE_PIXELS:,} one "
+                      "image may have: scale it down.", param)  # fmt: skip
+    return f"data:{mime};base64,{body}", width * height
 
 
 def _field(ctx: DecodeContext, item: dict[str, Any], key: str, param: str, *, required: bool) -> str | None:

@@ -10,6 +10,7 @@ copies, so the configuration never shares objects with a client event.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any, Literal
 
 from gateway.protocol.errors import Code, ProtocolError
@@ -197,6 +198,28 @@ MCP_TOOL_KEYS = frozenset({
 MAX_MCP_HEADERS = 32  # headers sent to one MCP server; more: invalid_value
 MAX_MCP_HEADER_BYTES = 8 << 10  # one header's name and value, or the authorization token; larger: invalid_value
 SECRET_MCP_FIELDS = ("authorization", "headers")  # never echoed (session.updated) nor logged
+# Headers a session may not send to its MCP server: they would steer the request (where it goes,
+# through which proxy, as whom it is forwarded) or its framing, not just add to it.
+FORBIDDEN_MCP_HEADERS = frozenset({
+    "host", "connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate",
+    "te", "trailer", "transfer-encoding", "upgrade", "content-length", "content-type", "expect",
+    "forwarded", "via", "x-real-ip", "x-original-url", "x-rewrite-url", "x-http-method-override",
+    "mcp-session-id", "mcp-protocol-version",
+})  # fmt: skip
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 token: what a header name may be
+
+
+def forbidden_header(name: str) -> bool:
+    """Whether an MCP tool's ``headers`` may not set ``name`` (any case): the steering and
+    framing headers above, every ``x-forwarded-*`` and ``proxy-*``, and what is no header
+    name at all."""
+    lower = name.lower()
+    return (
+        lower in FORBIDDEN_MCP_HEADERS
+        or lower.startswith(("x-forwarded-", "proxy-"))
+        or lower.startswith(":")
+        or not _TOKEN.match(name)
+    )
 
 
 def _tool_filter(value: Any, param: str) -> dict[str, Any]:
@@ -266,6 +289,13 @@ def mcp_tool(tool: dict[str, Any], param: str) -> dict[str, Any]:
             if not isinstance(value, str) or len(name) + len(value) > MAX_MCP_HEADER_BYTES or not name.isascii():
                 raise err(f"'{param}.headers' must map ASCII header names to strings of at most "
                           f"{MAX_MCP_HEADER_BYTES} bytes.", f"{param}.headers")  # fmt: skip
+            if forbidden_header(name):
+                raise err(f"'{param}.headers' may not set {name!r}: a hop-by-hop, routing or framing header "
+                          "(Host, Connection, Forwarded, X-Forwarded-*, Proxy-*, Content-Length, ...) or no header "
+                          "name at all.", f"{param}.headers.{name}")  # fmt: skip
+            if any((ord(ch) < 0x20 and ch != "\t") or ord(ch) == 0x7F for ch in value):
+                raise err(f"'{param}.headers.{name}' may not hold a control character (a line break above all).",
+                          f"{param}.headers.{name}")  # fmt: skip
         out["headers"] = dict(h)
     auth = tool.get("authorization")
     if auth is not None:

@@ -258,6 +258,10 @@ def _positive(d: dict[str, Any], key: str, prefix: str = "") -> int | None:
     return value
 
 
+MAX_EVENT_ID_CHARS = 256  # an interaction's event_id (the stream remembers recent ones); longer:
+#   string_above_max_length, the interaction is refused
+
+
 def decode_interaction(payload: Any) -> InteractionSpec:
     """An ``interaction`` object (from the socket, the HTTP endpoint or another replica)."""
     return _interaction(payload).interaction
@@ -271,6 +275,9 @@ def _interaction(payload: Any) -> InteractionEvent:
         event_id = "evt_" + uuid.uuid4().hex[:16]
     elif not isinstance(event_id, str) or not event_id:
         raise _err(Code.INVALID_VALUE, "'interaction.event_id' must be a non-empty string.", "interaction.event_id")
+    elif len(event_id) > MAX_EVENT_ID_CHARS:
+        raise _err(Code.STRING_TOO_LONG, f"'interaction.event_id' may be at most {MAX_EVENT_ID_CHARS} characters.",
+                   "interaction.event_id")  # fmt: skip
     event = payload.get("event")
     if not isinstance(event, dict):
         raise _err(

@@ -109,6 +109,7 @@ class Part:
     # input_image: its checked data URL (the protocol's) and detail; echoed as sent
     image_url: str | None = None
     detail: str | None = None
+    pixels: int = 0  # input_image: what its header declares (max_conversation_image_pixels counts them)
 
     def render(self, beta: bool) -> dict[str, Any]:
         """As content of a conversation item (GA ``output_audio``, beta ``audio``)."""
@@ -221,6 +222,15 @@ class Item:
             size += len(self.arguments.encode()) + len(self.output.encode())
             size += sum(len(str(t)) for t in self.tools)  # (an estimate: the schemas' repr)
         return size
+
+    def images(self) -> tuple[int, int]:
+        """(input_image parts, the pixels they declare): what the conversation's image limits count."""
+        count = pixels = 0
+        for part in self.content:
+            if part.type == "input_image":
+                count += 1
+                pixels += part.pixels
+        return count, pixels
 
     def as_message(self) -> Message:
         message = self._message
@@ -378,7 +388,7 @@ def item_from_spec(
                 raise ProtocolError(Code.INVALID_VALUE, "Only one input_audio part per item.", param=f"{param}.content")
             audio = p.audio
         if p.type == "input_image":
-            item.content.append(Part("input_image", image_url=p.image_url, detail=p.detail))
+            item.content.append(Part("input_image", image_url=p.image_url, detail=p.detail, pixels=p.pixels))
         else:
             item.content.append(Part(p.type, text=p.text, transcript=p.transcript))
     return item, audio

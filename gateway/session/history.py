@@ -1,8 +1,9 @@
 """The conversation within its limits (Sans-I/O).
 
 ``History`` owns the session's ``Conversation`` (conversation.py: the items, in
-order), its id, and the accounting of ``max_items`` and
-``max_conversation_bytes``: an item's size (``Item.counted_bytes``) is counted
+order), its id, and the accounting of ``max_items``, ``max_conversation_bytes``
+and the images' ``max_images`` and ``max_image_pixels`` (the pixels their headers
+declare, counted once, when the item is added): an item's size (``Item.counted_bytes``) is counted
 as it is added and again each time an event says it changed (``changed``: an
 answer's transcript, a transcription, a truncation), and when an item is added
 past either limit the oldest items are deleted, each announced with
@@ -41,6 +42,8 @@ class History:
         self._keep = keep
         self._item_bytes: dict[str, int] = {}  # each item's size, as last counted
         self._bytes = 0
+        self._images = 0  # input_image parts in the conversation
+        self._pixels = 0  # ... and the pixels they declare
 
     def __len__(self) -> int:
         return len(self.conversation)
@@ -56,8 +59,14 @@ class History:
         prev = conversation.insert(item, previous_item_id)
         size = self._item_bytes[item.id] = item.counted_bytes()
         self._bytes += size
+        self._count_images(item, 1)
         limits = self._limits
-        while len(conversation) > limits.max_items or self._bytes > limits.max_conversation_bytes:
+        while (
+            len(conversation) > limits.max_items
+            or self._bytes > limits.max_conversation_bytes
+            or self._images > limits.max_images
+            or self._pixels > limits.max_image_pixels
+        ):
             oldest = conversation.oldest()
             assert oldest is not None
             if oldest is item or self._keep(oldest):
@@ -80,7 +89,14 @@ class History:
     def remove(self, item_id: str) -> Item:
         """Out of the conversation (the caller announces it)."""
         self._bytes -= self._item_bytes.pop(item_id, 0)
-        return self.conversation.remove(item_id)
+        item = self.conversation.remove(item_id)
+        self._count_images(item, -1)
+        return item
+
+    def _count_images(self, item: Item, sign: int) -> None:
+        images, pixels = item.images()
+        self._images += sign * images
+        self._pixels += sign * pixels
 
     def restore(self, items: Iterable[Item], conversation_id: str) -> None:
         """The items of a snapshot, in order (no limit applies: they fitted when written)."""
@@ -89,3 +105,4 @@ class History:
             self.conversation.insert(item)
             self._item_bytes[item.id] = size = item.counted_bytes()
             self._bytes += size
+            self._count_images(item, 1)

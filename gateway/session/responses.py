@@ -64,7 +64,7 @@ from gateway.session.conversation import Item, ItemType, Part, to_messages
 from gateway.session.effects import CallMcpTool, Cancel, EndInput, Feed, StartResponse
 from gateway.session.events import EventLog
 from gateway.session.history import History
-from gateway.session.limits import SessionLimits
+from gateway.session.limits import SessionLimits, check_images
 from gateway.session.mcp import McpServers
 from gateway.session.response import Response, engine_tool_choice, engine_tools
 from orchestrator.engine import (
@@ -340,6 +340,8 @@ class Responses:
                     items.append(ref)
                 else:
                     items.append(self._make_item(entry, f"response.input[{i}]"))
+            images = [it.images() for it in items]
+            check_images((sum(n for n, _ in images), sum(p for _, p in images)), self._limits, "response.input")
         awaiting = {it.id for it in items if it.pending_transcription}
         # A pending item is sent with empty text; its transcript follows as a streamed input chunk.
         return to_messages(items), awaiting, (None if params.input is None else items)

@@ -47,7 +47,7 @@ from gateway.session.effects import CloseSocket, Effect
 from gateway.session.events import STATE_EVENTS, EventLog
 from gateway.session.history import History
 from gateway.session.input import VAD_RATE, InputAudio, VadStream
-from gateway.session.limits import SessionLimits
+from gateway.session.limits import SessionLimits, check_images
 from gateway.session.mcp import McpServers
 from gateway.session.responses import Responses
 from gateway.session.turn_taking import Parts, RealtimeTurns, TurnTaking
@@ -492,6 +492,7 @@ class RealtimeSession:
                     param=f"{param}.content[{i}]",
                 )
         item, audio = item_from_spec(spec, param, self._log.new_id, self.config.input_format)
+        check_images(item.images(), self.limits, f"{param}.content")
         if audio is not None:
             self._input.transcribe_item(item, audio)
         return item

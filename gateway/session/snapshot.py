@@ -8,12 +8,14 @@ that owns the session; a takeover ends them explicitly (see ``restore``).
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import orjson
 
 from gateway.audio.codecs import AudioFormat
 from gateway.audio.resample import StreamResampler
+from gateway.protocol.image_size import image_size
 from gateway.protocol.session_config import SessionConfig, Transcription, TurnDetection
 from gateway.session.conversation import Conversation, Item, Marks, Part
 from gateway.session.response import Response
@@ -63,7 +65,20 @@ def part_to_dict(part: Part) -> dict[str, Any]:
         "marks": part.marks.to_list(),
         "image_url": part.image_url,
         "detail": part.detail,
+        "pixels": part.pixels,
     }
+
+
+def _pixels(p: dict[str, Any]) -> int:
+    """An image part's declared pixels (a snapshot written before they were kept: read again)."""
+    pixels = p.get("pixels")
+    if isinstance(pixels, int):
+        return pixels
+    url = p.get("image_url")
+    if not url:
+        return 0
+    size = image_size(base64.b64decode(url.partition(",")[2]))
+    return size[0] * size[1] if size is not None else 0
 
 
 def item_from_dict(d: dict[str, Any]) -> Item:
@@ -76,6 +91,7 @@ def item_from_dict(d: dict[str, Any]) -> Item:
             marks=Marks((m[0], m[1]) for m in p["marks"]),
             image_url=p.get("image_url"),  # (snapshots written before images have none)
             detail=p.get("detail"),
+            pixels=_pixels(p),
         )
         for p in d["content"]
     ]

@@ -12,6 +12,8 @@ binary frames, backpressure, dropped chunks, and so the ``chunks`` that
 from __future__ import annotations
 
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,15 +59,33 @@ VideoEffect = StartVideo | Interact | StopVideo | CloseVideo
 INTERACTION_FAILED = Code.INTERACTION_FAILED
 
 
+@dataclass(frozen=True, slots=True)
+class InteractionLimits:
+    """What a stream takes of interactions (the settings of the same names)."""
+
+    per_s: int = 20  # interactions (socket and HTTP together) in one second; more: rate_limit_exceeded
+    remembered_ids: int = 1_024  # event ids remembered for event_id_conflict; older ones are forgotten
+
+
 class VideoSession:
-    def __init__(self, *, session_id: str, info: VideoEngineInfo) -> None:
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        info: VideoEngineInfo,
+        limits: InteractionLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.id = session_id
         self.info = info
         self.state = "idle"  # idle -> streaming -> done
         self.request_id: str | None = None
         self.events: list[dict[str, Any]] = []  # what the client is to be told, in order (take())
         self.effects: list[VideoEffect] = []
-        self._event_ids: set[str] = set()
+        self.limits = limits or InteractionLimits()
+        self._clock = clock
+        self._event_ids: dict[str, None] = {}  # the stream's recent ids, oldest first (bounded)
+        self._window = (0, 0)  # (the clock's second, interactions taken in it)
 
     def take(self) -> tuple[list[dict[str, Any]], list[VideoEffect]]:
         out, eff = self.events, self.effects
@@ -203,9 +223,31 @@ class VideoSession:
                 param="interaction.event_id",
                 event_id=interaction.event_id,
             )
-        self._event_ids.add(interaction.event_id)
+        self._take_one(interaction.event_id)
+        self._event_ids[interaction.event_id] = None
+        while len(self._event_ids) > self.limits.remembered_ids:
+            del self._event_ids[next(iter(self._event_ids))]  # (the oldest: a reuse of it is not caught)
         self.effects.append(Interact(self.request_id, interaction))
         return interaction
+
+    def _take_one(self, event_id: str) -> None:
+        """One interaction of this second's ``limits.per_s``; past them, rate_limit_exceeded."""
+        limit = self.limits.per_s
+        if not limit:
+            return
+        now = self._clock()
+        second, taken = self._window
+        if int(now) != second:
+            second, taken = int(now), 0
+        if taken >= limit:
+            raise ProtocolError(
+                Code.RATE_LIMIT_EXCEEDED,
+                f"More than {limit} interactions in one second on this stream: this one was dropped "
+                f"(the count starts again in {second + 1 - now:.1f} s).",
+                param="interaction",
+                event_id=event_id,
+            )
+        self._window = (second, taken + 1)
 
     def _interaction(self, spec: ve.InteractionSpec) -> Interaction:
         """What the engine is given: the engine's transition length unless the client set one."""
@@ -226,7 +268,7 @@ class VideoSession:
     def on_interaction_failed(self, event_id: str, code: str, message: str) -> None:
         """The engine refused an interaction it was given: upstream's ``interaction_failed``, with
         the engine's own code as ``reason``."""
-        self._event_ids.discard(event_id)  # refused: the id may be used again
+        self._event_ids.pop(event_id, None)  # refused: the id may be used again
         error = ve.error_event(INTERACTION_FAILED, message, event_id=event_id, request_id=self.request_id)
         self.events.append({**error, "reason": code})
 

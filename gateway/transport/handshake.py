@@ -171,12 +171,21 @@ def bound_model_message(model: str) -> str:
     return f"This client secret was minted for the model {model!r}: connect with ?model={model}, or without ?model."
 
 
-def minted_refusal(grant: Grant, *, video: bool, model: str | None) -> Refusal | None:
-    """What a client secret refuses: the other endpoint (realtime or video), or a ``model``
-    other than the one it was minted for (close 4003, as a model the credential may not use)."""
+SIDEBAND_SECRET = (
+    "A client secret opens the session it was minted for, never a call's sideband (?call_id=): connect the "
+    "sideband with the key or token of the call's owner."
+)
+
+
+def minted_refusal(grant: Grant, *, video: bool, model: str | None, sideband: bool = False) -> Refusal | None:
+    """What a client secret refuses: the other endpoint (realtime or video), a ``model``
+    other than the one it was minted for (close 4003, as a model the credential may not use),
+    and any ``sideband`` (a call's session is not one a secret was minted to open)."""
     minted = grant.minted
     if minted is None:
         return None
+    if sideband:
+        return Code.CLIENT_SECRET_WRONG_TYPE, SIDEBAND_SECRET, CloseCode.FORBIDDEN
     if video != (minted.type == "video"):
         message = (
             f"This client secret was minted for a {minted.type} session; /v1/realtime/video takes one minted "

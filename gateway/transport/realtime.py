@@ -12,7 +12,9 @@ back every message after it, so the order holds.
 
 A client secret opens the session it was minted for, in every dialect: its
 model (a ``?model=`` naming another is refused, ``model_not_allowed``, close
-4003) and its settings (the door opens every session with them).
+4003) and its settings (the door opens every session with them); it resumes
+only a session opened with a secret minted for the same, and opens no
+sideband (``?call_id=``: ``client_secret_wrong_type``, close 4003).
 
 Dialects: the OpenAI Realtime API, GA (the default) or beta (subprotocol
 ``openai-beta.realtime-v1`` or header ``OpenAI-Beta: realtime=v1``), and
@@ -141,7 +143,8 @@ class RealtimeEndpoint:
         minted = hs.grant.minted  # a client secret's: the model and settings it opens, and no others
         asked = hs.param("model")
         model = asked or (minted.model if minted is not None else rt.settings.model)
-        refusal = common_refusal(rt, hs) or minted_refusal(hs.grant, video=False, model=asked)
+        sideband = hs.param("call_id") is not None
+        refusal = common_refusal(rt, hs) or minted_refusal(hs.grant, video=False, model=asked, sideband=sideband)
         checked = not dialect.model_at_start  # (else the door checks the model the opening event names)
         if refusal is None and checked and not rt.sessions.serves(model):
             refusal = (
@@ -221,7 +224,8 @@ class RealtimeSocket:
         door = Door(rt.hosting, rt.sessions, self, dialect=dialect, principal=principal, model=model,
                     max_message_bytes=rt.settings.max_message_bytes, seat=seat, resume_only=resume_only,
                     requested=minted.session if minted is not None else None,
-                    model_bound=minted is not None, source=source)  # fmt: skip
+                    model_bound=minted is not None, source=source,
+                    minted=minted.binding() if minted is not None else None)  # fmt: skip
         self.door = door
         return door
 
@@ -229,7 +233,7 @@ class RealtimeSocket:
         """A sideband: join the session of WebRTC call ``call_id`` (on this replica, or relayed
         to the one serving it); the refusal, if any (call_id_not_found, store_unavailable)."""
         rt = self.runtime
-        entrance = await open_sideband(rt.hosting, self, call_id, principal=principal,
+        entrance = await open_sideband(rt.hosting, self, call_id, principal=principal, seat=seat,
                                        make_door=lambda: self.door_to(GA, principal=principal, model=model,
                                                                       seat=seat))  # fmt: skip
         if isinstance(entrance, ProtocolError):

@@ -42,8 +42,9 @@ Limits, and what happens when they are hit:
   model keeps ``accepts_images`` False (the session refuses the part; a request
   that carries images anyway fails with ``unsupported``). An image that does
   not decode fails with ``invalid_image``; more images than the model's
-  ``limit_mm_per_prompt``, or image tokens past ``max_model_len``, fail with
-  ``invalid_request`` (vLLM's message).
+  ``limit_mm_per_prompt`` fail with ``invalid_request`` before any is decoded
+  (images are decoded in a worker thread, one after another), and image tokens
+  past ``max_model_len`` with ``invalid_request`` (vLLM's message).
 - an engine core that dies fails every running response with
   ``EngineError("engine_dead", fatal=True)`` and ``healthy()`` turns False.
 
@@ -172,6 +173,15 @@ def render_conversation(
     return list(tokenizer.encode("".join(lines) + "assistant:"))
 
 
+def image_limit(model_config: Any) -> int | None:
+    """The model's ``limit_mm_per_prompt`` for images (None where vLLM does not say)."""
+    try:
+        limit = model_config.multimodal_config.get_limit_per_prompt("image")
+    except Exception:
+        return None
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
 def image_placeholder(model_config: Any) -> str | None:
     """What stands for one image in this model's prompt, as vLLM's chat renderer
     writes it (the model class's ``get_placeholder_str``), or None where the model
@@ -269,6 +279,7 @@ class VllmEngine:
         self._owns_llm = llm is None
         self._tokenizer: Any = None
         self._image_placeholder: str | None = None  # set by start for a model that takes images
+        self._image_limit: int | None = None  # its limit_mm_per_prompt for images (None: not known)
         self._placeholder_tokens = 0  # the placeholder's length in tokens
         self._model_sampling: dict[str, Any] = {}
         self._start_lock = asyncio.Lock()
@@ -326,6 +337,7 @@ class VllmEngine:
             placeholder = image_placeholder(self._llm.model_config)
             if placeholder is not None:
                 self._image_placeholder = placeholder
+                self._image_limit = image_limit(self._llm.model_config)
                 self._placeholder_tokens = len(self._tokenizer.encode(placeholder, add_special_tokens=False))
                 self.info = dataclasses.replace(
                     self.info, accepts_images=True, description=self._description(images=True)
@@ -431,6 +443,10 @@ class VllmEngine:
 
         if not images:
             return tokens_input(prompt_ids)
+        limit = self._image_limit
+        if limit is not None and len(images) > limit:  # vLLM would refuse them: none is decoded
+            raise EngineError("invalid_request", f"the conversation holds {len(images)} images; model "
+                              f"{self.model!r} takes at most {limit} in one prompt (limit_mm_per_prompt)")  # fmt: skip
         decoded = await asyncio.to_thread(lambda: [decode_image(image) for image in images])
         return TokensPrompt(prompt_token_ids=prompt_ids, multi_modal_data={"image": decoded})
 

@@ -227,3 +227,27 @@ def test_k8s_and_compose_manifests_parse() -> None:
     from gateway.settings import Settings
 
     assert pod["terminationGracePeriodSeconds"] > Settings().drain_window_s  # the drain is never cut short
+
+
+async def test_nginx_reads_a_slow_body_whole_before_a_replica_sees_it(binaries: dict[str, str]) -> None:
+    """Issue 33, finding 1: a body dripped through the proxy for longer than the replica's
+    request_timeout_s still reaches the replica whole, at once (nginx buffers it), so the
+    replica's deadline never fires (with proxy_request_buffering off: 408 from the replica)."""
+    env = {"OMNI_GATEWAY_REQUEST_TIMEOUT_S": "1"}
+    async with Cluster(replicas=1, engine="passthrough", api_keys=(KEY,), env=env) as cluster:
+        body = b'{"session": {"type": "realtime"}}'
+        host, port = cluster.http.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(f"POST /v1/realtime/client_secrets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                     "Connection: close\r\n\r\n".encode())  # fmt: skip
+        for byte in body[:12]:  # 3 s of drip: three times the replica's deadline
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.25)
+        writer.write(body[12:])
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        assert b'"value":"ek_' in answer

@@ -791,3 +791,30 @@ async def test_an_invalid_video_request_is_refused_before_any_work() -> None:
     with pytest.raises(EngineError) as err:
         await collect(engine.generate_video(VideoRequest("video_1", "x", width=15)))
     assert err.value.code == "invalid_request" and fake.calls == []
+
+
+async def test_images_are_decoded_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33, finding 3: the omni engine decoded every image on the event loop (99 MiB and
+    a long pause for a 5000x5000 one); now in a worker thread, before the request is made."""
+    import threading
+
+    from orchestrator.engines.omni import voice
+
+    threads: list[threading.Thread] = []
+    real = voice.decode_image
+
+    def recording(image: Image) -> Any:
+        threads.append(threading.current_thread())
+        return real(image)
+
+    monkeypatch.setattr(voice, "decode_image", recording)
+
+    async def script(call: Call) -> AsyncIterator[Output]:
+        yield text("Two squares.", finish="stop")
+
+    fake = FakeAsyncOmni(script)
+    engine = await started(fake)
+    picture = Image("image/png", png(4, 3, (200, 30, 60)), "low")
+    await collect(engine.respond(request(Message("user", "And these?", images=(picture, picture))), inputs_of()))
+    assert len(threads) == 2 and threading.main_thread() not in threads
+    assert len(fake.calls[0].prompt["multi_modal_data"]["image"]) == 2

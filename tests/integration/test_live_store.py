@@ -144,3 +144,37 @@ async def test_a_fork_carries_the_stored_conversation_on_another_replica(
     async with connect(live(b, f"/{source['id']}/fork"), headers=OTHER) as f:  # not this credential's
         await f.send({"type": "session.start", "session": {}})
         assert (await f.wait_for("error"))["error"]["code"] == "session_not_found"
+
+
+async def test_a_client_secret_forks_only_a_session_opened_with_a_secret_minted_the_same(
+    replicas: tuple[RunningGateway, RunningGateway],
+) -> None:
+    """Issue 33, finding 5, for the fork: a client secret opens only the session it was
+    minted for; the key's stored session is not one (answered as one that does not exist)."""
+    a, b = replicas
+
+    async def secret(**session: Any) -> list[str]:
+        async with httpx.AsyncClient() as http:
+            r = await http.post(f"{a.http}/v1/realtime/client_secrets", headers=KEY,
+                                json={"session": {"type": "realtime", "model": "gpt-live-1", **session}})  # fmt: skip
+        assert r.status_code == 200, r.text
+        return [f"openai-insecure-api-key.{r.json()['value']}"]
+
+    async def stored(**credential: Any) -> str:
+        async with connect(live(a), **credential) as c:
+            await c.send({"type": "session.start", "session": {"model": "gpt-live-1", "store": True}})
+            sid: str = (await c.wait_for("session.started"))["session"]["id"]
+            await closed(c)
+        return sid
+
+    keyed = await stored(headers=KEY)
+    async with connect(live(b, f"/{keyed}/fork"), subprotocols=await secret()) as f:
+        await f.send({"type": "session.start", "session": {}})
+        assert (await f.wait_for("error"))["error"]["code"] == "session_not_found"
+    by_secret = await stored(subprotocols=await secret())
+    async with connect(live(b, f"/{by_secret}/fork"), subprotocols=await secret(instructions="Other.")) as f:
+        await f.send({"type": "session.start", "session": {}})
+        assert (await f.wait_for("error"))["error"]["code"] == "session_not_found"
+    async with connect(live(b, f"/{by_secret}/fork"), subprotocols=await secret()) as f:  # minted the same
+        await f.send({"type": "session.start", "session": {}})
+        assert (await f.wait_for("session.started"))["session"]["id"] != by_secret

@@ -834,3 +834,27 @@ async def test_video_model_names_the_route_so_the_upstream_documents_start_is_se
             await c.send({"type": "session.start", **start_fields(model="cpu-video")})
             error = await c.error(Code.MODEL_NOT_FOUND)
         assert "server is running 'BestWishYsh/Helios-Distilled'" in error["message"]
+
+
+async def test_interactions_are_bounded_in_id_length_and_rate() -> None:
+    """Issue 33, finding 9: an event_id of any length was kept for the stream's life, and
+    nothing bounded how many interactions came (200 POSTs of 1 MiB ids: 340 -> 535 MiB)."""
+    from gateway.protocol.video_events import MAX_EVENT_ID_CHARS
+
+    async with (
+        gateway(api_keys=(K1,), video_interactions_per_s=3) as gw,
+        video(gw, K1) as c,
+        httpx.AsyncClient(base_url=gw.http, timeout=10) as http,
+    ):
+        sid = (await c.start(**start_fields()))["session_id"]
+        url = f"/v1/realtime/video/{sid}/interactions"
+        r = await http.post(url, content=body(event_id="x" * (MAX_EVENT_ID_CHARS + 1), event={"prompt": NEW}),
+                            headers=bearer(K1))  # fmt: skip
+        assert r.status_code == 400 and r.json()["error"]["code"] == Code.STRING_TOO_LONG, r.text
+        statuses = []
+        for i in range(20):  # (past 3 in one second: dropped; 20 never take 6 s, however busy the machine)
+            r = await http.post(url, content=body(event_id=f"i{i}", event={"prompt": NEW}), headers=bearer(K1))
+            statuses.append(r.status_code)
+        assert 429 in statuses and statuses.count(202) < 20
+        await c.wait_for(lambda e: e.get("type") == "error" and e.get("code") == Code.RATE_LIMIT_EXCEEDED)
+        await c.next_chunk()  # the stream goes on

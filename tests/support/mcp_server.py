@@ -4,8 +4,9 @@ streamable HTTP transport, under uvicorn on 127.0.0.1 in a thread of its own
 
 Its tools: ``forecast(city)`` (text), ``slow(seconds)`` (sleeps first),
 ``big(size)`` (a text of ``size`` bytes), ``fails()`` (an error result), and
-``delete_city(city)`` (marked not read-only). ``requests`` records the headers
-of every HTTP request it received (to prove what the gateway sent)."""
+``delete_city(city)`` (marked not read-only). ``requests`` records the headers,
+and ``paths`` the path, of every HTTP request it received (to prove what the
+gateway sent)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class McpTestServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.requests: list[dict[str, str]] = []  # each HTTP request's headers, lower-cased names
+        self.paths: list[str] = []  # each HTTP request's path, as the server read it
         self.calls: list[tuple[str, dict[str, Any]]] = []  # each tool call: (name, arguments)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -64,11 +66,12 @@ class McpTestServer:
             return f"{city} deleted"
 
         app = mcp.streamable_http_app()
-        requests = self.requests
+        requests, paths = self.requests, self.paths
 
         async def recorded(scope: Any, receive: Any, send: Any) -> None:
             if scope["type"] == "http":
                 requests.append({k.decode().lower(): v.decode() for k, v in scope["headers"]})
+                paths.append(scope["path"])
             await app(scope, receive, send)
 
         return recorded

@@ -121,6 +121,11 @@ class RedisServer:
         assert self._proc is not None
         os.kill(self._proc.pid, signal.SIGCONT)
 
+    def log(self) -> str:
+        """What the server logged so far (its warnings: a client closed for its output buffer, ...)."""
+        with open(os.path.join(self._dir, "redis.log"), "rb") as f:
+            return f.read().decode(errors="replace")
+
     def restart(self) -> None:
         """Stop and start again on the same port; the data is gone."""
         self.stop()

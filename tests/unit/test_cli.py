@@ -53,6 +53,32 @@ def test_settings_that_cannot_serve_are_refused_before_anything_starts(
     assert says in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("environ", "argv", "says"),
+    [
+        ({"OMNI_GATEWAY_AUTH_REQUIRED": "false"}, ["--api-key", "sk-x"], "while credentials are configured"),
+        ({"OMNI_GATEWAY_AUTH_REQUIRED": "false", "OMNI_GATEWAY_JWT_SECRET": "s"}, [], "credentials are configured"),
+        ({"OMNI_GATEWAY_AUTH_REQUIRED": "0"}, ["--host", "0.0.0.0", "--api-key", "sk-x"], "AUTH_REQUIRED=false"),
+        ({"OMNI_GATEWAY_AUTH_REQUIRED": "false"}, ["--host", "0.0.0.0"], "on 0.0.0.0"),
+    ],
+)
+def test_auth_turned_off_beside_credentials_or_beyond_loopback_refuses_to_start(
+    environ: dict[str, str], argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Issue 33, finding 10: it used to start, and every anonymous caller was the operator."""
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert any(says in line for line in problems(settings_from_args(["serve", *argv], environ=environ)))
+    assert main(["serve", *argv]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_auth_off_on_loopback_without_credentials_still_starts() -> None:
+    settings = settings_from_args(["serve"], environ={"OMNI_GATEWAY_AUTH_REQUIRED": "false"})
+    assert not settings.requires_auth and problems(settings) == []
+
+
 def test_an_unknown_engine_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         settings_from_args(["serve", "--engine", "gpt"], environ={})

@@ -33,6 +33,14 @@ def image_part(url: str | None = None, **extra: Any) -> dict[str, Any]:
     return {"type": "input_image", "image_url": url or data_url(PNG), **extra}
 
 
+def jpeg(width: int, height: int) -> bytes:
+    """The head of a baseline JPEG of ``width`` x ``height`` (SOI, an APP0, SOF0): what a
+    header reader needs, with no image data (the engines' decoder would refuse it)."""
+    app0 = b"\xff\xe0" + (16).to_bytes(2, "big") + b"JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"
+    sof0 = b"\xff\xc0" + (17).to_bytes(2, "big") + b"\x08" + height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    return b"\xff\xd8" + app0 + sof0 + b"\x03\x01\x22\x00\x02\x11\x01\x03\x11\x01" + b"\xff\xd9"
+
+
 def refused(event: dict[str, Any]) -> ProtocolError:
     with pytest.raises(ProtocolError) as info:
         ce.decode(orjson.dumps(event))
@@ -44,9 +52,9 @@ def test_a_png_data_url_decodes_as_an_input_image_part() -> None:
     assert isinstance(event, ce.ItemCreate)
     part = event.item.content[1]
     assert (part.type, part.detail, part.image_url) == ("input_image", "low", data_url(PNG))
-    jpeg = b"\xff\xd8\xff\xe0" + bytes(16)
-    event = ce.decode(orjson.dumps(item(image_part(data_url(jpeg, "image/jpg")))))
-    assert event.item.content[0].image_url == data_url(jpeg, "image/jpeg")  # (image/jpg named as it is)
+    head = jpeg(4, 3)
+    event = ce.decode(orjson.dumps(item(image_part(data_url(head, "image/jpg")))))
+    assert event.item.content[0].image_url == data_url(head, "image/jpeg")  # (image/jpg named as it is)
 
 
 @pytest.mark.parametrize(
@@ -56,6 +64,11 @@ def test_a_png_data_url_decodes_as_an_input_image_part() -> None:
         (image_part("file:///etc/passwd"), "item.content[0].image_url", "fetches no URL"),
         (image_part(data_url(b"GIF89a....", "image/gif")), "item.content[0].image_url", "PNG or JPEG"),
         (image_part(data_url(b"\xff\xd8\xff not a png")), "item.content[0].image_url", "does not hold a image/png"),
+        (
+            image_part(data_url(b"\xff\xd8\xff\xe0" + bytes(16), "image/jpeg")),
+            "item.content[0].image_url",
+            "cannot be read",
+        ),
         (image_part("data:image/png,rawbytes"), "item.content[0].image_url", "base64"),
         (image_part("data:image/png;base64,@@@"), "item.content[0].image_url", "not valid base64"),
         (image_part(detail="ultra"), "item.content[0].detail", "auto, low or high"),
@@ -120,3 +133,69 @@ def test_images_count_in_the_conversations_bytes() -> None:
     d.send(item(image_part()))
     (only,) = d.session.conversation
     assert only.counted_bytes() == len(data_url(PNG))
+
+
+# --- what images may cost (issue 33, finding 3) ---------------------------------------
+
+
+def test_the_pixels_an_image_declares_are_read_from_its_header() -> None:
+    from gateway.protocol.image_size import image_size
+
+    assert image_size(png(5000, 5000)) == (5000, 5000)
+    assert image_size(jpeg(4032, 3024)) == (4032, 3024)
+    assert image_size(b"\x89PNG\r\n\x1a\n" + b"\x00" * 4) is None
+    assert image_size(b"\xff\xd8\xff\xda\x00\x02") is None  # a scan before any frame header
+
+
+def test_an_image_declaring_more_than_one_may_is_refused_when_it_comes_in() -> None:
+    err = refused(item(image_part(data_url(png(5001, 5000)))))
+    assert err.code == Code.INVALID_VALUE and err.param == "item.content[0].image_url"
+    assert "5001x5000" in err.message
+    (spec,) = ce.decode(orjson.dumps(item(image_part(data_url(jpeg(5000, 5000), "image/jpeg"))))).item.content
+    assert spec.pixels == 25_000_000
+
+
+def test_a_conversation_keeps_a_bounded_number_of_images_and_pixels() -> None:
+    """Was: 960 copies of a 3 KB PNG declaring 5000x5000 fitted in one conversation (93 GiB
+    decoded for one response). Now the pixels bound it: the oldest go as new ones come."""
+    from gateway.session.limits import SessionLimits
+
+    d = Driver(engine=SEEING, limits=SessionLimits(max_images=4, max_image_pixels=50_000_000))
+    bomb = data_url(png(5000, 5000))
+    deleted = 0
+    for _ in range(20):
+        events, _ = d.send(item(image_part(bomb)))
+        deleted += sum(e["type"] == "conversation.item.deleted" for e in events)
+    assert [it.images() for it in d.session.conversation] == [(1, 25_000_000)] * 2 and deleted == 18
+    small = data_url(png(4, 3))
+    for _ in range(6):
+        d.send(item(image_part(small)))
+    assert sum(it.images()[0] for it in d.session.conversation) == 4  # the count bounds them too
+    _, effects = d.send({"type": "response.create"})
+    request = next(e for e in effects if isinstance(e, StartResponse)).request
+    assert sum(len(m.images) for m in request.messages) == 4
+    # Restored elsewhere, the same bounds count the same images.
+    state = orjson.loads(orjson.dumps(d.session.snapshot_state()))
+    for saved in state["items"]:
+        for part in saved["content"]:
+            part.pop("pixels", None)  # (a snapshot written before pixels were kept: read again)
+    again = RealtimeSession.restore(state, engine=SEEING, vad_factory=None)
+    assert [it.images() for it in again.conversation] == [it.images() for it in d.session.conversation]
+
+
+def test_what_alone_holds_more_than_a_conversation_may_is_refused() -> None:
+    from gateway.session.limits import SessionLimits
+
+    d = Driver(engine=SEEING, limits=SessionLimits(max_images=2, max_image_pixels=30_000_000))
+    events, _ = d.send(item(*[image_part() for _ in range(3)]))
+    err = next(e for e in events if e["type"] == "error")["error"]
+    assert err["code"] == Code.INVALID_VALUE and err["param"] == "item.content"
+    assert not any(e["type"] == "conversation.item.added" for e in events)
+    out_of_band = {"type": "response.create", "response": {"conversation": "none", "input": [
+        {"type": "message", "role": "user", "content": [image_part(data_url(png(5000, 5000)))]},
+        {"type": "message", "role": "user", "content": [image_part(data_url(png(3000, 3000)))]},
+    ]}}  # fmt: skip
+    events, effects = d.send(out_of_band)
+    err = next(e for e in events if e["type"] == "error")["error"]
+    assert err["code"] == Code.INVALID_VALUE and err["param"] == "response.input"
+    assert not any(isinstance(e, StartResponse) for e in effects)

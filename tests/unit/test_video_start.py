@@ -129,3 +129,31 @@ def test_the_trailer_indexes_fragments_by_time_and_offset() -> None:
     assert mfra[4:8] == b"mfra" and int.from_bytes(mfra[:4], "big") == len(mfra)
     assert mfra[-8:-4] == bytes(4) and int.from_bytes(mfra[-4:], "big") == len(mfra)  # mfro
     assert int.from_bytes(mfra[20:24], "big") == 7 and int.from_bytes(mfra[28:32], "big") == 2
+
+
+def test_a_stream_remembers_a_bounded_number_of_interaction_ids_and_takes_a_bounded_rate() -> None:
+    """Issue 33, finding 9 (the pure session): ids are remembered up to ``remembered_ids``
+    (a reuse of an older one is taken), interactions up to ``per_s`` in a clock second."""
+    from gateway.session.video_session import InteractionLimits
+
+    now = [100.0]
+    session = VideoSession(session_id="vsess_t", info=VideoEngineInfo(name="cpu", description="", model=None),
+                           limits=InteractionLimits(per_s=5, remembered_ids=8), clock=lambda: now[0])  # fmt: skip
+    session.state, session.request_id = "streaming", "vreq_1"
+
+    def interact(event_id: str) -> str | None:
+        try:
+            session.interact(ve.InteractionSpec(event_id, prompt="p", camera=None, transition_chunks=None))
+        except ProtocolError as err:
+            return err.code
+        return None
+
+    assert [interact(f"e{i}") for i in range(6)] == [None] * 5 + [Code.RATE_LIMIT_EXCEEDED]
+    now[0] += 1.0
+    assert interact("e5") is None  # (the refused one was not remembered) and the next second takes it
+    assert interact("e4") == Code.EVENT_ID_CONFLICT
+    for i in range(6, 30):
+        now[0] += 0.25
+        assert interact(f"e{i}") is None
+    assert len(session._event_ids) == 8  # bounded, the newest kept
+    assert interact("e0") is None and interact("e29") == Code.EVENT_ID_CONFLICT

@@ -173,3 +173,40 @@ async def test_image_support_is_read_from_the_model_config_and_falls_back_to_tex
     broken = SimpleNamespace(is_multimodal_model=True, multimodal_config=None, model="odd")
     assert image_placeholder(broken) is None
     assert "serving it text only" in caplog.text
+
+
+async def test_images_past_the_models_limit_are_refused_before_any_is_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33, finding 3: every image of the conversation was decoded (99 MiB each for a
+    5000x5000 one) before vLLM applied limit_mm_per_prompt; now none is."""
+    from orchestrator.engines import vllm_engine
+
+    decoded: list[Image] = []
+    monkeypatch.setattr(vllm_engine, "decode_image", decoded.append)
+    engine = VllmEngine("not-started")
+    engine._image_limit = 2  # (start reads it from the model config: image_limit)
+    with pytest.raises(EngineError, match=r"holds 3 images.*at most 2") as info:
+        await engine._engine_input([1, 2, 3], [image((1, 2, 3))] * 3)
+    assert info.value.code == "invalid_request" and decoded == []
+    await engine._engine_input([1, 2], [image((1, 2, 3))] * 2)
+    assert len(decoded) == 2
+
+
+async def test_the_image_limit_is_read_from_the_model_config() -> None:
+    from orchestrator.engines.vllm_engine import image_limit
+
+    class Multimodal:
+        def __init__(self, limit: Any) -> None:
+            self.limit = limit
+
+        def get_limit_per_prompt(self, modality: str) -> Any:
+            if isinstance(self.limit, Exception):
+                raise self.limit
+            return self.limit
+
+    class Config:
+        def __init__(self, limit: Any) -> None:
+            self.multimodal_config = Multimodal(limit)
+
+    assert image_limit(Config(4)) == 4
+    assert image_limit(Config(ValueError("no image modality"))) is None
+    assert image_limit(Config(None)) is None

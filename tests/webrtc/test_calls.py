@@ -230,6 +230,21 @@ async def test_another_principal_cannot_reach_a_call(gw: RunningGateway) -> None
         assert c.browser.pc.connectionState == "connected"  # undisturbed
 
 
+async def test_a_client_secret_of_the_calls_principal_opens_no_sideband(gw: RunningGateway) -> None:
+    """Issue 33, finding 5: a secret (a browser's credential) read the call's events and
+    rewrote its instructions through ?call_id=; it opens only the session it was minted for."""
+    async with httpx.AsyncClient() as http:
+        minted = (await http.post(f"{gw.http}/v1/realtime/client_secrets", headers=AUTH, json={})).json()
+    async with call(gw) as c:
+        protocols = ["realtime", f"openai-insecure-api-key.{minted['value']}"]
+        async with websockets.connect(f"{gw.url}?call_id={c.call_id}", subprotocols=protocols) as side:  # type: ignore[list-item]
+            refused = orjson.loads(await asyncio.wait_for(side.recv(), 10))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(side.recv(), 10)
+        assert refused["error"]["code"] == Code.CLIENT_SECRET_WRONG_TYPE and closed.value.rcvd.code == 4003  # type: ignore[union-attr]
+        assert "session.updated" not in c.types()
+
+
 async def test_a_hangup_ends_the_call_and_its_session(gw: RunningGateway) -> None:
     async with call(gw) as c:
         sid = c.events[0]["session"]["id"]

@@ -181,3 +181,71 @@ def test_advertise_replace_rewrites_host_candidates_and_the_connection_line() ->
     assert "c=IN IP4 203.0.113.7" in out
     assert "fd00::5 40002 typ host" in out  # no IPv6 address advertised: left as it was
     assert "0f7a.local" in out and "typ srflx raddr 10.0.0.5" in out
+
+
+# --- caps and the candidates the gateway may send to (issue 33, finding 8) ---
+
+
+def _with_candidates(offer: str, lines: list[str]) -> str:
+    """``offer`` with ``lines`` added to its first media section."""
+    head, sep, rest = offer.partition("a=mid:")
+    mid_line, _, tail = rest.partition("\n")
+    return head + sep + mid_line + "\n" + "".join(line + "\n" for line in lines) + tail
+
+
+def _candidate(address: str, port: int, *, transport: str = "udp", priority: int = 2122194687) -> str:
+    return f"a=candidate:1 1 {transport} {priority} {address} {port} typ host generation 0"
+
+
+def test_an_offer_over_the_candidate_cap_is_refused_before_it_is_parsed() -> None:
+    many = _with_candidates(SDK_OFFER, [_candidate("203.0.113.9", 20000 + i) for i in range(600)])
+    err = _refused(many, max_bytes=1 << 20)
+    assert err.code == sdp.OFFER_TOO_MANY_CANDIDATES and "600" in err.message
+    assert check_offer(_with_candidates(SDK_OFFER, [_candidate("8.8.8.8", 40000)] * 64)).candidates == 64
+
+
+def test_an_offer_over_the_section_cap_is_refused_before_it_is_parsed() -> None:
+    section = "m=video 9 UDP/TLS/RTP/SAVPF 96\nc=IN IP4 0.0.0.0\na=rtpmap:96 VP8/90000\n"
+    err = _refused(SDK_OFFER.rstrip("\n") + "\n" + section * 190, max_bytes=1 << 20)
+    assert err.code == sdp.OFFER_TOO_MANY_SECTIONS and "192" in err.message
+    assert check_offer(SDK_OFFER.rstrip("\n") + "\n" + section * 14).other_sections == 14
+
+
+@pytest.mark.parametrize("ufrag", ["ab", "a b c d", "evil<text>USERNAME", "x" * 257])
+def test_ice_credentials_must_be_ice_chars(ufrag: str) -> None:
+    offer = SDK_OFFER.replace("a=ice-ufrag:", f"a=ice-ufrag:{ufrag}\na=x-was:", 1)
+    assert _refused(offer).code == sdp.INVALID_OFFER
+
+
+def test_screen_candidates_keeps_what_the_operator_allows_and_nothing_else() -> None:
+    peers = sdp.PeerNetworks.parse(["public", "127.0.0.1/32"])
+    lines = [
+        _candidate("8.8.8.8", 40000),  # public: kept
+        _candidate("127.0.0.1", 40001),  # listed: kept
+        _candidate("127.0.0.3", 40002),  # loopback, not listed
+        _candidate("10.1.2.3", 40003),  # private
+        _candidate("169.254.169.254", 40004),  # link-local (cloud metadata)
+        _candidate("192.0.2.2", 40005),  # documentation range: not global
+        _candidate("8.8.4.4", 22),  # a well-known port: never a peer's
+        _candidate("3b1f2c3d-1234-4c5d-9e8f-0123456789ab.local", 40006),  # mDNS: resolves to anything
+        _candidate("8.8.8.8", 9, transport="tcp"),  # not UDP
+        "a=candidate:broken",
+        "a=end-of-candidates",
+    ]
+    screened, dropped = sdp.screen_candidates(_with_candidates(SDK_OFFER, lines), peers)
+    assert dropped == 8
+    kept = [line for line in screened.splitlines() if line.startswith("a=candidate:")]
+    assert kept == [lines[0], lines[1]]
+    assert "a=end-of-candidates" not in screened  # the agent waits for the peer's checks instead
+    assert check_offer(screened).candidates == 2
+
+
+def test_screen_candidates_leaves_an_offer_it_keeps_whole_as_it_was() -> None:
+    offer = _with_candidates(SDK_OFFER, [_candidate("8.8.8.8", 40000), "a=end-of-candidates"])
+    assert sdp.screen_candidates(offer, sdp.PeerNetworks.parse(["public"])) == (offer, 0)
+    assert sdp.screen_candidates(offer, sdp.PeerNetworks.parse(["10.0.0.0/8"]))[1] == 1
+
+
+def test_peer_networks_refuse_a_bad_entry() -> None:
+    with pytest.raises(ValueError, match="publik"):
+        sdp.PeerNetworks.parse(["publik"])

@@ -51,6 +51,7 @@ _AUDIO_DELTA_JSON = b'"response.output_audio.delta"'
 _SPEECH_STARTED = "input_audio_buffer.speech_started"
 _CUT = frozenset({"cancelled", "failed"})  # an answer that ends so has its audio cut at once
 _MAX_FORMATS = 16  # responses whose output format is remembered (a response.create may set its own)
+TOO_LARGE_LOG_S = 10.0  # a call logs at most one WARNING this often for events too large to send
 
 
 class Call:
@@ -74,6 +75,8 @@ class Call:
         self.door: Door | None = None
         self.ended = False
         self.end_reason: str | None = None
+        self.slow = False  # judged a slow consumer: hanging up; what the session still says is dropped
+        self._too_large: tuple[float, int] = (float("-inf"), 0)  # (last WARNING at, events unsent since)
         self._on_ended = on_ended
         self._inbox: asyncio.Queue[str] = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
@@ -139,14 +142,30 @@ class Call:
                 self._answer_ended(event["response"])
             elif kind == _SPEECH_STARTED:
                 self._speech_started()
+        if self.slow:
+            return  # (the hangup is under way: one WARNING said why, the rest goes nowhere)
         try:
             self.channel.send(data)
         except MessageTooLarge as exc:
-            log.warning("call %s: an event over the data channel's message limit was not sent: %s", self.call_id, exc)
-            self.channel.send(error_event(Code.MESSAGE_TOO_LARGE, f"An event was not sent: {exc}."))
+            self._unsent(exc)
+            with contextlib.suppress(MessageTooLarge, ChannelOverflow):
+                self.channel.send(error_event(Code.MESSAGE_TOO_LARGE, f"An event was not sent: {exc}."))
         except ChannelOverflow as exc:
+            self.slow = True
             log.warning("call %s: slow consumer, hanging up: %s", self.call_id, exc)
             self.close(CloseCode.SLOW_CONSUMER, Code.SLOW_CONSUMER)
+
+    def _unsent(self, exc: MessageTooLarge) -> None:
+        """An event too large for the peer's channel: one WARNING per ``TOO_LARGE_LOG_S`` at most."""
+        now = asyncio.get_running_loop().time()
+        last, since = self._too_large
+        if now - last < TOO_LARGE_LOG_S:
+            self._too_large = (last, since + 1)
+            return
+        more = f" ({since} more since the last such line)" if since else ""
+        log.warning("call %s: an event over the data channel's message limit was not sent: %s%s", self.call_id, exc,
+                    more)  # fmt: skip
+        self._too_large = (now, 0)
 
     def close(self, code: int, reason: str) -> None:
         """Hang up (after what was sent: the channel's messages are already in SCTP's hands)."""

@@ -17,6 +17,8 @@ from urllib.parse import unquote
 
 import orjson
 
+from gateway.transport.webrtc.sdp import MAX_OFFER_CANDIDATES, MAX_OFFER_SECTIONS, PeerNetworks
+
 if TYPE_CHECKING:
     from aiortc import RTCConfiguration
 
@@ -159,8 +161,14 @@ class WebRTCConfig:
     # comes, so 1 (release a frame once the next one arrived: reordering is still put right)
     # saves 60 ms of every turn. None: aiortc's own. See peer.tune_receive_buffer.
     receive_prefetch_frames: int | None = 1
+    # Where the gateway's ICE agent may send checks: the offer's candidates elsewhere are left
+    # out ("public": any globally routable address; CIDR ranges; see sdp.screen_candidates).
+    peer_networks: tuple[str, ...] = ("public",)
+    max_offer_sections: int = MAX_OFFER_SECTIONS  # m-lines in an offer; more: 400 offer_too_many_sections
+    max_offer_candidates: int = MAX_OFFER_CANDIDATES  # candidates; more: 400 offer_too_many_candidates
 
     def __post_init__(self) -> None:
+        PeerNetworks.parse(self.peer_networks)  # (raises ValueError naming a bad entry)
         if self.udp_port_range is not None:
             _check_range(self.udp_port_range)
         for address in self.advertised_addresses:
@@ -185,6 +193,9 @@ class WebRTCConfig:
         advertise_mode: Literal["add", "replace"] = "add",
         ice_connect_timeout_s: float = 15.0,
         peer_timeout_s: float = 10.0,
+        peer_networks: Sequence[str] = ("public",),
+        max_offer_sections: int = MAX_OFFER_SECTIONS,
+        max_offer_candidates: int = MAX_OFFER_CANDIDATES,
     ) -> WebRTCConfig:
         """From setting strings (what ``OMNI_GATEWAY_*`` variables hold); raises ValueError."""
         if isinstance(advertised_addresses, str):
@@ -196,7 +207,14 @@ class WebRTCConfig:
             advertise_mode=advertise_mode,
             ice_connect_timeout_s=ice_connect_timeout_s,
             peer_timeout_s=peer_timeout_s,
+            peer_networks=tuple(peer_networks),
+            max_offer_sections=max_offer_sections,
+            max_offer_candidates=max_offer_candidates,
         )
+
+    @property
+    def peers(self) -> PeerNetworks:
+        return PeerNetworks.parse(self.peer_networks)
 
     def client_ice_servers(self) -> list[dict[str, Any]]:
         """What a client's ``RTCPeerConnection({iceServers})`` should get: all of them."""

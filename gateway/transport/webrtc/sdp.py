@@ -10,6 +10,15 @@ and the ``param``, which the endpoint turns into OpenAI's error body with HTTP 4
 
 A data channel is optional: OpenAI's clients always open ``oai-events``, but a call driven
 only by a sideband connection needs none; ``require_data_channel`` makes it mandatory.
+
+Before anything is parsed, the offer's media sections and ICE candidates are counted
+(``max_sections``, ``max_candidates``: more is refused, ``offer_too_many_sections`` /
+``offer_too_many_candidates``), and its ICE credentials must be what RFC 8839 allows
+(4 to 256 of ``A-Z a-z 0-9 + /``: they go into every STUN check the gateway sends).
+``screen_candidates`` then leaves out the candidates the gateway may not send to
+(``PeerNetworks``): the ICE agent never sends a packet to an address or port the
+operator did not allow; a peer that can reach the gateway still connects, through the
+checks it sends (peer-reflexive candidates).
 """
 
 from __future__ import annotations
@@ -20,6 +29,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 MAX_OFFER_BYTES = 64 * 1024  # Chromium's offers are 3-6 KB; more is not an offer we want to parse
+MAX_OFFER_SECTIONS = 16  # m-lines (a call has two: audio and the data channel; a camera adds one)
+MAX_OFFER_CANDIDATES = 64  # a=candidate lines (a browser on a few interfaces offers a dozen or two)
+MIN_PEER_PORT = 1024  # a candidate port below this is never a peer's (they are ephemeral): left out
+_ICE_CHARS = re.compile(r"^[A-Za-z0-9+/]{4,256}$")  # RFC 8839 ice-char, 4 to 256 of them
 _DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")
 _SETUP = ("actpass", "active", "passive", "holdconn")
 _FINGERPRINT = re.compile(r"^(sha-1|sha-224|sha-256|sha-384|sha-512) [0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2})+$", re.IGNORECASE)
@@ -46,6 +59,8 @@ class OfferError(ValueError):
 # Codes (stable: clients and tests match on them).
 INVALID_OFFER = "invalid_offer"  # not SDP, or SDP the WebRTC stack cannot take (OpenAI's code)
 OFFER_TOO_LARGE = "offer_too_large"
+OFFER_TOO_MANY_SECTIONS = "offer_too_many_sections"  # more m-lines than max_sections
+OFFER_TOO_MANY_CANDIDATES = "offer_too_many_candidates"  # more a=candidate lines than max_candidates
 OFFER_NO_AUDIO = "offer_no_audio"  # no usable audio m-line (none, rejected, or inactive)
 OFFER_NO_OPUS = "offer_no_opus"  # audio, but Opus is not among its codecs
 OFFER_NO_DATA_CHANNEL = "offer_no_data_channel"  # only with require_data_channel
@@ -167,6 +182,9 @@ def _check_security(section: _Section, session: list[tuple[str, str]], what: str
     for needed, label in (("ice-ufrag", "ICE username fragment"), ("ice-pwd", "ICE password")):
         if not section.has(needed) and needed not in session_has:
             raise _fail(INVALID_OFFER, f"the {what} section has no {label} (a={needed}).")
+        for value in [v for k, v in section.attrs if k == needed] + [v for k, v in session if k == needed]:
+            if not _ICE_CHARS.match(value.strip()):
+                raise _fail(INVALID_OFFER, f"the {what} section's a={needed} is not 4 to 256 of A-Z a-z 0-9 + /.")
     fingerprints = [v for k, v in section.attrs if k == "fingerprint"] or [v for k, v in session if k == "fingerprint"]
     if not fingerprints:
         raise _fail(INVALID_OFFER, f"the {what} section has no DTLS fingerprint (a=fingerprint).")
@@ -177,13 +195,27 @@ def _check_security(section: _Section, session: list[tuple[str, str]], what: str
         raise _fail(INVALID_OFFER, f"the {what} section's a=setup is {setup.strip()!r} (actpass, active or passive).")
 
 
+def _count(text: str, prefix: str) -> int:
+    """Lines of ``text`` that start with ``prefix`` (counted without splitting it)."""
+    return text.count("\n" + prefix) + text.startswith(prefix)
+
+
 def check_offer(
-    offer: str | bytes, *, require_data_channel: bool = False, max_bytes: int = MAX_OFFER_BYTES
+    offer: str | bytes,
+    *,
+    require_data_channel: bool = False,
+    max_bytes: int = MAX_OFFER_BYTES,
+    max_sections: int = MAX_OFFER_SECTIONS,
+    max_candidates: int = MAX_OFFER_CANDIDATES,
 ) -> OfferSummary:
     """Check an SDP offer; returns what it offers or raises :class:`OfferError`."""
     text = _decode(offer, max_bytes)
     if not text.strip():
         raise _fail(INVALID_OFFER, "the body is empty.")
+    if max_sections and (n := _count(text, "m=")) > max_sections:
+        raise _fail(OFFER_TOO_MANY_SECTIONS, f"it has {n} media sections; at most {max_sections} are taken.")
+    if max_candidates and (n := _count(text, "a=candidate")) > max_candidates:
+        raise _fail(OFFER_TOO_MANY_CANDIDATES, f"it has {n} ICE candidates; at most {max_candidates} are taken.")
     session, sections = _parse(text)
 
     def live(s: _Section) -> bool:
@@ -234,6 +266,68 @@ def check_offer(
         trickle=trickle,
         max_message_size=max_message_size,
     )
+
+
+# --- the offer's candidates ---
+
+
+@dataclass(frozen=True, slots=True)
+class PeerNetworks:
+    """Where the gateway's ICE agent may send checks: the networks given, and with
+    ``public`` every globally routable unicast address (``ipaddress``'s ``is_global``)."""
+
+    networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    public: bool = True
+
+    @classmethod
+    def parse(cls, entries: tuple[str, ...] | list[str]) -> PeerNetworks:
+        """``("public", "10.0.0.0/8", "127.0.0.1")``; raises ValueError naming a bad entry."""
+        networks = []
+        public = False
+        for entry in (e.strip() for e in entries):
+            if entry.lower() == "public":
+                public = True
+            elif entry:
+                try:
+                    networks.append(ipaddress.ip_network(entry, strict=False))
+                except ValueError:
+                    raise ValueError(f"peer network {entry!r}: 'public' or an address or CIDR range") from None
+        return cls(tuple(networks), public)
+
+    def allows(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+        if self.public and address.is_global and not address.is_multicast:
+            return True
+        return any(address in network for network in self.networks)
+
+
+def screen_candidates(offer: str, peers: PeerNetworks) -> tuple[str, int]:
+    """The offer without the candidates the gateway may not send to (an address outside
+    ``peers``, a port below ``MIN_PEER_PORT``, a name such as mDNS's ``.local``, which
+    would resolve to an address nobody checked, anything but UDP), and how many were
+    left out. When any was, ``a=end-of-candidates`` goes too: the ICE agent then waits
+    for the peer's own checks (peer-reflexive candidates) instead of failing at once."""
+    newline = "\r\n" if "\r\n" in offer else "\n"
+    kept: list[str] = []
+    dropped = 0
+    for line in offer.split(newline):
+        if line.startswith("a=candidate:") and not _allowed_candidate(line, peers):
+            dropped += 1
+            continue
+        kept.append(line)
+    if dropped:
+        kept = [line for line in kept if line.strip() != "a=end-of-candidates"]
+    return newline.join(kept), dropped
+
+
+def _allowed_candidate(line: str, peers: PeerNetworks) -> bool:
+    fields = line[len("a=candidate:") :].split()
+    if len(fields) < 8 or fields[2].lower() != "udp" or fields[6] != "typ" or not fields[5].isdigit():
+        return False
+    try:
+        address = ipaddress.ip_address(fields[4])
+    except ValueError:
+        return False
+    return MIN_PEER_PORT <= int(fields[5]) <= 65535 and peers.allows(address)
 
 
 # --- the answer's candidates ---

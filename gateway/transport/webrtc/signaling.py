@@ -50,7 +50,7 @@ from gateway.quotas import AdmissionUnavailable, ConnectRefusal, Seat
 from gateway.transport.http_body import BodyRefused, capped, checked_shape
 from gateway.transport.services import Services
 from gateway.transport.webrtc.config import WebRTCConfig
-from gateway.transport.webrtc.sdp import OfferError, check_offer
+from gateway.transport.webrtc.sdp import OfferError, PeerNetworks, check_offer, screen_candidates
 
 log = logging.getLogger("omni.webrtc")
 
@@ -93,6 +93,10 @@ class CallBook:
     config: WebRTCConfig
     factory: Any  # peer.PeerFactory
     calls: dict[str, Any] = field(default_factory=dict)  # call id -> call.Call
+    peers: PeerNetworks = field(default_factory=PeerNetworks)  # where ICE checks may go (config.peer_networks)
+
+    def __post_init__(self) -> None:
+        self.peers = self.config.peers
 
     @classmethod
     def build(cls, config: WebRTCConfig) -> CallBook:
@@ -161,14 +165,15 @@ class CallsEndpoint:
         if book is None:
             return _error(501, Code.WEBRTC_UNAVAILABLE, "This gateway answers no WebRTC calls (the webrtc extra is "
                           "not installed, or the webrtc setting is off); use the WebSocket /v1/realtime.")  # fmt: skip
-        parsed = await self._read_offer(request)
-        if isinstance(parsed, Response):
-            return parsed
-        offer, requested, resume = parsed
-        try:
-            summary = check_offer(offer)
-        except OfferError as err:
-            return JSONResponse(err.body(), status_code=err.status)
+        # What refuses any call here comes first: a client secret is not spent on a replica
+        # that cannot take the call (a retry elsewhere can still use it).
+        if rt.draining:
+            return _error(503, Code.SERVER_BUSY, "This replica is shutting down; offer the call again.")
+        if rt.session_count() >= rt.settings.max_sessions:
+            return _error(503, Code.SERVER_BUSY, f"This replica is at its limit of {rt.settings.max_sessions} "
+                          "sessions; try again later.")  # fmt: skip
+        # The credential before a byte of the body: a caller without one holds nothing here
+        # (answered 401 and closed, its body unread).
         try:
             grant = await rt.auth.authenticate(request.headers, [])
         except CredentialsUnavailable:
@@ -177,11 +182,19 @@ class CallsEndpoint:
             rt.hosting.metrics.auth_failures.inc()
             return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key or client secret>'.",
                           **{"WWW-Authenticate": 'Bearer realm="omni-gateway"'})  # fmt: skip
-        if rt.draining:
-            return _error(503, Code.SERVER_BUSY, "This replica is shutting down; offer the call again.")
-        if rt.session_count() >= rt.settings.max_sessions:
-            return _error(503, Code.SERVER_BUSY, f"This replica is at its limit of {rt.settings.max_sessions} "
-                          "sessions; try again later.")  # fmt: skip
+        parsed = await self._read_offer(request)
+        if isinstance(parsed, Response):
+            return parsed
+        offer, requested, resume = parsed
+        config = book.config
+        try:
+            summary = check_offer(offer, max_sections=config.max_offer_sections,
+                                  max_candidates=config.max_offer_candidates)  # fmt: skip
+        except OfferError as err:
+            return JSONResponse(err.body(), status_code=err.status)
+        offer, dropped = screen_candidates(offer, book.peers)
+        if dropped:
+            log.info("webrtc: %d of the offer's ICE candidates left out (webrtc_peer_networks)", dropped)
         try:
             model, settings = rt.session_defaults(grant, requested)
         except ProtocolError as err:  # (a client secret's other model or endpoint: 403)
@@ -228,8 +241,9 @@ class CallsEndpoint:
             await call.end("answer failed")
             return _error(400, "invalid_offer", f"Invalid SDP offer: it could not be answered ({type(exc).__name__}).",
                           "sdp")  # fmt: skip
+        minted = grant.minted.binding() if grant.minted is not None else None  # (a re-offer's resume checks it)
         door = Door(rt.hosting, rt.sessions, call, dialect=GA, principal=grant.principal, model=model,
-                    max_message_bytes=rt.settings.max_message_bytes, seat=seat, media=call)  # fmt: skip
+                    max_message_bytes=rt.settings.max_message_bytes, seat=seat, media=call, minted=minted)  # fmt: skip
         if resume is not None:
             refused = await door.resume(resume)
             if refused is not None:

@@ -221,7 +221,8 @@ class OmniEngine(OmniClientUser):
     speaks only under its own system prompt). ``transcription_prompt``:
     enables ``transcribe`` (see the module docstring). ``image_placeholder``: what
     stands for each image of a user turn in the prompt (the images go as
-    ``multi_modal_data["image"]``, in order); None: the model takes no images.
+    ``multi_modal_data["image"]``, in order, decoded in a worker thread); None: the
+    model takes no images.
     ``streaming_input_cls``: vLLM's ``StreamingInput`` (imported from vLLM when
     None and importable).
     """
@@ -367,11 +368,11 @@ class OmniEngine(OmniClientUser):
             out.append({"role": "user", "content": streamed})
         return out
 
-    def _prompt(self, text: str, request: ResponseRequest) -> dict[str, Any]:
+    def _prompt(self, text: str, request: ResponseRequest, images: list[Any]) -> dict[str, Any]:
+        """The prompt of ``text``, with ``images`` (decoded: ``_decoded``) and the voice."""
         prompt: dict[str, Any] = {"prompt": text}
-        images = conversation_images(request.messages)
-        if images and self.image_placeholder:
-            prompt["multi_modal_data"] = {"image": [decode_image(image) for image in images]}
+        if images:
+            prompt["multi_modal_data"] = {"image": images}
         voice = request.voice or self.info.default_voice
         if voice and self.voice_field:
             prompt["additional_information"] = {self.voice_field: [voice]}
@@ -383,6 +384,15 @@ class OmniEngine(OmniClientUser):
             return failing(EngineError("tools_unsupported", "the omni engine does not call functions"))
         return self._registered(request.request_id, lambda entry: self._respond(request, inputs, entry))
 
+    async def _decoded(self, request: ResponseRequest) -> list[Any]:
+        """The conversation's images, decoded in a worker thread (a large one takes a while,
+        and the session bounds how many pixels its conversation holds), one after another;
+        none when the model takes no images."""
+        images = conversation_images(request.messages)
+        if not images or not self.image_placeholder:
+            return []
+        return await asyncio.to_thread(lambda: [decode_image(image) for image in images])
+
     async def _respond(
         self, request: ResponseRequest, inputs: AsyncIterator[EngineInput], entry: RequestState
     ) -> AsyncIterator[EngineOutput]:
@@ -392,6 +402,9 @@ class OmniEngine(OmniClientUser):
             await reader.settle()
             if entry.aborted:
                 return
+            images = await self._decoded(request)
+            if entry.aborted:
+                return
             params = self._sampling_params(
                 client, max_tokens=request.max_output_tokens, temperature=request.temperature
             )
@@ -399,9 +412,9 @@ class OmniEngine(OmniClientUser):
             prompt: Any
             if reader.ended:  # every input is here: one plain request
                 streamed = " ".join(c.text for c in reader.items if isinstance(c, TextChunk) and c.text)
-                prompt = self._prompt(self._render(self._messages(request, streamed or None), True), request)
+                prompt = self._prompt(self._render(self._messages(request, streamed or None), True), request, images)
             else:
-                prompt = self._streaming_prompt(request, reader, params[0] if params else None)
+                prompt = self._streaming_prompt(request, reader, params[0] if params else None, images)
             mapper = _OutputMapper(self.info.output_sample_rate, audio=audio)
             stream = client.generate(
                 prompt,
@@ -421,7 +434,7 @@ class OmniEngine(OmniClientUser):
             self._active.pop(request.request_id, None)
 
     async def _streaming_prompt(
-        self, request: ResponseRequest, reader: InputReader[EngineInput], params: Any
+        self, request: ResponseRequest, reader: InputReader[EngineInput], params: Any, images: list[Any]
     ) -> AsyncIterator[Any]:
         """vLLM streaming input: the conversation up to the open user turn, each
         streamed transcript, then the turn's end and the assistant header."""
@@ -429,7 +442,7 @@ class OmniEngine(OmniClientUser):
         make = self._streaming_input_cls
         rendered = self._render(self._messages(request, _PENDING), True)
         head, _, tail = rendered.partition(_PENDING)
-        yield make(prompt=self._prompt(head, request), sampling_params=params)
+        yield make(prompt=self._prompt(head, request, images), sampling_params=params)
         first = True
         async for chunk in reader.stream():
             if isinstance(chunk, TextChunk) and chunk.text:
