@@ -197,7 +197,8 @@ async def test_responses_events_need_responses_delegation(gw: RunningGateway) ->
 
 
 async def test_an_audio_fixture_plays_whole_with_input_muted_and_only_one_at_a_time(gw: RunningGateway) -> None:
-    fixture = (await speak("please hold"))[: 2 * 24000]  # at most a second of PCM16 at 24 kHz
+    # Three seconds of PCM16 at 24 kHz: the refusals below arrive while it plays, even on a busy machine.
+    fixture = ((await speak("please hold")) + silence(3000))[: 2 * 24000 * 3]
     async with connect(url(gw)) as c:
         await started(c, {"model": "gpt-live-1", "audio": {"format": {"type": "audio/pcmu", "rate": 8000}}})
         await c.send({"type": "session.output_audio.fixture.play", "audio": base64.b64encode(fixture).decode(),
