@@ -54,7 +54,7 @@ def test_the_image_installs_what_the_readme_installs() -> None:
     torch = re.search(r"'torch==([\d.]+)'", readme_first_command())
     assert torch and f"'torch=={torch.group(1)}'" in dockerfile
     copied = set(re.findall(r"^COPY (\S+) ", dockerfile, re.M))
-    for package in ("gateway", "orchestrator", "client", "web_demo"):  # web_demo: the pages it serves
+    for package in ("gateway", "orchestrator", "omni_gateway_client", "web_demo"):  # web_demo: the pages it serves
         assert package in copied, f"the image lacks {package}/"
         assert (ROOT / package).is_dir()
 

@@ -256,8 +256,11 @@ def test_serve_omni_without_vllm_omni_stops_with_a_clear_error(tmp_path: Path) -
                                                               OMNI_GATEWAY_PORT=str(port)))  # fmt: skip
     code = gw.wait_exit(120)
     gw.stop()
-    assert code == 3, gw.log()
-    assert "vLLM-Omni is not importable" in gw.log()
+    assert code == 2, gw.log()
+    assert gw.log().strip().splitlines() == [
+        "omni-gateway: --engine omni needs vLLM-Omni, which is not installed (no module vllm_omni): "
+        "install vllm-omni on a GPU host"
+    ]
 
 
 # --- every core, and traces -----------------------------------------------------------------
