@@ -192,7 +192,9 @@ def test_the_tree_is_lint_format_and_type_clean() -> None:
 @contextlib.contextmanager
 def serving(command: str, tmp_path: Path, ready_s: float = 60.0, **env: str) -> Iterator[Served]:
     port = free_port()
-    env = clean_env(PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", OMNI_GATEWAY_PORT=str(port), **env)
+    # PYTHONPATH: this checkout's code (the same as the editable install's in CI; in a worktree, the worktree's)
+    path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = clean_env(**{"PATH": path, "OMNI_GATEWAY_PORT": str(port), "PYTHONPATH": str(ROOT), **env})
     gw = Served(command, port=port, cwd=ROOT, log_path=tmp_path / f"serve-{port}.log", env=env)
     try:
         gw.wait_ready(ready_s)
@@ -251,9 +253,9 @@ def test_serve_omni_without_vllm_omni_stops_with_a_clear_error(tmp_path: Path) -
 
         pytest.skip("vLLM-Omni is installed: the engine would load a real model (bench/omni_gpu.py)")
     port = free_port()
+    env = clean_env(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMNI_GATEWAY_PORT=str(port), PYTHONPATH=str(ROOT))
     gw = Served("omni-gateway serve --engine omni --engine-model PATH", port=port, cwd=ROOT,
-                log_path=tmp_path / "omni.log", env=clean_env(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
-                                                              OMNI_GATEWAY_PORT=str(port)))  # fmt: skip
+                log_path=tmp_path / "omni.log", env=env)  # fmt: skip
     code = gw.wait_exit(120)
     gw.stop()
     assert code == 2, gw.log()
