@@ -156,7 +156,7 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_venv() -> None:
     ci = (ROOT / ".ci/run").read_text()
     assert TEST_COMMAND in ci.splitlines()
     venv = re.search(r"python3 -m venv (\S+) ", TEST_COMMAND)
-    assert venv and venv.group(1) != ".venv" and venv.group(1) in (ROOT / ".gitignore").read_text().split()
+    assert venv and venv.group(1) != ".venv" and f"{venv.group(1)}/" in (ROOT / ".gitignore").read_text().split()
     assert f"rm -rf {venv.group(1)} " in ci.split(TEST_COMMAND)[0]
     assert "bash scripts/test_lowest.sh" in ci.split(TEST_COMMAND)[1]
 
