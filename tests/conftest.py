@@ -3,12 +3,13 @@
 that no test depends on which ``conftest`` module Python resolves.
 
 Under pytest-xdist (CI: ``-n 3 --dist loadgroup``, see pyproject.toml) tests that share
-something costly to start run on one worker, in the order collected: every test of the
-session's one AsyncLLM (``vllm_engine``: ~30 s to start; the ``vllm_last`` tests that kill
-it come last), and the tests of a module that uses a module-scoped fixture (a local
-cluster, a fresh venv, an MCP server) together.
-Those groups are handed out first, so that the longest run while the rest spreads over
-the other workers. Without xdist the marks change nothing.
+something costly run on one worker, in the order collected: every test of the session's
+one AsyncLLM (``vllm_engine``: ~30 s to start; the ``vllm_last`` tests that kill it come
+last); every local-cluster test (one cluster at a time); every Chromium test; every
+benchmark test; and the tests of a module that uses a module-scoped fixture (a fresh venv,
+an MCP server) together. Those groups are handed out first, the longest first, so that
+they run while the rest spreads over the other workers. Without xdist the marks change
+nothing.
 """
 
 from __future__ import annotations
@@ -26,20 +27,40 @@ from support.gateway import Client, RunningGateway, connect, free_port, run_gate
 __all__ = ["Client", "RunningGateway", "connect", "free_port", "run_gateway"]
 
 SHARED_SCOPES = ("module", "package", "class")  # a fixture of these scopes is set up once per worker that runs it
-COSTLY_SESSION_FIXTURES = {"vllm_engine": "vllm"}  # session-scoped, and too costly to start on every worker
+# Run one at a time, each on one worker: the session's AsyncLLM (too costly to start on every
+# worker), a local cluster (three replicas, nginx and Redis), a Chromium, and the benchmarks
+# the tests run (each loads the machine by design and reads what it gets back).
+HEAVY_FIXTURES = {"vllm_engine": "vllm", "cluster": "cluster"}
+HEAVY_MARKS = {"browser": "browser"}
+HEAVY_FOLDERS = {"tests/cluster/": "cluster", "tests/deploy/test_local_cluster.py": "cluster", "tests/bench/": "bench"}
+# The order the groups are handed out in: the longest first.
+GROUP_ORDER = ("vllm", "cluster", "browser", "bench")
 
 
 def shared_group(item: pytest.Item) -> str | None:
     """The xdist group ``item`` must share a worker with, if any."""
     info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return None
-    for name, group in COSTLY_SESSION_FIXTURES.items():
-        if name in info.names_closure:
+    names = info.names_closure if info is not None else []
+    for name, group in HEAVY_FIXTURES.items():
+        if name in names:
             return group
-    if any(d.scope in SHARED_SCOPES for chain in info.name2fixturedefs.values() for d in chain):
+    for mark, group in HEAVY_MARKS.items():
+        if item.get_closest_marker(mark) is not None or f"tests/{mark}/" in item.nodeid:
+            return group
+    for folder, group in HEAVY_FOLDERS.items():
+        if item.nodeid.startswith(folder):
+            return group
+    if info is not None and any(d.scope in SHARED_SCOPES for chain in info.name2fixturedefs.values() for d in chain):
         return item.nodeid.split("::", 1)[0]  # the module
     return None
+
+
+def group_rank(item: pytest.Item) -> int:
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return len(GROUP_ORDER) + 1  # alone: after every group
+    name = mark.args[0] if mark.args else mark.kwargs.get("name")
+    return GROUP_ORDER.index(name) if name in GROUP_ORDER else len(GROUP_ORDER)
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -51,9 +72,8 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
+    items.sort(key=group_rank)  # stable: each group in its collected order, the longest units of work first
     grouped = [item for item in items if item.get_closest_marker("xdist_group") is not None]
-    alone = [item for item in items if item.get_closest_marker("xdist_group") is None]
-    items[:] = grouped + alone  # each group in its collected order; groups first (the longest units of work)
     yield  # the other hooks, xdist's among them: on a worker it adds "@<group>" to each grouped nodeid
     if config.getoption("loadgroup", False):
         for item in grouped:
