@@ -79,7 +79,7 @@ def default_engine_options(settings: Settings) -> dict[str, Any]:
 
 
 def parse_routes(document: str | None, settings: Settings) -> list[RouteSpec]:
-    """The routes of ``document`` (inline JSON or a file path), or the default pair."""
+    """The routes of ``document`` (inline JSON or a file path), or the default route and its OpenAI aliases."""
     if not document:
         options = default_engine_options(settings)
         aliases = [RouteSpec(name, settings.engine, options) for name in OPENAI_NAMES if name != settings.model]

@@ -165,7 +165,8 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_venv() -> None:
 def test_the_contributors_first_step_runs_the_unit_tests_alone() -> None:
     """The quick check the README offers a contributor, as written, in this test run's venv:
     tests/unit passes on its own (no fixture of another folder needed)."""
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # (not this run's xdist worker's)
+    env["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
     done = subprocess.run(["bash", "-c", UNIT_TESTS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert re.search(r"\d+ passed", done.stdout.splitlines()[-1]), done.stdout[-2000:]
