@@ -26,7 +26,7 @@ import uvicorn
 
 from gateway import telemetry, workers
 from gateway.jwt_auth import jwks_url_problem
-from gateway.routing import RoutingError, parse_routes
+from gateway.routing import CATCH_ALL, RoutingError, is_pattern, parse_routes
 from gateway.settings import (
     DEFAULT_MODEL,
     ENGINES,
@@ -304,8 +304,12 @@ def next_steps(runtime: Runtime) -> list[str]:
         f"WebRTC calls: POST {http}/v1/realtime/calls); GPT-Live: {ws}/v1/live/sessions",
     ]
     said: dict[str, str] = {}  # engine key -> the model it was first said for
+    prefixes: dict[str, list[str]] = {}  # engine key -> its prefix routes (one line for them all)
     for spec in runtime.router.specs:
-        name = "any other model name" if spec.name == "*" else f"model {spec.name}"
+        if is_pattern(spec.name) and spec.name != CATCH_ALL:
+            prefixes.setdefault(spec.key, []).append(spec.name)
+            continue
+        name = "any other model name" if spec.name == CATCH_ALL else f"model {spec.name}"
         if spec.key in said:
             lines.append(f"  {name}: the same engine as {said[spec.key]}")
             continue
@@ -313,6 +317,11 @@ def next_steps(runtime: Runtime) -> list[str]:
         info = runtime.router.engines[spec.key].info
         does = ECHO_SAYS if info.name == "cascade" and "EchoThinker" in info.description else info.description
         lines.append(f"  {name}: the {info.name} engine, {does[:1].lower()}{does[1:]}")
+    for key, names in prefixes.items():
+        engine = said.get(key) or f"the {runtime.router.engines[key].info.name} engine"
+        lines.append(f"  model names {', '.join(names)}: the same engine as {engine}")
+    if all(spec.name != CATCH_ALL for spec in runtime.router.specs):
+        lines.append("  any other model name: refused (model_not_found; GET /v1/models lists the models)")
     if runtime.video_engine is not None:
         video = runtime.video_engine.info
         lines.append(f"  video: {ws}/v1/realtime/video, model {runtime.video_model or 'any'}: {video.description}")
