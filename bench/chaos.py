@@ -52,8 +52,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client import RealtimeClient, RealtimeError, ReconnectPolicy  # noqa: E402
 from deploy.local_cluster import Cluster  # noqa: E402
+from omni_gateway_client import RealtimeClient, RealtimeError, ReconnectPolicy  # noqa: E402
 
 API_KEY = "sk-bench-chaos"
 WORDS = 50  # PassthroughEngine.audio_chunks (the replicas' default)

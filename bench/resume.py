@@ -64,8 +64,8 @@ import redis.asyncio as aioredis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client import RealtimeClient, RealtimeError, ReconnectPolicy  # noqa: E402
 from deploy.local_cluster import Cluster  # noqa: E402
+from omni_gateway_client import RealtimeClient, RealtimeError, ReconnectPolicy  # noqa: E402
 
 API_KEY = "sk-bench-resume"
 WORDS = 50  # PassthroughEngine.audio_chunks

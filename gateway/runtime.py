@@ -35,7 +35,7 @@ from gateway.protocol.dialects import Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.session_config import ConfigLimits, SessionConfig, apply_update
 from gateway.quotas import Quotas, Seat
-from gateway.routing import CATCH_ALL, Router, RouteSpec, RoutingError, parse_routes
+from gateway.routing import Router, RouteSpec, RoutingError, is_pattern, parse_routes
 from gateway.session.kinds import kind_of, restore_kind
 from gateway.session.session import RealtimeSession, SessionLimits, VadStream
 from gateway.session.video_session import InteractionLimits, VideoSession
@@ -114,7 +114,12 @@ def load_video_engine(settings: Settings) -> VideoEngine | None:
 
         return CpuVideoEngine()
     except ImportError as exc:
-        log.warning("video engine unavailable (%s); /v1/realtime/video refuses sessions", exc)
+        log.warning(
+            "video engine unavailable (%s): /v1/realtime/video refuses sessions. The CPU video engine needs the "
+            "video extra (torch, PyAV): pip install torch --index-url https://download.pytorch.org/whl/cpu, then "
+            "pip install 'omni-realtime-gateway[video]'; or serve with --video-engine none",
+            exc,
+        )
         return None
 
 
@@ -157,7 +162,7 @@ def load_vad() -> Callable[[], VadStream] | None:
         from gateway.audio.vad import SileroVad
 
         model = SileroVad.load()
-    except Exception as exc:  # missing onnxruntime or silero-vad: manual turns only
+    except Exception as exc:  # no onnxruntime or Silero model (the cpu extra): manual turns only
         log.warning("server VAD unavailable (%s); sessions default to manual turns", exc)
         return None
     return model.new_stream
@@ -447,8 +452,8 @@ class Runtime:
         health: dict[str, str] = {}
         named = {s.key for s in self.router.named()}
         for spec in self.router.specs:
-            if spec.name == CATCH_ALL and spec.key in named:
-                continue  # the catch-all's engine is reported under its named route
+            if is_pattern(spec.name) and spec.key in named:
+                continue  # a pattern's engine is reported under its named route
             engine = self.router.engines[spec.key]
             orch = self._orchestrators.get(id(engine))
             if orch is not None and orch.engine_failed is not None:

@@ -37,7 +37,8 @@ class Settings:
     #   the streaming diffusion checkpoint it loads; None for the others: "cpu-video" for cpu, and
     #   for remote none (the upstreams' model is not known here, so not matched)
     # Model routes (gateway/routing.py): inline JSON or a file path. None: ``model``
-    # -> ``engine`` plus a catch-all, so any model name reaches the one engine.
+    # -> ``engine``, and OpenAI's realtime model names (gpt-realtime*, gpt-live*, ...) as
+    # aliases of it; any other name is refused (model_not_found, close 4004).
     models: str | None = None
     redis_url: str | None = None  # None: in-process memory store
     api_keys: tuple[str, ...] = ()  # comma separated in the environment

@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import json
 import logging
 import math
@@ -184,10 +185,17 @@ def current_worker(environ: MutableMapping[str, str] | None = None) -> WorkerSlo
     return WorkerSlot.decode(raw) if raw else None
 
 
-def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+def bind_sockets(host: str, port: int, count: int, *, inheritable: bool = True) -> list[socket.socket]:
     """One listening socket per slot (SO_REUSEPORT on Linux), or one shared by all elsewhere."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    reuseport = sys.platform.startswith("linux")
+    reuseport = sys.platform.startswith("linux") and count > 1
+    if reuseport:
+        # SO_REUSEPORT would bind beside another process of this user that holds the port with it
+        # too (a second gateway, sharing its connections): a plain bind proves the port is free.
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+            port = probe.getsockname()[1]
     sockets: list[socket.socket] = []
     try:
         for _ in range(count if reuseport else 1):
@@ -199,12 +207,24 @@ def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
             sock.bind((host, port))
             port = sock.getsockname()[1]  # port 0: the siblings take the port the first got
             sock.listen(BACKLOG)
-            sock.set_inheritable(True)
+            sock.set_inheritable(inheritable)
     except OSError:
         for sock in sockets:
             sock.close()
         raise
     return sockets if reuseport else sockets * count
+
+
+def cannot_listen(host: str, port: int, exc: OSError) -> str:
+    """Why ``host:port`` cannot be listened on, and what to do, in one line."""
+    if exc.errno == errno.EADDRINUSE:
+        return (f"port {port} on {host} is in use (another gateway?): stop what holds it, or pick another port "
+                "with --port (env OMNI_GATEWAY_PORT)")  # fmt: skip
+    if exc.errno == errno.EACCES:
+        return f"not allowed to listen on port {port}: use a port above 1023 with --port (env OMNI_GATEWAY_PORT)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{host} is not an address of this machine: pass one of its own with --host (env OMNI_GATEWAY_HOST)"
+    return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
 
 
 def _die_with_parent() -> Callable[[], None] | None:
@@ -335,8 +355,8 @@ def supervise(argv: Sequence[str], settings: Settings, count: int) -> int:
     try:
         sockets = bind_sockets(settings.host, settings.port, count)
     except OSError as exc:
-        print(f"omni-gateway: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
-        return 1
+        print(f"omni-gateway: {cannot_listen(settings.host, settings.port, exc)}", file=sys.stderr)
+        return 2
     metrics_dir = tempfile.mkdtemp(prefix="omni-gateway-workers-")  # 0700: only we reach the workers
     port = sockets[0].getsockname()[1]
     mode = "SO_REUSEPORT" if len({s.fileno() for s in sockets}) > 1 else "one shared socket"

@@ -46,7 +46,7 @@ PYEOF
 }
 
 if ! "$PY" -c "import torch" 2>/dev/null; then
-    say "torch is not installed; install the CPU build first (pip install 'torch==2.13.0')"
+    say "torch is not installed; install the CPU build first: pip install torch --index-url https://download.pytorch.org/whl/cpu (on the project's machines, pip install 'torch==2.13.0' finds it on local disk)"
     exit 1
 fi
 

@@ -46,7 +46,7 @@ for line in open(sys.argv[1]):
     if Version(have) != Version(want):
         sys.exit(f"test_lowest: {name} {have} installed, {want} wanted")
 PYEOF
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider \
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -n 3 \
     tests/integration/test_ws_server.py \
     tests/integration/test_realtime_protocol.py \
     tests/integration/test_errors.py \

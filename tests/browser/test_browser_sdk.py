@@ -20,9 +20,9 @@ from browser_support import PageLog, browser, screenshot
 from support.gateway import RunningGateway, run_gateway
 from support.redis_server import REDIS_BINARY, RedisServer
 
-from client.frames import decode_input_frame
 from gateway.protocol.server_events import encode_audio_frame
 from gateway.settings import Settings
+from omni_gateway_client.frames import decode_input_frame
 
 pytestmark = pytest.mark.timeout(120)
 

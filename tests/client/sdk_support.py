@@ -15,7 +15,6 @@ import asyncio
 import base64
 import contextlib
 import secrets
-import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -32,12 +31,8 @@ from websockets.typing import Subprotocol
 
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
-# tests/ is on sys.path (the root conftest puts it there) and holds a folder
-# named ``client`` (this one): make sure ``import client`` finds the SDK.
-if str(ROOT) not in sys.path[:1]:
-    sys.path.insert(0, str(ROOT))
 
-from client.frames import decode_input_frame, encode_audio_frame  # noqa: E402
+from omni_gateway_client.frames import decode_input_frame, encode_audio_frame  # noqa: E402
 
 SUBPROTOCOLS = [Subprotocol("omni-binary.v1"), Subprotocol("realtime"), Subprotocol("openai-beta.realtime-v1")]
 

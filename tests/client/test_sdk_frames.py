@@ -1,5 +1,5 @@
 """The SDK's binary frame codec agrees with the gateway's, its backoff stays in
-bounds, and ``import client`` needs nothing from the server."""
+bounds, and ``import omni_gateway_client`` needs nothing from the server."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import textwrap
 import pytest
 from sdk_support import ROOT
 
-from client import FrameError, ReconnectPolicy, decode_audio_frame, encode_audio_frame, encode_input_frame
 from gateway.protocol import server_events
+from omni_gateway_client import FrameError, ReconnectPolicy, decode_audio_frame, encode_audio_frame, encode_input_frame
 
 
 # 239 characters: the longest item id a u8 header length allows.
@@ -86,7 +86,7 @@ def test_backoff_grows_exponentially_with_jitter_and_a_cap() -> None:
 
 def test_importing_the_sdk_pulls_in_no_server_code() -> None:
     """In a fresh interpreter with the server's packages made unimportable,
-    ``import client`` works and leaves no server module behind."""
+    ``import omni_gateway_client`` works and leaves no server module behind."""
     code = textwrap.dedent(
         """
         import sys
@@ -101,9 +101,9 @@ def test_importing_the_sdk_pulls_in_no_server_code() -> None:
                 return None
 
         sys.meta_path.insert(0, Block())
-        import client
-        from client import RealtimeClient, encode_input_frame
-        assert client.__file__.startswith(sys.argv[1]), client.__file__
+        import omni_gateway_client
+        from omni_gateway_client import RealtimeClient, encode_input_frame
+        assert omni_gateway_client.__file__.startswith(sys.argv[1]), omni_gateway_client.__file__
         assert encode_input_frame(b"ab") == b"\\x01\\x00\\x00\\x00ab"
         RealtimeClient("ws://127.0.0.1:1/v1/realtime", model="m", api_key="k", binary=True)
         leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
@@ -111,7 +111,7 @@ def test_importing_the_sdk_pulls_in_no_server_code() -> None:
         print("ok")
         """
     )
-    result = subprocess.run([sys.executable, "-c", code, str(ROOT / "client")], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-c", code, str(ROOT / "omni_gateway_client")], cwd=ROOT,
                             capture_output=True, text=True, timeout=30)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"

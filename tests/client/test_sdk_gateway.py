@@ -12,8 +12,8 @@ import pytest
 from sdk_support import until
 from support.gateway import RunningGateway, run_gateway
 
-from client import RealtimeClient, ReconnectPolicy, SessionClosed, Unauthorized
 from gateway.settings import Settings
+from omni_gateway_client import RealtimeClient, ReconnectPolicy, SessionClosed, Unauthorized
 from orchestrator.engines.passthrough import PassthroughEngine
 
 pytestmark = pytest.mark.timeout(30)

@@ -18,7 +18,7 @@ import pytest
 import websockets
 from sdk_support import FakeServer, FakeSession, fake_server, until
 
-from client import (
+from omni_gateway_client import (
     ConnectionLost,
     RealtimeClient,
     ReconnectPolicy,

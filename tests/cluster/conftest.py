@@ -29,7 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path[:1]:
-    sys.path.insert(0, str(REPO_ROOT))  # before tests/, so ``client`` is the SDK, not tests/client
+    sys.path.insert(0, str(REPO_ROOT))  # deploy/ (the local cluster script)
 
 from deploy.local_cluster import Cluster, ClusterError, ensure_binaries, http_status  # noqa: E402
 from gateway.store.redis_topology import Clients, connect  # noqa: E402

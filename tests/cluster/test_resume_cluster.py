@@ -57,8 +57,8 @@ import pytest
 import websockets
 from support.gateway import run_gateway
 
-from client import ConnectionLost, RealtimeClient, ReconnectPolicy
 from gateway.settings import Settings
+from omni_gateway_client import ConnectionLost, RealtimeClient, ReconnectPolicy
 from orchestrator.engines.passthrough import PassthroughEngine
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """The deploy files name only settings, flags, extras, paths and routes that exist, and
-the image installs what the README's first command installs. (No Docker engine or
+the image installs what the README's first command and its video line install. (No Docker engine or
 Kubernetes cluster runs here: these checks are what can be proved without one.)"""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support.docs import ADD_VIDEO, INSTALL_AND_SERVE
 
 from gateway.cli import settings_from_args
 from gateway.settings import ENGINES, ENV_PREFIX, Settings, setting_names
@@ -32,11 +33,6 @@ def extras(spec: str) -> set[str]:
     return set(match.group(1).split(",")) if match else set()
 
 
-def readme_first_command() -> str:
-    text = (ROOT / "README.md").read_text()
-    return text.split("```bash\n", 1)[1].split("\n", 1)[0]
-
-
 def test_every_environment_variable_the_deploy_files_name_is_a_setting() -> None:
     for path in [*DEPLOY.glob("*"), *DEPLOY.glob("k8s/*")]:
         if path.is_file() and path.suffix != ".py":
@@ -45,16 +41,19 @@ def test_every_environment_variable_the_deploy_files_name_is_a_setting() -> None
 
 
 def test_the_image_installs_what_the_readme_installs() -> None:
+    """The first command's extras and the video line's (torch from the CPU index, as the README
+    says), and the MCP client a deployment's sessions may call."""
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     installs = [line for line in dockerfile.splitlines() if "pip install" in line and "'." in line]
     assert len(installs) == 1, installs
-    assert extras(installs[0]) == extras(readme_first_command()) == {"cpu", "video", "webrtc", "mcp"}
+    assert extras(INSTALL_AND_SERVE) == {"cpu", "webrtc"} and extras(ADD_VIDEO) == {"video"}
+    assert extras(installs[0]) == extras(INSTALL_AND_SERVE) | extras(ADD_VIDEO) | {"mcp"}
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras(installs[0]) <= declared.keys()
-    torch = re.search(r"'torch==([\d.]+)'", readme_first_command())
-    assert torch and f"'torch=={torch.group(1)}'" in dockerfile
+    index = re.search(r"--index-url (\S+)", ADD_VIDEO)
+    assert index and re.search(rf"pip install --index-url {re.escape(index.group(1))} 'torch==[\d.]+'", dockerfile)
     copied = set(re.findall(r"^COPY (\S+) ", dockerfile, re.M))
-    for package in ("gateway", "orchestrator", "client", "web_demo"):  # web_demo: the pages it serves
+    for package in ("gateway", "orchestrator", "omni_gateway_client", "web_demo"):  # web_demo: the pages it serves
         assert package in copied, f"the image lacks {package}/"
         assert (ROOT / package).is_dir()
 

@@ -53,7 +53,9 @@ def test_serve_says_what_to_do_next(gateway: Served) -> None:
     assert f"  OpenAI Realtime API: ws://127.0.0.1:{gateway.port}/v1/realtime" in log
     assert "  model omni-cascade: the cascade engine, an echo, not a language model: it transcribes" in log
     assert 'says back "You said: " and the transcript' in log
-    assert "  any other model name: the same engine as omni-cascade\n" in log
+    openai_names = "gpt-realtime*, gpt-4o-realtime*, gpt-4o-mini-realtime*, gpt-live*"
+    assert f"  model names {openai_names}: the same engine as omni-cascade\n" in log
+    assert "  any other model name: refused (model_not_found; GET /v1/models lists the models)\n" in log
     assert f"  video: ws://127.0.0.1:{gateway.port}/v1/realtime/video, model cpu-video: Procedural CPU video" in log
     assert log.index("Uvicorn running on") < log.index("omni-gateway is serving on")
 

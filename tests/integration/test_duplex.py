@@ -38,14 +38,14 @@ from orchestrator.engines.passthrough import PassthroughEngine
 
 pytestmark = pytest.mark.timeout(60)
 
-MODEL = "openbmb/MiniCPM-o-4_5"  # the document's model: any name routes to the engine here
+MODEL = "openbmb/MiniCPM-o-4_5"  # the document's model, served here by the passthrough engine
 WORDS = "".join(f"w{i} " for i in range(50))  # the passthrough answer's transcript
 
 
 @contextlib.asynccontextmanager
 async def gateway(engine: PassthroughEngine | None = None, **settings: Any) -> AsyncIterator[RunningGateway]:
     async with run_gateway(
-        Settings(engine="passthrough", video_engine="none", **settings),
+        Settings(engine="passthrough", model=MODEL, video_engine="none", **settings),
         engine=engine or PassthroughEngine(),
         vad_factory=None,
     ) as gw:

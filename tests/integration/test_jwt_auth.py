@@ -122,8 +122,8 @@ async def test_api_keys_still_work_beside_tokens(hs_gw: RunningGateway) -> None:
 
 
 async def test_the_models_claim_limits_what_a_token_opens(hs_gw: RunningGateway, issuer: TestIssuer) -> None:
-    token = issuer.hs256("u", models=["tone"])
-    async with connect(hs_gw.url + "?model=tone", headers=bearer(token)) as c:
+    token = issuer.hs256("u", models=["gpt-realtime"])  # served: an alias of the default model
+    async with connect(hs_gw.url + "?model=gpt-realtime", headers=bearer(token)) as c:
         await opened(c)
     async with connect(hs_gw.url + "?model=omni-cascade", headers=bearer(token)) as c:
         err = await c.recv()

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from support.gateway import Client, RunningGateway, connect, run_gateway
 
-from client.frames import encode_input_frame
 from gateway.protocol.server_events import BINARY_SUBPROTOCOL
 from gateway.settings import Settings
+from omni_gateway_client.frames import encode_input_frame
 from orchestrator.engines.passthrough import PassthroughEngine
 
 pytestmark = pytest.mark.timeout(60)

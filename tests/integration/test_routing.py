@@ -9,8 +9,9 @@ import httpx
 import pytest
 from support.gateway import connect, run_gateway
 
-from gateway.routing import RoutingError, parse_routes
+from gateway.routing import Router, RoutingError, parse_routes
 from gateway.settings import Settings
+from orchestrator.engines.passthrough import PassthroughEngine
 
 ROUTES = json.dumps(
     {
@@ -62,9 +63,36 @@ async def test_v1_models_lists_the_routes_with_their_health() -> None:
         assert ready["engines"] == {"tone-fast": "ok", "tone-long": "ok"}
 
 
-async def test_without_a_models_setting_any_model_name_reaches_the_engine() -> None:
+@pytest.mark.parametrize("name", ["gpt-realtime", "gpt-realtime-2.1", "gpt-4o-realtime-preview", "gpt-live-1"])
+async def test_without_a_models_setting_openai_model_names_reach_the_engine(name: str) -> None:
+    """What OpenAI's SDKs and the agent frameworks send when the user names no model."""
     async with run_gateway(replace(SETTINGS, models=None), vad_factory=None) as gw:
-        assert await answer_chunks(gw.url + "?model=gpt-realtime") > 0
+        assert await answer_chunks(f"{gw.url}?model={name}") > 0
+
+
+async def test_without_a_models_setting_a_misspelt_model_is_refused() -> None:
+    async with run_gateway(replace(SETTINGS, models=None), vad_factory=None) as gw:
+        async with connect(gw.url + "?model=tone-fats") as c:
+            err = await c.wait_for("error")
+            assert err["error"]["code"] == "model_not_found"
+            assert "'tone-fats'" in err["error"]["message"] and "/v1/models" in err["error"]["message"]
+        async with httpx.AsyncClient(base_url=gw.http) as http:  # the aliases are not listed as models
+            assert [m["id"] for m in (await http.get("/v1/models")).json()["data"]] == ["tone-fast"]
+
+
+def test_a_longer_prefix_wins_and_an_exact_name_wins_over_both() -> None:
+    routes = [
+        {"name": "*", "engine": "passthrough", "audio_chunks": 1},
+        {"name": "gpt-*", "engine": "passthrough", "audio_chunks": 2},
+        {"name": "gpt-live*", "engine": "passthrough", "audio_chunks": 3},
+        {"name": "gpt-live-x", "engine": "passthrough", "audio_chunks": 4},
+    ]
+    router = Router(parse_routes(json.dumps(routes), SETTINGS), lambda spec: PassthroughEngine(**spec.options))
+    chunks = {m: router.resolve(m)[0].options["audio_chunks"] for m in ("other", "gpt-4o", "gpt-live-1", "gpt-live-x")}
+    assert chunks == {"other": 1, "gpt-4o": 2, "gpt-live-1": 3, "gpt-live-x": 4}
+    assert [s.name for s in router.named()] == ["gpt-live-x"]
+    without_catch_all = Router(parse_routes(json.dumps(routes[1:]), SETTINGS), lambda s: PassthroughEngine(**s.options))
+    assert without_catch_all.resolve("other") is None
 
 
 def test_bad_route_documents_are_refused_with_a_clear_reason() -> None:

@@ -163,7 +163,7 @@ async def test_a_token_carries_its_own_limits(monkeypatch: pytest.MonkeyPatch) -
 
 
 async def test_a_model_outside_the_tenants_list_is_refused_4003() -> None:
-    async with gateway(settings({})) as gw, connect(gw.url + "?model=tone", headers=bearer(BETA)) as c:
+    async with gateway(settings({})) as gw, connect(gw.url + "?model=gpt-realtime", headers=bearer(BETA)) as c:
         err = await c.recv()
         assert err["error"]["code"] == Code.MODEL_NOT_ALLOWED
         with pytest.raises(websockets.ConnectionClosed) as info:
@@ -173,7 +173,7 @@ async def test_a_model_outside_the_tenants_list_is_refused_4003() -> None:
 
 async def test_a_duplex_socket_that_opens_on_a_model_outside_the_list_is_refused_4003() -> None:
     async with gateway(settings({})) as gw, connect(gw.url + "?duplex=1&autostart=0", headers=bearer(BETA)) as c:
-        await c.send({"type": "session.update", "session": {"model": "tone"}, "event_id": "open"})
+        await c.send({"type": "session.update", "session": {"model": "gpt-realtime"}, "event_id": "open"})
         err = await c.recv()
         assert err["type"] == "error" and err["error"]["code"] == Code.MODEL_NOT_ALLOWED, err
         with pytest.raises(websockets.ConnectionClosed) as info:

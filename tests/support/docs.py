@@ -44,11 +44,18 @@ def readme_commands() -> list[str]:
     return command_lines("README.md")
 
 
-def readme_command(marker: str) -> str:
-    """The README's one command line that holds ``marker``: the first command (install and
-    serve: ``omni-gateway serve``) and the test command (``pytest``)."""
-    (line,) = [line for line in readme_commands() if marker in line]
-    return line
+def readme_command(*words: str) -> str:
+    """The README's first command line that holds every one of ``words``."""
+    found = [line for line in readme_commands() if all(w in line for w in words)]
+    assert found, f"the README has no command with {words}"
+    return found[0]
+
+
+# The README's commands that tests run by name (each is found by what it holds, not where it is).
+INSTALL_AND_SERVE = readme_command("python3 -m venv", "pip install", "omni-gateway serve")
+ADD_VIDEO = readme_command("pip install torch", "[video]")
+TEST_COMMAND = readme_command("python3 -m venv", "install_test_deps.sh", "pytest")
+UNIT_TESTS = readme_command("pytest tests/unit")
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ import uvicorn
 import websockets
 from support.sdk_shapes import check_event, check_live_event
 
-from client.frames import decode_audio_frame
 from gateway.app import create_app
 from gateway.runtime import Runtime
 from gateway.settings import Settings
 from gateway.transport.http_server import http_protocol, limits_of
 from gateway.transport.ws_server import server_protocol
+from omni_gateway_client.frames import decode_audio_frame
 
 
 def free_port() -> int:

@@ -36,8 +36,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from client import RealtimeClient, RealtimeError, ReconnectPolicy
 from deploy.local_cluster import Cluster
+from omni_gateway_client import RealtimeClient, RealtimeError, ReconnectPolicy
 
 API_KEY = "sk-rolling-deploy"
 WORDS = 50  # PassthroughEngine.audio_chunks (the replicas' default)

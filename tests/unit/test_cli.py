@@ -3,10 +3,13 @@ named after a checkpoint, and settings that cannot serve refused before start.""
 
 from __future__ import annotations
 
+import importlib.util
+import socket
 from pathlib import Path
 
 import pytest
 
+from gateway import cli
 from gateway.cli import main, problems, settings_from_args
 from gateway.settings import DEFAULT_MODEL, ENGINES
 
@@ -42,6 +45,10 @@ def test_the_cascade_keeps_its_model_name() -> None:
         (["--host", "0.0.0.0"], "refusing to bind 0.0.0.0 without credentials"),
         (["--keys-file", '{"tenants": [{"name": "a b"}]}'], "the keys file cannot be used: tenants[0].name"),
         (["--keys-file", "/nonexistent/keys.json"], "cannot read keys_file"),
+        (["--engine", "vllm"], "--engine vllm loads a model: pass --engine-model PATH"),
+        (["--engine", "omni"], "--engine omni loads a model: pass --engine-model PATH"),
+        (["--thinker", "vllm"], "--thinker vllm loads a model: pass --engine-model PATH"),
+        (["--engine", "omni", "--engine-model", "/m"], "--engine omni needs vLLM-Omni, which is not installed"),
     ],
 )
 def test_settings_that_cannot_serve_are_refused_before_anything_starts(
@@ -88,7 +95,8 @@ def test_an_unknown_engine_is_an_argparse_error(capsys: pytest.CaptureFixture[st
 
 def test_settings_the_app_cannot_start_with_exit_3(tmp_path: Path) -> None:
     missing = str(tmp_path / "missing.json")
-    assert main(["serve", "--engine", "passthrough", "--video-engine", "none", "--models", missing]) == 3
+    argv = ["serve", "--engine", "passthrough", "--video-engine", "none", "--models", missing, "--port", "0"]
+    assert main(argv) == 3
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"]])
@@ -99,3 +107,35 @@ def test_help_is_plain_text(argv: list[str], capsys: pytest.CaptureFixture[str])
     assert exited.value.code == 0
     out = capsys.readouterr().out
     assert "usage: omni-gateway" in out and "``" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "hidden", "says"),
+    [
+        (["--engine", "vllm", "--engine-model", "/m"], "vllm", "--engine vllm needs vLLM, which is not installed"),
+        (["--thinker", "vllm", "--engine-model", "/m"], "vllm", "--thinker vllm needs vLLM, which is not installed"),
+        ([], "pocketsphinx", "--engine cascade needs the embedded CPU voice cascade"),
+        (["--models", '[{"name": "a", "engine": "vllm", "model": "/m"}]'], "vllm", "the vllm engine needs vLLM"),
+    ],
+)
+def test_an_engine_whose_package_is_missing_is_one_line_saying_what_to_install(
+    argv: list[str], hidden: str, says: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As on a machine without the package (tests/docs/test_user_install.py runs the real case:
+    ``--engine vllm`` in a fresh venv that has no vLLM)."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None if name == hidden else find_spec(name))
+    assert main(["serve", *argv, "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and "pip install 'omni-realtime-gateway[" in err[0], err
+
+
+def test_a_port_in_use_is_one_line_before_anything_loads(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2  # the cascade: it would take seconds to load
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"omni-gateway: port {port} on 127.0.0.1 is in use (another gateway?): stop what holds it, "
+                   "or pick another port with --port (env OMNI_GATEWAY_PORT)"]  # fmt: skip

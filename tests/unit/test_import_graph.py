@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gateway", "orchestrator", "client")
+PACKAGES = ("gateway", "orchestrator", "omni_gateway_client")
 
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     (
@@ -163,7 +163,7 @@ def test_the_cycle_finder_finds_a_cycle(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_every_module_has_a_floor() -> None:
-    ours = [m for m in MODULES if not m.startswith("client") and m not in PACKAGE_ROOTS]
+    ours = [m for m in MODULES if not m.startswith("omni_gateway_client") and m not in PACKAGE_ROOTS]
     assert [m for m in ours if floor_of(m) is None] == []
 
 
@@ -191,8 +191,12 @@ def test_an_upward_import_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_sdk_imports_nothing_of_the_gateway() -> None:
-    """``client/`` ships on its own (websockets + orjson only)."""
-    leaks = {m: sorted(t for t in GRAPH[m] if not t.startswith("client")) for m in MODULES if m.startswith("client")}
+    """``omni_gateway_client/`` ships on its own (websockets + orjson only)."""
+    leaks = {
+        m: sorted(t for t in GRAPH[m] if not t.startswith("omni_gateway_client"))
+        for m in MODULES
+        if m.startswith("omni_gateway_client")
+    }
     assert {m: t for m, t in leaks.items() if t} == {}
 
 

@@ -10,7 +10,6 @@ from typing import Any
 import orjson
 import pytest
 
-from client.frames import FrameError, decode_audio_frame, encode_input_frame
 from gateway.audio.codecs import AudioFormat
 from gateway.protocol import client_events as ce
 from gateway.protocol.errors import Code, ProtocolError
@@ -34,6 +33,7 @@ from gateway.protocol.session_config import (
     apply_update,
     render,
 )
+from omni_gateway_client.frames import FrameError, decode_audio_frame, encode_input_frame
 
 B64 = base64.b64encode(b"\x01\x02\x03\x04").decode()
 

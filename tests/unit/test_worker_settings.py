@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 
@@ -86,8 +87,20 @@ def test_a_port_in_use_is_one_clear_error(capsys: pytest.CaptureFixture[str]) ->
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert main(["serve", "--workers", "2", "--redis-url", REDIS, "--port", str(port)]) == 1
-    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+        assert main(["serve", "--workers", "2", "--redis-url", REDIS, "--port", str(port)]) == 2
+    assert f"port {port} on 127.0.0.1 is in use" in capsys.readouterr().err
+
+
+def test_a_second_supervisor_cannot_share_a_port_through_so_reuseport() -> None:
+    first = workers.bind_sockets("127.0.0.1", 0, 2)
+    try:
+        port = first[0].getsockname()[1]
+        with pytest.raises(OSError) as exc:
+            workers.bind_sockets("127.0.0.1", port, 2)
+        assert exc.value.errno == errno.EADDRINUSE
+    finally:
+        for s in first:
+            s.close()
 
 
 def test_a_worker_gets_its_own_replica_id() -> None:

@@ -67,6 +67,6 @@ async def gw(vllm_engine: VllmEngine) -> AsyncIterator[RunningGateway]:
     """A gateway whose engine is a view of the shared AsyncLLM: the gateway starts and closes
     the view, the AsyncLLM stays for the session."""
     engine = VllmEngine(vllm_engine.model, llm=vllm_engine.llm, sampling={"seed": 0})
-    settings = Settings(engine="passthrough", video_engine="none", detach_grace_s=0.2, drain_window_s=0.5)
+    settings = Settings(engine="passthrough", model="tiny", video_engine="none", detach_grace_s=0.2, drain_window_s=0.5)
     async with run_gateway(settings, engine=engine, vad_factory=None) as gw:
         yield gw

@@ -41,7 +41,7 @@ def server() -> Iterator[McpTestServer]:
 @pytest_asyncio.fixture(loop_scope="session")
 async def gw(vllm_engine: VllmEngine, server: McpTestServer) -> AsyncIterator[RunningGateway]:
     engine = VllmEngine(vllm_engine.model, llm=vllm_engine.llm, sampling={"seed": 0})
-    settings = Settings(engine="passthrough", video_engine="none", mcp_allowed_urls=(server.url,))
+    settings = Settings(engine="passthrough", model="tiny", video_engine="none", mcp_allowed_urls=(server.url,))
     async with run_gateway(replace(settings, detach_grace_s=0.2), engine=engine, vad_factory=None) as running:
         yield running
 

@@ -372,7 +372,8 @@ async def test_a_tenants_limits_and_models_hold_for_calls_as_for_sockets() -> No
         browser, offer = await make_browser()
         try:
             async with httpx.AsyncClient(timeout=30) as http:
-                session = orjson.dumps({"type": "realtime", "model": "another-model"})
+                # served (an alias of the default model), but not on the tenant's list
+                session = orjson.dumps({"type": "realtime", "model": "gpt-realtime"})
                 form = {"sdp": (None, offer, "application/sdp"), "session": (None, session, "application/json")}
                 r = await http.post(f"{gw.http}/v1/realtime/calls", headers=headers, files=form)
             assert r.status_code == 403 and r.json()["error"]["code"] == Code.MODEL_NOT_ALLOWED, r.text

@@ -1,6 +1,6 @@
 // RealtimeClient: one realtime session over a browser WebSocket that survives drops.
 //
-// The browser twin of the Python SDK (client/realtime.py): it connects to the
+// The browser twin of the Python SDK (omni_gateway_client/realtime.py): it connects to the
 // gateway's /v1/realtime (OpenAI Realtime API, GA), sends typed client events,
 // takes audio on the binary fast path ("omni-binary.v1"), and when the socket is
 // lost it reconnects with backoff and resumes the session: `session.resume` with

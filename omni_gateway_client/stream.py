@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
-from client.frames import AUDIO_DELTA, BETA_AUDIO_DELTA, FrameError, decode_audio_frame
-from client.options import ClientStats
+from omni_gateway_client.frames import AUDIO_DELTA, BETA_AUDIO_DELTA, FrameError, decode_audio_frame
+from omni_gateway_client.options import ClientStats
 
 log = logging.getLogger("omni.client")
 

@@ -5,7 +5,7 @@ Needs only ``websockets`` and ``orjson``; imports nothing from the server.
 Ten lines::
 
     import asyncio
-    from client import RealtimeClient
+    from omni_gateway_client import RealtimeClient
 
     async def main(pcm16: bytes) -> None:
         async with RealtimeClient("ws://127.0.0.1:8000/v1/realtime", model="omni-cascade",
@@ -43,7 +43,7 @@ What it guarantees:
 See ``RealtimeClient`` for every parameter and limit.
 """
 
-from client.errors import (
+from omni_gateway_client.errors import (
     ConnectionLost,
     RealtimeError,
     ResumeFailed,
@@ -52,7 +52,7 @@ from client.errors import (
     SessionExpired,
     Unauthorized,
 )
-from client.frames import (
+from omni_gateway_client.frames import (
     BINARY_SUBPROTOCOL,
     FrameError,
     decode_audio_frame,
@@ -60,8 +60,8 @@ from client.frames import (
     encode_audio_frame,
     encode_input_frame,
 )
-from client.options import ClientStats, ReconnectPolicy
-from client.realtime import RealtimeClient
+from omni_gateway_client.options import ClientStats, ReconnectPolicy
+from omni_gateway_client.realtime import RealtimeClient
 
 __all__ = [
     "BINARY_SUBPROTOCOL",

@@ -8,7 +8,7 @@ socket while it is up and wait in a bounded queue while it is not.
 
 This module is the I/O shell; the stream's bookkeeping (decoding,
 de-duplication, replay window, what to ack, what a resume asks for) is the
-Sans-I/O ``SessionStream`` in ``client/stream.py``.
+Sans-I/O ``SessionStream`` in ``omni_gateway_client/stream.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.typing import Subprotocol
 
-from client.errors import (
+from omni_gateway_client.errors import (
     ConnectionLost,
     RealtimeError,
     ResumeFailed,
@@ -38,9 +38,9 @@ from client.errors import (
     SessionExpired,
     Unauthorized,
 )
-from client.frames import BINARY_SUBPROTOCOL, encode_input_frame
-from client.options import NO_RECONNECT, ClientStats, ReconnectPolicy
-from client.stream import SessionStream, parse
+from omni_gateway_client.frames import BINARY_SUBPROTOCOL, encode_input_frame
+from omni_gateway_client.options import NO_RECONNECT, ClientStats, ReconnectPolicy
+from omni_gateway_client.stream import SessionStream, parse
 
 log = logging.getLogger("omni.client")
 
