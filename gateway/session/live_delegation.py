@@ -41,7 +41,9 @@ to (or, answering none, is the client's own request: its events carry no
 **A request** (``RunResponses``, run by the host): the session's
 ``delegation.responses`` settings as given (model, instructions, tools,
 max_output_tokens, ...), the conversation as ``input``, ``stream: true``.
-One runs at a time: the model's tasks wait their turn (at most
+One runs at a time, until its stream says its response ended (``response.completed``,
+``.failed``, ``.incomplete``: what follows on that stream is ignored) or the stream fails or
+closes first: the model's tasks wait their turn (at most
 ``MAX_QUEUED`` wait; past it, the model is told the task was not delegated,
 and the client gets ``info`` ``delegation_queue_full``); a client's
 ``response.create`` while one runs is refused
@@ -176,7 +178,6 @@ class _Run:
     delegation_id: str | None  # None: the client's own response.create
     event_id: str | None  # the response.create that asked for it
     text: list[str] = field(default_factory=list)  # its messages' text, as they finish
-    ended: bool = False  # its stream said the response ended (completed, failed, incomplete)
 
 
 class Delegations:
@@ -312,7 +313,9 @@ class Delegations:
             fields["client_event_id"] = run.event_id
         self._log.emit("response.event", **fields)
         if kind in _TERMINAL:
-            run.ended = True
+            # Over now, not when the stream closes: a client that answers its response.completed
+            # with the next response.create must not find this one still under way.
+            self._end(run, None)
         elif kind == "response.output_item.done" and isinstance(event.get("item"), dict):
             self._output(run, event["item"])
 
@@ -334,15 +337,18 @@ class Delegations:
             self._log.changed()
 
     def backend_ended(self, request_id: str, failure: tuple[str, str] | None) -> None:
-        """Request ``request_id`` is over: ``failure`` (code, message), or None: its stream ended."""
+        """Request ``request_id``'s stream is over: ``failure`` (code, message), or None: it closed.
+        A request whose response ended already is not running any more (``backend_event``)."""
         run = self.running
         if run is None or run.request_id != request_id:
             return
+        self._end(run, failure or (RESPONSES_BACKEND_UNREACHABLE, "The Responses backend closed its stream "
+                                   "before the response ended."))  # fmt: skip
+
+    def _end(self, run: _Run, failure: tuple[str, str] | None) -> None:
+        """The request is over: its text is said (or the failure told), and the next task starts."""
         self.running = None
         self._log.changed()
-        if failure is None and not run.ended:
-            failure = (RESPONSES_BACKEND_UNREACHABLE, "The Responses backend closed its stream before the "
-                       "response ended.")  # fmt: skip
         if failure is not None:
             code, message = failure
             self._log.fail(code, message, run.event_id)

@@ -136,10 +136,14 @@ class Client:
         deadline = loop.time() + timeout
         while True:
             left = deadline - loop.time()
-            if left <= 0:
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                event = await self.recv(left)
+            except TimeoutError:
                 seen = [e["type"] for e in self.events[-30:]]
-                raise AssertionError(f"timed out waiting for {type_}; last events: {seen}")
-            event = await self.recv(left)
+                errors = [e.get("error") for e in self.events if e.get("type") == "error"][-3:]
+                raise AssertionError(f"timed out waiting for {type_}; last events: {seen}; errors: {errors}") from None
             if match(event):
                 return event
 

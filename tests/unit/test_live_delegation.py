@@ -397,6 +397,21 @@ def test_one_request_runs_at_a_time() -> None:
     assert queued.body["input"][-1]["content"][0]["text"] == "Book a table"
 
 
+def test_a_request_is_over_at_its_response_completed_before_its_stream_closes() -> None:
+    """A client that answers ``response.completed`` with the next ``response.create`` (as the
+    error's message tells it to) is not refused because the HTTP stream's end has not been
+    read yet; that end, when it comes, changes nothing."""
+    live = Live(RESPONSES)
+    live.send({"type": "response.create"})
+    first = runs(live.effects)[0].request_id
+    events, effects = live.backend(first, *text_response("Done."), end=False)
+    assert said(effects) == ["Done."]
+    events, effects = live.send({"type": "response.create", "event_id": "next"})
+    assert not of(events, "error") and len(runs(effects)) == 1
+    events, effects = live.backend(first)  # the first stream closes now
+    assert not events and not effects and live.session._delegations.running is not None
+
+
 def test_a_task_past_the_queue_is_not_delegated() -> None:
     live = Live(RESPONSES)
     live.send({"type": "response.create"})
