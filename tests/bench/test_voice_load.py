@@ -103,6 +103,7 @@ def test_both_dialects_are_measured_in_one_run_beside_the_same_echo(tmp_path: Pa
     assert live["binary"] is False and live["samples"] > 0  # commentary -> its first audio, sampled
     assert live["responses_s"] > 0  # answers said back to back while the microphone streamed
     assert live["msgs_in_s"] >= 0.8 * 50 * N  # the microphone: 50 appends/s per session
+    assert isinstance(live["added_p50_ms"], float) and isinstance(realtime["added_p50_ms"], float)  # beside the echo
     for dialect, key in (("Realtime", "gateway"), ("GPT-Live", "live")):
         line = next(line for line in stdout.splitlines() if line.startswith(f"{dialect} ({key})"))
         assert "sessions per server core" in line and "latency the gateway adds" in line, line
