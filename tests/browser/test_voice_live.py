@@ -83,3 +83,58 @@ async def test_live_mode_holds_a_spoken_exchange(tmp_path: Path) -> None:
         assert "Turn 1:" in await page.locator("#latency").inner_text()
         await screenshot(page, "voice_page_live.png")
         assert not seen["errors"] and not log.errors, (seen["errors"], log)
+
+
+LIVE_CLIENT = """async (key) => {
+  const { LiveClient } = await import("/sdk/live.js");
+  const out = {};
+  // No credential on a gateway that requires one: refused at the upgrade, with the SDK's code.
+  try {
+    await new LiveClient().connect();
+    out.refused = null;
+  } catch (err) {
+    out.refused = err.code;
+  }
+  const live = new LiveClient({ apiKey: key, session: { model: "gpt-live-1", instructions: "Answer briefly." } });
+  const states = [];
+  live.on("state", (s) => states.push(s.state));
+  let said = "", audio = 0;
+  live.on("session.output_transcript.delta", (e) => { said += e.delta; });
+  live.on("session.output_audio.delta", (e) => { audio += e.audio.length; });
+  const started = await live.connect();
+  out.started = { id: started.session.id, model: started.session.model, connected: live.connected };
+  // Commentary is said by the model (the cascade's echo thinker says it as it is).
+  live.commentary("Hello from the page.");
+  await new Promise((resolve) => {
+    const check = () => (said.includes("Hello from the page") && audio > 0 ? resolve() : setTimeout(check, 50));
+    check();
+  });
+  out.said = said;
+  const closed = new Promise((resolve) => live.on("session.closed", resolve));
+  live.close();
+  out.closed = (await closed).reason;
+  out.audioSamples = audio;
+  out.states = states;
+  out.stats = { ...live.stats };
+  return out;
+}"""
+
+
+async def test_the_live_client_starts_speaks_commentary_and_closes() -> None:
+    async with (
+        run_gateway(Settings(engine="cascade", video_engine="none", api_keys=("sk-page",))) as gateway,
+        browser() as context,
+    ):
+        page = await context.new_page()
+        log = PageLog(page)
+        await page.goto(gateway.http + "/voice.html")
+        out = await page.evaluate(LIVE_CLIENT, "sk-page")
+        assert out["refused"] == "refused", out
+        assert out["started"]["id"].startswith("live_") and out["started"]["model"] == "gpt-live-1", out
+        assert out["started"]["connected"] is True
+        assert "Hello from the page" in out["said"] and out["audioSamples"] > 0, out
+        assert out["closed"] == "close_requested", out
+        assert out["states"] == ["connecting", "open", "closed"], out
+        assert out["stats"]["audioBytesIn"] == 2 * out["audioSamples"]
+        # (Chromium logs the refused upgrade itself; nothing else went wrong in the page.)
+        assert [e for e in log.errors if "Authentication failed" not in e] == [], log

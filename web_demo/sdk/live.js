@@ -19,7 +19,7 @@
 import { Emitter } from "./emitter.js";
 import { RealtimeError } from "./errors.js";
 import { base64ToBytes, bytesToBase64, pcm16 } from "./frames.js";
-import { KEY_SUBPROTOCOL_PREFIX, defaultUrl, upgradeFailure } from "./realtime.js";
+import { KEY_SUBPROTOCOL_PREFIX, REALTIME_SUBPROTOCOL, defaultUrl, upgradeFailure } from "./realtime.js";
 
 export const LIVE_PATH = "/v1/live/sessions";
 
@@ -27,7 +27,7 @@ export const LIVE_PATH = "/v1/live/sessions";
  * @typedef {object} LiveOptions
  * @property {string} [url] ws:// or wss:// URL of /v1/live/sessions; default: this page's origin
  * @property {object} [session] `session.start`'s session (default `{model: "gpt-live-1"}`)
- * @property {string} [apiKey] offered as the subprotocol "openai-insecure-api-key.<key>"
+ * @property {string} [apiKey] offered as the subprotocol "openai-insecure-api-key.<key>" (beside "realtime")
  * @property {string} [clientSecret] an ephemeral "ek_" secret, offered the same way (single use)
  * @property {number} [openTimeoutMs] socket open + session.started (10000)
  * @property {typeof WebSocket} [WebSocket] the WebSocket class (tests)
@@ -60,7 +60,9 @@ export class LiveClient extends Emitter {
   connect() {
     if (this.state !== "new") return Promise.reject(new RealtimeError("connect() once per client", { code: "invalid_request" }));
     this._setState("connecting");
-    const protocols = this._credential ? [`${KEY_SUBPROTOCOL_PREFIX}${this._credential}`] : [];
+    // A browser fails a handshake that offered subprotocols and got none back, and the key is
+    // never echoed: "realtime" is offered beside it for the gateway to echo.
+    const protocols = this._credential ? [REALTIME_SUBPROTOCOL, `${KEY_SUBPROTOCOL_PREFIX}${this._credential}`] : [];
     return new Promise((resolve, reject) => {
       let settled = false;
       const fail = (err) => {
