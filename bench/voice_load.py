@@ -34,6 +34,19 @@ deltas right behind the commit's ack, in the same write); out, as the jitter
 of the gaps between one response's audio deltas against the 20 ms pace (for
 the echo: between its replies, which follow the client's 20 ms pace).
 
+With ``--dialect live`` (or ``both``: the Realtime sessions, then the Live ones, beside the same
+echo, in one run) the gateway is also measured on its GPT-Live dialect (``/v1/live/sessions``):
+each session sends ``session.start`` for the passthrough route, streams the same appends as
+``session.input_audio.append`` (JSON: Live has no binary frames), and asks for each answer
+the one way a Live client can without speech, ``session.commentary.append`` (the model says
+it): at once, and again one chunk (20 ms) after the last audio delta of the answer before (Live
+has no event for an answer's end; the passthrough answer finishes one chunk after its last
+audio). Live implies ``--duplex``. Its latency sample is commentary sent -> the first audio
+delta of the answer (the gateway's whole answer path: decode, the context append, the
+response, the engine's first chunk, the spelling); a Live input chunk has no reply of its own,
+so it counts as handled when sent. Both dialects print **sessions per server core** (N over
+the cores the gateway used) and the latency they add.
+
 Added latency = gateway p50/p99 minus echo p50/p99. ``--find-max`` ramps N
 until each server saturates. Only 127.0.0.1 is used; every phase is bounded
 in time; the servers and client processes are ended on exit, error or Ctrl-C.
@@ -43,6 +56,7 @@ See bench/README.md for what each figure means and the figures measured.
     python bench/voice_load.py --binary --sessions 400
     python bench/voice_load.py --find-max           # ramp N, up to 12 min
     python bench/voice_load.py --duplex --sessions 400 [--binary]
+    python bench/voice_load.py --dialect both --sessions 200    # Realtime and GPT-Live in one run
 """
 
 from __future__ import annotations
@@ -78,6 +92,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK_MS = 20
+GATEWAYS = ("gateway", "live")  # the targets that are the gateway: its Realtime dialect, its GPT-Live dialect
 PERIOD_S = CHUNK_MS / 1000
 CHUNK_BYTES = 24_000 * 2 * CHUNK_MS // 1000  # 960: 20 ms of 24 kHz mono PCM16
 BINARY_SUBPROTOCOL = "omni-binary.v1"
@@ -105,12 +120,20 @@ _RESPONSE_CREATE = '{"type":"response.create"}'
 ACK_EVERY = 50  # --duplex: the client acks the journal every this many server events, as the SDKs do
 WORDS_EVERY = 5  # --duplex: the passthrough answer's transcript word every 5 audio deltas (10 words/s)
 _OUT_FRAME = struct.Struct(">BBHQ")  # an output audio frame's header: kind, header length, content index, seq
+# --dialect live: GPT-Live sessions (/v1/live/sessions). The Live model takes its own turns, so the
+# client asks for each answer the one way Live has without speech: commentary, which the model says.
+LIVE_PATH = "/v1/live/sessions"
+LIVE_MODEL = "duplex-bench"  # the passthrough route whose answers last --answer-s
+_LIVE_AUDIO_OUT = "session.output_audio.delta"
+_LIVE_SAY = orjson.dumps(
+    {"type": "session.commentary.append", "content": "the next answer, please", "delegation_id": None}
+).decode()
 
 
-def _audio_messages() -> tuple[str, bytes]:
+def _audio_messages(kind: str = "input_audio_buffer.append") -> tuple[str, bytes]:
     # Noise rather than silence, so base64 and JSON see realistic bytes; sent unchanged every time.
     pcm = np.random.default_rng(7).integers(-3000, 3000, CHUNK_BYTES // 2, dtype="<i2").tobytes()
-    text = orjson.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}).decode()
+    text = orjson.dumps({"type": kind, "audio": base64.b64encode(pcm).decode()}).decode()
     return text, bytes((1, 0, 0, 0)) + pcm
 
 
@@ -119,7 +142,7 @@ def _audio_messages() -> tuple[str, bytes]:
 
 @dataclass(frozen=True, slots=True)
 class WorkerPlan:
-    target: str  # "gateway" | "echo"
+    target: str  # "gateway" (the Realtime dialect) | "live" (the gateway's GPT-Live dialect) | "echo"
     url: str
     binary: bool
     first: int  # global index of this worker's first session
@@ -131,6 +154,7 @@ class WorkerPlan:
     cpus: tuple[int, ...] | None
     duplex: bool = False
     drain_s: float = 5.0
+    answer_chunks: int = 0  # live: the audio deltas of one answer (the route's audio_chunks)
 
 
 @dataclass(slots=True)
@@ -157,8 +181,9 @@ class _Stats:
 class _Session:
     """One client connection and what it is owed. ``send`` returns an awaitable or None."""
 
-    __slots__ = ("acked", "acked_seq", "answering", "buf", "chunks", "close", "dead", "expected", "fifo", "items",
-                 "last_audio", "pending", "phase", "recv", "send", "seq", "shift")  # fmt: skip
+    __slots__ = ("acked", "acked_seq", "answering", "asked_at", "buf", "chunks", "close", "dead", "expected",
+                 "fifo", "heard", "items", "last_audio", "pending", "phase", "recv", "send", "seq",
+                 "shift")  # fmt: skip
 
     def __init__(self, phase: float, shift: int) -> None:
         # Sessions neither send nor commit in lockstep: chunks are spread over the 20 ms period
@@ -181,6 +206,9 @@ class _Session:
         self.last_audio = 0.0  # arrival of the last audio message of the current response (0: none yet)
         self.seq = 0  # the last server_event_seq seen
         self.acked_seq = 0  # the last one acked
+        # live
+        self.asked_at = 0.0  # when the answer under way was asked for (commentary sent); or the next may be
+        self.heard = 0  # its audio deltas received so far
 
 
 def _on_gateway(s: _Session, st: _Stats, raw: str | bytes, t: float, event: dict[str, Any] | None = None) -> None:
@@ -235,6 +263,31 @@ def _on_gateway_duplex(s: _Session, st: _Stats, raw: str | bytes, t: float) -> N
         if status != "completed":
             st.error(f"response {status}: {event['response'].get('status_details')}")
     _on_gateway(s, st, raw, t, event)
+
+
+def _on_live(s: _Session, st: _Stats, raw: str | bytes, t: float, answer_chunks: int) -> None:
+    """A Live session's events: the answer's audio (its first delta is the latency sample: commentary
+    sent -> the first audio of the answer that says it), its transcript, errors."""
+    if st.w0 <= t < st.w1:
+        st.received += 1
+    event = orjson.loads(raw)
+    s.seq = event.get("server_event_seq") or s.seq
+    kind = event["type"]
+    if kind == _LIVE_AUDIO_OUT:
+        _audio_arrived(s, st, t)
+        s.heard += 1
+        if s.heard == 1:
+            s.acked += 1  # the answer owed for the commentary came
+            if st.w0 <= s.asked_at < st.w1:
+                st.lat.append((t - s.asked_at) * 1000)
+        if s.heard >= answer_chunks:  # the whole answer: the pacer asks for the next one
+            # Live has no event for an answer's end: the paced answer finishes one chunk after its
+            # last audio, so the next is asked for no sooner (else it would wait behind that tail).
+            s.answering, s.last_audio, s.heard, s.asked_at = False, 0.0, 0, t + PERIOD_S
+            if st.w0 <= t < st.w1:
+                st.responses += 1
+    elif kind == "error":
+        st.error(event["error"]["message"])
 
 
 def _on_echo_duplex(s: _Session, st: _Stats, raw: str | bytes, t: float) -> None:
@@ -394,7 +447,12 @@ async def _connect(plan: WorkerPlan, index: int) -> tuple[_Session, Callable[[Ha
 
 async def _open(plan: WorkerPlan, index: int) -> tuple[_Session, Any]:
     s, stream = await _connect(plan, index)
-    if plan.target == "gateway":
+    if plan.target == "live":  # session.start first (the route's model), then session.started
+        await _maybe(s.send(orjson.dumps({"type": "session.start", "session": {"model": LIVE_MODEL}}).decode()))
+        started = orjson.loads(await asyncio.wait_for(s.recv(), 30))
+        if started["type"] != "session.started":
+            raise RuntimeError(f"expected session.started, got {started}")
+    elif plan.target == "gateway":
         created = orjson.loads(await asyncio.wait_for(s.recv(), 30))
         if created["type"] != "session.created":
             raise RuntimeError(f"expected session.created, got {created}")
@@ -427,8 +485,9 @@ async def _open_all(plan: WorkerPlan) -> tuple[list[tuple[_Session, Any]], list[
 
 async def _pace(plan: WorkerPlan, sessions: list[_Session], start_at: float, st: _Stats) -> None:
     """Send chunk k of session s at start_at + s.phase + k * 20 ms until the window ends."""
-    text, frame = _audio_messages()
-    chunk: str | bytes = frame if plan.binary else text
+    live = plan.target == "live"
+    text, frame = _audio_messages("session.input_audio.append" if live else "input_audio_buffer.append")
+    chunk: str | bytes = frame if plan.binary and not live else text
     gateway, every, w0, w1 = plan.target == "gateway", plan.commit_every, st.w0, st.w1
     answers = gateway and plan.duplex
     now = time.monotonic
@@ -449,6 +508,20 @@ async def _pace(plan: WorkerPlan, sessions: list[_Session], start_at: float, st:
                 st.lag.append(max(0.0, t - due) * 1000)
                 st.sent += 1
             try:
+                if live:  # the microphone never stops; the next answer is asked for as soon as one ends
+                    if not s.answering and t >= s.asked_at:
+                        s.answering, s.asked_at = True, t
+                        s.expected += 1
+                        await _maybe(s.send(_LIVE_SAY))
+                        st.sent += inside
+                    if s.seq - s.acked_seq >= ACK_EVERY:
+                        s.acked_seq = s.seq
+                        await _maybe(s.send(f'{{"type":"session.event_ack","last_received_server_event_seq":{s.seq}}}'))
+                        st.sent += inside
+                    await _maybe(s.send(chunk))
+                    s.chunks += 1
+                    st.answered += inside  # Live replies to no chunk: a chunk sent counts as handled
+                    continue
                 if answers:
                     if not s.answering:  # answering all the time: the next response as soon as one is done
                         s.answering = True
@@ -511,7 +584,8 @@ async def _worker(plan: WorkerPlan, conn: Connection) -> dict[str, Any]:
             st = _Stats(w0, w1)
             handlers = {(False, "gateway"): _on_gateway, (False, "echo"): _on_echo,
                         (True, "gateway"): _on_gateway_duplex, (True, "echo"): _on_echo_duplex}  # fmt: skip
-            on = handlers[plan.duplex, plan.target]
+            on = partial(_on_live, answer_chunks=plan.answer_chunks) if plan.target == "live" \
+                else handlers[plan.duplex, plan.target]  # fmt: skip
             for s, stream in opened:
                 stream(partial(_guarded, on, s, st), partial(setattr, s, "dead", True))
             await _pace(plan, sessions, start_at, st)
@@ -562,7 +636,7 @@ class Server:
         self.log = tempfile.NamedTemporaryFile(prefix=f"voice_load_{target}_", suffix=".log", delete=False)
         self.keep_log = False
         env = dict(os.environ)
-        if target == "gateway":
+        if target in GATEWAYS:
             cmd = [sys.executable, "-m", "gateway", "serve", "--engine", "passthrough", "--port", str(self.port),
                    "--host", "127.0.0.1"]  # fmt: skip
             env.update(
@@ -584,16 +658,18 @@ class Server:
                 env["OMNI_GATEWAY_REDIS_URL"] = self.redis.url
             self.url = f"ws://127.0.0.1:{self.port}/v1/realtime"
             if setup.duplex:  # a route whose answers last --answer-s, one per session at a time
-                route = {"name": "duplex-bench", "engine": "passthrough", "words_every": WORDS_EVERY,
-                         "audio_chunks": int(setup.answer_s * 1000) // CHUNK_MS}  # fmt: skip
+                route = {"name": LIVE_MODEL, "engine": "passthrough", "words_every": WORDS_EVERY,
+                         "audio_chunks": setup.answer_chunks}  # fmt: skip
                 env.update(OMNI_GATEWAY_MODELS=orjson.dumps({"models": [route]}).decode(),
-                           OMNI_GATEWAY_MODEL="duplex-bench",
+                           OMNI_GATEWAY_MODEL=LIVE_MODEL,
                            OMNI_GATEWAY_MAX_RESPONSES=str(max(256, sessions + 100)))  # fmt: skip
-                self.url += "?model=duplex-bench"
+                self.url += f"?model={LIVE_MODEL}"
+            if target == "live":  # (--dialect live implies --duplex: the route above)
+                self.url = f"ws://127.0.0.1:{self.port}{LIVE_PATH}"
         else:
             cmd = [sys.executable, str(ROOT / "bench" / "bare_echo.py"), "--port", str(self.port)]
             self.url = f"ws://127.0.0.1:{self.port}/" + ("duplex" if setup.duplex else "echo")
-        self.setup_workers = setup.gateway_workers if target == "gateway" else 1
+        self.setup_workers = setup.gateway_workers if target in GATEWAYS else 1
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         try:
             if cpus:
@@ -709,7 +785,10 @@ def _touch(server: Server) -> None:
     from websockets.sync.client import connect
 
     with connect(server.url, compression=None, open_timeout=10) as ws:
-        if server.target == "gateway":
+        if server.target == "live":
+            ws.send(orjson.dumps({"type": "session.start", "session": {"model": LIVE_MODEL}}).decode())
+            ws.recv(timeout=10)
+        elif server.target == "gateway":
             ws.recv(timeout=10)
         else:
             ws.send("x")
@@ -737,10 +816,15 @@ class Setup:
     duplex: bool = False  # every session is answered while it streams (see the module's docstring)
     answer_s: float = 5.0  # --duplex: the length of each answer
     gateway_workers: int = 1  # --workers: gateway processes (`serve --workers N`), on the first N CPUs
+    dialects: tuple[str, ...] = ("realtime",)  # --dialect: the gateway's dialects measured, in this order
     # --conversation-items: the gateway's max_conversation_items. A conversation grows, by design,
     # up to its bounds (bench/conversation_memory.py measures what an item costs); held small,
     # it is full within the warm-up, and the window's RSS growth is whatever else grows.
     conversation_items: int = 16
+
+    @property
+    def answer_chunks(self) -> int:
+        return int(self.answer_s * 1000) // CHUNK_MS
 
     def workers(self, n: int) -> int:
         cores = len(self.client_cpus or os.sched_getaffinity(0))
@@ -759,7 +843,8 @@ class Pool:
         for w in range(workers):
             count = n // workers + (w < n % workers)
             plan = WorkerPlan(server.target, server.url, setup.binary, first, count, n, setup.commit_every, idle,
-                              setup.client, setup.client_cpus, setup.duplex)  # fmt: skip
+                              setup.client, setup.client_cpus, setup.duplex,
+                              answer_chunks=setup.answer_chunks)  # fmt: skip
             first += count
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker_entry, args=(plan, child), daemon=True)
@@ -985,7 +1070,7 @@ def measure_load(server: Server, fig: Figures, setup: Setup, duration: float) ->
         pool.send(("go", start_at, w0, w1))
         time.sleep(max(0.0, w0 - time.monotonic()))
         profiler = None
-        if setup.profile is not None and server.target == "gateway":
+        if setup.profile is not None and server.target in GATEWAYS:
             profiler = Profiler(server.proc.pid, duration, setup.profile)
         cpu0, ccpu0, me0, all0 = server.cpu_s(), pool.cpu_s(), _cpu_s(me), _machine_busy_s()
         rcpu0 = server.redis_cpu_s()
@@ -1048,8 +1133,8 @@ def run_target(target: str, setup: Setup, n: int, *, idle: bool, duration: float
 
 
 def _run_once(target: str, setup: Setup, n: int, *, idle: bool, duration: float, redis: bool = False) -> Figures:
-    fig = Figures(target, n, setup.binary, setup.client, duplex=setup.duplex)
-    if target == "gateway":
+    fig = Figures(target, n, setup.binary and target != "live", setup.client, duplex=setup.duplex)
+    if target in GATEWAYS:
         fig.store, fig.workers = ("redis" if redis else "memory"), setup.gateway_workers
     if setup.wait_quiet_s > 0:
         fig.quiet_pct = wait_quiet(setup.wait_quiet_s)
@@ -1079,9 +1164,11 @@ def client_bound(fig: Figures, setup: Setup) -> bool:
 
 
 def healthy(fig: Figures) -> bool:
-    """Everything connected, every reply came, no error, and the client sent on time."""
+    """Everything connected, every reply came, no error, and the client sent on time; a Live run
+    also answered within the window with its audio at pace (its chunks have no replies to miss)."""
+    live_ok = fig.target != "live" or (fig.samples > 0 and fig.jitter_p50_ms <= KEEPUP_P50_MS)
     return (fig.connected == fig.sessions and not (fig.unanswered or fig.errors or fig.closed)
-            and fig.lag_p99_ms <= 20)  # fmt: skip
+            and fig.lag_p99_ms <= 20 and live_ok)  # fmt: skip
 
 
 def _warn(fig: Figures, setup: Setup) -> None:
@@ -1089,6 +1176,9 @@ def _warn(fig: Figures, setup: Setup) -> None:
         print(f"warning: {fig.target}: unhealthy run ({fig.unanswered} unanswered, {fig.errors} errors, "
               f"{fig.connected}/{fig.sessions} connected, send lag p99 {_f(fig.lag_p99_ms)} ms) "
               f"{fig.first_error}")  # fmt: skip
+        if fig.target == "live":
+            print(f"warning: live: {fig.samples} answers began in the window, audio gap jitter p50 "
+                  f"{_f(fig.jitter_p50_ms, 1)} ms (a Live run keeps up while it answers at pace)")  # fmt: skip
     if client_bound(fig, setup):
         print(f"warning: {fig.target}: the client may be the bottleneck (its CPU or send lag)")
     if fig.other_cpu_pct > NOISY_PCT:
@@ -1113,10 +1203,17 @@ def per_core(fig: Figures) -> float:
     return handled_s(fig) / (server_pct(fig) / 100) if ok else math.nan
 
 
+def sessions_per_core(fig: Figures) -> float:
+    """Sessions per core of server CPU (the gateway's and its Redis's): the N it served over the
+    cores it used for them; NaN when the run was not healthy."""
+    ok = healthy(fig) and fig.server_cpu_pct > 0
+    return fig.connected / (server_pct(fig) / 100) if ok else math.nan
+
+
 def label(fig: Figures) -> str:
-    if fig.target != "gateway":
+    if fig.target not in GATEWAYS:
         return fig.target
-    return "gateway" + ("+redis" if fig.store == "redis" else "") + (f" x{fig.workers}" if fig.workers > 1 else "")
+    return fig.target + ("+redis" if fig.store == "redis" else "") + (f" x{fig.workers}" if fig.workers > 1 else "")
 
 
 def report(gws: list[Figures], echo: Figures, setup: Setup) -> float:
@@ -1174,6 +1271,7 @@ def report(gws: list[Figures], echo: Figures, setup: Setup) -> float:
         row("client send lag p99 ms", lambda f: _f(f.lag_p99_ms, 2)),
         row("client CPU % per proc", lambda f: " ".join(map(str, f.client_cpu_pct))),
         row("others' CPU %", lambda f: _f(f.other_cpu_pct, 0)),
+        row("sessions per server core", lambda f: _f(sessions_per_core(f), 0)),
         row("chunks per server CPU s", lambda f: _f(per_core(f), 0)),
         row("  ratio to the echo", lambda f: _f(per_core(f) / per_core(echo), 2),
             lambda f: f">= {goal}: {_ok(per_core(f) / per_core(echo) >= goal)}", gateway_only=True),
@@ -1189,8 +1287,22 @@ def report(gws: list[Figures], echo: Figures, setup: Setup) -> float:
           f"throughput ratio gateway/echo {_f(ratio, 2)} (target >= {goal}: {_ok(ratio >= goal)}; "
           f"--find-max measures it at saturation)")  # fmt: skip
     for other in gws[1:]:
+        if other.target == "live":
+            continue
         print(f"{label(other)}: {_f(per_core(other), 0)} chunks per server CPU second (its Redis's CPU "
               f"counted), {_f(per_core(other) / per_core(gw), 2)} of the memory store's")  # fmt: skip
+    for f in gws:
+        dialect = "GPT-Live" if f.target == "live" else "Realtime"
+        what = (
+            "commentary -> the first audio of its answer"
+            if f.target == "live"
+            else "append -> its transcript delta"
+            if not f.duplex
+            else "append -> its transcript delta, answering"
+        )
+        print(f"{dialect} ({label(f)}): {_f(sessions_per_core(f), 0)} sessions per server core; latency the gateway "
+              f"adds ({what}, minus the echo's round trip) p50 {_f(f.added_p50_ms, 2)} ms, "
+              f"p99 {_f(f.added_p99_ms, 2)} ms")  # fmt: skip
     if gw.sessions < TARGET_SESSIONS:
         print(f"note: N={gw.sessions} is below the {TARGET_SESSIONS}-session target; run --sessions "
               f"{TARGET_SESSIONS} or --find-max")  # fmt: skip
@@ -1281,6 +1393,14 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
         action="store_true",
         help="full duplex: every session is answered with 20 ms audio deltas at 50/s while it streams in",
     )
+    p.add_argument(
+        "--dialect",
+        choices=["realtime", "live", "both"],
+        default="realtime",
+        help="the gateway's dialect measured: OpenAI Realtime (/v1/realtime), GPT-Live (/v1/live/sessions: "
+        "the microphone streams while the model answers commentary back to back; implies --duplex, JSON "
+        "appends), or both in one run beside the same echo (default realtime)",
+    )
     p.add_argument("--answer-s", type=float, default=5.0, help="--duplex: seconds of audio per response (default 5)")
     p.add_argument(
         "--conversation-items",
@@ -1361,6 +1481,11 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
     )
     p.add_argument("--json", type=Path, help="also write the figures here, as JSON")
     args = p.parse_args(argv)  # fmt: skip
+    dialects = ("realtime", "live") if args.dialect == "both" else (args.dialect,)
+    if "live" in dialects and (args.find_max or args.idle_only):
+        p.error("--find-max and --idle-only measure the Realtime dialect only (--dialect realtime)")
+    if "live" in dialects:
+        args.duplex = True  # a Live model answers while the microphone streams: the duplex route and echo
     if args.commit_ms < MIN_COMMIT_MS or args.commit_ms % CHUNK_MS:
         p.error(f"--commit-ms must be a multiple of {CHUNK_MS} and >= {MIN_COMMIT_MS}")
     cpus = sorted(os.sched_getaffinity(0))
@@ -1375,6 +1500,7 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
         clients=args.clients, server_cpus=server_cpus if pin else None, client_cpus=client_cpus if pin else None,
         wait_quiet_s=args.wait_quiet, profile=args.profile, retries=args.retries, duplex=args.duplex,
         answer_s=args.answer_s, gateway_workers=args.workers, conversation_items=args.conversation_items,
+        dialects=dialects,
     )  # fmt: skip
     return args, setup
 
@@ -1390,8 +1516,11 @@ def main(argv: list[str] | None = None) -> int:
 
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    mode = ("binary frames" if args.binary else "base64 JSON appends") + (
-        f", full duplex (answers of {args.answer_s:g} s, 50 audio deltas/s out)" if args.duplex else ""
+    mode = (
+        ("binary frames" if args.binary else "base64 JSON appends")
+        + (f", full duplex (answers of {args.answer_s:g} s, 50 audio deltas/s out)" if args.duplex else "")
+        + f"; dialects: {', '.join(setup.dialects)}"
+        + (" (Live: base64 JSON appends)" if "live" in setup.dialects else "")
     )
     print(f"voice_load: {mode}, 50 x {CHUNK_BYTES} B chunks/s per session, commit every {args.commit_ms} ms, "
           f"{args.client} client; {os.cpu_count()} CPUs, server on {setup.server_cpus or 'any'}, clients on "
@@ -1413,15 +1542,19 @@ def main(argv: list[str] | None = None) -> int:
         figs: dict[str, Figures] = {}
         # Workers share their sessions' state through Redis only (serve refuses --workers > 1 without it).
         gateway_runs = [(True,)] if args.workers > 1 else [(False,), *([(True,)] if args.redis else [])]
-        runs = [*(("gateway", redis) for (redis,) in gateway_runs), ("echo", False)]
+        runs = [*(("gateway", redis) for (redis,) in gateway_runs if "realtime" in setup.dialects),
+                *([("live", args.workers > 1)] if "live" in setup.dialects else []), ("echo", False)]  # fmt: skip
         for target, redis in runs:
-            if args.only in (None, target):
+            if args.only in (None, "gateway" if target in GATEWAYS else target):
                 key = target + ("+redis" if redis else "")
                 print(f"measuring {key} ...", flush=True)
                 figs[key] = run_target(target, setup, n, idle=not args.no_idle, duration=args.duration, redis=redis)
+        ratio = None
+        if "echo" in figs and len(figs) >= 2:  # (the report works out the added latencies: then the JSON)
+            ratio = report([f for k, f in figs.items() if k != "echo"], figs["echo"], setup)
         out = {k: asdict(v) for k, v in figs.items()}
-        if "echo" in figs and len(figs) >= 2:
-            out["ratio"] = report([f for k, f in figs.items() if k != "echo"], figs["echo"], setup)
+        if ratio is not None:
+            out["ratio"] = ratio
         else:
             for fig in figs.values():
                 print(orjson.dumps({k: v for k, v in asdict(fig).items() if k != "profile"},

@@ -12,11 +12,13 @@ PY="${PYTHON:-python3}"
 VENV="${CLIENTS_VENV:-.venv-clients}"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip 2> >(grep -v '^WARNING: Location' >&2)
-# numpy: the client scripts write and read PCM; soxr: pipecat's resampler.
+# numpy: the client scripts write and read PCM; soxr: pipecat's resampler. The floors are the
+# releases whose GPT-Live clients the tests hold to (pipecat's OpenAILiveLLMService, LiveKit's
+# GPTLiveModel).
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
     'openai-agents>=0.20' \
-    'pipecat-ai[openai]>=1.10' \
-    'livekit-plugins-openai>=1.8' \
+    'pipecat-ai[openai]>=1.14' \
+    'livekit-plugins-openai>=1.8.9' \
     'numpy>=1.26' \
     2> >(grep -v '^WARNING: Location' >&2)
 "$VENV/bin/python" - <<'PYEOF'

@@ -90,3 +90,23 @@ def test_with_workers_every_worker_serves_and_is_counted(tmp_path: Path) -> None
     _served_every_session(fig)
     # The workers' CPU is counted, not only the supervisor's (which serves nothing and idles).
     assert isinstance(fig["server_cpu_pct"], float) and fig["server_cpu_pct"] > 5
+
+
+def test_both_dialects_are_measured_in_one_run_beside_the_same_echo(tmp_path: Path) -> None:
+    """``--dialect both``: the Realtime and the GPT-Live sessions of one gateway build, each
+    served in full (every commentary answered, its audio paced out), and the report prints
+    both dialects' sessions per core and added latency."""
+    stdout, figures = _bench(tmp_path, "--dialect", "both")
+    realtime, live = figures["gateway"], figures["live"]
+    _served_every_session(realtime)
+    _served_every_session(live)
+    assert live["binary"] is False and live["samples"] > 0  # commentary -> its first audio, sampled
+    assert live["responses_s"] > 0  # answers said back to back while the microphone streamed
+    assert live["msgs_in_s"] >= 0.8 * 50 * N  # the microphone: 50 appends/s per session
+    assert isinstance(live["added_p50_ms"], float) and isinstance(realtime["added_p50_ms"], float)  # beside the echo
+    for dialect, key in (("Realtime", "gateway"), ("GPT-Live", "live")):
+        line = next(line for line in stdout.splitlines() if line.startswith(f"{dialect} ({key})"))
+        assert "sessions per server core" in line and "latency the gateway adds" in line, line
+    header = next(line for line in stdout.splitlines() if "sessions (connected)" in line)
+    row = next(line for line in stdout.splitlines() if line.startswith("sessions per server core"))
+    assert len(row.split()) == 4 + 3, (header, row)  # a figure (or "-": an unhealthy run) per column

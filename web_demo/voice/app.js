@@ -6,20 +6,28 @@
 // WebSocket (the page captures and plays the audio, and truncates what it played).
 // `?transport=websocket` or `?transport=webrtc` forces one.
 //
+// API: OpenAI Realtime (above), or GPT-Live (the selector, or `?dialect=live`): the Live model
+// runs its own turns, so the page streams the microphone to /v1/live/sessions over the
+// WebSocket and plays what comes back (no push to talk, no typed messages, no truncate: the
+// gateway stops the answer when you talk over it, and the page stops playing it).
+//
 // For tests and curious people, `window.__voice` holds the client, the audio and
 // what the page saw (transcripts, latencies, truncations, playback counters, levels).
 
 import { $, askForCredential, credentialFrom, explain, fmtMs, statusView } from "../common.js";
 import { connectRealtime } from "../sdk/connect.js";
+import { LiveClient } from "../sdk/live.js";
 import { AudioIO, MicrophoneError, insecureContext } from "./audio.js";
 
 const params = new URLSearchParams(location.search);
 const MODEL = params.get("model") || undefined;
 const TRANSPORT = params.get("transport") || "auto"; // auto | webrtc | websocket
+const LIVE_MODEL = "gpt-live-1"; // what session.start names in Live mode (?model= overrides)
+const LIVE_TURN_END_MS = 300; // Live: no audio for this long ends the model's turn (its tail plays out)
 const SAMPLES_PER_MS = 24; // 24 kHz
 
 const ui = {
-  start: $("start"), stop: $("stop"), ptt: $("ptt"), talk: $("talk"),
+  start: $("start"), stop: $("stop"), ptt: $("ptt"), talk: $("talk"), dialect: $("dialect"),
   auth: $("auth"), credential: $("credential"),
   status: $("status"), sessionId: $("session-id"), seq: $("seq"), path: $("path"),
   resumes: $("resumes"), replayed: $("replayed"),
@@ -46,7 +54,8 @@ const seen = {
   bargeIns: 0,
   errors: [],
   states: [],
-  session: null, // the latest session.created / session.updated configuration
+  session: null, // the latest session.created / session.updated configuration (Live: session.started)
+  dialect: null, // "realtime" or "live": the API of the session started last
 };
 
 let client = null;
@@ -59,6 +68,8 @@ let talking = false;
 let turnEndedAt = null; // performance.now() of the turn's end, until the answer is heard
 let awaitingFirstAudio = false;
 const items = new Map(); // item id -> {li, body, note, role, audioDone, notes}
+// Live: the turns as the page groups them (Live has no items): the user's and the model's open turn ids.
+const liveTurn = { user: null, model: null, count: 0, quiet: null };
 const interrupted = new Set(); // assistant items whose playback was stopped: later audio is ignored
 let activeAudioItem = null; // the assistant item whose audio was last queued for playback
 let playingResponse = null; // WebRTC: the response whose audio the gateway is playing
@@ -75,6 +86,9 @@ window.__voice = {
 // --- controls --------------------------------------------------------------------------------
 
 ui.start.addEventListener("click", () => start());
+if (params.get("dialect") === "live") ui.dialect.value = "live";
+ui.dialect.addEventListener("change", () => showDialect());
+showDialect();
 if (insecureContext()) showError(insecureContext()); // said before Start: nothing here can use the microphone
 $("credential-form").addEventListener("submit", (e) => {
   e.preventDefault();
@@ -118,7 +132,9 @@ async function start() {
     return showError(err instanceof MicrophoneError ? err.message : `The microphone failed: ${err.message}`);
   }
   for (const track of stream.getAudioTracks()) track.enabled = !ui.ptt.checked; // push to talk: silent until Talk
+  if (ui.dialect.value === "live") return startLive(stream);
   setStatus("connecting", "Connecting…");
+  seen.dialect = "realtime";
   let connected;
   try {
     connected = await connectRealtime({
@@ -149,6 +165,30 @@ async function start() {
   ui.stop.focus();
 }
 
+/** GPT-Live: the session over the WebSocket, the microphone streamed, the answer played here. */
+async function startLive(stream) {
+  setStatus("connecting", "Connecting (GPT-Live)…");
+  seen.dialect = "live";
+  const live = new LiveClient({ session: { model: MODEL ?? LIVE_MODEL }, ...credentialFrom(ui.credential) });
+  wireLive(live);
+  try {
+    await live.connect();
+  } catch (err) {
+    await teardown();
+    setStatus("ended", "Not connected.");
+    showError(explain(err, live.url));
+    if (err.code === "unauthorized" || err.code === "refused") askForCredential(ui.auth, ui.credential);
+    return;
+  }
+  seen.transport = "websocket";
+  showTransport();
+  for (const track of stream.getAudioTracks()) track.enabled = true;
+  await audio.startMicrophone(onMicrophone);
+  answerMeter = audio.meter(audio.player, onAnswerLevel);
+  ui.stop.disabled = false;
+  ui.stop.focus();
+}
+
 async function stop() {
   client?.close();
   await teardown();
@@ -173,6 +213,16 @@ async function teardown() {
 
 function setBusy(busy) {
   ui.start.disabled = busy;
+  ui.dialect.disabled = busy;
+  showDialect();
+}
+
+/** Live mode has no push to talk and no typed messages (the model takes its own turns). */
+function showDialect() {
+  const live = ui.dialect.value === "live";
+  ui.ptt.disabled = live;
+  if (live) ui.ptt.checked = false;
+  ui.textForm.hidden = live;
 }
 
 /** Server VAD (hands-free) or push to talk; sent whenever the switch changes. */
@@ -231,6 +281,90 @@ function onMicrophone(pcm, level) {
 }
 
 // --- server events ---------------------------------------------------------------------------
+
+/** GPT-Live's events: its transcripts and audio, grouped into turns for the log. */
+function wireLive(rt) {
+  client = rt;
+  rt.on("state", (change) => rt === client && onState(change));
+  rt.on("event", (e) => {
+    seen.events.push({ type: e.type, seq: e.server_event_seq ?? null, at: performance.now() });
+    if (seen.events.length > 2000) seen.events.shift();
+    showCounters();
+  });
+  rt.on("session.started", (e) => {
+    seen.session = e.session;
+    ui.sessionId.textContent = e.session.id;
+    ui.path.textContent = "GPT-Live, base64 JSON";
+  });
+  rt.on("session.input_transcript.delta", (e) => {
+    const id = liveTurn.user ?? openLiveTurn("user");
+    seen.inputDeltas[id] = (seen.inputDeltas[id] ?? "") + e.delta;
+    seen.inputTranscripts[id] = seen.inputDeltas[id].trim(); // (Live has no completed transcript: the turn's text)
+    setText(id, "user", seen.inputDeltas[id], { pending: true });
+    // Your turn ends, as this page learns it, with its latest transcript: the answer follows it.
+    turnEndedAt = performance.now();
+    awaitingFirstAudio = true;
+  });
+  rt.on("session.output_transcript.delta", (e) => {
+    const id = liveTurn.model ?? openLiveTurn("model");
+    seen.outputTranscripts[id] = (seen.outputTranscripts[id] ?? "") + e.delta;
+    setText(id, "assistant", seen.outputTranscripts[id]);
+  });
+  rt.on("session.output_audio.delta", (e) => {
+    const id = liveTurn.model ?? openLiveTurn("model");
+    if (!audio || !e.audio) return;
+    activeAudioItem = id;
+    audio.play(id, e.audio);
+    clearTimeout(liveTurn.quiet);
+    liveTurn.quiet = setTimeout(() => endLiveAnswer(id), LIVE_TURN_END_MS);
+  });
+  rt.on("session.closed", (e) => setStatus("closed", `The session closed (${e.reason}).`));
+  rt.on("error", (e) => {
+    seen.errors.push(e.error);
+    showError(`Server: ${e.error?.message ?? "error"} (${e.error?.code ?? "?"})`);
+  });
+}
+
+/** A new turn in the log; the other speaker's open turn ends (its text is final). */
+function openLiveTurn(who) {
+  const id = `live-${who}-${++liveTurn.count}`;
+  if (who === "user") {
+    if (liveTurn.model) {
+      stopLiveAnswer(liveTurn.model); // you talk over the answer: the gateway stops it, this page stops playing it
+      endLiveAnswer(liveTurn.model);
+    }
+    liveTurn.user = id;
+    addEntry(id, "user", "", { pending: true });
+  } else {
+    if (liveTurn.user) setText(liveTurn.user, "user", seen.inputDeltas[liveTurn.user] ?? "");
+    liveTurn.user = null;
+    liveTurn.model = id;
+    addEntry(id, "assistant", "", { pending: true });
+  }
+  return id;
+}
+
+/** The model's turn is over (no audio for a while, or you spoke): its tail plays out. */
+function endLiveAnswer(id) {
+  clearTimeout(liveTurn.quiet);
+  audio?.end(id);
+  const entry = items.get(id);
+  if (entry) entry.audioDone = true;
+  if (liveTurn.model === id) {
+    liveTurn.model = null;
+    setText(id, "assistant", seen.outputTranscripts[id] ?? "");
+  }
+}
+
+async function stopLiveAnswer(id) {
+  if (!audio || interrupted.has(id) || (audio.stats.bufferedMs <= 0 && items.get(id)?.audioDone)) return;
+  interrupted.add(id);
+  seen.bargeIns++;
+  const { positions } = await audio.stopPlayback();
+  const played = (positions[id]?.playedSamples ?? 0) / SAMPLES_PER_MS;
+  seen.truncations.push({ itemId: id, audioEndMs: Math.floor(played), receivedMs: (positions[id]?.receivedSamples ?? 0) / SAMPLES_PER_MS, why: "live_speech" });
+  markEntry(id, "barge-in", `you interrupted after ${fmtMs(played)}`);
+}
 
 function wire(rt) {
   client = rt; // (a fallback to the WebSocket wires a second client)
