@@ -1,0 +1,312 @@
+"""GPT-Live over WebRTC (``POST /v1/live/sessions``, docs/live.md *WebRTC*): an aiortc
+"browser" against the gateway on loopback, its data channel's allow-lists, and the
+server's sideband (``/v1/live/sessions/{id}/attach``), here and from a second replica
+(a real redis-server on a loopback port, the sideband relayed over the bus).
+
+All traffic stays on 127.0.0.0/8: ICE gathers on 127.0.0.1 only (aioice's host addresses,
+which leave loopback out, are the loopback address here, for the gateway and the browser
+alike), the gateway advertises 127.0.0.1 in ``replace`` mode and checks only 127.0.0.0/8.
+Every event read off the data channel and the sideband is checked against the official
+SDK's Live models (``check_live_event``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import websockets
+from aiortc import RTCSessionDescription
+from rtc_support import Browser, make_browser, tone, wait_for, write_wav
+from support.gateway import RunningGateway, run_gateway
+from support.redis_server import REDIS_BINARY, RedisServer
+from support.sdk_shapes import check_live_event
+from support.speech import silence, speak
+
+from gateway.settings import Settings
+from orchestrator.engines.passthrough import PassthroughEngine
+
+pytestmark = pytest.mark.timeout(180)
+
+KEY = "sk-live-webrtc"
+OTHER = "sk-live-webrtc-other"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+LOOPBACK = {
+    "webrtc_advertised_addresses": ("127.0.0.1",),
+    "webrtc_advertise_mode": "replace",
+    "webrtc_peer_networks": ("127.0.0.0/8",),
+}
+
+
+@pytest.fixture(autouse=True)
+def loopback_ice(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """ICE host candidates on 127.0.0.1 only (aioice gathers every address but loopback)."""
+    import aioice.ice
+
+    monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+    yield
+
+
+def settings(**over: Any) -> Settings:
+    return Settings(video_engine="none", api_keys=(KEY, OTHER), detach_grace_s=5.0, **{**LOOPBACK, **over})
+
+
+@contextlib.asynccontextmanager
+async def passthrough(**over: Any) -> AsyncIterator[RunningGateway]:
+    async with run_gateway(settings(engine="passthrough", **over), engine=PassthroughEngine(paced=False),
+                           vad_factory=False) as gw:  # fmt: skip
+        yield gw
+
+
+@dataclass
+class Page:
+    """A browser holding a Live WebRTC session: its aiortc side, its session id, and what its
+    data channel received (each checked against the SDK's Live models)."""
+
+    browser: Browser
+    session_id: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def send(self, event: dict[str, Any]) -> None:
+        assert self.browser.channel is not None
+        self.browser.channel.send(orjson.dumps(event).decode())
+
+    def types(self) -> list[str]:
+        return [e["type"] for e in self.events]
+
+    async def wait_for(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return await first(self.events, kind, **fields)
+
+
+async def first(events: list[dict[str, Any]], kind: str, **fields: Any) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        return next((e for e in events if e["type"] == kind and all(e.get(k) == v for k, v in fields.items())), None)
+
+    await wait_for(lambda: found() is not None, kind)
+    event = found()
+    assert event is not None
+    return event
+
+
+async def create(gw: RunningGateway, body: dict[str, Any], headers: dict[str, str] | None = None) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=30) as http:
+        return await http.post(f"{gw.http}/v1/live/sessions", json=body, headers=headers or AUTH)
+
+
+@contextlib.asynccontextmanager
+async def live_call(gw: RunningGateway, session: dict[str, Any], *, wav: Path | None = None) -> AsyncIterator[Page]:
+    """A page's Live session over WebRTC, as the SDK's ``client.live.create`` starts it."""
+    from openai.types.live import LiveCreateResponse
+
+    browser, offer = await make_browser(wav=wav)
+    try:
+        r = await create(gw, {"session": session, "transport": {"type": "webrtc", "sdp": offer}})
+        assert r.status_code == 201, r.text
+        answer = LiveCreateResponse.model_validate(r.json(), strict=True)  # the SDK's response type
+        assert answer.session.id.startswith("live_") and answer.transport.type == "webrtc"
+        page = Page(browser, answer.session.id)
+        assert browser.channel is not None
+
+        def received(message: str) -> None:
+            event = orjson.loads(message)
+            check_live_event(event, extensions=True)  # (session.started carries the resume extension)
+            page.events.append(event)
+
+        browser.channel.on("message", received)
+        await browser.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.transport.sdp, type="answer"))
+        yield page
+    finally:
+        await browser.close()
+
+
+@contextlib.asynccontextmanager
+async def attach(gw: RunningGateway, session_id: str) -> AsyncIterator[tuple[Any, list[dict[str, Any]]]]:
+    """The server's sideband on ``gw`` (relayed when ``gw`` does not serve the session)."""
+    url = f"ws://127.0.0.1:{gw.port}/v1/live/sessions/{session_id}/attach"
+    async with websockets.connect(url, max_size=None, additional_headers=AUTH) as ws:
+        seen: list[dict[str, Any]] = []
+
+        async def read() -> None:
+            with contextlib.suppress(websockets.ConnectionClosed):
+                async for message in ws:
+                    event = orjson.loads(message)
+                    check_live_event(event, sideband=True)
+                    seen.append(event)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            yield ws, seen
+        finally:
+            reader.cancel()
+
+
+async def send(ws: Any, event: dict[str, Any]) -> None:
+    await ws.send(orjson.dumps(event).decode())
+
+
+# --- a spoken exchange on the embedded default engine ----------------------------------------
+
+
+async def test_a_spoken_exchange_over_live_webrtc_on_the_default_engine(tmp_path: Path) -> None:
+    """The CPU cascade (silero VAD, pocketsphinx, the echo thinker, eSpeak NG): the caller's
+    speech on the track is heard (its transcript on the channel), the answer plays on the
+    track, and its transcript and no audio delta come on the channel."""
+    pcm = silence(300) + await speak("what is your name") + silence(1500)
+    wav = write_wav(tmp_path / "said.wav", pcm, 24_000)
+    async with run_gateway(settings()) as gw, live_call(gw, {"model": "gpt-live-1"}, wav=wav) as page:
+        started = await page.wait_for("session.started")
+        assert started["session"]["id"] == page.session_id and "format" not in started["session"]["audio"]
+        info = await page.wait_for("info", code="data_channel_permissions")
+        assert "every client event" in info["message"]
+        await page.wait_for("session.input_transcript.delta")
+        await page.wait_for("session.output_transcript.delta")
+        await wait_for(lambda: len(page.browser.received.loud()) > 25, "the answer's audio on the track", 90)
+        heard = "".join(e["delta"] for e in page.events if e["type"] == "session.input_transcript.delta")
+        assert heard.strip()
+        assert "session.output_audio.delta" not in page.types()  # its audio is on the track only
+        assert not [e for e in page.events if e["type"] == "error"], page.events
+
+
+# --- the data channel's allow-lists ------------------------------------------------------------
+
+RESTRICTED = {
+    "model": "gpt-live-1",
+    "client": {"data_channel": {
+        "allowed_client_events": ["session.input_audio.mute", "session.instructions.append"],
+        "allowed_server_events": [{"type": t} for t in ("session.started", "info", "error",
+                                                        "session.instructions.appended")],
+    }},
+}  # fmt: skip
+
+
+async def test_the_data_channel_sends_and_sees_only_what_its_allow_lists_name() -> None:
+    async with passthrough() as gw, live_call(gw, RESTRICTED) as page:
+        await page.wait_for("session.started")
+        info = await page.wait_for("info", code="data_channel_permissions")
+        assert "session.instructions.append" in info["message"]
+        async with attach(gw, page.session_id) as (ws, seen):
+            await wait_for(lambda: bool(gw.runtime.hosting.hosts[page.session_id].sidebands), "the sideband")
+            # A forbidden send: refused with the documented error; the session goes on.
+            page.send({"type": "session.commentary.append", "event_id": "c1", "content": "no",
+                       "delegation_id": None})  # fmt: skip
+            refused = await page.wait_for("error", client_event_id="c1")
+            assert refused["error"]["code"] == "client_event_not_allowed" and refused["error"]["param"] == "type"
+            # An allowed send whose answer is not allowed on the channel: withheld there, seen by the sideband.
+            page.send({"type": "session.input_audio.mute", "event_id": "m1"})
+            page.send({"type": "session.instructions.append", "event_id": "i1", "content": "Speak slowly.",
+                       "delegation_id": None})  # fmt: skip
+            await page.wait_for("session.instructions.appended", client_event_id="i1")
+            await first(seen, "session.input_audio.muted", client_event_id="m1")
+            await first(seen, "session.instructions.appended", client_event_id="i1")
+            assert "session.input_audio.muted" not in page.types()
+            assert not any(e["type"] == "session.commentary.appended" for e in seen)  # it never reached the session
+            # The sideband is trusted: what the channel may not send, it may.
+            await send(ws, {"type": "session.commentary.append", "event_id": "c2", "content": "Done.",
+                            "delegation_id": None})  # fmt: skip
+            await first(seen, "session.commentary.appended", client_event_id="c2")
+            assert "session.commentary.appended" not in page.types()
+        # Audio goes on the track: an append on the channel is refused (and would be by the list too).
+        audio = base64.b64encode(bytes(960)).decode()
+        page.send({"type": "session.input_audio.append", "event_id": "a1", "audio": audio})
+        refused = await page.wait_for("error", client_event_id="a1")
+        assert refused["error"]["code"] == "unsupported"
+
+
+async def test_a_live_webrtc_session_is_refused_before_any_media() -> None:
+    async with passthrough() as gw:
+        browser, offer = await make_browser()
+        try:
+            webrtc = {"type": "webrtc", "sdp": offer}
+            cases = [
+                ({"session": {"model": "gpt-live-1"}, "transport": webrtc}, {}, 401, "unauthorized"),
+                ({"session": {"model": "gpt-live-1", "audio": {"format": {"type": "audio/pcm", "rate": 24000}}},
+                  "transport": webrtc}, AUTH, 400, "unknown_parameter"),
+                ({"session": {"model": "gpt-live-1", "temperature": 1}, "transport": webrtc}, AUTH, 400,
+                 "unknown_parameter"),
+                ({"session": {}, "transport": webrtc}, AUTH, 400, "missing_required_parameter"),
+                ({"session": {"model": "gpt-live-1"}, "transport": {"type": "websocket", "sdp": offer}}, AUTH, 400,
+                 "invalid_value"),
+                ({"session": {"model": "gpt-live-1"}}, AUTH, 400, "missing_required_parameter"),
+                ({"session": {"model": "gpt-live-1"}, "transport": webrtc, "extra": 1}, AUTH, 400,
+                 "unknown_parameter"),
+                ({"session": {"model": "gpt-live-1", "client": {"data_channel": {"allowed_server_events": [
+                    {"type": "response.event"}]}}}, "transport": webrtc}, AUTH, 400, "invalid_type"),
+                ({"session": {"model": "gpt-live-1"}, "transport": {"type": "webrtc", "sdp": "v=0\r\n"}}, AUTH, 400,
+                 None),
+            ]  # fmt: skip
+            for body, headers, status, code in cases:
+                r = await create(gw, body, {**headers} if headers else {"X-None": "1"})
+                assert r.status_code == status, (body, r.text)
+                error = r.json()["error"]
+                if code is not None:
+                    assert error["code"] == code, (body, error)
+                assert error["message"]
+            assert not gw.runtime.hosting.hosts  # no session was opened by any of them
+        finally:
+            await browser.close()
+
+
+async def test_an_attach_to_a_session_that_is_not_ones_own_is_refused() -> None:
+    async with passthrough() as gw, live_call(gw, {"model": "gpt-live-1"}) as page:
+        await page.wait_for("session.started")
+        for session_id, key in ((page.session_id, OTHER), ("live_nope", KEY)):
+            url = f"ws://127.0.0.1:{gw.port}/v1/live/sessions/{session_id}/attach"
+            async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {key}"}) as ws:
+                event = orjson.loads(await ws.recv())
+                assert event["type"] == "error" and event["error"]["code"] == "session_not_found"
+                with pytest.raises(websockets.ConnectionClosed):
+                    await ws.recv()
+                assert ws.close_code == 4004
+
+
+# --- the sideband from a second replica ---------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def replicas() -> AsyncIterator[tuple[RunningGateway, RunningGateway]]:
+    if not REDIS_BINARY:
+        pytest.skip("redis-server is not installed")
+    with RedisServer() as server:
+        base = settings(engine="passthrough", redis_url=server.url)
+        engine = PassthroughEngine(paced=False)
+        async with (
+            run_gateway(replace(base, replica_id="ra"), engine=engine, vad_factory=False) as a,
+            run_gateway(replace(base, replica_id="rb"), engine=engine, vad_factory=False) as b,
+        ):
+            yield a, b
+
+
+async def test_a_sideband_on_another_replica_sees_the_audio_and_controls_the_session(tmp_path: Path) -> None:
+    wav = write_wav(tmp_path / "mic.wav", tone(440, 4000, 24_000), 24_000)  # the microphone plays a tone
+    async with replicas() as (a, b), live_call(a, RESTRICTED, wav=wav) as page:
+        await page.wait_for("session.started")
+        async with attach(b, page.session_id) as (ws, seen):
+            await wait_for(lambda: bool(b.runtime.hosting.links), "the relay to open")
+            # The primary's audio, reflected: session.input_audio.append, PCM16 at 24 kHz, no event_id.
+            reflected = await first(seen, "session.input_audio.append")
+            assert set(reflected) == {"type", "audio"}
+            await wait_for(lambda: sum(len(base64.b64decode(e["audio"])) for e in seen
+                                       if e["type"] == "session.input_audio.append") >= 48_000,
+                           "a second of reflected audio")  # fmt: skip
+            # It controls the session: the call's channel sees what it did (where the lists allow).
+            await send(ws, {"type": "session.instructions.append", "event_id": "sb1", "content": "Be brief.",
+                            "delegation_id": None})  # fmt: skip
+            await first(seen, "session.instructions.appended", client_event_id="sb1")
+            await page.wait_for("session.instructions.appended", client_event_id="sb1")
+            # What a sideband may not send: audio goes on the primary connection.
+            await send(ws, {"type": "session.input_audio.append", "event_id": "sb2",
+                            "audio": base64.b64encode(bytes(960)).decode()})  # fmt: skip
+            refused = await first(seen, "error", client_event_id="sb2")
+            assert refused["error"]["code"] == "unsupported"
+            await send(ws, {"type": "session.close", "event_id": "sb3"})
+            closed = await first(seen, "session.closed")
+            assert closed["reason"] == "close_requested"
+        assert "session.closed" not in page.types()  # (not in the channel's allow-list)
