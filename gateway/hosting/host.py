@@ -40,6 +40,7 @@ from gateway.session.effects import (
     CallMcpTool,
     Cancel,
     CloseSocket,
+    CutAudio,
     EndInput,
     Feed,
     ListMcpTools,
@@ -579,6 +580,11 @@ class SessionHost:
                         self.trace.request_ended(effect.request_id, "cancelled")
                 case Wake():
                     asyncio.get_running_loop().call_later(effect.after_s, self._wake, effect.key)
+                case CutAudio():
+                    for door in self.doors:
+                        media = getattr(door, "media", None)  # (a WebRTC call's door: it plays the audio)
+                        if media is not None:
+                            media.clear_audio()
                 case CloseSocket():
                     self.ctx.metrics.closes.labels(str(effect.code)).inc()
                     for door in self.doors:

@@ -52,7 +52,7 @@ from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.live_channel import PERMISSIONS_INFO, ChannelPolicy
 from gateway.session import live_recording
 from gateway.session.conversation import Item, Part, PartType
-from gateway.session.effects import CloseSocket, Wake
+from gateway.session.effects import CloseSocket, CutAudio, Wake
 from gateway.session.live_delegation import (
     ACK_INSTRUCTIONS,
     ACK_SAY,
@@ -133,6 +133,7 @@ class LiveSession(RealtimeSession):
         assert spelling is not None
         self.spelling = spelling
         self._live_turns.answered = self._say_pending
+        spelling.on_speech = self._speech_started
         self._live_turns.ended = self._delegated
 
     @property
@@ -337,6 +338,12 @@ class LiveSession(RealtimeSession):
             fmt = self.config.input_format
             self._silence = (nbytes, encode_from_pcm16(fmt, bytes(nbytes // fmt.bytes_per_sample * 2)))
         return self._silence[1]
+
+    def _speech_started(self) -> None:
+        """The caller began to speak: the Live model gives way (barge-in). An answer under way
+        is cancelled by its turn-taking; one already written still plays from a WebRTC call's
+        track: cut there."""
+        self.effects.append(CutAudio())
 
     # --- appended context ----------------------------------------------------------------
 

@@ -310,3 +310,83 @@ async def test_a_sideband_on_another_replica_sees_the_audio_and_controls_the_ses
             closed = await first(seen, "session.closed")
             assert closed["reason"] == "close_requested"
         assert "session.closed" not in page.types()  # (not in the channel's allow-list)
+
+
+# --- the official SDK: client.live.create, then client.live.sideband.connect ------------------
+
+
+async def test_the_sdk_creates_a_webrtc_session_and_its_server_attaches_a_sideband() -> None:
+    """docs/live.md's *WebRTC* sketch, as the official SDK runs it: the backend creates the
+    session with the page's offer (the page applies the answer), then attaches."""
+    from openai import AsyncOpenAI
+
+    async with passthrough() as gw:
+        browser, offer = await make_browser()
+        try:
+            events: list[dict[str, Any]] = []
+            assert browser.channel is not None
+            browser.channel.on("message", lambda m: events.append(orjson.loads(m)))
+            client = AsyncOpenAI(
+                api_key=KEY, base_url=f"{gw.http}/v1", websocket_base_url=f"ws://127.0.0.1:{gw.port}/v1"
+            )
+            created = await client.live.create(
+                session={"model": "gpt-live-1", "instructions": "Answer briefly."},
+                transport={"type": "webrtc", "sdp": offer},
+            )
+            await browser.pc.setRemoteDescription(RTCSessionDescription(sdp=created.transport.sdp, type="answer"))
+            await first(events, "session.started")
+            async with client.live.sideband.connect(session_id=created.session.id) as sideband:
+                await sideband.session.thinking.append(content="The caller is on the pro plan.", delegation_id=None)
+                while True:
+                    event = orjson.loads(await sideband.recv_bytes())
+                    check_live_event(event, sideband=True)
+                    if event["type"] == "session.thinking.appended":
+                        break
+            await first(events, "session.thinking.appended")  # the page's channel sees it too
+        finally:
+            await browser.close()
+
+
+# --- barge-in: speech over an answer already written cuts the track -----------------------------
+
+TAIL = " ".join(["I am still talking about this and that, so you can interrupt me."] * 4)
+
+
+class WrittenAtOnceThinker:
+    """Echo and a long tail, all at once: the answer is written within a second or so, its
+    audio (some 15 s) plays on from the call's track."""
+
+    description = "long echo, written at once (test)"
+
+    async def think(self, messages: tuple[Any, ...], instructions: str) -> AsyncIterator[str]:
+        from orchestrator.engines.cascade.thinker import EchoThinker
+
+        async for word in EchoThinker().think(messages, instructions):
+            assert isinstance(word, str)
+            yield word
+        yield ". " + TAIL
+
+
+async def test_speech_over_a_written_answer_cuts_the_calls_track(tmp_path: Path) -> None:
+    """The Live dialect says nothing of what was played (no items to truncate), so the
+    session tells the call to cut (``CutAudio``) when the caller starts to speak; the next
+    answer plays."""
+    from orchestrator.engines.cascade import CascadeEngine
+
+    utterance = await speak("what is your name")
+    wav = write_wav(tmp_path / "caller.wav", silence(500) + utterance + silence(3500) + utterance + silence(6000),
+                    24_000)  # fmt: skip
+    engine = CascadeEngine(thinker=WrittenAtOnceThinker())
+    async with run_gateway(settings(engine="cascade"), engine=engine) as gw:
+        async with live_call(gw, {"model": "gpt-live-1"}, wav=wav) as page:
+            await page.wait_for("session.started")
+            await wait_for(lambda: len(gw.runtime.calls.calls) == 1, "the call")
+            [call] = gw.runtime.calls.calls.values()
+            await wait_for(lambda: call.track.queued_ms > 5000, "the first answer, written ahead of its audio")
+            first_answer = call.track.response_sent_ms("speech0")
+            await wait_for(lambda: call._cuts >= 1, "the barge-in to cut the track", 60)
+            cut_at = call.track.response_sent_ms("speech0")
+            assert first_answer <= cut_at < 10_000  # far from the 15 s it had written
+            # The second utterance is answered: its audio plays as a new stream.
+            await wait_for(lambda: call.track.response_sent_ms("speech1") > 500, "the next answer's audio", 60)
+            assert call.track.response_sent_ms("speech0") == cut_at  # what was cut went no further

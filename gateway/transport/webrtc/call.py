@@ -87,6 +87,7 @@ class Call:
         self._watchdog = PeerWatchdog.for_config(self.pc, self._dead, factory.config)
         self._formats: dict[str, AudioFormat] = {}  # response id -> its audio format (response.created)
         self._decoders: dict[str, tuple[AudioFormat, StreamResampler | None]] = {}
+        self._cuts = 0  # the audio was cut this many times (GPT-Live's speech: a new stream after each)
         self.pc.on("datachannel", self.channel.accept)
         self.pc.on("track", self._track)
 
@@ -188,7 +189,9 @@ class Call:
             del self._formats[next(iter(self._formats))]
 
     def _play(self, event: dict[str, Any]) -> None:
-        response_id = event.get("response_id", "")  # (a GPT-Live delta names none: one stream of speech)
+        # A GPT-Live delta names no response: its speech is one stream, a new one after each cut
+        # (what was cut stays cut: audio of it still on its way is dropped).
+        response_id = event.get("response_id") or f"speech{self._cuts}"
         fmt = self._formats.get(response_id)
         if fmt is None and self.door is not None and self.door.host is not None:
             fmt = self.door.host.output_format
@@ -237,7 +240,8 @@ class Call:
             )
 
     def clear_audio(self) -> tuple[str, str, int] | None:
-        """The door's ``Media``: ``output_audio_buffer.clear`` cuts the audio now."""
+        """The door's ``Media``: ``output_audio_buffer.clear`` (and GPT-Live's barge-in) cuts the audio now."""
+        self._cuts += 1
         cut = self.track.clear()
         return None if cut is None else (cut.response_id, cut.item_id, cut.audio_end_ms)
 
