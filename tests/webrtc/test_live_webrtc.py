@@ -26,6 +26,7 @@ import pytest
 import websockets
 from aiortc import RTCSessionDescription
 from rtc_support import Browser, make_browser, tone, wait_for, write_wav
+from support.docs import code_blocks
 from support.gateway import RunningGateway, run_gateway
 from support.redis_server import REDIS_BINARY, RedisServer
 from support.sdk_shapes import check_live_event
@@ -177,14 +178,16 @@ async def test_a_spoken_exchange_over_live_webrtc_on_the_default_engine(tmp_path
 
 # --- the data channel's allow-lists ------------------------------------------------------------
 
-RESTRICTED = {
-    "model": "gpt-live-1",
-    "client": {"data_channel": {
-        "allowed_client_events": ["session.input_audio.mute", "session.instructions.append"],
-        "allowed_server_events": [{"type": t} for t in ("session.started", "info", "error",
-                                                        "session.instructions.appended")],
-    }},
-}  # fmt: skip
+
+def documented_request() -> dict[str, Any]:
+    """docs/live.md's *WebRTC* example body (its offer a placeholder)."""
+    (block,) = [b for b in code_blocks("docs/live.md") if b.lang == "json" and '"transport"' in b.text]
+    body = orjson.loads(block.text)
+    assert body["transport"] == {"type": "webrtc", "sdp": "<the page's SDP offer>"}
+    return body
+
+
+RESTRICTED = documented_request()["session"]
 
 
 async def test_the_data_channel_sends_and_sees_only_what_its_allow_lists_name() -> None:
@@ -232,6 +235,8 @@ async def test_a_live_webrtc_session_is_refused_before_any_media() -> None:
                 ({"session": {"model": "gpt-live-1", "temperature": 1}, "transport": webrtc}, AUTH, 400,
                  "unknown_parameter"),
                 ({"session": {}, "transport": webrtc}, AUTH, 400, "missing_required_parameter"),
+                ({"session": {"model": "gpt-live-1", "idle_timeout_s": 30}, "transport": webrtc}, AUTH, 400,
+                 "unsupported"),
                 ({"session": {"model": "gpt-live-1"}, "transport": {"type": "websocket", "sdp": offer}}, AUTH, 400,
                  "invalid_value"),
                 ({"session": {"model": "gpt-live-1"}}, AUTH, 400, "missing_required_parameter"),
