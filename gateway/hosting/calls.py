@@ -4,7 +4,8 @@ A call's id is its session's (``rtc_<x>`` for ``sess_<x>``): a call re-offered a
 replica went away keeps its id, and any replica finds the call's session, and so its
 owner, through the store.
 
-**Sideband** (``/v1/realtime?call_id=``): a backend's socket that holds the call's
+**Sideband** (``/v1/realtime?call_id=``; GPT-Live's ``/v1/live/sessions/{id}/attach``,
+``attach_sideband``, in the session's own dialect): a backend's socket that holds the call's
 session beside the browser (it updates it, answers function calls, watches its events).
 Only a session a WebRTC call carried has one (``SessionHost.call``): the id of any other
 session, spelled as a call's, is answered as a call that does not exist.

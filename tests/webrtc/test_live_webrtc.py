@@ -395,3 +395,35 @@ async def test_speech_over_a_written_answer_cuts_the_calls_track(tmp_path: Path)
             # The second utterance is answered: its audio plays as a new stream.
             await wait_for(lambda: call.track.response_sent_ms("speech1") > 500, "the next answer's audio", 60)
             assert call.track.response_sent_ms("speech0") == cut_at  # what was cut went no further
+
+
+async def test_client_secrets_and_origins_hold_as_on_the_other_routes() -> None:
+    """A page's client secret opens a Live WebRTC session of the model it was minted for, once;
+    another model is 403 ``model_not_allowed``; a page on an origin not allowed is 403."""
+    async with passthrough(allowed_origins=("http://app.example",)) as gw:
+        async with httpx.AsyncClient(timeout=30) as http:
+            mint = {"session": {"type": "realtime", "model": "gpt-live-1"}}
+            secret = (await http.post(f"{gw.http}/v1/realtime/client_secrets", headers=AUTH, json=mint)).json()
+            other = (await http.post(f"{gw.http}/v1/realtime/client_secrets", headers=AUTH, json=mint)).json()
+        page_auth = {"Authorization": f"Bearer {secret['value']}", "Origin": "http://app.example"}
+        browser, offer = await make_browser()
+        try:
+            webrtc = {"type": "webrtc", "sdp": offer}
+            r = await create(gw, {"session": {"model": "omni-passthrough"}, "transport": webrtc},
+                             {"Authorization": f"Bearer {other['value']}"})  # fmt: skip
+            assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed", r.text
+            r = await create(gw, {"session": {"model": "gpt-live-1"}, "transport": webrtc},
+                             {**AUTH, "Origin": "http://evil.example"})  # fmt: skip
+            assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed", r.text
+            r = await create(gw, {"session": {"model": "gpt-live-1"}, "transport": webrtc}, page_auth)
+            assert r.status_code == 201, r.text
+            assert r.headers["access-control-allow-origin"] == "http://app.example"
+            assert r.json()["session"]["id"].startswith("live_")
+            again, _ = await make_browser()
+            try:
+                r = await create(gw, {"session": {"model": "gpt-live-1"}, "transport": webrtc}, page_auth)
+                assert r.status_code == 401, r.text  # a client secret is spent on the session it opened
+            finally:
+                await again.close()
+        finally:
+            await browser.close()
