@@ -33,7 +33,6 @@ from gateway.hosting.delivery import Delivery
 from gateway.hosting.mcp import McpFailure
 from gateway.hosting.reflect import Reflector
 from gateway.hosting.responses_backend import UNCONFIGURED, ResponsesFailure
-from gateway.protocol import client_events as ce
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.session import snapshot
 from gateway.session.effects import (
@@ -281,8 +280,6 @@ class SessionHost:
         session over, none is handled: the client resumes elsewhere (docs/sessions.md, *Drain*)."""
         if self.drained:
             return
-        if self.sidebands and isinstance(event, ce.AudioAppend):
-            self._reflect(event.audio)
         try:
             self.session.handle(event)
         except ProtocolError as err:
@@ -308,7 +305,8 @@ class SessionHost:
         self.flush()
 
     def _reflect(self, audio: bytes) -> None:
-        """The primary's input audio, to the sidebands (where the dialect reflects it: ``reflect.py``)."""
+        """The call's input audio (its track: only a WebRTC session has sidebands), to the sidebands,
+        where the dialect reflects it (``reflect.py``)."""
         encode = self.session.dialect.reflect
         if encode is None:
             return

@@ -1,6 +1,6 @@
 """A session's input audio reflected to its sidebands (GPT-Live's ``session.input_audio.append``
-server event): what the primary connection sent (a call's track, a primary WebSocket's
-appends), as the model would have heard it before muting, converted to what the dialect
+server event): what the call's microphone track carried (only a WebRTC session has
+sidebands), as it reached the session before muting, converted to what the dialect
 reflects (mono PCM16 at 24 kHz) and sent to each sideband outside the session's stream
 (no ``server_event_seq``, never journaled: a resumed sideband is not sent it again)."""
 

@@ -428,3 +428,49 @@ async def test_client_secrets_and_origins_hold_as_on_the_other_routes() -> None:
                 await again.close()
         finally:
             await browser.close()
+
+
+async def test_a_page_re_offers_its_live_session_to_another_replica_and_carries_on() -> None:
+    """The gateway's resume extension on a Live call: the page's call on A goes; its re-offer
+    (``X-Omni-Resume``, the token from ``session.started``) to B resumes the same session,
+    whose channel says ``session.resumed`` and goes on."""
+    async with replicas() as (a, b):
+        async with live_call(a, {"model": "gpt-live-1"}) as page:
+            started = await page.wait_for("session.started")
+            page.send({"type": "session.instructions.append", "event_id": "i1", "content": "One.",
+                       "delegation_id": None})  # fmt: skip
+            appended = await page.wait_for("session.instructions.appended", client_event_id="i1")
+        resume = {"session_id": page.session_id, "resume_token": started["resume_token"],
+                  "last_received_server_event_seq": appended["server_event_seq"]}  # fmt: skip
+        await wait_for(lambda: not a.runtime.calls.calls, "the first call to end")
+        browser, offer = await make_browser()
+        try:
+            events: list[dict[str, Any]] = []
+            assert browser.channel is not None
+            browser.channel.on("message", lambda m: events.append(orjson.loads(m)))
+            r = await create(b, {"session": {"model": "gpt-live-1"}, "transport": {"type": "webrtc", "sdp": offer}},
+                             {**AUTH, "X-Omni-Resume": orjson.dumps(resume).decode()})  # fmt: skip
+            assert r.status_code == 201, r.text
+            assert r.json()["session"]["id"] == page.session_id
+            await browser.pc.setRemoteDescription(RTCSessionDescription(sdp=r.json()["transport"]["sdp"],
+                                                                        type="answer"))  # fmt: skip
+            resumed = await first(events, "session.resumed")
+            assert resumed["session_id"] == page.session_id
+            browser.channel.send(orjson.dumps({"type": "session.instructions.append", "event_id": "i2",
+                                               "content": "Two.", "delegation_id": None}).decode())  # fmt: skip
+            again = await first(events, "session.instructions.appended", client_event_id="i2")
+            assert again["server_event_seq"] > appended["server_event_seq"]
+            for event in events:
+                check_live_event(event, extensions=True)
+            assert page.session_id in b.runtime.hosting.hosts  # it runs on B now
+        finally:
+            await browser.close()
+        # A token that is not the session's: refused before any media.
+        browser, offer = await make_browser()
+        try:
+            bad = orjson.dumps({**resume, "resume_token": "nope"}).decode()
+            r = await create(a, {"session": {"model": "gpt-live-1"}, "transport": {"type": "webrtc", "sdp": offer}},
+                             {**AUTH, "X-Omni-Resume": bad})  # fmt: skip
+            assert r.status_code == 401 and r.json()["error"]["code"] == "resume_token_invalid", r.text
+        finally:
+            await browser.close()

@@ -15,6 +15,13 @@ refusals, before any media, in OpenAI's error shape, the same CORS for pages on 
 allowed origin, the same limits), speaking the Live dialect on its channel, with the
 session's ``client.data_channel`` allow-lists applied there (``protocol/live_channel.py``).
 Its server is attached through ``/v1/live/sessions/{id}/attach`` (``realtime.py``).
+
+A **re-offer** (the page's, after its call's replica went away: the gateway's resume
+extension, as on ``/v1/realtime/calls``) carries the header ``X-Omni-Resume``
+(``{"session_id", "resume_token", "last_received_server_event_seq"}``, the token from
+``session.started``): the new call resumes that session on whichever replica takes the
+POST (the body's ``session`` is checked, then the resumed session's own settings hold),
+its channel says ``session.resumed`` and carries on from the journal.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from gateway.protocol.dialects import LIVE
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.transport.handshake import minted_refusal
 from gateway.transport.http_body import BodyRefused, capped, json_body
-from gateway.transport.webrtc.signaling import CallsEndpoint, _error
+from gateway.transport.webrtc.signaling import _RESUME_STATUS, RESUME_HEADER, CallsEndpoint, _error, _resume
 
 _KEYS = ("session", "transport")
 
@@ -60,6 +67,12 @@ class LiveSessionsEndpoint(CallsEndpoint):
             return refused.response()
         except ProtocolError as err:
             return _error(400, err.code, err.message, err.param)
+        resume = None
+        if request.headers.get(RESUME_HEADER) is not None:  # a re-offer: the gateway's resume extension
+            try:
+                resume = _resume(request.headers[RESUME_HEADER])
+            except ProtocolError as err:
+                return _error(400, err.code, err.message, f"resume.{err.param}" if err.param else "resume")
         model = settings.model
         refusal = minted_refusal(grant, video=False, model=model)
         if refusal is not None:
@@ -73,6 +86,11 @@ class LiveSessionsEndpoint(CallsEndpoint):
             return seat
 
         async def opening(door: Door) -> Response | None:
+            if resume is not None:
+                refused = await door.resume(resume)
+                if refused is not None:
+                    return _error(_RESUME_STATUS.get(refused.code, 400), refused.code, refused.message, "resume")
+                return None
             refused = await door.open_media(config)
             if refused is None:
                 return None
@@ -85,8 +103,8 @@ class LiveSessionsEndpoint(CallsEndpoint):
 
         minted = grant.minted
         return await self._answer(book, offer, max_message_size, grant, seat, model, LIVE, opening, answered,
-                                  requested=minted.session if minted is not None else None,
-                                  frontend=True)  # fmt: skip
+                                  requested=minted.session if minted is not None else None, frontend=True,
+                                  resumed=resume is not None)  # fmt: skip
 
 
 def _read(body: Any) -> tuple[dict[str, Any], str]:
