@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -103,8 +103,13 @@ async def create(gw: RunningGateway, body: dict[str, Any], headers: dict[str, st
 
 
 @contextlib.asynccontextmanager
-async def live_call(gw: RunningGateway, session: dict[str, Any], *, wav: Path | None = None) -> AsyncIterator[Page]:
-    """A page's Live session over WebRTC, as the SDK's ``client.live.create`` starts it."""
+async def live_call(
+    gw: RunningGateway, session: dict[str, Any], *, wav: Path | None = None,
+    before_answer: Callable[[str], Awaitable[None]] | None = None,
+) -> AsyncIterator[Page]:  # fmt: skip
+    """A page's Live session over WebRTC, as the SDK's ``client.live.create`` starts it
+    (``before_answer(session id)``: what the backend does before the page applies the answer,
+    so before any media flows)."""
     from openai.types.live import LiveCreateResponse
 
     browser, offer = await make_browser(wav=wav)
@@ -122,6 +127,8 @@ async def live_call(gw: RunningGateway, session: dict[str, Any], *, wav: Path | 
             page.events.append(event)
 
         browser.channel.on("message", received)
+        if before_answer is not None:
+            await before_answer(page.session_id)
         await browser.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.transport.sdp, type="answer"))
         yield page
     finally:
@@ -159,10 +166,22 @@ async def send(ws: Any, event: dict[str, Any]) -> None:
 async def test_a_spoken_exchange_over_live_webrtc_on_the_default_engine(tmp_path: Path) -> None:
     """The CPU cascade (silero VAD, pocketsphinx, the echo thinker, eSpeak NG): the caller's
     speech on the track is heard (its transcript on the channel), the answer plays on the
-    track, and its transcript and no audio delta come on the channel."""
+    track, and its transcript and no audio delta come on the channel. The server's sideband,
+    attached before any media, sees it all: the microphone reflected, both transcripts, the
+    model's speech as audio deltas."""
     pcm = silence(300) + await speak("what is your name") + silence(1500)
     wav = write_wav(tmp_path / "said.wav", pcm, 24_000)
-    async with run_gateway(settings()) as gw, live_call(gw, {"model": "gpt-live-1"}, wav=wav) as page:
+    async with contextlib.AsyncExitStack() as stack:
+        gw = await stack.enter_async_context(run_gateway(settings()))
+        watched: list[dict[str, Any]] = []  # what the sideband received
+
+        async def attach_first(session_id: str) -> None:
+            nonlocal watched
+            _, watched = await stack.enter_async_context(attach(gw, session_id))
+            await wait_for(lambda: bool(gw.runtime.hosting.hosts[session_id].sidebands), "the sideband")
+
+        page = await stack.enter_async_context(live_call(gw, {"model": "gpt-live-1"}, wav=wav,
+                                                         before_answer=attach_first))  # fmt: skip
         started = await page.wait_for("session.started")
         assert started["session"]["id"] == page.session_id and "format" not in started["session"]["audio"]
         info = await page.wait_for("info", code="data_channel_permissions")
@@ -174,6 +193,16 @@ async def test_a_spoken_exchange_over_live_webrtc_on_the_default_engine(tmp_path
         assert heard.strip()
         assert "session.output_audio.delta" not in page.types()  # its audio is on the track only
         assert not [e for e in page.events if e["type"] == "error"], page.events
+        # The sideband: the same transcripts, the model's speech, the microphone reflected.
+        await first(watched, "session.output_audio.delta")
+        await first(watched, "session.input_audio.append")
+
+        def text(events: list[dict[str, Any]], kind: str) -> str:
+            return "".join(e["delta"] for e in events if e["type"] == kind)
+
+        kinds = ("session.input_transcript.delta", "session.output_transcript.delta")
+        await wait_for(lambda: all(text(watched, k) == text(page.events, k) != "" for k in kinds),
+                       "the same transcripts on the sideband")  # fmt: skip
 
 
 # --- the data channel's allow-lists ------------------------------------------------------------
