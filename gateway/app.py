@@ -21,6 +21,7 @@ from gateway.settings import Settings
 from gateway.telemetry import Telemetry
 from gateway.transport.realtime import RealtimeEndpoint
 from gateway.transport.video import VideoEndpoint
+from gateway.transport.webrtc.live_signaling import LiveSessionsEndpoint
 from gateway.transport.webrtc.signaling import CallsEndpoint
 from orchestrator.engine import Engine
 
@@ -67,10 +68,13 @@ def create_app(
         routes=[
             *HttpApi(rt).routes(),
             *CallsEndpoint(rt).routes(),
+            *LiveSessionsEndpoint(rt).routes(),  # POST /v1/live/sessions: GPT-Live over WebRTC
             WebSocketRoute("/v1/realtime", RealtimeEndpoint(rt)),
             WebSocketRoute("/v1/duplex", RealtimeEndpoint(rt, dialect=DUPLEX)),  # vLLM-Omni's alias of ?duplex=1
             WebSocketRoute("/v1/live/sessions", RealtimeEndpoint(rt, dialect=LIVE)),  # OpenAI's GPT-Live
             WebSocketRoute("/v1/live/sessions/{session_id}/fork", RealtimeEndpoint(rt, dialect=LIVE, forks=True)),
+            # GPT-Live's sideband: a server beside a WebRTC session (POST /v1/live/sessions), on any replica.
+            WebSocketRoute("/v1/live/sessions/{session_id}/attach", RealtimeEndpoint(rt, dialect=LIVE, attach=True)),
             WebSocketRoute("/v1/realtime/video", VideoEndpoint(rt)),
             # The browser demo and SDK, last so that it never shadows the API.
             Mount("/", StaticFiles(directory=WEB_DEMO, html=True, check_dir=False), name="web_demo"),

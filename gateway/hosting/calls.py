@@ -4,7 +4,8 @@ A call's id is its session's (``rtc_<x>`` for ``sess_<x>``): a call re-offered a
 replica went away keeps its id, and any replica finds the call's session, and so its
 owner, through the store.
 
-**Sideband** (``/v1/realtime?call_id=``): a backend's socket that holds the call's
+**Sideband** (``/v1/realtime?call_id=``; GPT-Live's ``/v1/live/sessions/{id}/attach``,
+``attach_sideband``, in the session's own dialect): a backend's socket that holds the call's
 session beside the browser (it updates it, answers function calls, watches its events).
 Only a session a WebRTC call carried has one (``SessionHost.call``): the id of any other
 session, spelled as a call's, is answered as a call that does not exist.
@@ -59,7 +60,7 @@ from gateway.hosting.delivery import Delivery
 from gateway.hosting.door import Door, Pending
 from gateway.hosting.host import SessionHost
 from gateway.hosting.peer import Peer
-from gateway.protocol.dialects import GA
+from gateway.protocol.dialects import DIALECTS, GA, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.quotas import NeedBudget, Seat
 from gateway.store.base import StoreError, replica_channel
@@ -301,7 +302,8 @@ class Links:
     def on_bus(self, body: dict[str, Any]) -> None:
         kind, link = body.get("type"), str(body.get("link", ""))
         if kind == "sideband.open":
-            self._open(link, str(body.get("replica", "")), str(body.get("principal", "")))
+            self._open(link, str(body.get("replica", "")), str(body.get("principal", "")),
+                       str(body.get("dialect", GA.name)))  # fmt: skip
         elif kind == "sideband.in" and link in self.doors:
             self.doors[link][1].put_nowait(str(body.get("text", "")))
         elif kind == "sideband.ack" and link in self.doors:
@@ -318,13 +320,21 @@ class Links:
         if entry is not None:
             entry[1].put_nowait(None)  # its feed ends
 
-    def _open(self, link: str, replica: str, principal: str) -> None:
+    def _open(self, link: str, replica: str, principal: str, dialect_name: str) -> None:
         peer = BusPeer(self.ctx, replica, link, on_closed=lambda: self._forget(link),
                        input_format=lambda: self.host.input_format)  # fmt: skip
-        if principal != self.host.principal or self.host.ended or not self.host.call or not replica:
+        dialect = self.host.session.dialect
+        spoken = DIALECTS.get(dialect_name)
+        if (
+            principal != self.host.principal
+            or self.host.ended
+            or not self.host.call
+            or not replica
+            or (spoken is not dialect)
+        ):
             peer.close(CloseCode.UNKNOWN_MODEL, Code.CALL_NOT_FOUND)  # another's call: as one that does not exist
             return
-        door = Door(self.ctx, None, peer, dialect=GA, principal=principal, model=self.host.session.config.model,
+        door = Door(self.ctx, None, peer, dialect=dialect, principal=principal, model=self.host.session.config.model,
                     max_message_bytes=self.ctx.max_message_bytes)  # fmt: skip
         door.join(self.host)
         inbox: asyncio.Queue[str | None] = asyncio.Queue()  # (bounded by the relay's window)
@@ -354,10 +364,12 @@ class Relay:
     what the owner sends back is written to the socket (and acknowledged)."""
 
     def __init__(
-        self, ctx: HostContext, peer: Peer, *, session_id: str, owner: str, principal: str, seat: Seat | None = None
-    ) -> None:
+        self, ctx: HostContext, peer: Peer, *, session_id: str, owner: str, principal: str, seat: Seat | None = None,
+        dialect: Dialect = GA,
+    ) -> None:  # fmt: skip
         self.ctx, self.peer, self.session_id, self.owner, self.principal = ctx, peer, session_id, owner, principal
         self.seat = seat
+        self.dialect = dialect  # the sideband's: its refusals here (the owner checks it is the session's)
         self.link = "lnk_" + secrets.token_hex(8)
         self.outbound = Outbound(ctx, owner)
         self.window = Window(ctx.relay_max_bytes)
@@ -378,7 +390,8 @@ class Relay:
     async def open(self) -> bool:
         """Ask the owner to join the session; False: it refused (or did not answer in time)."""
         self.outbound.put({"type": "sideband.open", "session_id": self.session_id, "link": self.link,
-                           "replica": self.ctx.replica_id, "principal": self.principal})  # fmt: skip
+                           "replica": self.ctx.replica_id, "principal": self.principal,
+                           "dialect": self.dialect.name})  # fmt: skip
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.ctx.lease_ttl_ms / 1000):
                 await self._joined.wait()
@@ -448,7 +461,7 @@ class Relay:
         return self.input_format.duration_ms(nbytes), event_id if isinstance(event_id, str) else None
 
     def _refuse(self, err: ProtocolError) -> None:
-        self.delivery.send_now(GA.error(err))
+        self.delivery.send_now(self.dialect.error(err))
 
     def _note_format(self, body: dict[str, Any]) -> None:
         raw = body.get("input_format")
@@ -458,7 +471,7 @@ class Relay:
 
     def receive_frame(self, data: bytes) -> Pending:
         err = ProtocolError(Code.UNSUPPORTED, "A sideband socket carries JSON events only.", param="binary")
-        self.delivery.send_now(GA.error(err))
+        self.delivery.send_now(self.dialect.error(err))
         return None
 
     def on_bus(self, body: dict[str, Any]) -> None:
@@ -525,10 +538,22 @@ async def open_sideband(
     session_id = session_id_of(call_id)
     if session_id is None:
         return not_found
+    return await attach_sideband(ctx, peer, session_id, principal=principal, make_door=make_door, seat=seat,
+                                 dialect=GA, not_found=not_found)  # fmt: skip
+
+
+async def attach_sideband(
+    ctx: HostContext, peer: Peer, session_id: str, *, principal: str, make_door: Callable[[], Door],
+    dialect: Dialect, not_found: ProtocolError, seat: Seat | None = None,
+) -> Door | Relay | ProtocolError:  # fmt: skip
+    """A sideband in ``dialect`` beside the WebRTC session ``session_id`` (GPT-Live's
+    ``/v1/live/sessions/{id}/attach``; a Realtime call's ``?call_id=``), on this replica or
+    relayed to its owner; or why not: ``not_found`` (no such WebRTC session in progress, one
+    in another dialect, or another principal's: answered the same), ``store_unavailable``."""
     host = ctx.hosts.get(session_id)
     if isinstance(host, SessionHost) and not host.ended:
-        if host.principal != principal or not host.call:  # (a plain socket's session: as no call)
-            return not_found
+        if host.principal != principal or not host.call or host.session.dialect is not dialect:
+            return not_found  # (a plain socket's session: as no call)
         door = make_door()
         door.join(host)
         return door
@@ -540,7 +565,8 @@ async def open_sideband(
         return ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
     if owner is None or owner.owner == ctx.replica_id:
         return not_found  # nobody serves it now (its call is gone): nothing to hold
-    relay = Relay(ctx, peer, session_id=session_id, owner=owner.owner, principal=principal, seat=seat)
+    relay = Relay(ctx, peer, session_id=session_id, owner=owner.owner, principal=principal, seat=seat,
+                  dialect=dialect)  # fmt: skip
     if not await relay.open():
         relay.detach()
         return not_found

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Literal, Protocol
 
 from gateway.audio.codecs import AudioFormat, encode_from_pcm16
@@ -118,6 +118,24 @@ class Media(Protocol):
         when nothing was playing or queued."""
 
 
+class Screened:
+    """A frontend's peer behind its session's channel policy: a server event the policy does
+    not allow is not sent (``ChannelPolicy.allows_server``; the journal and the sidebands
+    still have it)."""
+
+    def __init__(self, peer: Peer, policy: Callable[[], Any]) -> None:
+        self.peer = peer
+        self._policy = policy
+
+    def send(self, data: bytes, event: dict[str, Any] | None = None) -> None:
+        policy = self._policy()
+        if policy is None or policy.allows_server(event, data):
+            self.peer.send(data, event)
+
+    def close(self, code: int, reason: str) -> None:
+        self.peer.close(code, reason)
+
+
 class Door:
     def __init__(
         self,
@@ -136,11 +154,15 @@ class Door:
         model_bound: bool = False,
         source: str | None = None,
         minted: str | None = None,
+        frontend: bool = False,
     ) -> None:
         self.ctx = ctx
         self.sessions = sessions
         self.peer = peer
-        self.delivery = Delivery(peer, gated=dialect.gated)
+        # An untrusted frontend's data channel (a GPT-Live WebRTC session's): the session's
+        # channel policy says what it may send (``_text``) and what it is sent (``Screened``).
+        self.frontend = frontend
+        self.delivery = Delivery(Screened(peer, self._policy) if frontend else peer, gated=dialect.gated)
         self.dialect = dialect
         self.principal = principal
         self.model = model  # the model a session opened through this door serves by default
@@ -276,6 +298,18 @@ class Door:
         if counter is None:
             counter = self._counters[kind] = self.ctx.metrics.client_event_counter(self.dialect.event_name(kind))
         counter.inc()
+        if (
+            self.dialect.primary_only
+            and isinstance(event, self.dialect.primary_only)
+            and (self.sideband or self.media is not None)
+        ):
+            raise ProtocolError(Code.UNSUPPORTED, "Only a primary WebSocket sends this event: a WebRTC call's audio "
+                                "goes on its track, and a sideband sends none.", param="type",
+                                event_id=getattr(event, "event_id", None))  # fmt: skip
+        if self.frontend:
+            policy = host.session.channel_policy
+            if policy is not None and not policy.allows_client(event):
+                raise policy.refusal(event)
         if isinstance(event, ce.SessionResume):
             if self.sideband:
                 raise ProtocolError(Code.UNSUPPORTED, "A sideband socket holds its call's session: it resumes none.",
@@ -334,6 +368,11 @@ class Door:
         await self.delivery.closed()  # session.closed went out (or the gate gave up waiting)
         await host.end(reason="closed by the client", delete=True)
 
+    def _policy(self) -> Any:
+        """The channel policy of the session behind the door (None: none, or no session yet)."""
+        host = self.host
+        return host.session.channel_policy if host is not None else None
+
     # --- opening a session --------------------------------------------------------------
 
     async def open(self, requested: dict[str, Any] | None = None, **start: Any) -> bool:
@@ -346,7 +385,33 @@ class Door:
         self._begin(host, **start)
         return True
 
+    async def open_media(self, config: dict[str, Any]) -> ProtocolError | None:
+        """A new session for a media connection whose request carried its settings (GPT-Live's
+        ``POST /v1/live/sessions``: ``session``, applied as ``MediaSessionConfigParam``), started
+        at once (``session.started`` waits for the data channel); or why not (nothing is said on
+        the connection: the request's answer says it)."""
+        opened = await self._open_host(self.model, self.requested)
+        if isinstance(opened, tuple):
+            return opened[0]
+        try:
+            warnings = opened.configure(config, media=True)
+        except ProtocolError as err:
+            await opened.end(reason="its settings were refused", delete=True)
+            return err
+        self._begin(opened, configured=True, warnings=warnings)
+        return None
+
     async def _new_host(self, model: str, requested: dict[str, Any] | None = None) -> SessionHost | None:
+        opened = await self._open_host(model, requested)
+        if isinstance(opened, tuple):
+            self._refuse_connection(*opened)
+            return None
+        return opened
+
+    async def _open_host(
+        self, model: str, requested: dict[str, Any] | None = None
+    ) -> SessionHost | tuple[ProtocolError, int]:
+        """A new session's host, or why not (with the close code that says it on a socket)."""
         assert self.sessions is not None, "a door that only joins opens no session"
         try:
             return await self.sessions.open_session(
@@ -357,7 +422,7 @@ class Door:
             if self.seat is not None:
                 self.seat.refused("max_state_mib")
             mib = exc.limit / (1 << 20)
-            self._refuse_connection(
+            return (
                 ProtocolError(
                     Code.RATE_LIMIT_EXCEEDED,
                     f"This credential's sessions hold {mib:g} MiB of session state, its limit: close one, or "
@@ -365,14 +430,12 @@ class Door:
                 ),
                 CloseCode.RATE_LIMITED,
             )
-            return None
         except StoreError as exc:
             log.warning("cannot open a session: %s", exc)
-            self._refuse_connection(
+            return (
                 ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly."),
                 CloseCode.TRY_AGAIN_LATER,
             )
-            return None
 
     def _begin(self, host: SessionHost, **start: Any) -> None:
         """Serve ``host``'s new session through this door: attach, ``session.created``."""

@@ -31,6 +31,7 @@ from gateway.hosting import takeover
 from gateway.hosting.context import HostContext
 from gateway.hosting.delivery import Delivery
 from gateway.hosting.mcp import McpFailure
+from gateway.hosting.reflect import Reflector
 from gateway.hosting.responses_backend import UNCONFIGURED, ResponsesFailure
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.session import snapshot
@@ -38,6 +39,7 @@ from gateway.session.effects import (
     CallMcpTool,
     Cancel,
     CloseSocket,
+    CutAudio,
     EndInput,
     Feed,
     ListMcpTools,
@@ -127,6 +129,7 @@ class SessionHost:
         self.doors: list[Attached] = []  # the connections attached: one (a resume replaces it), and sidebands
         self.sidebands: set[Attached] = set()  # of the doors, the ones that joined beside it
         self.links: Any = None  # relayed sidebands (calls.Links), made by the bus listener when one asks
+        self._reflector: Reflector | None = None  # the input audio reflected to sidebands (made at the first)
         self.handles: dict[str, RequestHandle] = {}
         # MCP listings and calls under way (gateway/hosting/mcp.py), by the response they serve
         # ("" for listings): a cancel of the response cancels its calls, the end all of them.
@@ -290,14 +293,27 @@ class SessionHost:
         """Input audio in the session's input format (a binary frame, a decoded track)."""
         if self.drained:
             return
+        if self.sidebands:
+            self._reflect(audio)
         try:
-            self.session.append_audio(audio, None)
+            self.session.append_input(audio)
         except ProtocolError as err:
             self.session.error(err)
         except Exception:
             log.exception("session %s: unexpected failure handling input audio", self.id)
             self._internal_error()
         self.flush()
+
+    def _reflect(self, audio: bytes) -> None:
+        """The call's input audio (its track: only a WebRTC session has sidebands), to the sidebands,
+        where the dialect reflects it (``reflect.py``)."""
+        encode = self.session.dialect.reflect
+        if encode is None:
+            return
+        if self._reflector is None:
+            self._reflector = Reflector(encode)
+        with contextlib.suppress(ProtocolError, ValueError):  # (audio the session refuses: its error says why)
+            self._reflector.reflect(audio, self.input_format, [d.delivery for d in self.sidebands])
 
     def refuse(self, err: ProtocolError) -> None:
         """A client message refused before it reached the session (it did not decode,
@@ -308,10 +324,11 @@ class SessionHost:
     def _internal_error(self) -> None:
         self.session.error(ProtocolError(Code.INTERNAL, "The gateway failed on this event.", type="server_error"))
 
-    def configure(self, update: Any) -> list[tuple[str, str]]:
+    def configure(self, update: Any, *, media: bool = False) -> list[tuple[str, str]]:
         """The settings of the dialect's opening event, applied before the session starts
-        (``Opening.with_config``): the warnings to report; raises ProtocolError."""
-        return self.session.configure(update)
+        (``Opening.with_config``; ``media``: a media transport's request, GPT-Live's ``POST
+        /v1/live/sessions``): the warnings to report; raises ProtocolError."""
+        return self.session.configure(update, media=media)
 
     def expire_idle(self) -> None:
         """No client event for the dialect's idle timeout (the door keeps the clock)."""
@@ -561,6 +578,11 @@ class SessionHost:
                         self.trace.request_ended(effect.request_id, "cancelled")
                 case Wake():
                     asyncio.get_running_loop().call_later(effect.after_s, self._wake, effect.key)
+                case CutAudio():
+                    for door in self.doors:
+                        media = getattr(door, "media", None)  # (a WebRTC call's door: it plays the audio)
+                        if media is not None:
+                            media.clear_audio()
                 case CloseSocket():
                     self.ctx.metrics.closes.labels(str(effect.code)).inc()
                     for door in self.doors:

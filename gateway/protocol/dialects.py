@@ -33,7 +33,7 @@ from gateway.protocol import connection_events as conn
 from gateway.protocol import duplex_events as de
 from gateway.protocol import live_events as le
 from gateway.protocol.errors import ProtocolError
-from gateway.protocol.server_events import BINARY_SUBPROTOCOL, encode_beta, encode_ga
+from gateway.protocol.server_events import AUDIO_DELTA, BINARY_SUBPROTOCOL, encode_beta, encode_ga
 
 BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
 SESSION_NOT_OPEN = "session_not_open"  # a first event that opens nothing on a socket with no session yet
@@ -99,6 +99,17 @@ class Dialect:
     handshake_error: Callable[[ProtocolError], bytes] | None = None  # a refused resume; None: ``error``
     always_announces_replaced: bool = False  # every client knows ``session.replaced`` (else only those that opted in)
     model_at_start: bool = False  # the opening event names the model (checked then), never the URL
+    # A media transport (WebRTC) plays this event's audio on its track (``delta``), never on its
+    # data channel; ``media_playback``: it reports what it played to the session (the Realtime
+    # API's output_audio_buffer.* and truncation at the audio heard; the Live dialect has neither).
+    media_audio: str = AUDIO_DELTA
+    media_playback: bool = True
+    # Events only a primary WebSocket sends (a sideband's or a data channel's: ``unsupported``;
+    # their audio goes on the primary connection, or on the call's track).
+    primary_only: tuple[type, ...] = ()
+    # The primary's input audio reflected to the session's sidebands (mono PCM16 at 24 kHz in;
+    # the message out), outside the session's stream; None: sidebands are not sent it.
+    reflect: Callable[[bytes], bytes] | None = None
 
     def __repr__(self) -> str:
         return f"<Dialect {self.name}>"
@@ -303,6 +314,10 @@ LIVE = Dialect(
     event_names=le.EVENT_NAMES,
     gated=False,
     model_at_start=True,  # "required in the session configuration ...; do not pass it as a URL query parameter"
+    media_audio="session.output_audio.delta",
+    media_playback=False,  # no items to truncate, no output_audio_buffer.* events
+    primary_only=(ce.AudioAppend,),  # "Primary WebSocket only; media transports use their audio track"
+    reflect=le.reflected_audio,  # "Reflected sideband server events reuse this event type and audio key"
 )
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (GA, BETA, DUPLEX, LIVE)}

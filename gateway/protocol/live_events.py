@@ -264,3 +264,14 @@ def error_event(err: ProtocolError) -> bytes:
     return orjson.dumps(
         {"type": "error", "event_id": "event_" + secrets.token_hex(8), "server_event_seq": 0, **error_fields(err)}
     )
+
+
+REFLECTED_RATE = 24_000  # reflected input audio is always mono PCM16LE at 24 kHz (the SDK's words)
+
+
+def reflected_audio(pcm: bytes) -> bytes:
+    """The primary's input audio reflected to a sideband: ``session.input_audio.append``
+    with the audio only (mono PCM16LE at 24 kHz), "with no timestamps or event_id", as
+    the API reflects it; outside the session's stream (no ``server_event_seq``, never
+    journaled)."""
+    return orjson.dumps({"type": "session.input_audio.append", "audio": base64.b64encode(pcm).decode("ascii")})

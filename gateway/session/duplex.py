@@ -141,7 +141,7 @@ class DuplexSession(RealtimeSession):
 
     # --- lifecycle and config ------------------------------------------------------
 
-    def configure(self, update: Any) -> list[tuple[str, str]]:
+    def configure(self, update: Any, *, media: bool = False) -> list[tuple[str, str]]:
         """The ``session.update`` that opens the session, applied before ``session.created``
         (nothing is emitted; a refusal raises and leaves the defaults)."""
         new, duplex, warnings = apply_duplex_update(self.config, self.duplex, update, limits=self._config_limits)

@@ -98,6 +98,14 @@ class Wake:
     key: str
 
 
+@dataclass(frozen=True, slots=True)
+class CutAudio:
+    """The caller spoke (server VAD's speech start): a connection that plays the answers'
+    audio itself (a WebRTC call) cuts what it still has queued, now, even of an answer
+    already written. For a dialect that hears nothing back of what was played (GPT-Live:
+    no items to truncate); the Realtime API's calls cut on ``speech_started`` themselves."""
+
+
 Effect = (
     StartTranscription
     | StartResponse
@@ -109,4 +117,5 @@ Effect = (
     | CallMcpTool
     | RunResponses
     | Wake
+    | CutAudio
 )

@@ -49,9 +49,10 @@ from gateway.protocol import live_config as lc
 from gateway.protocol import live_events as le
 from gateway.protocol.dialects import LIVE, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
+from gateway.protocol.live_channel import PERMISSIONS_INFO, ChannelPolicy
 from gateway.session import live_recording
 from gateway.session.conversation import Item, Part, PartType
-from gateway.session.effects import CloseSocket, Wake
+from gateway.session.effects import CloseSocket, CutAudio, Wake
 from gateway.session.live_delegation import (
     ACK_INSTRUCTIONS,
     ACK_SAY,
@@ -122,6 +123,7 @@ class LiveSession(RealtimeSession):
         self._responses_backend = responses_backend
         self._delegations = Delegations(self._log, self)
         self._delegations.settings = self.live.delegation or lc.Delegation()
+        self._policy = ChannelPolicy.of(self.live.data_channel)
         self.closed = False
         self.forked = False  # a fork of a stored session: its opening event carries the fork's overrides
         self._pending_say: list[tuple[str, str | None]] = []  # commentary to speak once the answer ends
@@ -131,6 +133,7 @@ class LiveSession(RealtimeSession):
         assert spelling is not None
         self.spelling = spelling
         self._live_turns.answered = self._say_pending
+        spelling.on_speech = self._speech_started
         self._live_turns.ended = self._delegated
 
     @property
@@ -144,14 +147,25 @@ class LiveSession(RealtimeSession):
 
     # --- lifecycle and config --------------------------------------------------------
 
-    def configure(self, update: dict[str, Any]) -> list[tuple[str, str]]:
+    def configure(self, update: dict[str, Any], *, media: bool = False) -> list[tuple[str, str]]:
         """``session.start``'s ``session`` (strict), applied before ``session.started``; a fork's
-        overrides of the stored session's settings."""
+        overrides of the stored session's settings; ``media``: a WebRTC session's, as ``POST
+        /v1/live/sessions`` carries it (``MediaSessionConfigParam``: no ``audio.format``, the
+        frontend's ``client.data_channel`` allow-lists)."""
+        media = media or self.live.media
         if self.forked:
-            self._apply_live(lc.parse_fork(self.live, update, media=self.live.media))
+            self._apply_live(lc.parse_fork(self.live, update, media=media))
         else:
-            self._apply_live(lc.parse_start(update, media=self.live.media))
+            self._apply_live(lc.parse_start(update, media=media))
+        self._policy = ChannelPolicy.of(self.live.data_channel)
         return []
+
+    @property
+    def channel_policy(self) -> ChannelPolicy:
+        return self._policy
+
+    def append_input(self, audio: bytes) -> None:
+        self.append_heard(audio, None)  # (muted, or under a fixture: the model hears silence)
 
     # --- stored sessions: kept after their close, forked, recorded ------------------------
 
@@ -211,6 +225,8 @@ class LiveSession(RealtimeSession):
         self._emit("session.started", **fields)
         for code, message in self._notices():
             self._emit("info", code=code, message=message)
+        if self.live.media:  # what the WebRTC frontend's data channel may send and see
+            self._emit("info", code=PERMISSIONS_INFO, message=self._policy.describe())
         self.effects.append(Wake(USAGE_EVERY_S, _WAKE_USAGE))
 
     def _notices(self) -> list[tuple[str, str]]:
@@ -322,6 +338,12 @@ class LiveSession(RealtimeSession):
             fmt = self.config.input_format
             self._silence = (nbytes, encode_from_pcm16(fmt, bytes(nbytes // fmt.bytes_per_sample * 2)))
         return self._silence[1]
+
+    def _speech_started(self) -> None:
+        """The caller began to speak: the Live model gives way (barge-in). An answer under way
+        is cancelled by its turn-taking; one already written still plays from a WebRTC call's
+        track: cut there."""
+        self.effects.append(CutAudio())
 
     # --- appended context ----------------------------------------------------------------
 
@@ -474,6 +496,7 @@ class LiveSession(RealtimeSession):
         assert isinstance(session, LiveSession)
         live = state["live"]
         session.live = lc.from_dict(live["settings"])
+        session._policy = ChannelPolicy.of(session.live.data_channel)
         session.muted = live["muted"]
         session._delegations.settings = session.live.delegation or lc.Delegation()
         session._delegations.restore(live.get("delegation") or {"handed": live.get("delegations", {})})

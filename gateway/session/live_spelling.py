@@ -57,6 +57,7 @@ class LiveSpelling:
         self._held: dict[str, list[str]] = {}  # response id -> transcript text awaiting its audio
         self._speech: tuple[str | None, float] | None = None  # (item id, start ms) of speech under way
         self._spans: dict[str, tuple[int, int]] = {}  # item id -> (start, end) ms of the speech it holds
+        self.on_speech: Callable[[], None] = lambda: None  # the caller began to speak (the session cuts media)
 
     def timeline_ms(self) -> int:
         """Now, on the session timeline (see the module docstring)."""
@@ -88,6 +89,7 @@ class LiveSpelling:
         """What the unsent events say that the sent ones need (the spans of speech)."""
         if type_ == "input_audio_buffer.speech_started":
             self._speech = (fields.get("item_id"), float(fields["audio_start_ms"]))
+            self.on_speech()
         elif type_ == "input_audio_buffer.speech_stopped":
             item_id = fields.get("item_id")
             start = self._speech[1] if self._speech is not None else float(fields["audio_end_ms"])

@@ -287,11 +287,23 @@ class RealtimeSession:
     def render_config(self) -> dict[str, Any]:
         return render(self.config, session_id=self.id, expires_at=self.expires_at, beta=self.beta)
 
-    def configure(self, update: dict[str, Any]) -> list[tuple[str, str]]:
+    def configure(self, update: dict[str, Any], *, media: bool = False) -> list[tuple[str, str]]:
         """The settings of a dialect whose first event opens the session with them
         (``Opening.with_config``), applied before the session starts: the warnings to
-        report. The Realtime API has no such event."""
+        report (``media``: as a media transport's request carries them, GPT-Live's ``POST
+        /v1/live/sessions``). The Realtime API has no such event."""
         raise ProtocolError(Code.UNSUPPORTED, "This dialect opens no session with its own settings.", param="type")
+
+    @property
+    def channel_policy(self) -> Any:
+        """The allow-lists of an untrusted frontend's data channel (GPT-Live's
+        ``client.data_channel``: ``protocol/live_channel.ChannelPolicy``); None: the dialect
+        has none, everything passes."""
+        return None
+
+    def append_input(self, audio: bytes) -> None:
+        """Input audio a media transport decoded (a call's track) or a binary frame carried."""
+        self.append_audio(audio, None)
 
     def wake(self, key: str) -> None:
         """A ``Wake`` effect this session asked for is due (the Realtime API asks for none)."""

@@ -54,7 +54,7 @@ from urllib.parse import parse_qs
 import orjson
 
 from gateway.auth import Minted
-from gateway.hosting.calls import open_sideband
+from gateway.hosting.calls import attach_sideband, open_sideband
 from gateway.hosting.door import Door, Entrance, Pending, Sessions
 from gateway.protocol import client_events as ce
 from gateway.protocol import duplex_events
@@ -122,9 +122,11 @@ class RealtimeServices(Services, Protocol):
 class RealtimeEndpoint:
     """ASGI app for the realtime WebSocket."""
 
-    def __init__(self, runtime: RealtimeServices, *, dialect: Dialect | None = None, forks: bool = False) -> None:
+    def __init__(self, runtime: RealtimeServices, *, dialect: Dialect | None = None, forks: bool = False,
+                 attach: bool = False) -> None:  # fmt: skip
         self.runtime = runtime
         self.forks = forks  # every socket opens a session that carries on the stored one its path names
+        self.attach = attach  # every socket is a sideband of the WebRTC session its path names (GPT-Live's /attach)
         # Every socket speaks this dialect (``/v1/duplex``: vLLM-Omni's duplex alias; ``/v1/live/sessions``:
         # GPT-Live); None: the request says (``dialect_of``).
         self.dialect = dialect
@@ -143,7 +145,7 @@ class RealtimeEndpoint:
         minted = hs.grant.minted  # a client secret's: the model and settings it opens, and no others
         asked = hs.param("model")
         model = asked or (minted.model if minted is not None else rt.settings.model)
-        sideband = hs.param("call_id") is not None
+        sideband = hs.param("call_id") is not None or self.attach
         refusal = common_refusal(rt, hs) or minted_refusal(hs.grant, video=False, model=asked, sideband=sideband)
         checked = not dialect.model_at_start  # (else the door checks the model the opening event names)
         if refusal is None and checked and not rt.sessions.serves(model):
@@ -172,11 +174,17 @@ class RealtimeEndpoint:
         socket = RealtimeSocket(rt, scope, receive, send, binary=dialect.binary and BINARY_SUBPROTOCOL in hs.offered)
         opening: Callable[[], Awaitable[bool]] | None
         call_id = hs.param("call_id")
-        if call_id is not None:  # a sideband: the socket holds a WebRTC call's session beside it
-            refused = await socket.join_call(call_id, principal=hs.grant.principal, model=model, seat=seat)
+        attach_id = scope.get("path_params", {}).get("session_id") if self.attach else None
+        if call_id is not None or attach_id is not None:  # a sideband: it holds a WebRTC session beside its call
+            if attach_id is not None:
+                refused = await socket.attach_to(attach_id, dialect, principal=hs.grant.principal, model=model,
+                                                 seat=seat)  # fmt: skip
+            else:
+                refused = await socket.join_call(str(call_id), principal=hs.grant.principal, model=model, seat=seat)
             if refused is not None:
                 close = CloseCode.TRY_AGAIN_LATER if refused.code == Code.STORE_UNAVAILABLE else CloseCode.UNKNOWN_CALL
-                await refuse(rt, send, (refused.code, refused.message, close), GA.error(refused))
+                await refuse(rt, send, (refused.code, refused.message, close),
+                             (dialect if attach_id is not None else GA).error(refused))  # fmt: skip
                 return
             opening = None
         else:
@@ -236,6 +244,23 @@ class RealtimeSocket:
         entrance = await open_sideband(rt.hosting, self, call_id, principal=principal, seat=seat,
                                        make_door=lambda: self.door_to(GA, principal=principal, model=model,
                                                                       seat=seat))  # fmt: skip
+        if isinstance(entrance, ProtocolError):
+            return entrance
+        self.door = entrance
+        return None
+
+    async def attach_to(self, session_id: str, dialect: Dialect, *, principal: str, model: str,
+                        seat: Seat) -> ProtocolError | None:  # fmt: skip
+        """GPT-Live's sideband (``/v1/live/sessions/{id}/attach``): join WebRTC session
+        ``session_id`` in ``dialect`` (here, or relayed to the replica serving it); the
+        refusal, if any (session_not_found, store_unavailable)."""
+        rt = self.runtime
+        not_found = ProtocolError(Code.SESSION_NOT_FOUND, f"No WebRTC session {session_id!r} is in progress for "
+                                  "this credential.", param="session_id")  # fmt: skip
+        entrance = await attach_sideband(rt.hosting, self, session_id, principal=principal, seat=seat,
+                                         dialect=dialect, not_found=not_found,
+                                         make_door=lambda: self.door_to(dialect, principal=principal, model=model,
+                                                                        seat=seat))  # fmt: skip
         if isinstance(entrance, ProtocolError):
             return entrance
         self.door = entrance

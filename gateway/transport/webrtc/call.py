@@ -35,9 +35,8 @@ from aiortc import MediaStreamTrack, RTCPeerConnection
 from gateway.audio.codecs import AudioFormat, decode_to_pcm16
 from gateway.audio.resample import StreamResampler
 from gateway.hosting.door import Door
-from gateway.protocol.connection_events import error_event
-from gateway.protocol.errors import CloseCode, Code
-from gateway.protocol.server_events import AUDIO_DELTA
+from gateway.protocol.dialects import GA, Dialect
+from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.session_config import parse_ga_format
 from gateway.transport.webrtc.audio_in import AudioIn
 from gateway.transport.webrtc.audio_out import AudioOutTrack
@@ -47,7 +46,6 @@ from gateway.transport.webrtc.peer import PeerFactory, PeerWatchdog
 log = logging.getLogger("omni.webrtc")
 
 TRACK_RATE = 24_000  # the answer's track and the microphone's chunks (the GA default formats' rate)
-_AUDIO_DELTA_JSON = b'"response.output_audio.delta"'
 _SPEECH_STARTED = "input_audio_buffer.speech_started"
 _CUT = frozenset({"cancelled", "failed"})  # an answer that ends so has its audio cut at once
 _MAX_FORMATS = 16  # responses whose output format is remembered (a response.create may set its own)
@@ -64,8 +62,13 @@ class Call:
         *,
         on_ended: Callable[[Call], None],
         max_message_size: int,
+        dialect: Dialect = GA,
     ) -> None:
         self.call_id = call_id
+        self.dialect = dialect  # what its channel speaks: which event's audio plays on the track, and
+        #   whether what was played is reported to the session (the Realtime API's output_audio_buffer.*)
+        self._audio_type = dialect.media_audio
+        self._audio_json = f'"{dialect.media_audio}"'.encode()
         self.factory = factory
         self.pc: RTCPeerConnection = factory.create()
         self.track = AudioOutTrack(TRACK_RATE, on_started=self._started, on_stopped=self._stopped)
@@ -84,6 +87,7 @@ class Call:
         self._watchdog = PeerWatchdog.for_config(self.pc, self._dead, factory.config)
         self._formats: dict[str, AudioFormat] = {}  # response id -> its audio format (response.created)
         self._decoders: dict[str, tuple[AudioFormat, StreamResampler | None]] = {}
+        self._cuts = 0  # the audio was cut this many times (GPT-Live's speech: a new stream after each)
         self.pc.on("datachannel", self.channel.accept)
         self.pc.on("track", self._track)
 
@@ -128,11 +132,11 @@ class Call:
     # --- the Peer: what the session says ----------------------------------------------
 
     def send(self, data: bytes, event: dict[str, Any] | None = None) -> None:
-        if event is None and _AUDIO_DELTA_JSON in data[:64]:
+        if event is None and self._audio_json in data[:64]:
             event = orjson.loads(data)  # a replayed delta: its audio plays on the new track
             event["delta"] = base64.b64decode(event["delta"])
         kind = event["type"] if event is not None else None
-        if kind == AUDIO_DELTA and event is not None:
+        if kind == self._audio_type and event is not None:
             self._play(event)
             return  # the audio is on the track, never on the channel (OpenAI's WebRTC does the same)
         if event is not None:
@@ -149,7 +153,8 @@ class Call:
         except MessageTooLarge as exc:
             self._unsent(exc)
             with contextlib.suppress(MessageTooLarge, ChannelOverflow):
-                self.channel.send(error_event(Code.MESSAGE_TOO_LARGE, f"An event was not sent: {exc}."))
+                self.channel.send(self.dialect.error(ProtocolError(Code.MESSAGE_TOO_LARGE,
+                                                                   f"An event was not sent: {exc}.")))  # fmt: skip
         except ChannelOverflow as exc:
             self.slow = True
             log.warning("call %s: slow consumer, hanging up: %s", self.call_id, exc)
@@ -184,7 +189,9 @@ class Call:
             del self._formats[next(iter(self._formats))]
 
     def _play(self, event: dict[str, Any]) -> None:
-        response_id = event["response_id"]
+        # A GPT-Live delta names no response: its speech is one stream, a new one after each cut
+        # (what was cut stays cut: audio of it still on its way is dropped).
+        response_id = event.get("response_id") or f"speech{self._cuts}"
         fmt = self._formats.get(response_id)
         if fmt is None and self.door is not None and self.door.host is not None:
             fmt = self.door.host.output_format
@@ -198,7 +205,7 @@ class Call:
                 )  # fmt: skip
             pcm = decode_to_pcm16(fmt, audio)
             audio = decoder[1].process(pcm) if decoder[1] is not None else pcm
-        self.track.feed(audio, response_id=response_id, item_id=event["item_id"])
+        self.track.feed(audio, response_id=response_id, item_id=event.get("item_id", ""))
 
     def _answer_ended(self, response: dict[str, Any]) -> None:
         response_id = response["id"]
@@ -233,7 +240,8 @@ class Call:
             )
 
     def clear_audio(self) -> tuple[str, str, int] | None:
-        """The door's ``Media``: ``output_audio_buffer.clear`` cuts the audio now."""
+        """The door's ``Media``: ``output_audio_buffer.clear`` (and GPT-Live's barge-in) cuts the audio now."""
+        self._cuts += 1
         cut = self.track.clear()
         return None if cut is None else (cut.response_id, cut.item_id, cut.audio_end_ms)
 
@@ -242,10 +250,11 @@ class Call:
             trace = self.door.trace
             if trace is not None and trace.awaiting_socket:
                 trace.played()  # a traced turn ends when its first audio leaves, here on the track
-            asyncio.get_running_loop().call_soon(self.door.played, "started", response_id)
+            if self.dialect.media_playback:
+                asyncio.get_running_loop().call_soon(self.door.played, "started", response_id)
 
     def _stopped(self, response_id: str) -> None:
-        if self.door is not None:
+        if self.door is not None and self.dialect.media_playback:
             asyncio.get_running_loop().call_soon(self.door.played, "stopped", response_id)
 
     # --- the end --------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,7 +45,7 @@ from gateway.auth import CredentialsUnavailable, Grant
 from gateway.hosting.calls import call_id_of, hang_up, session_id_of
 from gateway.hosting.door import Door, Sessions
 from gateway.protocol import client_events as ce
-from gateway.protocol.dialects import GA
+from gateway.protocol.dialects import GA, Dialect
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.quotas import AdmissionUnavailable, ConnectRefusal, Seat
 from gateway.transport.http_body import BodyRefused, capped, checked_shape
@@ -160,20 +161,57 @@ class CallsEndpoint:
         return response
 
     async def _create(self, request: Request) -> Response:
+        checked = await self._caller(request)
+        if isinstance(checked, Response):
+            return checked
+        book, grant = checked
+        parsed = await self._read_offer(request)
+        if isinstance(parsed, Response):
+            return parsed
+        offer, requested, resume = parsed
+        screened = self._screen(book, offer)
+        if isinstance(screened, Response):
+            return screened
+        offer, max_message_size = screened
+        try:
+            model, settings = self.rt.session_defaults(grant, requested)
+        except ProtocolError as err:  # (a client secret's other model or endpoint: 403)
+            status = 403 if err.code in (Code.MODEL_NOT_ALLOWED, Code.CLIENT_SECRET_WRONG_TYPE) else 400
+            return _error(status, err.code, err.message, err.param)
+        seat = await self._seat(grant, model)
+        if isinstance(seat, Response):
+            return seat
+
+        async def opening(door: Door) -> Response | None:
+            if resume is not None:
+                refused = await door.resume(resume)
+                if refused is not None:
+                    return _error(_RESUME_STATUS.get(refused.code, 400), refused.code, refused.message, "resume")
+            elif not await door.open(settings):
+                return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
+            return None
+
+        def answered(answer: str, call_id: str, session_id: str) -> Response:
+            return Response(answer, status_code=201, media_type="application/sdp",
+                            headers={"Location": f"/v1/realtime/calls/{call_id}"})  # fmt: skip
+
+        return await self._answer(book, offer, max_message_size, grant, seat, model, GA, opening, answered,
+                                  resumed=resume is not None)  # fmt: skip
+
+    async def _caller(self, request: Request) -> tuple[CallBook, Grant] | Response:
+        """What refuses any call here, before a byte of the body: WebRTC off, draining, full, no
+        credential (a client secret is not spent on a replica that cannot take the call: a
+        retry elsewhere can still use it; a caller without one holds nothing here)."""
         rt = self.rt
         book = rt.calls
         if book is None:
             return _error(501, Code.WEBRTC_UNAVAILABLE, "This gateway answers no WebRTC calls (the webrtc extra is "
-                          "not installed, or the webrtc setting is off); use the WebSocket /v1/realtime.")  # fmt: skip
-        # What refuses any call here comes first: a client secret is not spent on a replica
-        # that cannot take the call (a retry elsewhere can still use it).
+                          "not installed, or the webrtc setting is off); use a WebSocket instead.")  # fmt: skip
         if rt.draining:
             return _error(503, Code.SERVER_BUSY, "This replica is shutting down; offer the call again.")
         if rt.session_count() >= rt.settings.max_sessions:
             return _error(503, Code.SERVER_BUSY, f"This replica is at its limit of {rt.settings.max_sessions} "
                           "sessions; try again later.")  # fmt: skip
-        # The credential before a byte of the body: a caller without one holds nothing here
-        # (answered 401 and closed, its body unread).
         try:
             grant = await rt.auth.authenticate(request.headers, [])
         except CredentialsUnavailable:
@@ -182,10 +220,12 @@ class CallsEndpoint:
             rt.hosting.metrics.auth_failures.inc()
             return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key or client secret>'.",
                           **{"WWW-Authenticate": 'Bearer realm="omni-gateway"'})  # fmt: skip
-        parsed = await self._read_offer(request)
-        if isinstance(parsed, Response):
-            return parsed
-        offer, requested, resume = parsed
+        return book, grant
+
+    @staticmethod
+    def _screen(book: CallBook, offer: str) -> tuple[str, int] | Response:
+        """The offer checked (400 past its bounds) and its candidates screened: (offer, the
+        peer's max message size)."""
         config = book.config
         try:
             summary = check_offer(offer, max_sections=config.max_offer_sections,
@@ -195,29 +235,32 @@ class CallsEndpoint:
         offer, dropped = screen_candidates(offer, book.peers)
         if dropped:
             log.info("webrtc: %d of the offer's ICE candidates left out (webrtc_peer_networks)", dropped)
-        try:
-            model, settings = rt.session_defaults(grant, requested)
-        except ProtocolError as err:  # (a client secret's other model or endpoint: 403)
-            status = 403 if err.code in (Code.MODEL_NOT_ALLOWED, Code.CLIENT_SECRET_WRONG_TYPE) else 400
-            return _error(status, err.code, err.message, err.param)
+        return offer, summary.max_message_size
+
+    async def _seat(self, grant: Grant, model: str, param: str = "session.model") -> Seat | Response:
+        """The model served and allowed, and the caller's seat among its tenant's sessions."""
+        rt = self.rt
         if not rt.sessions.serves(model):
-            return _error(400, Code.MODEL_NOT_FOUND, f"No model {model!r} is served here; GET /v1/models lists them.",
-                          "session.model")  # fmt: skip
+            return _error(400, Code.MODEL_NOT_FOUND, f"No model {model!r} is served here; GET /v1/models lists "
+                          "them.", param)  # fmt: skip
         if not grant.tenant.allows_model(model):
-            return _error(403, Code.MODEL_NOT_ALLOWED, f"This credential may not use the model {model!r}.",
-                          "session.model")  # fmt: skip
+            return _error(403, Code.MODEL_NOT_ALLOWED, f"This credential may not use the model {model!r}.", param)
         try:
             admitted = await rt.quotas.admit(grant)
         except AdmissionUnavailable:
             return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
         if isinstance(admitted, ConnectRefusal):
             return _error(429, admitted.code, admitted.message)
-        return await self._answer(book, offer, summary.max_message_size, grant, admitted, model, settings, resume)
+        return admitted
 
     async def _answer(
         self, book: CallBook, offer: str, max_message_size: int, grant: Grant, seat: Seat, model: str,
-        settings: dict[str, Any] | None, resume: ce.SessionResume | None,
+        dialect: Dialect, opening: Callable[[Door], Awaitable[Response | None]],
+        answered: Callable[[str, str, str], Response], *, resumed: bool = False,
+        requested: dict[str, Any] | None = None, frontend: bool = False,
     ) -> Response:  # fmt: skip
+        """Answer the offer, open (or resume) the call's session through its door (``opening``:
+        a refusal's response, or None), and say so (``answered(sdp, call id, session id)``)."""
         from gateway.transport.webrtc.call import Call  # aiortc: the webrtc extra
 
         rt = self.rt
@@ -228,7 +271,7 @@ class CallsEndpoint:
             rt.hosting.metrics.sessions.dec()
             rt.hosting.spawn(seat.close())
 
-        call = Call("", book.factory, on_ended=on_ended, max_message_size=max_message_size)
+        call = Call("", book.factory, on_ended=on_ended, max_message_size=max_message_size, dialect=dialect)
         rt.hosting.metrics.sessions.inc()  # (on_ended takes it off, however the call ends)
         rt.hosting.metrics.sessions_total.inc()
         try:
@@ -242,16 +285,13 @@ class CallsEndpoint:
             return _error(400, "invalid_offer", f"Invalid SDP offer: it could not be answered ({type(exc).__name__}).",
                           "sdp")  # fmt: skip
         minted = grant.minted.binding() if grant.minted is not None else None  # (a re-offer's resume checks it)
-        door = Door(rt.hosting, rt.sessions, call, dialect=GA, principal=grant.principal, model=model,
-                    max_message_bytes=rt.settings.max_message_bytes, seat=seat, media=call, minted=minted)  # fmt: skip
-        if resume is not None:
-            refused = await door.resume(resume)
-            if refused is not None:
-                await call.end("re-offer refused")
-                return _error(_RESUME_STATUS.get(refused.code, 400), refused.code, refused.message, "resume")
-        elif not await door.open(settings):
+        door = Door(rt.hosting, rt.sessions, call, dialect=dialect, principal=grant.principal, model=model,
+                    max_message_bytes=rt.settings.max_message_bytes, seat=seat, media=call, minted=minted,
+                    requested=requested, frontend=frontend)  # fmt: skip
+        refused = await opening(door)
+        if refused is not None:
             await call.end("no session")
-            return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
+            return refused
         assert door.host is not None
         call.call_id = call_id_of(door.host.id)
         old = book.calls.get(call.call_id)
@@ -259,10 +299,9 @@ class CallsEndpoint:
             await old.end("re-offered")  # (its door was replaced already; its media goes now)
         book.calls[call.call_id] = call
         call.start(door)
-        log.info("call %s answered principal=%s model=%s resumed=%s", call.call_id, grant.principal, model,
-                 resume is not None)  # fmt: skip
-        return Response(answer, status_code=201, media_type="application/sdp",
-                        headers={"Location": f"/v1/realtime/calls/{call.call_id}"})  # fmt: skip
+        log.info("call %s answered principal=%s model=%s dialect=%s resumed=%s", call.call_id, grant.principal,
+                 model, dialect.name, resumed)  # fmt: skip
+        return answered(answer, call.call_id, door.host.id)
 
     async def _read_offer(
         self, request: Request
