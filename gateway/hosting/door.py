@@ -401,6 +401,27 @@ class Door:
         self._begin(opened, configured=True, warnings=warnings)
         return None
 
+    async def open_media_fork(self, source: str, config: dict[str, Any]) -> ProtocolError | None:
+        """A new session for a media connection that carries on the stored session ``source``
+        (GPT-Live's ``POST /v1/live/sessions/{id}/fork``: ``config``, the request's ``session``
+        overrides), started at once; or why not (the request's answer says it)."""
+        assert self.sessions is not None, "a door that only joins opens no session"
+        try:
+            host = await self.sessions.fork_session(source, principal=self.principal, quota=self.quota,
+                                                    minted=self.minted)  # fmt: skip
+        except ProtocolError as err:
+            return err
+        except StoreError as exc:
+            log.warning("cannot fork %s: %s", source, exc)
+            return ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
+        try:
+            warnings = host.configure(config, media=True)
+        except ProtocolError as err:
+            await host.end(reason="its fork's settings were refused", delete=True)
+            return err
+        self._begin(host, configured=True, warnings=warnings)
+        return None
+
     async def _new_host(self, model: str, requested: dict[str, Any] | None = None) -> SessionHost | None:
         opened = await self._open_host(model, requested)
         if isinstance(opened, tuple):

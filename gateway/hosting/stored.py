@@ -18,6 +18,7 @@ from gateway.hosting.context import HostContext
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.session import snapshot
 from gateway.session.kinds import restore_kind
+from gateway.store.base import StoreError
 
 
 def _not_found(session_id: str) -> ProtocolError:
@@ -47,6 +48,18 @@ async def load_stored(ctx: HostContext, session_id: str, principal: str, minted:
     if minted is not None and state.get("minted") != minted:
         raise _not_found(session_id)
     return state
+
+
+async def stored_model(ctx: HostContext, session_id: str, principal: str, minted: str | None = None) -> str:
+    """The model of the stored session ``session_id`` (what a fork over WebRTC is admitted
+    for before its call is answered); raises ProtocolError (``session_not_found``, or
+    ``store_unavailable`` when the store cannot say)."""
+    try:
+        state = await load_stored(ctx, session_id, principal, minted)
+    except StoreError:
+        raise ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.") from None
+    model: str = state["config"]["model"]
+    return model
 
 
 async def recording(ctx: HostContext, session_id: str, principal: str) -> tuple[bytes, str]:

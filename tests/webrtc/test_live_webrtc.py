@@ -503,3 +503,90 @@ async def test_a_page_re_offers_its_live_session_to_another_replica_and_carries_
             assert r.status_code == 401 and r.json()["error"]["code"] == "resume_token_invalid", r.text
         finally:
             await browser.close()
+
+
+# --- a stored session forked onto a WebRTC call (POST /v1/live/sessions/{id}/fork) ------------
+
+
+async def stored_session(gw: RunningGateway) -> tuple[str, list[tuple[str, str]]]:
+    """A Live session over a WebSocket with ``store: true``, given context and closed: its id
+    and its conversation (role, text) as it closed."""
+    url = f"ws://127.0.0.1:{gw.port}/v1/live/sessions"
+    async with websockets.connect(url, additional_headers=AUTH) as ws:
+
+        async def until(kind: str) -> dict[str, Any]:
+            while True:
+                event = orjson.loads(await ws.recv())
+                check_live_event(event)
+                if event["type"] == kind:
+                    return event
+
+        await send(ws, {"type": "session.start", "session": {"model": "gpt-live-1", "store": True,
+                                                              "instructions": "Be kind."}})  # fmt: skip
+        session_id = (await until("session.started"))["session"]["id"]
+        await send(ws, {"type": "session.thinking.append", "content": "the user is called Ada",
+                        "delegation_id": None})  # fmt: skip
+        await until("session.thinking.appended")
+        kept = [(it.role, it.content[0].text or "") for it in gw.runtime.hosts[session_id].session.conversation]
+        await send(ws, {"type": "session.close"})
+        await until("session.closed")
+    return session_id, kept
+
+
+async def test_a_stored_session_forks_onto_a_webrtc_call_on_another_replica() -> None:
+    """``client.live.sessions.fork`` (the official SDK) on replica B, of a session stored on A:
+    201 with the SDK's ``SessionForkResponse``, the call's channel says ``session.started``
+    with the stored settings and the overrides, the session carries the stored conversation
+    on; another credential's fork, an unknown field and a session never stored are refused
+    before any media."""
+    from openai import AsyncOpenAI
+    from openai.types.live import SessionForkResponse
+
+    async with replicas() as (a, b):
+        source, kept = await stored_session(a)
+        browser, offer = await make_browser()
+        try:
+            events: list[dict[str, Any]] = []
+            assert browser.channel is not None
+            browser.channel.on("message", lambda m: events.append(orjson.loads(m)))
+            client = AsyncOpenAI(api_key=KEY, base_url=f"{b.http}/v1")
+            channel = {"allowed_server_events": [{"type": "session.started"}, {"type": "error"}]}
+            forked = await client.live.sessions.fork(
+                source, transport={"type": "webrtc", "sdp": offer}, session={"client": {"data_channel": channel}}
+            )
+            SessionForkResponse.model_validate(forked.model_dump(), strict=True)
+            assert forked.session.id.startswith("live_") and forked.session.id != source
+            await browser.pc.setRemoteDescription(RTCSessionDescription(sdp=forked.transport.sdp, type="answer"))
+            started = (await first(events, "session.started"))["session"]
+            assert started["id"] == forked.session.id and started["instructions"] == "Be kind."
+            assert started["store"] is True
+            session = b.runtime.hosts[forked.session.id].session
+            assert [(it.role, it.content[0].text or "") for it in session.conversation] == kept
+            # The override holds: the channel sees only what its list names.
+            browser.channel.send(orjson.dumps({"type": "session.instructions.append", "event_id": "i1",
+                                               "content": "One.", "delegation_id": None}).decode())  # fmt: skip
+            await wait_for(lambda: any(it.content[0].text == "One." for it in session.conversation), "the append")
+            for event in events:
+                check_live_event(event, extensions=True)
+            assert {e["type"] for e in events} <= {"session.started", "error", "info"}
+        finally:
+            await browser.close()
+
+        async def fork(body: dict[str, Any], key: str = KEY, of: str = source) -> httpx.Response:
+            async with httpx.AsyncClient(timeout=30) as http:
+                return await http.post(f"{b.http}/v1/live/sessions/{of}/fork", json=body,
+                                       headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+
+        browser, offer = await make_browser()
+        try:
+            transport = {"type": "webrtc", "sdp": offer}
+            r = await fork({"transport": transport}, key=OTHER)  # not this credential's
+            assert (r.status_code, r.json()["error"]["code"]) == (404, "session_not_found"), r.text
+            r = await fork({"transport": transport}, of="live_" + "0" * 20)  # never stored
+            assert (r.status_code, r.json()["error"]["code"]) == (404, "session_not_found"), r.text
+            r = await fork({"transport": transport, "session": {"model": "gpt-live-2"}})  # a fork takes no model
+            assert (r.status_code, r.json()["error"]["code"]) == (400, "unknown_parameter"), r.text
+            assert r.json()["error"]["param"] == "session.model"
+            assert not b.runtime.calls.calls  # nothing was answered
+        finally:
+            await browser.close()

@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.hosting.door import Door
+from gateway.hosting.stored import stored_model
 from gateway.protocol import live_config as lc
 from gateway.protocol.dialects import LIVE
 from gateway.protocol.errors import Code, ProtocolError
@@ -47,7 +48,24 @@ class LiveSessionsEndpoint(CallsEndpoint):
     """See the module docstring (the calls endpoint's checks, the Live request and answer)."""
 
     def routes(self) -> list[Route]:
-        return [Route("/v1/live/sessions", self.create, methods=["POST", "OPTIONS"])]
+        return [
+            Route("/v1/live/sessions", self.create, methods=["POST", "OPTIONS"]),
+            Route("/v1/live/sessions/{session_id}/fork", self.fork, methods=["POST", "OPTIONS"]),
+        ]
+
+    async def fork(self, request: Request) -> Response:
+        """``POST /v1/live/sessions/{id}/fork`` (``client.live.sessions.fork``): the stored
+        session carried on by a new WebRTC call (module docstring)."""
+        cors = self._cors(request)
+        if cors is None:
+            origin = request.headers.get("origin")
+            return _error(403, Code.ORIGIN_NOT_ALLOWED, f"Pages from {origin!r} may not start calls here "
+                          "(see the allowed_origins setting).")  # fmt: skip
+        if request.method == "OPTIONS":
+            return self._preflight(request, cors)
+        response = await self._fork(request, request.path_params["session_id"])
+        response.headers.update(cors)
+        return response
 
     async def _create(self, request: Request) -> Response:
         checked = await self._caller(request)
@@ -106,15 +124,59 @@ class LiveSessionsEndpoint(CallsEndpoint):
                                   requested=minted.session if minted is not None else None, frontend=True,
                                   resumed=resume is not None)  # fmt: skip
 
+    async def _fork(self, request: Request, source: str) -> Response:
+        checked = await self._caller(request)
+        if isinstance(checked, Response):
+            return checked
+        book, grant = checked
+        try:
+            body = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body())
+            config, offer = _read(body, session_required=False)
+        except BodyRefused as refused:
+            return refused.response()
+        except ProtocolError as err:
+            return _error(400, err.code, err.message, err.param)
+        minted = grant.minted.binding() if grant.minted is not None else None
+        try:  # its model, for the tenant's admission (the fork itself loads it again, on the door)
+            model = await stored_model(self.rt.hosting, source, grant.principal, minted)
+        except ProtocolError as err:
+            return _error(503 if err.code == Code.STORE_UNAVAILABLE else 404, err.code, err.message, "session_id")
+        refusal = minted_refusal(grant, video=False, model=model)
+        if refusal is not None:
+            return _error(403, refusal[0], refusal[1], "session_id")
+        screened = self._screen(book, offer)
+        if isinstance(screened, Response):
+            return screened
+        offer, max_message_size = screened
+        seat = await self._seat(grant, model, "session_id")
+        if isinstance(seat, Response):
+            return seat
 
-def _read(body: Any) -> tuple[dict[str, Any], str]:
-    """(the session, the offer) of a ``LiveCreateParams`` body; raises ProtocolError."""
+        async def opening(door: Door) -> Response | None:
+            refused = await door.open_media_fork(source, config)
+            if refused is None:
+                return None
+            status = {Code.STORE_UNAVAILABLE: 503, Code.RATE_LIMIT_EXCEEDED: 429, Code.SESSION_NOT_FOUND: 404,
+                      Code.MODEL_NOT_FOUND: 404}.get(refused.code, 400)  # fmt: skip
+            return _error(status, refused.code, refused.message, refused.param)
+
+        def answered(answer: str, call_id: str, session_id: str) -> Response:
+            body = {"session": {"id": session_id}, "transport": {"type": "webrtc", "sdp": answer}}
+            return JSONResponse(body, status_code=201, headers={"Location": f"/v1/live/sessions/{session_id}"})
+
+        return await self._answer(book, offer, max_message_size, grant, seat, model, LIVE, opening, answered,
+                                  frontend=True)  # fmt: skip
+
+
+def _read(body: Any, *, session_required: bool = True) -> tuple[dict[str, Any], str]:
+    """(the session, the offer) of a ``LiveCreateParams`` body (a fork's ``SessionForkParams``:
+    its ``session`` may be left out, ``{}``); raises ProtocolError."""
     if not isinstance(body, dict):
         raise ProtocolError(Code.INVALID_TYPE, "The body must be a JSON object with 'session' and 'transport'.")
     for key in body:
         if key not in _KEYS:
             raise ProtocolError(Code.UNKNOWN_PARAMETER, f"Unknown parameter: '{key}'.", param=key)
-    for key in _KEYS:
+    for key in _KEYS if session_required else ("transport",):
         if key not in body:
             raise ProtocolError(Code.MISSING_FIELD, f"Missing required parameter: '{key}'.", param=key)
     transport = body["transport"]
@@ -131,6 +193,7 @@ def _read(body: Any) -> tuple[dict[str, Any], str]:
     if not isinstance(sdp, str) or not sdp.strip():
         raise ProtocolError(Code.MISSING_FIELD if sdp is None else Code.INVALID_VALUE,
                             "'transport.sdp' must be the browser's SDP offer.", param="transport.sdp")  # fmt: skip
-    if not isinstance(body["session"], dict):
+    session = body.get("session", {})
+    if not isinstance(session, dict):
         raise ProtocolError(Code.INVALID_TYPE, "'session' must be an object.", param="session")
-    return body["session"], sdp
+    return session, sdp
