@@ -46,6 +46,7 @@ from gateway.protocol.server_events import decode_input_frame
 from gateway.quotas import NeedBudget, Seat
 from gateway.session.session import RealtimeSession
 from gateway.store.base import StateLimitExceeded, StateQuota, StoreError
+from gateway.store.health import THROTTLE
 from gateway.telemetry import SessionTrace
 from orchestrator.orchestrator import Orchestrator
 
@@ -431,7 +432,7 @@ class Door:
                 CloseCode.RATE_LIMITED,
             )
         except StoreError as exc:
-            log.warning("cannot open a session: %s", exc)
+            THROTTLE.warning(log, "open", "cannot open a session: %s", exc)
             return (
                 ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly."),
                 CloseCode.TRY_AGAIN_LATER,
@@ -596,7 +597,7 @@ class Door:
             err.event_id = event.event_id
             refusal = err
         except StoreError as exc:
-            log.warning("resume of %s failed: %s", event.session_id, exc)
+            THROTTLE.warning(log, "resume", "resume of %s failed: %s", event.session_id, exc)
             refusal = ProtocolError(
                 Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.", event_id=event.event_id
             )

@@ -100,12 +100,15 @@ import contextlib
 import hashlib
 import logging
 import random
+import secrets
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.store import _redis_lua as lua
 from gateway.store.base import (
@@ -128,6 +131,7 @@ from gateway.store.base import (
     check_read_args,
     ttl_ms,
 )
+from gateway.store.health import THROTTLE, StoreHealth
 from gateway.store.redis_topology import Arg, Op, connect, run_ops
 from gateway.store.redis_url import parse_redis_url
 from gateway.store.shard_bus import ShardedSubscription
@@ -182,7 +186,7 @@ class RedisSubscription(QueuedSubscription):
                 raise
             except Exception as exc:  # any failure: reconnect, never crash
                 if not self._closed:
-                    log.warning("bus subscription broken (retry in %.2fs): %r", backoff, exc)
+                    THROTTLE.warning(log, "bus", "bus subscription broken (retry in %.2fs): %r", backoff, exc)
             finally:
                 self._ready.clear()
                 with contextlib.suppress(Exception):
@@ -218,6 +222,8 @@ class RedisStore(SessionStore):
         self._p = self.limits.key_prefix
         self.target = parse_redis_url(url)  # raises RedisUrlError (a ValueError): say so at start-up
         self._clients = connect(self.target, socket_timeout_s, connect_timeout_s, max_connections)
+        # Not reached yet: not ready until Redis answers (the probe at start, or any call).
+        self.health = StoreHealth("unknown")
         self._redis: Any = self._clients.redis  # Redis, or RedisCluster
         self._wait = self.target.wait_replicas
         self._subs: weakref.WeakSet[QueuedSubscription] = weakref.WeakSet()
@@ -250,16 +256,28 @@ class RedisStore(SessionStore):
             raise StoreUnavailable(f"redis: {reply!r}")
         return reply
 
-    async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, fn: Callable[[], Awaitable[T]], *, probe: bool = False) -> T:
+        """``fn``'s Redis I/O, its failures as ``StoreUnavailable``, its fate told to ``health``.
+        While ``health`` is down the call fails at once without touching Redis, unless it is
+        the probe (``probe``) or the one trial ``health`` admits."""
+        health = self.health
+        if not probe and not health.admit():
+            raise StoreUnavailable(health.refuse())
         self.round_trips += 1
         try:
-            return await fn()
+            result = await fn()
         except DataError:  # raised before sending: a caller's bug, not an outage
             raise
-        except RedisError as exc:
+        except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as exc:
+            health.unreachable(f"{type(exc).__name__}: {exc}")  # refused, reset, or silent too long
             raise StoreUnavailable(f"redis: {exc!r}") from exc
-        except (OSError, TimeoutError) as exc:
+        except RedisError as exc:  # an answer: a command's own error (OOM, READONLY, a script's...)
+            health.answered()
             raise StoreUnavailable(f"redis: {exc!r}") from exc
+        finally:
+            health.trial_over()
+        health.answered()
+        return result
 
     # -- snapshot + journal --
 
@@ -565,7 +583,15 @@ class RedisStore(SessionStore):
     # -- lifecycle --
 
     async def ping(self) -> None:
-        await self._call(lambda: self._redis.ping())
+        await self._call(lambda: self._redis.ping(), probe=True)
+
+    async def probe(self) -> str:
+        new = secrets.token_hex(8)
+        op = Op(lua.EPOCH, [self._p + "epoch"], [new])
+        (reply,) = await self._call(lambda: run_ops(self._redis, [op], 0, 0), probe=True)
+        if isinstance(reply, BaseException):
+            raise StoreUnavailable(f"redis: {reply!r}")
+        return _text(reply)
 
     async def close(self) -> None:
         for sub in list(self._subs):

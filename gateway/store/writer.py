@@ -33,7 +33,8 @@ stops the writer for good: pending events are dropped, ``fenced`` is set,
 ``on_fenced`` is called, and further ``append`` calls raise it.
 ``StoreUnavailable`` keeps the batch and retries with backoff (doubling from
 the interval up to ``MAX_RETRY_S``); the pending buffer is capped
-(``max_pending_events`` / ``max_pending_bytes``, default: the journal caps) and
+(``max_pending_events`` / ``max_pending_bytes``, default: the journal's count cap and
+``StoreLimits.max_pending_bytes``, 1 MiB) and
 when full the oldest pending events are dropped and reported to the journal as
 lost, so a resume from before them reports a gap rather than a silent hole.
 """
@@ -49,6 +50,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar, NamedTuple
 
 from gateway.store.base import Commit, FencedError, SessionStore, StateQuota, StoreError, StoreUnavailable
+from gateway.store.health import THROTTLE
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ class JournalWriter:
         *,
         # None: limits.flush_interval_ms. At most one commit per interval.
         flush_interval_ms: float | None = None,
-        # None: limits.max_events / max_bytes. When the unflushed buffer passes
+        # None: limits.max_events / the smaller of max_bytes and max_pending_bytes. When the unflushed buffer passes
         # either (the store is down or slow), the oldest pending events are
         # dropped and the journal is told they were lost (a resume from before
         # them gets gap=True).
@@ -97,7 +99,7 @@ class JournalWriter:
         ms = limits.flush_interval_ms if flush_interval_ms is None else flush_interval_ms
         self.interval_s = ms / 1000
         self.max_pending_events = max_pending_events or limits.max_events
-        self.max_pending_bytes = max_pending_bytes or limits.max_bytes
+        self.max_pending_bytes = max_pending_bytes or min(limits.max_bytes, limits.max_pending_bytes)
         self.on_fenced = on_fenced
         self.on_flushed = on_flushed
         self.quota = quota
@@ -242,8 +244,8 @@ class JournalWriter:
             if isinstance(error, StoreUnavailable):
                 self.last_error = error
                 self._retry_s = min(max(self._retry_s * 2, self.interval_s, 0.01), MAX_RETRY_S)
-                log.warning("journal flush failed for session %s (retry in %.2fs): %s", self.session_id,
-                            self._retry_s, error)  # fmt: skip
+                THROTTLE.warning(log, "journal", "journal flush failed for session %s (retry in %.2fs): %s",
+                                 self.session_id, self._retry_s, error)  # fmt: skip
             else:  # a bug must not stop the journal silently
                 if isinstance(error, StoreError):
                     self.last_error = error
