@@ -67,6 +67,7 @@ class StoreHealth:
         """A call found Redis unreachable (refused, reset, or silent past the timeout)."""
         if self.state != "down":
             self.outages += 1
+            self._next_trial = self._clock() + self.trial_interval_s
             self._set("down", reason)
 
     def admit(self) -> bool:

@@ -217,6 +217,7 @@ class RedisStore(SessionStore):
     ) -> None:
         self.limits = limits or StoreLimits()
         self.round_trips = 0
+        self.waiting = 0  # calls sent to Redis and not answered yet (while it is down: the probe and one trial)
         self.connect_timeout_s = connect_timeout_s
         self._bus_queue_size = bus_queue_size
         self._p = self.limits.key_prefix
@@ -264,6 +265,7 @@ class RedisStore(SessionStore):
         if not probe and not health.admit():
             raise StoreUnavailable(health.refuse())
         self.round_trips += 1
+        self.waiting += 1
         try:
             result = await fn()
         except DataError:  # raised before sending: a caller's bug, not an outage
@@ -275,6 +277,7 @@ class RedisStore(SessionStore):
             health.answered()
             raise StoreUnavailable(f"redis: {exc!r}") from exc
         finally:
+            self.waiting -= 1
             health.trial_over()
         health.answered()
         return result

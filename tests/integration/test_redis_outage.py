@@ -305,12 +305,14 @@ async def test_sessions_stream_through_a_frozen_redis_with_few_warnings_and_boun
             redis.pause()
             await readiness(http, 503)
             assert a.runtime.metrics.store_up._value.get() == 0
-            most = 0
+            store: Any = a.runtime.store
+            most = waiting = 0
 
-            async def watch_pending() -> None:  # every loop turn: the most a session kept for the store
-                nonlocal most
+            async def watch_pending() -> None:  # every loop turn: what waits, on Redis and in memory
+                nonlocal most, waiting
                 while True:
                     most = max(most, *(h.writer._bytes for h in hosts))
+                    waiting = max(waiting, store.waiting)
                     await asyncio.sleep(0)
 
             watcher = loop.create_task(watch_pending())
@@ -320,6 +322,8 @@ async def test_sessions_stream_through_a_frozen_redis_with_few_warnings_and_boun
             watcher.cancel()
             assert redis.running and (await http.get("/readyz")).status_code == 503  # (still frozen)
             elapsed = loop.time() - frozen_at
+            # Nothing queues behind a frozen Redis: the probe and one trial call at most wait on it.
+            assert waiting <= 2, waiting
             assert most <= cap, most
             assert all(h.writer.max_pending_bytes == cap for h in hosts)
             assert a.runtime.metrics.store_calls_refused._value.get() > 0
