@@ -70,11 +70,14 @@ on the same connection; too few replicas make the batch ``StoreUnavailable``.
 
 Failure behaviour: every call that cannot complete raises ``StoreUnavailable``.
 Nothing hangs: connects give up after ``connect_timeout_s`` (default 1 s), reads
-after ``socket_timeout_s`` (default 2 s), and a failed command is retried once,
-at once, on a fresh connection (which heals pooled connections broken by a Redis
-restart) and never more; so a call gives up within 2 x (connect + socket
-timeout) at worst (a frozen Redis with the defaults: about 4 s; measured 0.4 s
-with a 0.2 s socket timeout). A refused connection (Redis down) fails at once.
+after ``socket_timeout_s`` (``redis_timeout_s``, default 2 s), and a command whose
+connection broke is retried once, at once, on a fresh connection (which heals pooled
+connections broken by a Redis restart) and never more; a timeout is not retried. A
+refused connection (Redis down) fails at once. A call that finds Redis unreachable,
+refusing or silent puts the store down (``health.py``): every call then fails at once
+without being sent, except ``probe``/``ping`` and one trial call every
+``trial_interval_s``, until Redis answers one (on a cluster only the probe moves it, and
+no call is refused: one master's failure fails the calls on its slots only).
 The client reconnects by itself, so the same store works again as soon as Redis
 is back. Redis without persistence loses every session on restart: resumes
 then find no snapshot (or, for a live session, a journal gap) and say so to the
@@ -225,6 +228,10 @@ class RedisStore(SessionStore):
         self._clients = connect(self.target, socket_timeout_s, connect_timeout_s, max_connections)
         # Not reached yet: not ready until Redis answers (the probe at start, or any call).
         self.health = StoreHealth("unknown")
+        # One Redis, Sentinel: a call that finds Redis unreachable puts the store down, and
+        # calls then fail at once. A cluster: one master's failure must not refuse the calls
+        # of the others' slots, so only the probe (its key's master) moves ``health`` there.
+        self._fail_fast = self.target.topology != "cluster"
         self._redis: Any = self._clients.redis  # Redis, or RedisCluster
         self._wait = self.target.wait_replicas
         self._subs: weakref.WeakSet[QueuedSubscription] = weakref.WeakSet()
@@ -262,7 +269,8 @@ class RedisStore(SessionStore):
         While ``health`` is down the call fails at once without touching Redis, unless it is
         the probe (``probe``) or the one trial ``health`` admits."""
         health = self.health
-        if not probe and not health.admit():
+        gated = self._fail_fast and not probe  # (a cluster's calls are never refused: below)
+        if gated and not health.admit():
             raise StoreUnavailable(health.refuse())
         self.round_trips += 1
         self.waiting += 1
@@ -271,7 +279,8 @@ class RedisStore(SessionStore):
         except DataError:  # raised before sending: a caller's bug, not an outage
             raise
         except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as exc:
-            health.unreachable(f"{type(exc).__name__}: {exc}")  # refused, reset, or silent too long
+            if self._fail_fast or probe:
+                health.unreachable(f"{type(exc).__name__}: {exc}")  # refused, reset, or silent too long
             raise StoreUnavailable(f"redis: {exc!r}") from exc
         except RedisError as exc:  # an answer: a command's own error (OOM, READONLY, a script's...)
             health.answered()
