@@ -607,6 +607,10 @@ class Door:
                                     event_id=event.event_id)  # fmt: skip
         if refusal is not None:
             self._refuse(provisional, refusal)
+            if refusal.code == Code.STORE_UNAVAILABLE and self.resume_only and self.host is None:
+                # A resume-only socket with nothing to serve: close it (1013), so the client
+                # resumes again shortly, with the same token (it was not rotated).
+                self.delivery.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
         return refusal
 
     def _refuse(self, host: SessionHost | None, err: ProtocolError) -> None:

@@ -187,8 +187,14 @@ async def test_a_resume_refused_store_unavailable_keeps_the_token(redis: RedisSe
             redis.pause()
         await readiness(http, 503)
         for gw in (a, b):  # the owner (its live session), and a replica that would take it over
-            refused = await try_resume(gw, sid, token, last)
-            assert refused["type"] == "error" and refused["error"]["code"] == "store_unavailable", refused
+            async with connect(gw.url + "?resume=1", headers=KEY) as r:
+                await r.send({"type": "session.resume", "session_id": sid, "resume_token": token,
+                              "last_received_server_event_seq": last})  # fmt: skip
+                refused = await r.wait_for("error")
+                assert refused["error"]["code"] == "store_unavailable", refused
+                with pytest.raises(websockets.ConnectionClosed) as closed:  # then 1013: resume again shortly
+                    await r.recv()
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
         if outage == "killed":
             redis.start()  # empty: A writes the session back (below)
         else:
