@@ -132,7 +132,8 @@ def connect(
     # a master demoted under us, whose READONLY redis-py turns into a ConnectionError. Not a
     # timeout: a Redis silent past socket_timeout (frozen) is reported after one timeout, not
     # two (the store then fails fast: health.py).
-    once: dict[str, Any] = {"retry": Retry(NoBackoff(), 1), "retry_on_error": [ConnectionError],
+    once: dict[str, Any] = {"retry": Retry(NoBackoff(), 1, supported_errors=(ConnectionError,)),
+                            "retry_on_error": [ConnectionError],
                             "health_check_interval": HEALTH_CHECK_S}  # fmt: skip
     auth: dict[str, Any] = {"username": target.username, "password": target.password}
     if target.topology == "single":
