@@ -59,6 +59,20 @@ def readyz(http: str) -> int:
         return 0
 
 
+def warning_lines(path: Path, mark: int) -> int:
+    with open(path, "rb") as f:
+        f.seek(mark)
+        return sum(1 for line in f if b"WARNING" in line)
+
+
+def ready_again(http: str, timeout: float = 30.0) -> int:
+    """Poll /readyz until 200 (or ``timeout``): its last status."""
+    deadline = time.monotonic() + timeout
+    while (status := readyz(http)) != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return status
+
+
 class Session:
     def __init__(self, url: str, freeze: tuple[float, float]) -> None:
         self.url = url
@@ -128,18 +142,8 @@ async def main(args: argparse.Namespace) -> int:
         finally:
             if not args.control:
                 os.kill(redis_pid, signal.SIGCONT)
-        warnings = 0
-        for path, mark in zip(logs, marks, strict=True):
-            with open(path, "rb") as f:
-                f.seek(mark)
-                warnings += sum(1 for line in f if b"WARNING" in line)
-        after_status = 0
-        deadline = time.monotonic() + 30
-        while (
-            time.monotonic() < deadline
-            and (after_status := await asyncio.to_thread(readyz, cluster.replicas[0].http)) != 200
-        ):
-            await asyncio.sleep(0.2)
+        warnings = sum(warning_lines(path, mark) for path, mark in zip(logs, marks, strict=True))
+        after_status = await asyncio.to_thread(ready_again, cluster.replicas[0].http)
         with contextlib.suppress(Exception):
             await asyncio.gather(*runs)
         answers = sum((s.answers for s in sessions), Counter())

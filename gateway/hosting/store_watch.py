@@ -32,6 +32,9 @@ log = logging.getLogger("omni.store")
 class StoreWatch:
     def __init__(self, ctx: HostContext, *, interval_s: float, restore_window_s: float) -> None:
         self.ctx = ctx
+        # The probe alone brings the store back up: no session's call is sent to try (on a
+        # frozen Redis a trial would hold its sessions for a whole timeout).
+        ctx.store.health.trial_interval_s = None
         self.interval_s = interval_s
         self.restore_window_s = restore_window_s
         self.epoch: str | None = None  # the store's epoch as last probed (None: not yet)

@@ -9,9 +9,11 @@ reports each call's fate; the probe, ``gateway/hosting/store_watch.py``, one cal
 - ``up``: calls go to Redis; ready;
 - ``down`` (a call found Redis unreachable, refusing, or silent past ``redis_timeout_s``):
   calls fail at once with ``StoreUnavailable``, without touching Redis (nothing waits on a
-  frozen Redis, nothing queues behind it), except the probe and one trial call at a time,
+  frozen Redis, nothing queues behind it), except the probe and, where nothing probes
+  (``trial_interval_s`` not None: a bare store), one trial call at a time,
   ``trial_interval_s`` after the last one ended; the first call Redis answers makes it
-  ``up`` again.
+  ``up`` again. A gateway probes (``store_watch.py``) and makes no trial calls: a trial
+  is a session's call, and on a frozen Redis it would hold its sessions for a timeout.
 
 A script's own error (Redis out of memory, a replica's ``READONLY``) is an answer: it fails
 that call only, and the store stays ``up``.
@@ -33,7 +35,11 @@ WARNING_INTERVAL_S = 5.0  # one line per kind of store warning per this long (th
 
 class StoreHealth:
     def __init__(
-        self, state: State = "up", *, trial_interval_s: float = 0.5, clock: Callable[[], float] = time.monotonic
+        self,
+        state: State = "up",
+        *,
+        trial_interval_s: float | None = 0.5,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state: State = state
         self.trial_interval_s = trial_interval_s
@@ -67,7 +73,7 @@ class StoreHealth:
         """A call found Redis unreachable (refused, reset, or silent past the timeout)."""
         if self.state != "down":
             self.outages += 1
-            self._next_trial = self._clock() + self.trial_interval_s
+            self._next_trial = self._clock() + (self.trial_interval_s or 0.0)
             self._set("down", reason)
 
     def admit(self) -> bool:
@@ -76,7 +82,7 @@ class StoreHealth:
         if self.state != "down":
             return True
         now = self._clock()
-        if self._trial or now < self._next_trial:
+        if self.trial_interval_s is None or self._trial or now < self._next_trial:
             return False
         self._trial = True
         return True
@@ -85,7 +91,7 @@ class StoreHealth:
         """A call ended (whatever its outcome): a trial under way is over."""
         if self._trial:
             self._trial = False
-            self._next_trial = self._clock() + self.trial_interval_s
+            self._next_trial = self._clock() + (self.trial_interval_s or 0.0)
 
     def refuse(self) -> str:
         """A call made while down, failed without touching Redis: the reason to give."""

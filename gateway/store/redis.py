@@ -316,6 +316,9 @@ class RedisStore(SessionStore):
         commits, then one for the ledgers of their principals (a commit under a quota is done
         once its principal's ledger has its size: else it reports ``StoreUnavailable``, and
         the writer's retry, idempotent, reports the size again)."""
+        health = self.health
+        if self._fail_fast and health.down and health.trial_interval_s is None:  # (not even built)
+            return [StoreUnavailable(health.refuse())] * len(commits)
         try:
             replies = await self._run([self._commit_op(c) for c in commits])
         except StoreUnavailable as exc:
