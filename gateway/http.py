@@ -62,6 +62,8 @@ class HttpApi:
         status = "ready" if ok else "draining" if self.rt.draining else "not_ready"
         body: dict[str, Any] = {"status": status, "engines_ok": sum(1 for state in health.values() if state == "ok"),
                                 "engines_total": len(health)}  # fmt: skip
+        if not ok:  # why, in one word: draining, store_unavailable (sessions can neither open nor resume
+            body["reason"] = self.rt.not_ready_reason()  # here) or engine_unhealthy
         grant = await self.rt.auth.authenticate_http(request.headers)
         if grant is not None and grant.tenant.admin:  # the routes' names are a model list: an operator's
             body.update(status=reason, engines=health)

@@ -46,6 +46,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gateway.auth import Grant
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.store.base import SessionStore, StateQuota, StoreError
+from gateway.store.health import THROTTLE
 from gateway.tenants import Tenant
 from orchestrator.metrics import LoopCounter
 
@@ -148,8 +149,8 @@ class Allowance:
     def _degrade(self, exc: StoreError) -> None:
         now = self._now()
         if self._degraded_at is None or now - self._degraded_at >= self.window_ms / 1000:
-            log.warning("%s budget of %s: store unavailable (%s); granting one chunk here", self.kind,
-                        self.principal, exc)  # fmt: skip
+            THROTTLE.warning(log, "budget", "%s budget of %s: store unavailable (%s); granting one chunk here",
+                             self.kind, self.principal, exc)  # fmt: skip
             self._degraded_at = now
             self.balance += self.chunk
             self._ends_at = max(self._ends_at, now + self.window_ms / 1000)
@@ -280,7 +281,7 @@ class Quotas:
             try:
                 counts = await self.store.refresh_connections([(s.principal, s.conn_id) for s in seats], self.ttl_ms)
             except StoreError as exc:
-                log.warning("renewing %d tenant entries failed: %s", len(seats), exc)
+                THROTTLE.warning(log, "tenant-entries", "renewing %d tenant entries failed: %s", len(seats), exc)
                 continue
             for seat, count in zip(seats, counts, strict=True):
                 _, starts, reset_at = self._seen.get(seat.principal, (0, 0, 0.0))

@@ -27,6 +27,7 @@ from gateway.hosting.host import SessionHost
 from gateway.hosting.leases import renew_leases
 from gateway.hosting.mcp import McpConnector, McpPolicy
 from gateway.hosting.responses_backend import BackendPolicy, ResponsesBackend
+from gateway.hosting.store_watch import StoreWatch
 from gateway.hosting.stored import load_stored
 from gateway.hosting.video import VideoHost, VideoPeer, VideoTimeouts
 from gateway.jwt_auth import JwtVerifier
@@ -211,6 +212,8 @@ class Runtime:
             max_events=settings.journal_max_events,
             max_bytes=settings.journal_max_bytes,
             flush_interval_ms=settings.journal_flush_ms,
+            max_pending_bytes=settings.journal_pending_max_bytes,
+            socket_timeout_s=settings.redis_timeout_s,
         )
         self.tenant_defaults = tenant_defaults(settings)
         self.auth = Authenticator(
@@ -248,6 +251,15 @@ class Runtime:
             ),
             responses=responses_backend(settings),
         )
+        # Whether the store answers and still holds its data (readiness; writing back what
+        # this replica serves when Redis comes back empty); a resume asks it (claim.py).
+        self.store_watch = StoreWatch(self.hosting, interval_s=settings.redis_probe_interval_s,
+                                      restore_window_s=settings.lease_ttl_s)  # fmt: skip
+        self.hosting.watch = self.store_watch
+        health = self.store.health
+        health.listeners.append(lambda h: self.metrics.store_up.set(1 if h.up else 0))
+        health.on_refused = self.metrics.store_calls_refused.inc
+        self.metrics.store_up.set(1 if health.up else 0)
         # What GET /metrics answers; None: this process's registry. A worker of several sets
         # it to every worker's metrics (gateway/workers.py).
         self.metrics_exposition: Callable[[], Awaitable[bytes]] | None = None
@@ -258,6 +270,7 @@ class Runtime:
         self._lease_task: asyncio.Task[None] | None = None
         self._quota_task: asyncio.Task[None] | None = None
         self._trim_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
 
     @property
     def hosts(self) -> dict[str, SessionHost]:
@@ -465,13 +478,25 @@ class Runtime:
         return health
 
     def ready(self) -> tuple[bool, str]:
-        """Ready when not draining and every engine is healthy."""
+        """Ready when not draining, the store answers (so sessions can open and resume here)
+        and every engine is healthy."""
         if self.draining:
             return False, "draining"
+        health = self.store.health
+        if not health.up:
+            return False, f"store_unavailable: {health.reason}"
         bad = {name: state for name, state in self.engine_health().items() if state != "ok"}
         if bad:
             return False, "; ".join(f"{name}: {state}" for name, state in bad.items())
         return True, "ready"
+
+    def not_ready_reason(self) -> str | None:
+        """Why ``ready`` says no, in one word anyone may read (``/readyz``'s ``reason``):
+        draining, store_unavailable or engine_unhealthy; None: ready."""
+        ok, reason = self.ready()
+        if ok:
+            return None
+        return reason.split(":", 1)[0] if reason.startswith(("draining", "store_unavailable")) else "engine_unhealthy"
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -483,6 +508,7 @@ class Runtime:
         if self.video_engine is not None:
             await self.video_engine.start()
         loop = asyncio.get_running_loop()
+        self._watch_task = loop.create_task(self.store_watch.run(), name="store-watch")
         self._bus_task = loop.create_task(listen_bus(self.hosting), name="bus")
         self._lease_task = loop.create_task(renew_leases(self.hosting), name="leases")
         self._quota_task = loop.create_task(self.quotas.run(), name="tenant-entries")
@@ -540,7 +566,7 @@ class Runtime:
 
     async def close(self) -> None:
         await self.drain()
-        for task in (self._bus_task, self._lease_task, self._quota_task, self._trim_task):
+        for task in (self._bus_task, self._lease_task, self._quota_task, self._trim_task, self._watch_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):

@@ -149,6 +149,14 @@ class Settings:
     journal_flush_ms: float = 25.0  # journal batching: at most one commit per session per interval,
     #   every due session's in one store round trip (gateway/store/writer.py); a crash loses at
     #   most the events of the last interval and a grid step (interval / 4) from the journal
+    journal_pending_max_bytes: int = 1 << 20  # events a session made that the store has not taken yet
+    #   (Redis slow, down or frozen), kept in memory per session: past it the oldest are dropped and the
+    #   journal told they are lost (a resume from before them gets session.resync_required)
+    redis_timeout_s: float = 2.0  # a Redis reply slower than this fails its call, and Redis counts as down
+    #   (a frozen Redis): every store call then fails at once, without waiting, until Redis answers
+    #   again, as when it is dead (docs/sessions.md, "When Redis fails"); /readyz says 503 meanwhile
+    redis_probe_interval_s: float = 1.0  # each replica asks Redis this often whether it answers and
+    #   still holds its data (readiness; a Redis back empty: what this replica serves is written back)
     # --- video ---
     video_engine: str = "cpu"  # "cpu": frames rendered from the prompt (needs the video extra);
     #   "remote": the upstreams' /v1/realtime/video; "omni": vLLM-Omni in-process; "none"

@@ -61,6 +61,21 @@ class Metrics:
             "omni_gc_pause_seconds", "Full garbage collections run by the gateway itself (gateway/allocator.py): "
             "how long each held the event loop.", buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
+        # The store (Redis), as this replica finds it (gateway/store/health.py, gateway/hosting/store_watch.py).
+        self.store_up = Gauge("omni_store_up", "1 while the store answers this replica, 0 while it is down "
+                              "(or not reached yet): /readyz is 503 meanwhile.", registry=r)  # fmt: skip
+        self.store_calls_refused = Counter(
+            "omni_store_calls_refused", "Store calls failed at once, without reaching Redis, while it was down.",
+            registry=r,
+        )  # fmt: skip
+        self.store_losses = Counter(
+            "omni_store_losses", "Times Redis was found to have come back without its data (its epoch changed).",
+            registry=r,
+        )  # fmt: skip
+        self.store_writebacks = Counter(
+            "omni_store_writebacks", "Sessions this replica took again and wrote back whole after the store "
+            "had lost them.", registry=r,
+        )  # fmt: skip
         self._event_children: dict[str, Any] = {}
         self._kind_children: dict[str, KindMetrics] = {}
 

@@ -26,7 +26,7 @@ from gateway.hosting.takeover import Held, Refusal, admit, top_seq
 from gateway.protocol import client_events as ce
 from gateway.session import snapshot
 from gateway.session.session import RealtimeSession
-from gateway.store.base import JournalRead, StateQuota, replica_channel
+from gateway.store.base import JournalRead, StateQuota, StoreUnavailable, replica_channel
 from orchestrator.orchestrator import Orchestrator
 
 # Rebuilds a session from its snapshot state on this replica; raises ProtocolError
@@ -81,6 +81,10 @@ async def claim(
     # The snapshot's head only: what admitting and answering the resume need. The
     # conversation is read once the resume is answered (SessionHost.load_conversation).
     state = realtime_head(await ctx.store.load_snapshot(sid))
+    if state is None and ctx.watch is not None and await ctx.watch.restoring():
+        # The store came back a moment ago (maybe empty): the replica serving the session
+        # may not have written it back yet. Not a final session_not_found: resume again.
+        raise StoreUnavailable("the store has just come back; its sessions are being written back")
     found = Held.from_snapshot(state) if state is not None else None
     _raise(admit(found, event, principal, minted), event)
     assert state is not None and found is not None

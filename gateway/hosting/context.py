@@ -48,6 +48,14 @@ class Linked(Protocol):
     def on_bus(self, body: dict[str, Any]) -> None: ...
 
 
+class Restoring(Protocol):
+    """The store watch (``store_watch.StoreWatch``), as a resume sees it."""
+
+    async def restoring(self) -> bool:
+        """Whether a session the store lacks may be one its owner is writing back (the store
+        came back empty or from an outage a moment ago): a resume is then told to try again."""
+
+
 class Closable(Protocol):
     """An open connection's door, as a drain sees it."""
 
@@ -81,6 +89,12 @@ class HostContext:
     # Fire-and-forget tasks (trims, commits before a release, re-acquires), kept
     # referenced until done.
     background: set[asyncio.Task[Any]] = field(default_factory=set)
+    # Set to have the lease loop renew every lease now rather than at its period (the store
+    # came back, maybe empty: what it lost is written back at once).
+    renew_now: asyncio.Event = field(default_factory=asyncio.Event)
+    # The store watch (store_watch.py); None: none runs (a resume that finds no session is
+    # then always session_not_found).
+    watch: Restoring | None = None
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)

@@ -46,6 +46,7 @@ from gateway.protocol.server_events import decode_input_frame
 from gateway.quotas import NeedBudget, Seat
 from gateway.session.session import RealtimeSession
 from gateway.store.base import StateLimitExceeded, StateQuota, StoreError
+from gateway.store.health import THROTTLE
 from gateway.telemetry import SessionTrace
 from orchestrator.orchestrator import Orchestrator
 
@@ -452,7 +453,7 @@ class Door:
                 CloseCode.RATE_LIMITED,
             )
         except StoreError as exc:
-            log.warning("cannot open a session: %s", exc)
+            THROTTLE.warning(log, "open", "cannot open a session: %s", exc)
             return (
                 ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly."),
                 CloseCode.TRY_AGAIN_LATER,
@@ -617,7 +618,7 @@ class Door:
             err.event_id = event.event_id
             refusal = err
         except StoreError as exc:
-            log.warning("resume of %s failed: %s", event.session_id, exc)
+            THROTTLE.warning(log, "resume", "resume of %s failed: %s", event.session_id, exc)
             refusal = ProtocolError(
                 Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.", event_id=event.event_id
             )
@@ -627,6 +628,10 @@ class Door:
                                     event_id=event.event_id)  # fmt: skip
         if refusal is not None:
             self._refuse(provisional, refusal)
+            if refusal.code == Code.STORE_UNAVAILABLE and self.resume_only and self.host is None:
+                # A resume-only socket with nothing to serve: close it (1013), so the client
+                # resumes again shortly, with the same token (it was not rotated).
+                self.delivery.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
         return refusal
 
     def _refuse(self, host: SessionHost | None, err: ProtocolError) -> None:

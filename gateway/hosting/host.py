@@ -51,6 +51,7 @@ from gateway.session.effects import (
 from gateway.session.events import STATE_EVENTS
 from gateway.session.session import RealtimeSession
 from gateway.store.base import FencedError, StateQuota, StoreError
+from gateway.store.health import THROTTLE
 from gateway.store.writer import JournalWriter
 from gateway.telemetry import SessionTrace
 from orchestrator.engine import EngineOutput, Finished
@@ -218,6 +219,15 @@ class SessionHost:
         self.token_hash = takeover.token_hash(token)
         self.session.dirty = True
         return token
+
+    def restore_token(self, token_hash: str) -> None:
+        """A resume that rotated the token failed before the client learnt the new one: the
+        one it holds is the session's again, here and (with the next flush, which replaces a
+        snapshot still pending with the new one) in the store."""
+        self.token_hash = token_hash
+        if not self.ended:
+            with contextlib.suppress(FencedError, RuntimeError):
+                self.save_snapshot()
 
     # --- the connection ----------------------------------------------------------
 
@@ -480,7 +490,8 @@ class SessionHost:
             # The store is down (or another replica took the session): deliver anyway,
             # the client must not wait. A resume elsewhere then finds the client ahead
             # of the store and resyncs it (takeover.py), never a silent hole.
-            log.warning("session %s: journal commit failed (%s); delivering uncommitted", self.id, exc)
+            THROTTLE.warning(log, "uncommitted", "session %s: journal commit failed (%s); delivering uncommitted",
+                             self.id, exc)  # fmt: skip
         finally:
             for door in doors:
                 door.delivery.release(0)
@@ -806,7 +817,7 @@ class SessionHost:
                     )
                     break
                 except StoreError as exc:
-                    log.warning("session %s: re-acquire failed (%s); retrying", self.id, exc)
+                    THROTTLE.warning(log, "reacquire", "session %s: re-acquire failed (%s); retrying", self.id, exc)
                     await asyncio.sleep(0.5)
             else:
                 return
@@ -818,6 +829,8 @@ class SessionHost:
             # resume from before here gets resync_required instead of a silent hole.
             self.writer.mark_lost(self.session.seq)
             self._snapshot_whole(self.writer)
+            self.ctx.metrics.store_writebacks.inc()
+            log.info("session %s: taken again and written back whole (fence %d)", self.id, fence)
         finally:
             self._reacquiring = False
 
@@ -859,7 +872,7 @@ class SessionHost:
         try:
             owner = await ctx.store.owner_of(self.id)
         except StoreError as exc:
-            log.warning("session %s: lease check failed: %s", self.id, exc)
+            THROTTLE.warning(log, "lease-check", "session %s: lease check failed: %s", self.id, exc)
             return  # the next renewal round tries again
         if owner is not None and owner.owner != ctx.replica_id:
             self.replaced()

@@ -44,6 +44,7 @@ async def take_over(door: Resuming, event: ce.SessionResume, provisional: Sessio
     taken = await claim(door.ctx, event, door.principal, provisional=provisional,
                         restore=door.sessions.restore_session, quota=door.quota, minted=door.minted)  # fmt: skip
     host, last = taken.host, event.last_received_server_event_seq
+    held_token = host.token_hash  # the one the client holds: its again if the resume fails
     token = host.rotate_token()
     delivery = door.delivery
     delivery.hold()  # live events from here on wait until the replay is out
@@ -51,9 +52,12 @@ async def take_over(door: Resuming, event: ce.SessionResume, provisional: Sessio
     try:
         read = await taken.read()
     except StoreError:
-        # Attached but cannot replay: let the client retry the resume shortly.
+        # Attached but cannot replay: let the client retry the resume shortly, with the token
+        # it holds (it never learnt the rotated one).
+        host.restore_token(held_token)
         delivery.release(host.session.seq)
-        again = ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; resume again shortly.")
+        again = ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; resume again shortly.",
+                              event_id=event.event_id)  # fmt: skip
         delivery.send_now(door.dialect.refusal(again))
         delivery.close(CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
         host.detach(door)

@@ -470,3 +470,14 @@ LEDGER_RENEW = LEDGER + _LEDGER_RENEW
 LEDGER_RELEASE = LEDGER + _LEDGER_RELEASE
 LEDGER_DROP = LEDGER + _LEDGER_DROP
 STATE_HELD = LEDGER + _STATE_HELD
+
+
+# The store's epoch (``RedisStore.probe``): KEYS[1] = P epoch; ARGV[1] = a new random id.
+# Returns the id kept there, setting ARGV[1] first when there is none (a Redis that came
+# back empty): every replica then sees an id other than the one it knew.
+EPOCH = """
+local v = redis.call('GET', KEYS[1])
+if v then return v end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
+"""

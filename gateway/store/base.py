@@ -34,6 +34,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
+from gateway.store.health import StoreHealth
+
 __all__ = [
     "Admission",
     "Budget",
@@ -154,6 +156,11 @@ class StoreLimits:
     # interval. A crash loses at most the events appended in the last interval
     # (plus one round trip in flight). Lower: less loss and latency, more load.
     flush_interval_ms: float = 20.0
+    # What a JournalWriter keeps of events the store has not taken yet (the store is slow,
+    # down or frozen), per session: past it the oldest are dropped and reported to the journal
+    # as lost (a resume from before them gets ``gap=True``). Bounds a replica's memory in an
+    # outage at sessions x this.
+    max_pending_bytes: int = 1 << 20
     # Prefix of every key and bus channel, so several deployments (or test
     # runs) can share one Redis.
     key_prefix: str = "omni:"
@@ -161,8 +168,8 @@ class StoreLimits:
     def __post_init__(self) -> None:
         if self.idle_ttl_s <= 0:
             raise ValueError("idle_ttl_s must be > 0")
-        if self.max_events < 1 or self.max_bytes < 1:
-            raise ValueError("max_events and max_bytes must be >= 1")
+        if self.max_events < 1 or self.max_bytes < 1 or self.max_pending_bytes < 1:
+            raise ValueError("max_events, max_bytes and max_pending_bytes must be >= 1")
         if self.flush_interval_ms < 0:
             raise ValueError("flush_interval_ms must be >= 0")
 
@@ -347,6 +354,9 @@ class SessionStore(abc.ABC):
     # Backend calls made so far (one per network round trip on Redis); for
     # benchmarks and the batching tests.
     round_trips: int
+    # Whether the backend answers, as this replica last found it (``health.py``): readiness
+    # reports it; while it is down a Redis store's calls fail at once.
+    health: StoreHealth
 
     # -- snapshot + journal writes (fenced) --
 
@@ -547,6 +557,13 @@ class SessionStore(abc.ABC):
     @abc.abstractmethod
     async def ping(self) -> None:
         """Raise ``StoreUnavailable`` if the backend is unreachable."""
+
+    @abc.abstractmethod
+    async def probe(self) -> str:
+        """The store's epoch: an id of its data, the same until the store loses it (a Redis
+        restarted empty gets a new one). One round trip that goes to the backend even while
+        ``health`` says it is down (the only one that does), so it is what brings ``health``
+        back up. Raises ``StoreUnavailable``."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...

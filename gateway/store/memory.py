@@ -10,6 +10,7 @@ at most once per ``SWEEP_INTERVAL_S``.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +33,7 @@ from gateway.store.base import (
     check_read_args,
     ttl_ms,
 )
+from gateway.store.health import StoreHealth
 
 SWEEP_INTERVAL_S = 30.0  # how often expired sessions and tokens are reclaimed (at most; a shorter
 #   idle TTL sweeps as often as its TTL, so that nothing outlives it by more than twice)
@@ -108,6 +110,8 @@ class MemoryStore(SessionStore):
     ) -> None:
         self.limits = limits or StoreLimits()
         self.round_trips = 0
+        self.health = StoreHealth("up")  # in-process: always answers
+        self._epoch = secrets.token_hex(8)
         self._clock = clock
         self._bus_queue_size = bus_queue_size
         self._sessions: dict[str, _Session] = {}
@@ -458,6 +462,10 @@ class MemoryStore(SessionStore):
             entry[1] -= min(amount, entry[1])
 
     # -- lifecycle --
+
+    async def probe(self) -> str:
+        self.round_trips += 1
+        return self._epoch
 
     async def ping(self) -> None:
         self._tick()

@@ -70,11 +70,14 @@ on the same connection; too few replicas make the batch ``StoreUnavailable``.
 
 Failure behaviour: every call that cannot complete raises ``StoreUnavailable``.
 Nothing hangs: connects give up after ``connect_timeout_s`` (default 1 s), reads
-after ``socket_timeout_s`` (default 2 s), and a failed command is retried once,
-at once, on a fresh connection (which heals pooled connections broken by a Redis
-restart) and never more; so a call gives up within 2 x (connect + socket
-timeout) at worst (a frozen Redis with the defaults: about 4 s; measured 0.4 s
-with a 0.2 s socket timeout). A refused connection (Redis down) fails at once.
+after ``socket_timeout_s`` (``redis_timeout_s``, default 2 s), and a command whose
+connection broke is retried once, at once, on a fresh connection (which heals pooled
+connections broken by a Redis restart) and never more; a timeout is not retried. A
+refused connection (Redis down) fails at once. A call that finds Redis unreachable,
+refusing or silent puts the store down (``health.py``): every call then fails at once
+without being sent, except ``probe``/``ping`` and one trial call every
+``trial_interval_s``, until Redis answers one (on a cluster only the probe moves it, and
+no call is refused: one master's failure fails the calls on its slots only).
 The client reconnects by itself, so the same store works again as soon as Redis
 is back. Redis without persistence loses every session on restart: resumes
 then find no snapshot (or, for a live session, a journal gap) and say so to the
@@ -100,12 +103,15 @@ import contextlib
 import hashlib
 import logging
 import random
+import secrets
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.store import _redis_lua as lua
 from gateway.store.base import (
@@ -128,6 +134,7 @@ from gateway.store.base import (
     check_read_args,
     ttl_ms,
 )
+from gateway.store.health import THROTTLE, StoreHealth
 from gateway.store.redis_topology import Arg, Op, connect, run_ops
 from gateway.store.redis_url import parse_redis_url
 from gateway.store.shard_bus import ShardedSubscription
@@ -182,7 +189,7 @@ class RedisSubscription(QueuedSubscription):
                 raise
             except Exception as exc:  # any failure: reconnect, never crash
                 if not self._closed:
-                    log.warning("bus subscription broken (retry in %.2fs): %r", backoff, exc)
+                    THROTTLE.warning(log, "bus", "bus subscription broken (retry in %.2fs): %r", backoff, exc)
             finally:
                 self._ready.clear()
                 with contextlib.suppress(Exception):
@@ -213,11 +220,18 @@ class RedisStore(SessionStore):
     ) -> None:
         self.limits = limits or StoreLimits()
         self.round_trips = 0
+        self.waiting = 0  # calls sent to Redis and not answered yet (while it is down: the probe and one trial)
         self.connect_timeout_s = connect_timeout_s
         self._bus_queue_size = bus_queue_size
         self._p = self.limits.key_prefix
         self.target = parse_redis_url(url)  # raises RedisUrlError (a ValueError): say so at start-up
         self._clients = connect(self.target, socket_timeout_s, connect_timeout_s, max_connections)
+        # Not reached yet: not ready until Redis answers (the probe at start, or any call).
+        self.health = StoreHealth("unknown")
+        # One Redis, Sentinel: a call that finds Redis unreachable puts the store down, and
+        # calls then fail at once. A cluster: one master's failure must not refuse the calls
+        # of the others' slots, so only the probe (its key's master) moves ``health`` there.
+        self._fail_fast = self.target.topology != "cluster"
         self._redis: Any = self._clients.redis  # Redis, or RedisCluster
         self._wait = self.target.wait_replicas
         self._subs: weakref.WeakSet[QueuedSubscription] = weakref.WeakSet()
@@ -250,16 +264,32 @@ class RedisStore(SessionStore):
             raise StoreUnavailable(f"redis: {reply!r}")
         return reply
 
-    async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, fn: Callable[[], Awaitable[T]], *, probe: bool = False) -> T:
+        """``fn``'s Redis I/O, its failures as ``StoreUnavailable``, its fate told to ``health``.
+        While ``health`` is down the call fails at once without touching Redis, unless it is
+        the probe (``probe``) or the one trial ``health`` admits."""
+        health = self.health
+        gated = self._fail_fast and not probe  # (a cluster's calls are never refused: below)
+        if gated and not health.admit():
+            raise StoreUnavailable(health.refuse())
         self.round_trips += 1
+        self.waiting += 1
         try:
-            return await fn()
+            result = await fn()
         except DataError:  # raised before sending: a caller's bug, not an outage
             raise
-        except RedisError as exc:
+        except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as exc:
+            if self._fail_fast or probe:
+                health.unreachable(f"{type(exc).__name__}: {exc}")  # refused, reset, or silent too long
             raise StoreUnavailable(f"redis: {exc!r}") from exc
-        except (OSError, TimeoutError) as exc:
+        except RedisError as exc:  # an answer: a command's own error (OOM, READONLY, a script's...)
+            health.answered()
             raise StoreUnavailable(f"redis: {exc!r}") from exc
+        finally:
+            self.waiting -= 1
+            health.trial_over()
+        health.answered()
+        return result
 
     # -- snapshot + journal --
 
@@ -286,6 +316,9 @@ class RedisStore(SessionStore):
         commits, then one for the ledgers of their principals (a commit under a quota is done
         once its principal's ledger has its size: else it reports ``StoreUnavailable``, and
         the writer's retry, idempotent, reports the size again)."""
+        health = self.health
+        if self._fail_fast and health.down and health.trial_interval_s is None:  # (not even built)
+            return [StoreUnavailable(health.refuse())] * len(commits)
         try:
             replies = await self._run([self._commit_op(c) for c in commits])
         except StoreUnavailable as exc:
@@ -565,7 +598,15 @@ class RedisStore(SessionStore):
     # -- lifecycle --
 
     async def ping(self) -> None:
-        await self._call(lambda: self._redis.ping())
+        await self._call(lambda: self._redis.ping(), probe=True)
+
+    async def probe(self) -> str:
+        new = secrets.token_hex(8)
+        op = Op(lua.EPOCH, [self._p + "epoch"], [new])
+        (reply,) = await self._call(lambda: run_ops(self._redis, [op], 0, 0), probe=True)
+        if isinstance(reply, BaseException):
+            raise StoreUnavailable(f"redis: {reply!r}")
+        return _text(reply)
 
     async def close(self) -> None:
         for sub in list(self._subs):

@@ -24,7 +24,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError, NoScriptError, TimeoutError
+from redis.exceptions import ConnectionError, NoScriptError
 
 from gateway.store.base import StoreUnavailable
 from gateway.store.redis_url import RedisTarget
@@ -129,8 +129,11 @@ def connect(
     pool: dict[str, Any] = {} if max_connections is None else {"max_connections": max_connections}
     # One immediate retry on a fresh connection, never more: fail fast. Named errors, since
     # redis-py retries only those (a pipeline too): a broken pooled connection, or (Sentinel)
-    # a master demoted under us, whose READONLY redis-py turns into a ConnectionError.
-    once: dict[str, Any] = {"retry": Retry(NoBackoff(), 1), "retry_on_error": [ConnectionError, TimeoutError],
+    # a master demoted under us, whose READONLY redis-py turns into a ConnectionError. Not a
+    # timeout: a Redis silent past socket_timeout (frozen) is reported after one timeout, not
+    # two (the store then fails fast: health.py).
+    once: dict[str, Any] = {"retry": Retry(NoBackoff(), 1, supported_errors=(ConnectionError,)),
+                            "retry_on_error": [ConnectionError],
                             "health_check_interval": HEALTH_CHECK_S}  # fmt: skip
     auth: dict[str, Any] = {"username": target.username, "password": target.password}
     if target.topology == "single":

@@ -33,9 +33,13 @@ stops the writer for good: pending events are dropped, ``fenced`` is set,
 ``on_fenced`` is called, and further ``append`` calls raise it.
 ``StoreUnavailable`` keeps the batch and retries with backoff (doubling from
 the interval up to ``MAX_RETRY_S``); the pending buffer is capped
-(``max_pending_events`` / ``max_pending_bytes``, default: the journal caps) and
+(``max_pending_events`` / ``max_pending_bytes``, default: the journal's count cap and
+``StoreLimits.max_pending_bytes``, 1 MiB) and
 when full the oldest pending events are dropped and reported to the journal as
-lost, so a resume from before them reports a gap rather than a silent hole.
+lost, so a resume from before them reports a gap rather than a silent hole. While the
+store fails, what waits is kept in copies of its own size (orjson's output keeps a
+build buffer of several KB however short the event: 9.5 KB an event, measured), so
+the cap bounds the memory it takes.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar, NamedTuple
 
 from gateway.store.base import Commit, FencedError, SessionStore, StateQuota, StoreError, StoreUnavailable
+from gateway.store.health import THROTTLE
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +81,7 @@ class JournalWriter:
         *,
         # None: limits.flush_interval_ms. At most one commit per interval.
         flush_interval_ms: float | None = None,
-        # None: limits.max_events / max_bytes. When the unflushed buffer passes
+        # None: limits.max_events / the smaller of max_bytes and max_pending_bytes. When the unflushed buffer passes
         # either (the store is down or slow), the oldest pending events are
         # dropped and the journal is told they were lost (a resume from before
         # them gets gap=True).
@@ -97,7 +102,7 @@ class JournalWriter:
         ms = limits.flush_interval_ms if flush_interval_ms is None else flush_interval_ms
         self.interval_s = ms / 1000
         self.max_pending_events = max_pending_events or limits.max_events
-        self.max_pending_bytes = max_pending_bytes or limits.max_bytes
+        self.max_pending_bytes = max_pending_bytes or min(limits.max_bytes, limits.max_pending_bytes)
         self.on_fenced = on_fenced
         self.on_flushed = on_flushed
         self.quota = quota
@@ -133,6 +138,10 @@ class JournalWriter:
             raise self.fenced
         if self._closed:
             raise RuntimeError("JournalWriter is closed")
+        if self.last_error is not None:
+            # The store is failing: this may wait long. orjson's output keeps its whole build
+            # buffer (several KB however short the event), so keep a copy of its size.
+            data = memoryview(data).tobytes()
         self._events.append((seq, data))
         self._bytes += len(data)
         if len(self._events) > self.max_pending_events or self._bytes > self.max_pending_bytes:
@@ -185,6 +194,12 @@ class JournalWriter:
             raise self.fenced
         if not (self._has_pending() or self._in_flight):
             return
+        health = self.store.health
+        if health.down and health.trial_interval_s is None and not self._in_flight:
+            # The store is known down (and a probe, not our calls, will find it back): fail
+            # now, without handing the whole pending buffer to a commit that cannot be sent
+            # (on a long outage, that buffer is large); the backoff retries keep it going.
+            raise StoreUnavailable(health.refuse())
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         self._kick(at=0.0)  # now, before the interval or a backoff says
@@ -238,12 +253,14 @@ class JournalWriter:
             self._waiters = []
             return
         else:
-            self._restore(batch)
+            # The first failure in a row: what was appended while all was well is compacted
+            # once (see ``append``); later batches hold compact copies already.
+            self._restore(batch, compact=self.last_error is None)
             if isinstance(error, StoreUnavailable):
                 self.last_error = error
                 self._retry_s = min(max(self._retry_s * 2, self.interval_s, 0.01), MAX_RETRY_S)
-                log.warning("journal flush failed for session %s (retry in %.2fs): %s", self.session_id,
-                            self._retry_s, error)  # fmt: skip
+                THROTTLE.warning(log, "journal", "journal flush failed for session %s (retry in %.2fs): %s",
+                                 self.session_id, self._retry_s, error)  # fmt: skip
             else:  # a bug must not stop the journal silently
                 if isinstance(error, StoreError):
                     self.last_error = error
@@ -256,10 +273,14 @@ class JournalWriter:
         if self._waiters or self._has_pending():
             self._kick(at=0.0 if self._waiters else None)  # a flush() waiting: at once
 
-    def _restore(self, batch: _Batch) -> None:
+    def _restore(self, batch: _Batch, *, compact: bool = False) -> None:
         # Put the batch back in front of what arrived meanwhile (it may or may
         # not have been applied; a retry is idempotent). What came later wins.
-        self._events.extendleft(reversed(batch.events))
+        if compact:
+            self._events = deque((seq, memoryview(d).tobytes()) for seq, d in self._events)
+            self._events.extendleft(reversed([(seq, memoryview(d).tobytes()) for seq, d in batch.events]))
+        else:
+            self._events.extendleft(reversed(batch.events))
         self._bytes = sum(len(d) for _, d in self._events)
         if self._snapshot is None:
             self._snapshot = batch.snapshot

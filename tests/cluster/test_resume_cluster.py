@@ -958,13 +958,27 @@ async def finished_session(h: Harness) -> tuple[str, str, int, int]:
 
 
 async def test_resume_of_a_session_lost_with_redis_is_refused_with_a_code(harness: Harness) -> None:
-    """Its replica died and Redis restarted empty: nothing holds it any more."""
+    """Its replica died and Redis restarted empty: nothing holds it any more. For lease_ttl_s
+    after Redis came back a resume is told to retry (store_unavailable: a live replica might
+    still be writing the session back, docs/sessions.md "When Redis fails"); then it is the
+    final session_not_found."""
     cluster = harness.cluster
     sid, token, last, owner = await finished_session(harness)
     cluster.kill_replica(owner, signal.SIGKILL)
     await cluster.await_exit(owner, 30)
     await cluster.arestart_redis()
-    answer_event, ws = await raw_resume(harness, cluster.url, sid, token, last)
+    codes: list[str] = []
+    async with asyncio.timeout(60):  # (the window is lease_ttl_s, 15 s by default)
+        while True:
+            answer_event, ws = await raw_resume(harness, cluster.url, sid, token, last)
+            assert answer_event["type"] == "error", answer_event
+            codes.append(answer_event["error"]["code"])
+            if codes[-1] != "store_unavailable":
+                break
+            if ws is not None:
+                await ws.close()
+            await asyncio.sleep(1.0)
+    print(f"answers while Redis was coming back: {codes}")
     try:
         assert answer_event["type"] == "error", answer_event
         assert answer_event["error"]["code"] == "session_not_found", answer_event

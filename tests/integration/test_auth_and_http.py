@@ -491,6 +491,7 @@ async def test_readyz_is_503_while_the_engine_is_unhealthy() -> None:
             assert r.status_code == 503
             assert r.json() == {
                 "status": "omni-cascade: unhealthy",
+                "reason": "engine_unhealthy",
                 "engines_ok": 0,
                 "engines_total": 1,
                 "engines": {"omni-cascade": "unhealthy"},

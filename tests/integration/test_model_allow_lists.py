@@ -85,8 +85,8 @@ async def test_readyz_names_no_model_without_an_operator_credential() -> None:
     async with run_gateway(s, engine=DownEngine(), vad_factory=None) as gw, httpx.AsyncClient(base_url=gw.http) as http:
         r = await http.get("/readyz")
         assert r.status_code == 503
-        assert r.json() == {"status": "not_ready", "engines_ok": 0, "engines_total": 1}
+        assert r.json() == {"status": "not_ready", "engines_ok": 0, "engines_total": 1, "reason": "engine_unhealthy"}
         r = await http.get("/readyz", headers=bearer(OPERATOR))
         assert r.status_code == 503
         assert r.json() == {"status": "omni-cascade: unhealthy", "engines_ok": 0, "engines_total": 1,
-                            "engines": {"omni-cascade": "unhealthy"}}  # fmt: skip
+                            "reason": "engine_unhealthy", "engines": {"omni-cascade": "unhealthy"}}  # fmt: skip

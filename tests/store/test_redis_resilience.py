@@ -89,3 +89,37 @@ async def test_frozen_redis_times_out_instead_of_hanging(private_redis: RedisSer
     finally:
         private_redis.resume()
         await store.close()
+
+
+async def test_a_frozen_redis_counts_as_down_after_one_timeout_and_calls_then_fail_without_reaching_it(
+    private_redis: RedisServer,
+) -> None:
+    """SIGSTOP: the first call fails after one socket timeout (not retried on a fresh
+    connection to wait again), the store is then down, and every call fails at once without
+    being sent (nothing queues behind a frozen Redis), except one trial call per
+    trial_interval_s; after SIGCONT the first call Redis answers brings the store back up."""
+    store = create_store(private_redis.url, key_prefix="r:", socket_timeout_s=0.3)
+    try:
+        await store.ping()
+        assert store.health.up
+        fence = await store.acquire("s1", "A", 5_000)
+        store.health.trial_interval_s = 3600.0  # (no trial call during the checks below)
+        private_redis.pause()
+        with pytest.raises(StoreUnavailable):
+            await store.load_snapshot("s1")
+        assert store.health.down and "Timeout" in store.health.reason
+        sent, refused = store.round_trips, store.health.refused
+        for call in (store.load_snapshot("s1"), store.commit("s1", fence=fence, events=[(1, b"x")]),
+                     store.renew("s1", "A", fence, 5_000), store.read_events("s1", 0)):  # fmt: skip
+            with pytest.raises(StoreUnavailable) as info:
+                await call
+            assert "unreachable" in str(info.value)
+        assert store.round_trips == sent  # none of them reached Redis
+        assert store.health.refused == refused + 4
+        private_redis.resume()
+        await store.ping()  # the probe goes through, and brings it back
+        assert store.health.up and store.health.recoveries == 1
+        assert await store.load_snapshot("s1") is None
+    finally:
+        private_redis.resume()
+        await store.close()
