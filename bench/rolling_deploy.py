@@ -57,7 +57,7 @@ async def main(args: argparse.Namespace) -> int:
         began, cpu = time.monotonic(), time.process_time()
         rounds = 0 if args.baseline else args.rounds
         report = await rolling_deploy(cluster, sessions=args.sessions, rounds=rounds, sig=sig,
-                                      warm_up_s=args.baseline or 2.0)  # fmt: skip
+                                      warm_up_s=args.baseline or 2.0, plain=args.plain)  # fmt: skip
         elapsed, cpu = time.monotonic() - began, time.process_time() - cpu
     what = ("no deploy (--baseline)" if args.baseline
             else f"{args.rounds} rounds of rolling {sig.name}, drain window {args.window:g} s")  # fmt: skip
@@ -80,6 +80,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--baseline", type=float, default=0.0, metavar="S",
                    help="no deploy: the same sessions for S seconds, so that the largest silence the load "
                    "alone gives stands beside a deploy's")  # fmt: skip
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="reconnect on plain sockets (a session opened at connect, replaced by the resume), "
+        "as clients of other SDKs do; default: resume-only sockets (?resume=1)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the run directory (replica, nginx, redis logs)")
     return p.parse_args(argv)
 

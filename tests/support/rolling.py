@@ -93,10 +93,14 @@ class Listener:
     the socket's close follows, such as ``store_unavailable`` on a resume while Redis fails
     over; the SDK resumes again)."""
 
-    def __init__(self, index: int, url: str, report: Report, *, passing: tuple[str, ...] = ()) -> None:
+    def __init__(self, index: int, url: str, report: Report, *, passing: tuple[str, ...] = (),
+                 plain: bool = False) -> None:  # fmt: skip
         self.passing = passing
         self.index = index
-        self.rt = RealtimeClient(url, api_key=API_KEY, reconnect=POLICY, resume_timeout=10.0)
+        # plain: each reconnect is a plain socket (the server opens a session at connect, which the
+        # resume replaces), as a client of another SDK reconnects; else a resume-only socket.
+        self.rt = RealtimeClient(url, api_key=API_KEY, reconnect=POLICY, resume_timeout=10.0,
+                                 resume_fallback="new_session" if plain else "raise")  # fmt: skip
         self.report = report
         self.last_seq = 0
         self.connections = 0  # session.resumed / resync_required read so far
@@ -166,6 +170,9 @@ class Listener:
                 self.fail("silence", f"no answer within {ANSWER_TIMEOUT_S:.0f} s")
                 return False
             kind = event.get("type")
+            if kind == "client.session_lost":  # (plain sockets: a refused resume started a new session)
+                self.fail("resume_failed", str(event))
+                return False
             if kind in ("session.resumed", "session.resync_required"):
                 self.connections += 1
                 if kind == "session.resync_required":
@@ -240,11 +247,12 @@ async def roll(cluster: Cluster, rounds: int, sig: int, report: Report, *, settl
 
 
 async def rolling_deploy(cluster: Cluster, *, sessions: int, rounds: int, sig: int = signal.SIGTERM,
-                         warm_up_s: float = 2.0, settle_s: float = 1.0) -> Report:  # fmt: skip
-    """``sessions`` listeners through ``cluster``'s nginx while it is rolled ``rounds`` times."""
+                         warm_up_s: float = 2.0, settle_s: float = 1.0, plain: bool = False) -> Report:  # fmt: skip
+    """``sessions`` listeners through ``cluster``'s nginx while it is rolled ``rounds`` times
+    (``plain``: they reconnect on plain sockets, ``Listener``)."""
     report = Report()
     stop = asyncio.Event()
-    listeners = [Listener(i, cluster.url, report) for i in range(sessions)]
+    listeners = [Listener(i, cluster.url, report, plain=plain) for i in range(sessions)]
     running = [asyncio.create_task(listener.run(stop)) for listener in listeners]
     try:
         await asyncio.sleep(warm_up_s)  # every session under way
