@@ -12,6 +12,8 @@ answer (every word and audio byte, in order) and prints:
   ran out, ``replica_lost`` after a crash);
 - failures: silence (no answer within 60 s), seq gaps or repeats, bad answers, errors,
   failed resumes (all must be 0);
+- lost answers (never completed) and incomplete ones (cut, and their re-issue never completed),
+  and the event gap p99 (the largest silence per session, below), in one line;
 - the SDK's counts (resumes, resyncs, replayed events, duplicates dropped);
 - the **largest silence per session**, p50/p99/max: the longest wait for the next audio
   delta while asking (target with SIGTERM: p99 <= 200 ms);
@@ -25,6 +27,7 @@ Exit status 1 if anything failed, or (SIGTERM) an answer was cut by a drain.
 
     python bench/rolling_deploy.py                         # 3 replicas, 60 sessions, 2 rounds: ~1 min
     python bench/rolling_deploy.py --kill                  # the same with SIGKILL: nothing lost
+    python bench/rolling_deploy.py --kill-rounds 1         # 2 SIGTERM rounds, then a SIGKILL round
     python bench/rolling_deploy.py --sessions 20 --rounds 1
     python bench/rolling_deploy.py --baseline 60           # no deploy: the load's own silences
 """
@@ -57,10 +60,12 @@ async def main(args: argparse.Namespace) -> int:
         began, cpu = time.monotonic(), time.process_time()
         rounds = 0 if args.baseline else args.rounds
         report = await rolling_deploy(cluster, sessions=args.sessions, rounds=rounds, sig=sig,
-                                      warm_up_s=args.baseline or 2.0)  # fmt: skip
+                                      warm_up_s=args.baseline or 2.0, plain=args.plain,
+                                      kill_rounds=0 if args.baseline else args.kill_rounds)  # fmt: skip
         elapsed, cpu = time.monotonic() - began, time.process_time() - cpu
     what = ("no deploy (--baseline)" if args.baseline
-            else f"{args.rounds} rounds of rolling {sig.name}, drain window {args.window:g} s")  # fmt: skip
+            else f"{args.rounds} rounds of rolling {sig.name}, drain window {args.window:g} s"
+            + (f", then {args.kill_rounds} of SIGKILL" if args.kill_rounds else ""))  # fmt: skip
     print(f"{args.sessions} sessions, {args.replicas} replicas, {what}, {elapsed:.0f} s:")
     for line in summary(report):
         print("  " + line)
@@ -77,9 +82,23 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--window", type=float, default=20.0, help="drain_window_s of every replica (default 20)")
     p.add_argument("--kill", action="store_true", help="SIGKILL instead of SIGTERM: crashes, not drains")
+    p.add_argument(
+        "--kill-rounds",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the rounds, N more rounds of SIGKILL in the same run (issue 34's roll: 2 SIGTERM "
+        "rounds, then 1 SIGKILL round)",
+    )
     p.add_argument("--baseline", type=float, default=0.0, metavar="S",
                    help="no deploy: the same sessions for S seconds, so that the largest silence the load "
                    "alone gives stands beside a deploy's")  # fmt: skip
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="reconnect on plain sockets (a session opened at connect, replaced by the resume), "
+        "as clients of other SDKs do; default: resume-only sockets (?resume=1)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the run directory (replica, nginx, redis logs)")
     return p.parse_args(argv)
 

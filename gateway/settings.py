@@ -187,7 +187,8 @@ class Settings:
     webrtc_advertised_addresses: tuple[str, ...] = ()  # public IPs peers reach this replica at (NAT,
     #   containers: the node's address); comma separated in the environment
     webrtc_advertise_mode: str = "add"  # "add": the advertised addresses join the host candidates;
-    #   "replace": they stand in for them (the host addresses are private)
+    #   "replace": they stand in for them (the host addresses are private); a loopback address advertised
+    #   so (127.0.0.1) is gathered on directly: the media stays on loopback (what the tests run)
     webrtc_ice_timeout_s: float = 15.0  # an answered call not connected this long ends (ice_timeout)
     webrtc_peer_timeout_s: float = 10.0  # no packet at all from a connected peer this long: the call
     #   ends (peer_timeout); its session stays resumable for detach_grace_s

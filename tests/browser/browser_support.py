@@ -52,6 +52,7 @@ def chromium_args(wav: Path | None = None) -> list[str]:
         "--disable-gpu",
         "--disable-background-networking",
         "--use-fake-ui-for-media-stream",
+        "--allow-loopback-in-peer-connection",  # WebRTC: loopback candidates (the gateway offers 127.0.0.1 alone)
         "--use-fake-device-for-media-stream",
         "--autoplay-policy=no-user-gesture-required",
         "--disable-features=MediaSessionService",

@@ -41,6 +41,9 @@ DRAIN_WINDOW_S = 0.5  # short, so a drain test sees both a finished and a cut an
 CLUSTER_ENV = {
     "OMNI_GATEWAY_VIDEO_ENGINE": "none",  # keeps replicas light: no torch
     "OMNI_GATEWAY_DRAIN_WINDOW_S": str(DRAIN_WINDOW_S),
+    # A WebRTC call's media stays on loopback, whatever other addresses the machine has.
+    "OMNI_GATEWAY_WEBRTC_ADVERTISED_ADDRESSES": "127.0.0.1",
+    "OMNI_GATEWAY_WEBRTC_ADVERTISE_MODE": "replace",
 }
 KEY_PREFIX = "omni:"  # gateway/store/base.py StoreLimits.key_prefix (the replicas' default)
 

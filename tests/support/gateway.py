@@ -56,6 +56,8 @@ async def run_gateway(
     port = free_port()
     ws = ws or server_protocol()
     settings = replace(settings or Settings(), host="127.0.0.1", port=port)
+    if not settings.webrtc_advertised_addresses:  # a test's WebRTC media stays on loopback, whatever the machine has
+        settings = replace(settings, webrtc_advertised_addresses=("127.0.0.1",), webrtc_advertise_mode="replace")
     app = create_app(settings, **kwargs)
     if video_engine is not None:
         app.state.runtime.video_engine = video_engine

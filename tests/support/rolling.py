@@ -79,6 +79,11 @@ class Report:
         return self.counts["cut_drained"] + self.counts["cut_replica_lost"]
 
     @property
+    def lost(self) -> int:
+        """Answers asked for and never completed (whatever the reason)."""
+        return sum(self.counts[k] for k in FAILURES)
+
+    @property
     def bad(self) -> int:
         return sum(self.counts[k] for k in FAILURES)
 
@@ -93,18 +98,25 @@ class Listener:
     the socket's close follows, such as ``store_unavailable`` on a resume while Redis fails
     over; the SDK resumes again)."""
 
-    def __init__(self, index: int, url: str, report: Report, *, passing: tuple[str, ...] = ()) -> None:
+    def __init__(self, index: int, url: str, report: Report, *, passing: tuple[str, ...] = (),
+                 plain: bool = False) -> None:  # fmt: skip
         self.passing = passing
         self.index = index
-        self.rt = RealtimeClient(url, api_key=API_KEY, reconnect=POLICY, resume_timeout=10.0)
+        # plain: each reconnect is a plain socket (the server opens a session at connect, which the
+        # resume replaces), as a client of another SDK reconnects; else a resume-only socket.
+        self.rt = RealtimeClient(url, api_key=API_KEY, reconnect=POLICY, resume_timeout=10.0,
+                                 resume_fallback="new_session" if plain else "raise")  # fmt: skip
         self.report = report
         self.last_seq = 0
         self.connections = 0  # session.resumed / resync_required read so far
         self.largest_silence = 0.0
         self.turn = 0
+        self.cut = False  # the answer under way was cut (incomplete): its re-issue must complete
 
     def fail(self, kind: str, detail: str) -> None:
         self.report.counts[kind] += 1
+        if self.cut:  # an answer ended incomplete whose re-issue never completed
+            self.report.counts["incomplete"] += 1
         if len(self.report.failures) < 20:
             self.report.failures.append(f"session {self.index} ({self.rt.session_id}): {kind}: {detail}")
 
@@ -131,7 +143,7 @@ class Listener:
         sent_item_on = sent_response_on = -1  # the connection each request went out on
         words: dict[str, list[str]] = {}
         audio: dict[str, int] = {}
-        cut = False
+        cut = self.cut = False
         loop = asyncio.get_running_loop()
         heard = loop.time()  # the last sound, or the asking
         heard_on = self.connections
@@ -166,6 +178,9 @@ class Listener:
                 self.fail("silence", f"no answer within {ANSWER_TIMEOUT_S:.0f} s")
                 return False
             kind = event.get("type")
+            if kind == "client.session_lost":  # (plain sockets: a refused resume started a new session)
+                self.fail("resume_failed", str(event))
+                return False
             if kind in ("session.resumed", "session.resync_required"):
                 self.connections += 1
                 if kind == "session.resync_required":
@@ -208,7 +223,7 @@ class Listener:
                 reason = (r.get("status_details") or {}).get("gateway_reason")
                 if r["status"] == "incomplete" and reason in ("drained", "replica_lost"):
                     self.report.counts[f"cut_{reason}"] += 1
-                    cut = True  # its re-issue follows
+                    cut = self.cut = True  # its re-issue follows
                 elif r["status"] == "completed":
                     whole = words.get(r["id"]) == [f"w{i} " for i in range(WORDS)]
                     if not whole or audio.get(r["id"]) != WORDS * CHUNK_BYTES:
@@ -240,15 +255,19 @@ async def roll(cluster: Cluster, rounds: int, sig: int, report: Report, *, settl
 
 
 async def rolling_deploy(cluster: Cluster, *, sessions: int, rounds: int, sig: int = signal.SIGTERM,
-                         warm_up_s: float = 2.0, settle_s: float = 1.0) -> Report:  # fmt: skip
-    """``sessions`` listeners through ``cluster``'s nginx while it is rolled ``rounds`` times."""
+                         warm_up_s: float = 2.0, settle_s: float = 1.0, plain: bool = False,
+                         kill_rounds: int = 0) -> Report:  # fmt: skip
+    """``sessions`` listeners through ``cluster``'s nginx while it is rolled ``rounds`` times
+    with ``sig``, then ``kill_rounds`` times with SIGKILL (``plain``: they reconnect on plain
+    sockets, ``Listener``)."""
     report = Report()
     stop = asyncio.Event()
-    listeners = [Listener(i, cluster.url, report) for i in range(sessions)]
+    listeners = [Listener(i, cluster.url, report, plain=plain) for i in range(sessions)]
     running = [asyncio.create_task(listener.run(stop)) for listener in listeners]
     try:
         await asyncio.sleep(warm_up_s)  # every session under way
         await roll(cluster, rounds, sig, report, settle_s=settle_s)
+        await roll(cluster, kill_rounds, signal.SIGKILL, report, settle_s=settle_s)
     finally:
         stop.set()
         await asyncio.gather(*running)
@@ -266,6 +285,8 @@ def summary(report: Report) -> list[str]:
         f"answers {report.answers} ({report.counts['completed']} whole, {report.counts['reissued']} re-issued); "
         f"cut {report.cut} (drained {report.counts['cut_drained']}, replica_lost {report.counts['cut_replica_lost']})",
         "failures: " + ", ".join(f"{k} {report.counts[k]}" for k in FAILURES),
+        f"lost {report.lost} (an answer never completed), incomplete {report.counts['incomplete']} (cut, and "
+        f"its re-issue never completed); event gap p99 {report.silence_ms(0.99):.0f} ms (the largest per session)",
         "SDK: " + ", ".join(f"{k} {v}" for k, v in report.sdk.items()),
         f"largest silence per session: p50 {report.silence_ms(0.5):.0f} ms, p99 {report.silence_ms(0.99):.0f} ms, "
         f"max {1000 * max(silences):.0f} ms ({len(report.silences)} sessions)",

@@ -83,6 +83,8 @@ class Served:
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment a new user's shell has: no virtualenv of ours, no gateway settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMNI_GATEWAY_", "VIRTUAL_ENV", "PYTHON"))}
+    # But for one: a test's WebRTC media stays on loopback (127.0.0.1 advertised in replace mode).
+    env.update(OMNI_GATEWAY_WEBRTC_ADVERTISED_ADDRESSES="127.0.0.1", OMNI_GATEWAY_WEBRTC_ADVERTISE_MODE="replace")
     venv = os.environ.get("VIRTUAL_ENV")
     if venv:
         env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(venv))
@@ -202,6 +204,8 @@ async def webrtc_turn(http_url: str, said: str, workdir: Path) -> tuple[str, dic
     from aiortc.contrib.media import MediaPlayer
     from aiortc.mediastreams import MediaStreamError
 
+    from gateway.transport.webrtc.peer import gather_on
+
     pcm = silence(300) + await speak(said) + silence(1500)
     path = workdir / "said.wav"
     with wave.open(str(path), "wb") as w:
@@ -232,7 +236,8 @@ async def webrtc_turn(http_url: str, said: str, workdir: Path) -> tuple[str, dic
         player = MediaPlayer(str(path))  # the microphone: it plays once the call connects
         assert player.audio is not None
         pc.addTrack(player.audio)
-        await pc.setLocalDescription(await pc.createOffer())
+        with gather_on(("127.0.0.1",)):  # the caller's media on loopback, as the gateway's (clean_env)
+            await pc.setLocalDescription(await pc.createOffer())
         session = {"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}}
         async with httpx.AsyncClient(timeout=30) as http:  # the unified form: the offer and the session
             r = await http.post(f"{http_url}/v1/realtime/calls", files={

@@ -11,12 +11,15 @@ import sys
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack
 
+from gateway.transport.webrtc.peer import gather_on
+
 
 async def main() -> None:
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     pc.createDataChannel("oai-events")
     pc.addTrack(AudioStreamTrack())
-    await pc.setLocalDescription(await pc.createOffer())
+    with gather_on(("127.0.0.1",)):  # on loopback, as every test's media (rtc_support.LOOPBACK)
+        await pc.setLocalDescription(await pc.createOffer())
     print(json.dumps({"sdp": pc.localDescription.sdp}), flush=True)
     line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     await pc.setRemoteDescription(RTCSessionDescription(sdp=json.loads(line)["sdp"], type="answer"))

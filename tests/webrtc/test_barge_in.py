@@ -21,12 +21,13 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 from av import AudioFrame
-from rtc_support import Browser, Received, record, wait_for
+from rtc_support import LOOPBACK, Browser, Received, record, wait_for
 from support.gateway import RunningGateway, run_gateway
 from support.sdk_shapes import check_event
 from support.speech import speak
 
 from gateway.settings import Settings
+from gateway.transport.webrtc.peer import gather_on
 from orchestrator.engines.passthrough import PassthroughEngine
 
 pytestmark = pytest.mark.timeout(120)
@@ -94,7 +95,8 @@ async def test_speech_over_an_answer_cuts_it_within_a_frame_at_what_was_sent(gw:
     channel.on("message", on_message)
     speech = await speak("Hello there, please stop talking now.", rate=RATE)
     try:
-        await pc.setLocalDescription(await pc.createOffer())
+        with gather_on(LOOPBACK):
+            await pc.setLocalDescription(await pc.createOffer())
         async with httpx.AsyncClient(timeout=30) as http:
             r = await http.post(f"{gw.http}/v1/realtime/calls", content=pc.localDescription.sdp,
                                 headers={"Content-Type": "application/sdp"})  # fmt: skip

@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 
 import pytest
+from rtc_support import loopback_config
 
 from gateway.protocol.errors import CloseCode
 from gateway.transport.webrtc.call import Call
-from gateway.transport.webrtc.config import WebRTCConfig
 from gateway.transport.webrtc.datachannel import ChannelOverflow, MessageTooLarge
 from gateway.transport.webrtc.peer import PeerFactory
 
@@ -38,7 +38,7 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 async def test_a_slow_consumer_is_said_once_and_hung_up_once(caplog: pytest.LogCaptureFixture) -> None:
-    call = Call("rtc_slow", PeerFactory(WebRTCConfig()), on_ended=lambda c: None, max_message_size=65536)
+    call = Call("rtc_slow", PeerFactory(loopback_config()), on_ended=lambda c: None, max_message_size=65536)
     closes: list[int] = []
     call.close = lambda code, reason: closes.append(code)  # type: ignore[method-assign]
     call.channel = Refusing(ChannelOverflow("4194305 bytes buffered on the data channel"))  # type: ignore[assignment]
@@ -54,7 +54,7 @@ async def test_a_slow_consumer_is_said_once_and_hung_up_once(caplog: pytest.LogC
 async def test_events_too_large_for_the_channel_are_logged_at_most_every_few_seconds(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    call = Call("rtc_large", PeerFactory(WebRTCConfig()), on_ended=lambda c: None, max_message_size=65536)
+    call = Call("rtc_large", PeerFactory(loopback_config()), on_ended=lambda c: None, max_message_size=65536)
     call.channel = Refusing(MessageTooLarge("a 70000-byte event is over the peer's 65536-byte limit"))  # type: ignore[assignment]
     try:
         for _ in range(300):

@@ -18,11 +18,20 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from rtc_support import aligned_correlation, envelope, silence, started_factory, tone, wait_for, write_wav
+from rtc_support import (
+    aligned_correlation,
+    envelope,
+    loopback_config,
+    nominated,
+    silence,
+    started_factory,
+    tone,
+    wait_for,
+    write_wav,
+)
 
 from gateway.transport.webrtc.audio_in import AudioIn
 from gateway.transport.webrtc.audio_out import AudioOutTrack
-from gateway.transport.webrtc.config import WebRTCConfig
 from gateway.transport.webrtc.datachannel import EventChannel
 from gateway.transport.webrtc.peer import PeerFactory, PeerWatchdog
 from gateway.transport.webrtc.sdp import check_offer
@@ -77,6 +86,7 @@ async def page(tmp_path: Path) -> AsyncIterator[Any]:
             args=[
                 "--no-sandbox",
                 "--use-fake-ui-for-media-stream",
+                "--allow-loopback-in-peer-connection",  # loopback candidates: the gateway offers 127.0.0.1 alone
                 "--use-fake-device-for-media-stream",
                 f"--use-file-for-fake-audio-capture={wav}",
                 "--autoplay-policy=no-user-gesture-required",
@@ -93,7 +103,7 @@ async def page(tmp_path: Path) -> AsyncIterator[Any]:
 
 
 async def test_chromium_holds_a_call_with_the_media_layer(page: Any) -> None:
-    factory = await started_factory(PeerFactory(WebRTCConfig()))
+    factory = await started_factory(PeerFactory(loopback_config()))
     offer = await page.evaluate("window.offer()")
     summary = check_offer(offer)
     assert summary.candidates == 0 and summary.has_data_channel
@@ -112,6 +122,11 @@ async def test_chromium_holds_a_call_with_the_media_layer(page: Any) -> None:
         dog.start()
         await page.evaluate("(sdp) => window.answer(sdp)", answer)
         await wait_for(lambda: pc.connectionState == "connected", "Chromium to connect (ICE from its checks alone)")
+        # The gateway's media socket is on loopback (127.0.0.1 advertised in replace mode). Chromium
+        # checks from sockets of its own choosing (loopback allowed, but it may pick the machine's
+        # own address): to 127.0.0.1, which never leaves the machine.
+        pairs = nominated(pc)
+        assert pairs and all(local[0] == "127.0.0.1" for local, _ in pairs), pairs
 
         # events, both ways
         await wait_for(lambda: bool(events), "the page's session.update")

@@ -22,7 +22,9 @@ from rtc_support import (
     connect,
     dominant_hz,
     envelope,
+    loopback_config,
     make_browser,
+    nominated,
     rms,
     silence,
     started_factory,
@@ -33,7 +35,6 @@ from rtc_support import (
 
 from gateway.transport.webrtc.audio_in import AudioIn
 from gateway.transport.webrtc.audio_out import AudioOutTrack
-from gateway.transport.webrtc.config import WebRTCConfig
 from gateway.transport.webrtc.datachannel import EventChannel, MessageTooLarge
 from gateway.transport.webrtc.peer import PeerFactory, host_candidate_ports, tune_receive_buffer
 from gateway.transport.webrtc.sdp import OFFER_NO_AUDIO, OfferError, check_offer
@@ -87,7 +88,7 @@ class Gateway:
 
 @pytest.fixture
 async def factory() -> PeerFactory:
-    return await started_factory(PeerFactory(WebRTCConfig()))
+    return await started_factory(PeerFactory(loopback_config()))
 
 
 async def call(factory: PeerFactory, **browser_kw: object) -> tuple[Gateway, Browser]:
@@ -95,6 +96,25 @@ async def call(factory: PeerFactory, **browser_kw: object) -> tuple[Gateway, Bro
     gateway = Gateway(factory)
     await connect(browser, await gateway.answer(offer), gateway.pc)
     return gateway, browser
+
+
+async def test_a_call_stays_on_loopback(factory: PeerFactory) -> None:
+    """127.0.0.1 advertised in replace mode: the gateway gathers there (aioice gathers no
+    loopback by itself) and answers only there; the caller does the same, and the media runs
+    between two loopback sockets, whatever other addresses this machine has."""
+    assert factory.config.gather_addresses == ("127.0.0.1",)
+    browser, offer = await make_browser()
+    gateway = Gateway(factory)
+    try:
+        answer = await gateway.answer(offer)
+        assert {address for address, _ in host_candidates(offer)} == {"127.0.0.1"}
+        assert {address for address, _ in host_candidates(answer)} == {"127.0.0.1"}
+        await connect(browser, answer, gateway.pc)
+        pairs = nominated(gateway.pc) + nominated(browser.pc)
+        assert pairs and all(local[0] == remote[0] == "127.0.0.1" for local, remote in pairs), pairs
+    finally:
+        await browser.close()
+        await gateway.close()
 
 
 async def test_the_callers_opus_track_arrives_as_pcm16_at_the_engines_rate(
@@ -294,9 +314,9 @@ async def test_an_offer_aiortc_cannot_apply_is_an_invalid_offer(factory: PeerFac
         await browser.close()
 
 
-async def test_the_port_range_and_advertised_address_are_honoured() -> None:
-    config = WebRTCConfig(udp_port_range=(45100, 45139), advertised_addresses=("203.0.113.7",))
-    factory = await started_factory(PeerFactory(config))
+async def test_the_port_range_and_the_loopback_advertised_in_replace_mode_are_honoured() -> None:
+    # (add mode's server-reflexive candidates: test_sdp.py; a machine's own addresses are never used here)
+    factory = await started_factory(PeerFactory(loopback_config(udp_port_range=(45100, 45139))))
     assert factory.warnings == [] and factory.port_range == (45100, 45139)
     calls = []
     try:
@@ -307,8 +327,8 @@ async def test_the_port_range_and_advertised_address_are_honoured() -> None:
             calls.append((gateway, browser))
             ports = host_candidate_ports(answer)
             assert ports and all(45100 <= p <= 45139 for p in ports)
-            assert "203.0.113.7" in answer and "typ srflx" in answer
-            await connect(browser, answer, gateway.pc)  # still reached through the host candidate
+            assert {address for address, _ in host_candidates(answer)} == {"127.0.0.1"} and "typ srflx" not in answer
+            await connect(browser, answer, gateway.pc)  # reached on loopback, on a port of the range
         first, second = (set(host_candidates(g.pc.localDescription.sdp)) for g, _ in calls)
         assert not first & second  # each call its own sockets (a port may serve two addresses)
     finally:
@@ -329,7 +349,7 @@ async def test_an_exhausted_port_range_answers_without_candidates_not_an_excepti
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 sock.bind((host, port))
                 held.append(sock)
-        tight = PeerFactory(WebRTCConfig(udp_port_range=(45200, 45201)))
+        tight = PeerFactory(loopback_config(udp_port_range=(45200, 45201)))
         tight.port_range = (45200, 45201)  # start() would probe and keep it: the range is valid, just full
         browser, offer = await make_browser()
         pc = tight.create()
@@ -352,7 +372,7 @@ async def test_the_receive_buffer_is_tuned_or_left_alone(factory: PeerFactory) -
         assert not tune_receive_buffer(object(), 1)  # type: ignore[arg-type]  # not aiortc's: untouched
     finally:
         await pc.close()
-    keep = await started_factory(PeerFactory(WebRTCConfig(receive_prefetch_frames=None)))
+    keep = await started_factory(PeerFactory(loopback_config(receive_prefetch_frames=None)))
     assert keep.receive_prefetch is None and keep.warnings == []
 
 
@@ -361,7 +381,7 @@ def test_the_port_range_holds_on_uvloop_too() -> None:
     uvloop = pytest.importorskip("uvloop")
 
     async def scenario() -> list[int]:
-        factory = await started_factory(PeerFactory(WebRTCConfig(udp_port_range=(45300, 45319))))
+        factory = await started_factory(PeerFactory(loopback_config(udp_port_range=(45300, 45319))))
         assert factory.warnings == [] and factory.port_range == (45300, 45319)
         browser, offer = await make_browser()
         gateway = Gateway(factory)

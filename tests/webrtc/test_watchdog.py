@@ -10,11 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from rtc_support import connect, make_browser, started_factory, wait_for
+from rtc_support import connect, loopback_config, make_browser, started_factory, wait_for
 
 from gateway.transport.webrtc.audio_in import AudioIn
 from gateway.transport.webrtc.audio_out import AudioOutTrack
-from gateway.transport.webrtc.config import WebRTCConfig
 from gateway.transport.webrtc.peer import PeerFactory, PeerWatchdog
 from gateway.transport.webrtc.sdp import check_offer
 
@@ -25,7 +24,7 @@ SDK_OFFER = (HERE / "data" / "chromium_sdk_offer.sdp").read_text()
 
 @pytest.fixture
 async def factory() -> PeerFactory:
-    return await started_factory(PeerFactory(WebRTCConfig()))
+    return await started_factory(PeerFactory(loopback_config()))
 
 
 def watch(

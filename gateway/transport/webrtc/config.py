@@ -151,7 +151,8 @@ class WebRTCConfig:
     advertised_addresses: tuple[str, ...] = ()  # public IPs peers should reach us at (NAT, containers)
     # "add": the advertised addresses join the host candidates (as server-reflexive ones, so a peer
     # on the same network still prefers the direct path); "replace": they stand in for them (the
-    # host addresses are private and only leak).
+    # host addresses are private and only leak). A loopback address in "replace" mode is gathered
+    # on directly (gather_addresses): media stays on loopback, whatever else the machine has.
     advertise_mode: Literal["add", "replace"] = "add"
     ice_connect_timeout_s: float = 15.0  # answer sent -> connected within this, else the call ends
     peer_timeout_s: float = 10.0  # no packet at all from the peer this long -> the call ends
@@ -182,6 +183,17 @@ class WebRTCConfig:
             raise ValueError("WebRTC timeouts must be positive")
         if self.receive_prefetch_frames is not None and not 0 <= self.receive_prefetch_frames <= 8:
             raise ValueError("receive_prefetch_frames: 0 to 8 (None: aiortc's default)")
+
+    @property
+    def gather_addresses(self) -> tuple[str, ...] | None:
+        """Where the gateway's ICE agent gathers its host candidates: the loopback addresses
+        advertised in ``replace`` mode (aioice gathers none on loopback by itself, and a
+        candidate rewritten to 127.0.0.1 must have its socket there); None: every address of
+        the machine but loopback (aioice's choice)."""
+        if self.advertise_mode != "replace":
+            return None
+        loopback = tuple(a for a in self.advertised_addresses if ipaddress.ip_address(a).is_loopback)
+        return loopback or None
 
     @classmethod
     def from_strings(

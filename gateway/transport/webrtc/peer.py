@@ -12,6 +12,15 @@ instead. Context variables are per task, so nothing else on the loop is affected
 works is checked at start-up (``PeerFactory.start``: a probe gathers candidates and their
 ports are read back); if not, the range is dropped with a warning and calls still work.
 
+Loopback. aioice gathers host candidates on every address of the machine but 127.0.0.1 and
+::1, and binds each socket to its address, so an answer whose host candidates are rewritten
+to 127.0.0.1 (``advertise_mode`` ``replace``) would name sockets that are not there. With
+a loopback address advertised in ``replace`` mode (``WebRTCConfig.gather_addresses``), the
+agent gathers on that address alone: :func:`gather_on` sets a context variable around
+``setLocalDescription`` and ``aioice.ice.get_host_addresses`` is wrapped once to answer it
+in that context (elsewhere it answers as aioice does). A gateway and its peers on one machine
+then keep their media on loopback, whatever other addresses the machine has (its tests run so).
+
 The receive jitter buffer. aiortc's audio receiver holds 4 frames (80 ms) before it decodes
 the oldest, as a playout buffer would; the gateway plays nothing, so
 :func:`tune_receive_buffer` gives each call's receiver a buffer that releases a frame as
@@ -39,6 +48,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
+from aioice import ice as aioice_ice
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpReceiver, RTCRtpSender, RTCSessionDescription
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamTrack
@@ -50,6 +60,8 @@ log = logging.getLogger(__name__)
 
 _PORT_RANGE: ContextVar[tuple[int, int] | None] = ContextVar("webrtc_udp_port_range", default=None)
 _HOOK_MARK = "_webrtc_port_range_hook"
+_GATHER_ON: ContextVar[tuple[str, ...] | None] = ContextVar("webrtc_gather_on", default=None)
+_GATHER_MARK = "_webrtc_gather_hook"
 _RETRY_BIND = (errno.EADDRINUSE, errno.EACCES)
 _CANDIDATE = re.compile(r"^a=candidate:\S+ \d+ udp \d+ (\S+) (\d+) typ host", re.IGNORECASE | re.MULTILINE)
 
@@ -105,6 +117,38 @@ def install_port_range_hook(loop: asyncio.AbstractEventLoop | None = None) -> bo
     except (AttributeError, TypeError):
         return False
     return True
+
+
+def _install_gather_hook() -> None:
+    """Wrap ``aioice.ice.get_host_addresses`` (once) so that under :func:`gather_on` it
+    answers the addresses given there."""
+    original = aioice_ice.get_host_addresses
+    if getattr(original, _GATHER_MARK, False):
+        return
+
+    def get_host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+        chosen = _GATHER_ON.get()
+        if chosen is None:
+            return original(use_ipv4, use_ipv6)
+        return [a for a in chosen if (use_ipv6 if ":" in a else use_ipv4)]
+
+    setattr(get_host_addresses, _GATHER_MARK, True)
+    aioice_ice.get_host_addresses = get_host_addresses
+
+
+@contextlib.contextmanager
+def gather_on(addresses: tuple[str, ...] | None) -> Iterator[None]:
+    """Host candidates gathered in this context (``setLocalDescription``) are on ``addresses``
+    alone, loopback included (None: aioice's own choice, every address but loopback)."""
+    if addresses is None:
+        yield
+        return
+    _install_gather_hook()
+    token = _GATHER_ON.set(addresses)
+    try:
+        yield
+    finally:
+        _GATHER_ON.reset(token)
 
 
 @contextlib.contextmanager
@@ -166,7 +210,7 @@ class PeerFactory:
         try:
             pc.createDataChannel("probe")
             offer = await pc.createOffer()
-            with bind_ports_in(self.port_range):
+            with bind_ports_in(self.port_range), gather_on(self.config.gather_addresses):
                 await pc.setLocalDescription(offer)
             return host_candidate_ports(pc.localDescription.sdp)
         finally:
@@ -203,7 +247,7 @@ class PeerFactory:
         if self.port_range is not None and not self._hook():
             self._warn("the event loop refuses the UDP port-range hook: media ports are not restricted")
             self.port_range = None
-        with bind_ports_in(self.port_range):
+        with bind_ports_in(self.port_range), gather_on(self.config.gather_addresses):
             await pc.setLocalDescription(answer)
         return advertise(pc.localDescription.sdp, self.config.advertised_addresses, self.config.advertise_mode)
 
