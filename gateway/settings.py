@@ -197,6 +197,11 @@ class Settings:
     webrtc_max_offer_candidates: int = 64  # a=candidate lines in one offer, counted before it is
     #   parsed; more: 400 offer_too_many_candidates
 
+    # --- phone calls through carriers' media streams (/v1/telephony/{carrier}; docs/telephony.md) ---
+    twilio_auth_token: str | None = None  # the Twilio account's Auth Token: a stream's upgrade without
+    #   an X-Twilio-Signature that signs it with this key is refused (HTTP 403 signature_invalid), before
+    #   any audio. None: not checked (the client secret in the stream's parameters is still required)
+
     # --- traces (OpenTelemetry, the ``otel`` extra; gateway/telemetry.py) ---
     otel_traces_endpoint: str | None = None  # OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces;
     #   None: tracing is off (OpenTelemetry is not even imported)
@@ -286,7 +291,8 @@ def _convert(name: str, raw: str, current: Any) -> Any:
         return tuple(k.strip() for k in raw.split(",") if k.strip())
     if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id", "keys_file",
                 "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience", "otel_traces_endpoint",
-                "webrtc_ice_servers", "webrtc_udp_ports", "live_responses_url", "live_responses_api_key"):  # fmt: skip
+                "webrtc_ice_servers", "webrtc_udp_ports", "live_responses_url", "live_responses_api_key",
+                "twilio_auth_token"):  # fmt: skip
         return raw or None
     if name == "auth_required":
         return parse_bool(raw)

@@ -243,6 +243,27 @@ class Door:
         if self.host is not None:
             self.host.playback(kind, response_id, item_id, audio_end_ms)
 
+    def dtmf(self, digit: str) -> None:
+        """A key the caller pressed (a phone call's carrier): counted as a client event."""
+        host = self.host
+        if host is None:
+            return
+        try:
+            if self.seat is not None:
+                self.seat.message()
+        except NeedBudget as need:
+            self.ctx.spawn(self._dtmf_after(need, digit))  # (lease more of the limit, then say it)
+            return
+        except ProtocolError as err:
+            host.refuse(err)
+            return
+        self._client_events += 1
+        host.dtmf(digit)
+
+    async def _dtmf_after(self, need: NeedBudget, digit: str) -> None:
+        await need.wait()
+        self.dtmf(digit)
+
     def _take(self, message: Any, kind: Kind) -> Pending:
         host = self.host
         if host is None:

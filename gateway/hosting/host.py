@@ -350,6 +350,14 @@ class SessionHost:
             log.exception("session %s: unexpected failure recording playback", self.id)
         self.flush()
 
+    def dtmf(self, digit: str) -> None:
+        """A key the caller pressed (a phone call's carrier said so): the session says it."""
+        try:
+            self.session.dtmf(digit, int(time.time()))
+        except Exception:
+            log.exception("session %s: unexpected failure recording a key press", self.id)
+        self.flush()
+
     @property
     def interrupted_by_speech(self) -> bool:
         """Server VAD with ``interrupt_response``: speech over an answer interrupts it."""

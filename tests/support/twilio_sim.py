@@ -1,0 +1,215 @@
+"""A Twilio Media Streams simulator, written from Twilio's public documents.
+
+What it follows ("Media Streams - WebSocket Messages", "TwiML <Stream>", "Webhooks
+security"), and nothing of the gateway:
+
+- it opens the stream's WebSocket as Twilio does for ``<Connect><Stream>``: a GET
+  upgrade signed with ``X-Twilio-Signature`` (base64 HMAC-SHA1 of the URL, keyed with
+  the account's Auth Token), then ``connected`` and ``start`` (``streamSid``,
+  ``callSid``, ``accountSid``, ``tracks``, ``customParameters``, ``mediaFormat``
+  audio/x-mulaw 8000 Hz mono), each message with its ``sequenceNumber``;
+- the caller's audio goes as ``media`` messages of 20 ms (``track`` inbound, ``chunk``,
+  ``timestamp``), paced on the wall clock, as a phone line delivers it; ``dtmf`` a key;
+  ``stop`` ends the stream;
+- the gateway's ``media`` is played from a buffer at real time, 160 bytes per 20 ms;
+  a ``mark`` it sends is echoed once the audio queued before it has played; ``clear``
+  empties the buffer and echoes every mark still waiting, at once (as Twilio's documents
+  say). What the caller heard is kept (``heard``), and when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+import websockets
+
+FRAME_BYTES = 160  # 20 ms of μ-law at 8 kHz
+FRAME_S = 0.02
+
+
+def mulaw(pcm16: bytes) -> bytes:
+    """PCM16 -> G.711 μ-law, from the ITU-T G.711 definition (bias 0x84, 8 segments)."""
+    x = np.frombuffer(pcm16, dtype="<i2").astype(np.int32)
+    sign = np.where(x < 0, 0x80, 0)
+    mag = np.minimum(np.abs(x), 32635) + 0x84
+    exponent = np.floor(np.log2(mag)).astype(np.int32) - 7
+    exponent = np.clip(exponent, 0, 7)
+    mantissa = (mag >> (exponent + 3)) & 0x0F
+    return (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8).tobytes()
+
+
+def twilio_signature(token: str, url: str) -> str:
+    return base64.b64encode(hmac.new(token.encode(), url.encode(), hashlib.sha1).digest()).decode()
+
+
+@dataclass
+class Heard:
+    at: float  # monotonic seconds
+    audio: bytes
+
+
+@dataclass
+class TwilioCall:
+    """One simulated call; ``connect`` opens it."""
+
+    url: str
+    client_secret: str | None
+    auth_token: str | None = None
+    signature: str | None = None  # overrides the computed one (a forged request)
+    stream_sid: str = "MZ00000000000000000000000000000001"
+    call_sid: str = "CA00000000000000000000000000000001"
+    account_sid: str = "AC00000000000000000000000000000001"
+    received: list[dict[str, Any]] = field(default_factory=list)  # every message from the gateway
+    arrivals: list[float] = field(default_factory=list)  # when each of them arrived (monotonic seconds)
+    heard: list[Heard] = field(default_factory=list)  # 20 ms frames of answer audio, as played
+    marks_echoed: list[str] = field(default_factory=list)
+    clears: list[float] = field(default_factory=list)  # when each clear arrived
+    max_buffered_ms: float = 0.0  # the most audio ever waiting in the buffer
+    media_sent: int = 0
+    _ws: Any = None
+    _seq: int = 0
+    _queue: deque[tuple[str, bytearray | str]] = field(default_factory=deque)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+    close_code: int | None = None
+
+    async def connect(self, *, start: bool = True) -> None:
+        headers = {}
+        if self.auth_token is not None or self.signature is not None:
+            headers["X-Twilio-Signature"] = self.signature or twilio_signature(self.auth_token or "", self.url)
+        self._ws = await websockets.connect(self.url, additional_headers=headers, max_size=None, compression=None,
+                                            open_timeout=10, close_timeout=1)  # fmt: skip
+        self._tasks = [asyncio.get_running_loop().create_task(self._receive()),
+                       asyncio.get_running_loop().create_task(self._play())]  # fmt: skip
+        await self._send({"event": "connected", "protocol": "Call", "version": "1.0.0"}, numbered=False)
+        if start:
+            parameters = {"client_secret": self.client_secret} if self.client_secret is not None else {}
+            await self._send({"event": "start", "start": {
+                "streamSid": self.stream_sid, "accountSid": self.account_sid, "callSid": self.call_sid,
+                "tracks": ["inbound"], "customParameters": parameters,
+                "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+            }})  # fmt: skip
+
+    async def _send(self, message: dict[str, Any], *, numbered: bool = True) -> None:
+        if numbered:
+            self._seq += 1
+            message = {**message, "sequenceNumber": str(self._seq)}
+            if message["event"] != "start":
+                message["streamSid"] = self.stream_sid
+        with contextlib.suppress(websockets.ConnectionClosed):
+            await self._ws.send(orjson.dumps(message).decode())
+
+    async def speak(self, audio: bytes) -> float:
+        """Send the caller's μ-law audio as 20 ms media messages at real time; when it began."""
+        began = time.monotonic()
+        t0 = asyncio.get_running_loop().time()
+        for i in range(0, len(audio), FRAME_BYTES):
+            payload = base64.b64encode(audio[i : i + FRAME_BYTES]).decode()
+            self.media_sent += 1
+            await self._send(
+                {
+                    "event": "media",
+                    "media": {
+                        "track": "inbound",
+                        "chunk": str(self.media_sent),
+                        "timestamp": str(self.media_sent * 20),
+                        "payload": payload,
+                    },
+                }
+            )
+            delay = t0 + (i // FRAME_BYTES + 1) * FRAME_S - asyncio.get_running_loop().time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if self.closed.is_set():
+                break
+        return began
+
+    async def dtmf(self, digit: str) -> None:
+        await self._send({"event": "dtmf", "dtmf": {"track": "inbound_track", "digit": digit}})
+
+    async def stop(self) -> None:
+        await self._send({"event": "stop", "stop": {"accountSid": self.account_sid, "callSid": self.call_sid}})
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._ws is not None:
+            await self._ws.close()
+
+    # --- the gateway's side ---
+
+    async def _receive(self) -> None:
+        try:
+            async for raw in self._ws:
+                message = orjson.loads(raw)
+                self.received.append(message)
+                self.arrivals.append(time.monotonic())
+                kind = message.get("event")
+                if kind == "media":
+                    self._queue.append(("audio", bytearray(base64.b64decode(message["media"]["payload"]))))
+                    self.max_buffered_ms = max(self.max_buffered_ms, self.buffered_ms)
+                elif kind == "mark":
+                    self._queue.append(("mark", message["mark"]["name"]))
+                    self._echo_marks()
+                elif kind == "clear":
+                    self.clears.append(time.monotonic())
+                    marks = [name for kind_, name in self._queue if kind_ == "mark"]
+                    self._queue.clear()
+                    for name in marks:
+                        await self._echo(str(name))
+        except websockets.ConnectionClosed as exc:
+            self.close_code = exc.rcvd.code if exc.rcvd is not None else None
+        finally:
+            if self.close_code is None and self._ws.close_code is not None:
+                self.close_code = self._ws.close_code
+            self.closed.set()
+
+    @property
+    def buffered_ms(self) -> float:
+        return sum(len(v) for k, v in self._queue if k == "audio") / 8
+
+    def _echo_marks(self) -> None:
+        while self._queue and self._queue[0][0] == "mark":
+            name = self._queue.popleft()[1]
+            asyncio.get_running_loop().create_task(self._echo(str(name)))
+
+    async def _echo(self, name: str) -> None:
+        self.marks_echoed.append(name)
+        await self._send({"event": "mark", "mark": {"name": name}})
+
+    async def _play(self) -> None:
+        """The caller's earpiece: 20 ms of the buffer every 20 ms."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            next_at += FRAME_S
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            if loop.time() - next_at > 0.2:
+                next_at = loop.time()  # (a stalled loop: the line resumes, as a jitter buffer would)
+            frame = bytearray()
+            while self._queue and len(frame) < FRAME_BYTES:
+                kind, value = self._queue[0]
+                if kind == "mark":
+                    break
+                assert isinstance(value, bytearray)
+                take = value[: FRAME_BYTES - len(frame)]
+                frame += take
+                del value[: len(take)]
+                if not value:
+                    self._queue.popleft()
+            if frame:
+                self.heard.append(Heard(time.monotonic(), bytes(frame)))
+            self._echo_marks()
+
+    def heard_ms(self) -> float:
+        return sum(len(h.audio) for h in self.heard) / 8
