@@ -46,6 +46,7 @@ def create_app(
         settings.jwt_secret,
         settings.live_responses_api_key,
         settings.twilio_auth_token,
+        settings.call_webhook_secret,
     ):
         logs.register_secret(secret)
     rt = Runtime(settings, engine, vad_factory=vad_factory, telemetry=telemetry)

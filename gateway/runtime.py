@@ -369,8 +369,10 @@ class Runtime:
         dialect: Dialect,
         requested: dict[str, Any] | None = None,
         quota: StateQuota | None = None,
+        session_id: str | None = None,
     ) -> SessionHost:
-        """A new session hosted here, in ``dialect`` (built as ``session/kinds.py`` says)."""
+        """A new session hosted here, in ``dialect`` (built as ``session/kinds.py`` says), with
+        ``session_id`` where one was given out before (an announced phone call's)."""
         found = self.route(model)
         if found is None:
             raise ProtocolError(Code.MODEL_NOT_FOUND, f"No model {model!r} here; see GET /v1/models.")
@@ -379,7 +381,7 @@ class Runtime:
         if "audio" not in engine.info.modalities and "audio" in config.output_modalities:
             config = replace(config, output_modalities=("text",))  # a text model answers in text
         kind = kind_of(dialect)
-        sid = kind.id_prefix + secrets.token_hex(10)
+        sid = session_id or kind.id_prefix + secrets.token_hex(10)
         session = kind.new(self.settings, session_id=sid, config=config, engine=engine.info,
                            **self._session_kwargs(sid))  # fmt: skip
         return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal, quota=quota)

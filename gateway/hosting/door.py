@@ -70,10 +70,12 @@ class Sessions(Protocol):
         dialect: Dialect,
         requested: dict[str, Any] | None = None,
         quota: StateQuota | None = None,
+        session_id: str | None = None,
     ) -> SessionHost:
         """A new session hosted here, in ``dialect``, configured by the gateway's defaults
         and ``requested`` (a client secret's session settings), its state kept within
-        ``quota``; raises ProtocolError (no route) or StoreError (StateLimitExceeded: the
+        ``quota``, with ``session_id`` (None: a new one; an announced phone call's was
+        given out before the session opened); raises ProtocolError (no route) or StoreError (StateLimitExceeded: the
         quota has no room for it)."""
 
     async def fork_session(
@@ -155,8 +157,10 @@ class Door:
         source: str | None = None,
         minted: str | None = None,
         frontend: bool = False,
+        session_id: str | None = None,
     ) -> None:
         self.ctx = ctx
+        self.session_id = session_id  # the id of the session opened here (None: a new one)
         self.sessions = sessions
         self.peer = peer
         # An untrusted frontend's data channel (a GPT-Live WebRTC session's): the session's
@@ -435,8 +439,9 @@ class Door:
         """A new session's host, or why not (with the close code that says it on a socket)."""
         assert self.sessions is not None, "a door that only joins opens no session"
         try:
+            given = {"session_id": self.session_id} if self.session_id is not None else {}
             return await self.sessions.open_session(
-                model, principal=self.principal, dialect=self.dialect, requested=requested, quota=self.quota
+                model, principal=self.principal, dialect=self.dialect, requested=requested, quota=self.quota, **given
             )
         except StateLimitExceeded as exc:
             log.info("session refused: %s", exc)

@@ -183,3 +183,29 @@ def test_a_short_tail_waits_for_more_audio_unless_the_answer_ended() -> None:
     p.feed(ms(10), response_id="r1", item_id="i1")
     p.end_response("r1")
     assert [len(c.audio) // 8 for c in p.due(0.0)] == [10]
+
+
+# --- the call webhook's signature and settings ---
+
+
+def test_a_webhook_is_signed_as_standard_webhooks_says() -> None:
+    import base64 as b64
+    import hashlib
+    import hmac
+
+    from gateway.protocol.webhooks import sign_headers
+
+    key = b"0123456789abcdef0123456789abcdef"
+    secret = "whsec_" + b64.b64encode(key).decode()
+    headers = sign_headers(secret, "evt_1", 1765116000, b'{"a":1}')
+    expected = b64.b64encode(hmac.new(key, b'evt_1.1765116000.{"a":1}', hashlib.sha256).digest()).decode()
+    assert headers == {"webhook-id": "evt_1", "webhook-timestamp": "1765116000", "webhook-signature": "v1," + expected}
+
+
+@pytest.mark.parametrize("bad", ["not-whsec", "whsec_%%%"])
+def test_a_call_webhook_secret_that_is_not_whsec_base64_stops_the_start(bad: str) -> None:
+    from gateway.settings import SettingsError, from_env
+
+    with pytest.raises(SettingsError, match="OMNI_GATEWAY_CALL_WEBHOOK_SECRET"):
+        from_env({"OMNI_GATEWAY_CALL_WEBHOOK_SECRET": bad})
+    assert from_env({"OMNI_GATEWAY_CALL_WEBHOOK_SECRET": "whsec_YWJj"}).call_webhook_secret == "whsec_YWJj"

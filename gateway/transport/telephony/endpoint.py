@@ -23,15 +23,18 @@ value="ek_..."/></Stream></Connect>``). In order, before any audio:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.auth import CredentialsUnavailable
+from gateway.auth import CredentialsUnavailable, Grant
 from gateway.hosting.calls import call_id_of
 from gateway.hosting.door import Door, Sessions
+from gateway.hosting.incoming import Rejected, Webhook, announce, forget, new_call_id, session_of
 from gateway.protocol.dialects import GA
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
-from gateway.protocol.telephony import CarrierMessageError, StreamStart, TwilioCodec
+from gateway.protocol.telephony import CarrierMessageError, StreamStart, StreamStop, TwilioCodec
 from gateway.quotas import AdmissionUnavailable, ConnectRefusal
 from gateway.transport.handshake import (
     DRAINING_MESSAGE,
@@ -51,6 +54,14 @@ log = logging.getLogger("omni.telephony")
 START_TIMEOUT_S = 10.0  # from the upgrade to the carrier's start message; later: close 4001
 MAX_EARLY_MESSAGES = 4  # messages before start (connected, ...); more: close 4001
 _PHONE_AUDIO = {"type": "audio/pcmu"}
+_PRIVATE_HEADERS = frozenset({"authorization", "cookie", "sec-websocket-key"})  # never sent to the webhook
+
+
+@dataclass(frozen=True, slots=True)
+class _Accepted:
+    call_id: str
+    grant: Grant
+    session: dict[str, Any]
 
 
 class TelephonyServices(Services, Protocol):
@@ -158,24 +169,35 @@ class TelephonyEndpoint:
             await self._close(send, CloseCode.UNAUTHORIZED, Code.UNAUTHORIZED)
             return
         secret = start.parameters.get(self.codec.secret_parameter, "")
-        try:
-            grant = await rt.auth.client_secret(secret)
-        except CredentialsUnavailable:
-            await self._close(send, CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
-            return
-        if grant is None or grant.minted is None or grant.minted.type == "video":
-            rt.hosting.metrics.auth_failures.inc()
-            log.info("%s stream %s refused: no valid client secret in customParameters.%s", self.codec.name,
-                     start.stream_id, self.codec.secret_parameter)  # fmt: skip
-            await self._close(send, CloseCode.UNAUTHORIZED, Code.UNAUTHORIZED)
-            return
+        webhook = self._webhook()
+        session_id: str | None = None
+        requested: dict[str, Any] | None
+        if not secret and webhook is not None:  # announced to the operator's backend, which accepts it
+            accepted = await self._announce(scope, receive, start, webhook)
+            if isinstance(accepted, tuple):
+                await self._close(send, *accepted)
+                return
+            grant, requested, session_id = accepted.grant, accepted.session, session_of(accepted.call_id)
+        else:
+            try:
+                found = await rt.auth.client_secret(secret)
+            except CredentialsUnavailable:
+                await self._close(send, CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
+                return
+            if found is None or found.minted is None or found.minted.type == "video":
+                rt.hosting.metrics.auth_failures.inc()
+                log.info("%s stream %s refused: no valid client secret in customParameters.%s", self.codec.name,
+                         start.stream_id, self.codec.secret_parameter)  # fmt: skip
+                await self._close(send, CloseCode.UNAUTHORIZED, Code.UNAUTHORIZED)
+                return
+            grant, requested = found, found.minted.session
         hs = Handshake(request_headers(scope), [], {}, grant)
         refusal = common_refusal(rt, hs)
         if refusal is not None:
             await self._close(send, refusal[2], refusal[0])
             return
         try:
-            model, settings = rt.session_defaults(grant, phone_session(grant.minted.session))
+            model, settings = rt.session_defaults(grant, phone_session(requested))
         except ProtocolError as err:
             await self._close(send, CloseCode.FORBIDDEN, err.code)
             return
@@ -191,19 +213,70 @@ class TelephonyEndpoint:
             await self._close(send, CloseCode.RATE_LIMITED, seat.code)
             return
         try:
-            await self._run(receive, send, start, grant, model, settings, seat)
+            await self._run(receive, send, start, grant, model, settings, seat, session_id)
         finally:
             await seat.close()
 
+    def _webhook(self) -> Webhook | None:
+        s = self.runtime.settings
+        if not s.call_webhook_url:
+            return None
+        return Webhook(s.call_webhook_url, s.call_webhook_secret, s.call_webhook_timeout_s, s.call_accept_timeout_s)
+
+    async def _announce(
+        self, scope: dict[str, Any], receive: Any, start: StreamStart, webhook: Webhook
+    ) -> _Accepted | tuple[int, str]:
+        """``realtime.call.incoming``, then the wait for the backend's accept (or why the call
+        ends: a close code and reason). The caller's audio meanwhile is read and dropped."""
+        rt = self.runtime
+        call_id = new_call_id()
+        headers = [{"name": k, "value": v} for k, v in request_headers(scope).items() if k not in _PRIVATE_HEADERS]
+        data = {"carrier": self.codec.name, "carrier_call_id": start.call_id, "stream_id": start.stream_id,
+                "account_id": start.account_id, "parameters": start.parameters, "headers": headers}  # fmt: skip
+        incoming = await announce(rt.hosting, webhook, call_id, data)
+        if isinstance(incoming, str):
+            log.warning("%s call %s refused: %s", self.codec.name, start.call_id, incoming)
+            return CloseCode.UNAUTHORIZED, Code.UNAUTHORIZED
+        log.info("%s call %s announced as %s", self.codec.name, start.call_id, call_id)
+        loop = asyncio.get_running_loop()
+        waiting = loop.create_task(incoming.wait(webhook.accept_timeout_s))
+        draining = loop.create_task(self._until_stop(receive))
+        try:
+            await asyncio.wait({waiting, draining}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            draining.cancel()
+            forget(rt.hosting, call_id)
+        if not waiting.done():
+            waiting.cancel()
+            return CloseCode.NORMAL, "the carrier stopped the stream"
+        answer = waiting.result()
+        if isinstance(answer, Rejected):
+            log.info("call %s refused: %s", call_id, answer.reason)
+            timed_out = answer.reason != "rejected"
+            return (CloseCode.UNAUTHORIZED, Code.UNAUTHORIZED) if timed_out else (CloseCode.NORMAL, "rejected")
+        return _Accepted(call_id, answer.grant, answer.session)
+
+    async def _until_stop(self, receive: Any) -> None:
+        """Read and drop the carrier's messages until its stop or the socket's end."""
+        while True:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text") if message.get("text") is not None else message.get("bytes")
+            with contextlib.suppress(CarrierMessageError):
+                if isinstance(self.codec.decode(text or b""), StreamStop):
+                    return
+
     async def _run(self, receive: Any, send: Any, start: StreamStart, grant: Any, model: str,
-                   settings: dict[str, Any] | None, seat: Any) -> None:  # fmt: skip
+                   settings: dict[str, Any] | None, seat: Any, session_id: str | None) -> None:  # fmt: skip
         rt = self.runtime
         outbox = Outbox(send, rt.settings.outbound_queue_bytes, rt.settings.outbound_stall_s)
         writer = asyncio.get_running_loop().create_task(outbox.run())
         call = PhoneCall(self.codec, start.stream_id, start.call_id, outbox)
         door = Door(rt.hosting, rt.sessions, call, dialect=GA, principal=grant.principal, model=model,
                     max_message_bytes=rt.settings.max_message_bytes, seat=seat, media=call,
-                    minted=grant.minted.binding())  # fmt: skip
+                    minted=grant.minted.binding() if grant.minted is not None else None,
+                    session_id=session_id)  # fmt: skip
         metrics = rt.hosting.metrics
         metrics.sessions.inc()
         metrics.sessions_total.inc()
