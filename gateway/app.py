@@ -15,7 +15,7 @@ from gateway import logs
 from gateway.http import HttpApi, token_refused
 from gateway.jwt_auth import TokenRefused
 from gateway.protocol.dialects import DUPLEX, LIVE
-from gateway.protocol.telephony import TWILIO
+from gateway.protocol.telephony import TELNYX, TWILIO
 from gateway.runtime import Runtime
 from gateway.session.session import VadStream
 from gateway.settings import Settings
@@ -85,7 +85,10 @@ def create_app(
             # GPT-Live's sideband: a server beside a WebRTC session (POST /v1/live/sessions), on any replica.
             WebSocketRoute("/v1/live/sessions/{session_id}/attach", RealtimeEndpoint(rt, dialect=LIVE, attach=True)),
             WebSocketRoute("/v1/realtime/video", VideoEndpoint(rt)),
-            WebSocketRoute("/v1/telephony/twilio", TelephonyEndpoint(rt, TWILIO)),  # Twilio Media Streams
+            WebSocketRoute(
+                "/v1/telephony/twilio", TelephonyEndpoint(rt, TWILIO, signing_key=settings.twilio_auth_token)
+            ),
+            WebSocketRoute("/v1/telephony/telnyx", TelephonyEndpoint(rt, TELNYX)),  # Telnyx Media Streaming
             # The browser demo and SDK, last so that it never shadows the API.
             Mount("/", StaticFiles(directory=WEB_DEMO, html=True, check_dir=False), name="web_demo"),
         ],

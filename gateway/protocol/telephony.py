@@ -29,7 +29,7 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -37,6 +37,7 @@ from gateway.audio.codecs import AudioFormat
 
 DTMF_KEYS = frozenset("0123456789*#ABCD")
 PCMU_8K = AudioFormat("pcmu", 8000)  # G.711 μ-law at 8 kHz: every carrier's default
+PCMA_8K = AudioFormat("pcma", 8000)
 MAX_PARAMETERS = 99  # Twilio's <Parameter> limit per stream: more in a start is refused
 MAX_PARAMETER_CHARS = 4096  # one custom parameter's name or value
 
@@ -67,7 +68,7 @@ class MediaIn:
     """``media``: the caller's audio, in the start's format (``chunk``: the carrier's order)."""
 
     audio: bytes
-    chunk: int | None
+    chunk: int | None  # the carrier's order of the caller's audio (a carrier that may reorder: its sequence)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,36 @@ class StreamStop:
 
 
 CarrierEvent = Connected | StreamStart | MediaIn | DtmfIn | MarkIn | StreamStop
+
+
+class Carrier(Protocol):
+    """One carrier's media stream protocol (pure): what the transport asks of it."""
+
+    @property
+    def name(self) -> str:
+        """For logs, metrics and the webhook's ``carrier``: never compared."""
+
+    @property
+    def signature_header(self) -> str | None:
+        """The header that signs the stream's upgrade (None: the carrier signs none)."""
+
+    @property
+    def secret_parameter(self) -> str:
+        """The stream's custom parameter that carries the client secret."""
+
+    @property
+    def reorders(self) -> bool:
+        """The carrier may deliver the caller's audio out of order (``MediaIn.chunk`` orders it)."""
+
+    def decode(self, message: str | bytes) -> CarrierEvent | None: ...
+
+    def media(self, stream_id: str, audio: bytes) -> bytes: ...
+
+    def mark(self, stream_id: str, name: str) -> bytes: ...
+
+    def clear(self, stream_id: str) -> bytes: ...
+
+    def signed(self, key: str, urls: list[str], header: str | None) -> bool: ...
 
 
 def _obj(d: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -146,8 +177,9 @@ class TwilioCodec:
 
     name: str = "twilio"  # for logs and metrics: never compared
     audio: AudioFormat = PCMU_8K  # what the gateway sends back (Twilio takes only this)
-    signature_header: str = "x-twilio-signature"
+    signature_header: str | None = "x-twilio-signature"
     secret_parameter: str = "client_secret"  # the <Parameter> of the stream that carries the client secret
+    reorders: bool = False  # (a WebSocket over TCP: in order)
 
     def decode(self, message: str | bytes) -> CarrierEvent | None:
         """One message; None: an event the gateway has no use for. Raises CarrierMessageError."""
@@ -222,3 +254,83 @@ class TwilioCodec:
 
 
 TWILIO = TwilioCodec()
+
+
+_TELNYX_FORMATS = {"PCMU": PCMU_8K, "PCMA": PCMA_8K}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TelnyxCodec:
+    """Telnyx Media Streaming (bidirectional ``rtp`` mode, PCMU or PCMA at 8 kHz): Twilio's
+    shape in snake case (``stream_id``, ``sequence_number``, ``custom_parameters``,
+    ``media_format``), and "media frame order is not guaranteed": ``media.chunk`` orders
+    the caller's audio. Telnyx documents no signature of the stream's upgrade (its
+    webhooks are signed with Ed25519, this socket is not): the client secret is the check."""
+
+    name: str = "telnyx"
+    signature_header: str | None = None
+    secret_parameter: str = "client_secret"  # a <Parameter> (TeXML) or custom_parameters entry
+    reorders: bool = True
+
+    def decode(self, message: str | bytes) -> CarrierEvent | None:
+        try:
+            d = orjson.loads(message)
+        except orjson.JSONDecodeError:
+            raise CarrierMessageError("not JSON") from None
+        if not isinstance(d, dict):
+            raise CarrierMessageError("not a JSON object")
+        kind = d.get("event")
+        if kind == "media":
+            media = _obj(d, "media")
+            if media.get("track", "inbound") != "inbound":
+                return None
+            try:
+                audio = base64.b64decode(_str(media, "payload"), validate=True)
+            except binascii.Error:
+                raise CarrierMessageError("media.payload is not base64") from None
+            chunk = media.get("chunk")
+            return MediaIn(audio, _int(chunk, "media.chunk") if chunk is not None else None)
+        if kind == "mark":
+            return MarkIn(_str(_obj(d, "mark"), "name"))
+        if kind == "dtmf":
+            digit = _str(_obj(d, "dtmf"), "digit")
+            if digit not in DTMF_KEYS:
+                raise CarrierMessageError(f"dtmf.digit {digit[:8]!r} is not a key (0-9, *, #, A-D)")
+            return DtmfIn(digit)
+        if kind == "start":
+            start = _obj(d, "start")
+            raw = _obj(start, "media_format")
+            fmt = _TELNYX_FORMATS.get(str(raw.get("encoding")))
+            rate = _int(raw.get("sample_rate"), "media_format.sample_rate")
+            channels = _int(raw.get("channels", 1), "media_format.channels")
+            if fmt is None or rate != 8000 or channels != 1:
+                raise CarrierMessageError(f"media_format {raw.get('encoding')!r} {rate} Hz x{channels}: only PCMU or "
+                                          "PCMA at 8000 Hz mono is taken")  # fmt: skip
+            return StreamStart(
+                stream_id=_str(d, "stream_id"),
+                call_id=_str(start, "call_control_id"),
+                account_id=str(start.get("user_id") or ""),
+                audio=fmt,
+                channels=channels,
+                parameters=_parameters(start.get("custom_parameters")),
+            )
+        if kind == "connected":
+            return Connected()
+        if kind == "stop":
+            return StreamStop()
+        return None  # (error, and what a later version adds)
+
+    def media(self, stream_id: str, audio: bytes) -> bytes:
+        return orjson.dumps({"event": "media", "media": {"payload": base64.b64encode(audio).decode("ascii")}})
+
+    def mark(self, stream_id: str, name: str) -> bytes:
+        return orjson.dumps({"event": "mark", "mark": {"name": name}})
+
+    def clear(self, stream_id: str) -> bytes:
+        return orjson.dumps({"event": "clear"})
+
+    def signed(self, key: str, urls: list[str], header: str | None) -> bool:
+        return False  # (no signature to check: signature_header is None)
+
+
+TELNYX = TelnyxCodec()

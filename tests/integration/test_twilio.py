@@ -1,9 +1,11 @@
-"""A phone call through Twilio Media Streams (``/v1/telephony/twilio``), end to end.
+"""Phone calls through carriers' media streams, end to end: Twilio Media Streams
+(``/v1/telephony/twilio``, μ-law) and Telnyx Media Streaming (``/v1/telephony/telnyx``,
+A-law, its media delivered out of order).
 
-The carrier is the simulator of ``tests/support/twilio_sim.py`` (written from Twilio's
-documents: Twilio's cloud cannot run here), over a real loopback WebSocket; the gateway
-is the real one on the embedded CPU cascade (silero VAD, pocketsphinx, eSpeak NG), the
-caller's voice is eSpeak NG's, in μ-law 8 kHz. A backend's sideband
+The carrier is a simulator of ``tests/support/twilio_sim.py`` (written from each carrier's
+documents: their clouds cannot run here), over a real loopback WebSocket; the gateway is
+the real one on the embedded CPU cascade (silero VAD, pocketsphinx, eSpeak NG), the
+caller's voice is eSpeak NG's, in the carrier's G.711. A backend's sideband
 (``/v1/realtime?call_id=``) watches the session's events.
 """
 
@@ -20,11 +22,12 @@ import pytest
 import websockets
 from support.gateway import RunningGateway, connect, run_gateway
 from support.speech import silence, speak
-from support.twilio_sim import TwilioCall, mulaw
+from support.twilio_sim import TelnyxCall, TwilioCall, alaw, mulaw
 
 from gateway.hosting.calls import call_id_of
 from gateway.hosting.host import SessionHost
 from gateway.settings import Settings
+from gateway.transport.telephony.call import PhoneCall
 from orchestrator.engine import Message
 from orchestrator.engines.cascade import CascadeEngine
 from orchestrator.engines.cascade.thinker import EchoThinker
@@ -82,18 +85,27 @@ def twilio_url(gw: RunningGateway) -> str:
     return f"ws://127.0.0.1:{gw.port}/v1/telephony/twilio"
 
 
-async def test_a_spoken_call_answer_marks_barge_in_dtmf_and_stop() -> None:
-    utterance = mulaw(await speak("what is your name", 8000))
-    quiet = mulaw(silence(100, 8000))
+# (carrier path, its simulator, how it encodes the caller's voice, the session's format)
+CARRIERS = {
+    "twilio": ("twilio", TwilioCall, mulaw, "pcmu"),
+    "telnyx": ("telnyx", TelnyxCall, alaw, "pcma"),
+}
+
+
+@pytest.mark.parametrize("carrier", sorted(CARRIERS))
+async def test_a_spoken_call_answer_marks_barge_in_dtmf_and_stop(carrier: str) -> None:
+    path, simulator, encode, codec = CARRIERS[carrier]
+    utterance = encode(await speak("what is your name", 8000))
+    quiet = encode(silence(100, 8000))
     engine = CascadeEngine(thinker=WrittenAtOnceThinker())
     async with run_gateway(Settings(engine="cascade", video_engine="none"), engine=engine) as gw:
         secret = await mint(gw)
-        call = TwilioCall(twilio_url(gw), secret)
+        call = simulator(f"ws://127.0.0.1:{gw.port}/v1/telephony/{path}", secret)
         await call.connect()
         await wait_for(lambda: phone_host(gw) is not None, "the call's session")
         host = phone_host(gw)
         assert host is not None
-        assert host.session.config.input_format.codec == "pcmu" and host.output_format.codec == "pcmu"
+        assert host.session.config.input_format.codec == codec and host.output_format.codec == codec
         assert host.session.config.instructions == "Answer the phone."  # the secret's session
         async with connect(gw.url + f"?call_id={call_id_of(host.id)}") as sideband:
             events = sideband.events
@@ -140,6 +152,10 @@ async def test_a_spoken_call_answer_marks_barge_in_dtmf_and_stop() -> None:
                 media_after = [call.arrivals[i] for i, m in enumerate(call.received)
                                if i > clear_at and m["event"] == "media"]  # fmt: skip
                 assert all(at > arrived[second] for at in media_after)
+                # Telnyx's frames came swapped in pairs: all put back in order, none lost.
+                phone = next(d.media for d in host.doors if isinstance(d.media, PhoneCall))
+                if carrier == "telnyx":
+                    assert phone.reorder is not None and phone.reorder.dropped == phone.reorder.skipped == 0
                 # A key press reaches the session and its sideband.
                 await call.dtmf("5")
                 await wait_for(lambda: first("input_audio_buffer.dtmf_event_received") is not None, "the key")
@@ -155,10 +171,13 @@ async def test_a_spoken_call_answer_marks_barge_in_dtmf_and_stop() -> None:
                 await call.close()
 
 
-async def test_a_bad_client_secret_is_refused_before_any_audio() -> None:
+@pytest.mark.parametrize("carrier", sorted(CARRIERS))
+async def test_a_bad_client_secret_is_refused_before_any_audio(carrier: str) -> None:
+    path, simulator, _, _ = CARRIERS[carrier]
+    url = f"ws://127.0.0.1:{{}}/v1/telephony/{path}"
     async with run_gateway(Settings(engine="cascade", video_engine="none")) as gw:
         for secret in ("ek_not-a-secret", None, "sk-an-api-key"):
-            call = TwilioCall(twilio_url(gw), secret)
+            call = simulator(url.format(gw.port), secret)
             await call.connect()
             await asyncio.wait_for(call.closed.wait(), 15)
             await call.close()
@@ -166,10 +185,10 @@ async def test_a_bad_client_secret_is_refused_before_any_audio() -> None:
             assert not [m for m in call.received if m.get("event") == "media"]
         # A secret is spent once: the second stream with it is refused.
         secret = await mint(gw)
-        first_call = TwilioCall(twilio_url(gw), secret)
+        first_call = simulator(url.format(gw.port), secret)
         await first_call.connect()
         await wait_for(lambda: phone_host(gw) is not None, "the first call's session")
-        again = TwilioCall(twilio_url(gw), secret, call_sid="CA2")
+        again = simulator(url.format(gw.port), secret, call_sid="CA2")
         await again.connect()
         await asyncio.wait_for(again.closed.wait(), 15)
         assert again.close_code == 4001

@@ -91,21 +91,43 @@ class TwilioCall:
                                             open_timeout=10, close_timeout=1)  # fmt: skip
         self._tasks = [asyncio.get_running_loop().create_task(self._receive()),
                        asyncio.get_running_loop().create_task(self._play())]  # fmt: skip
-        await self._send({"event": "connected", "protocol": "Call", "version": "1.0.0"}, numbered=False)
+        await self._send(self.connected_message(), numbered=False)
         if start:
             parameters = {"client_secret": self.client_secret} if self.client_secret is not None else {}
-            await self._send({"event": "start", "start": {
-                "streamSid": self.stream_sid, "accountSid": self.account_sid, "callSid": self.call_sid,
-                "tracks": ["inbound"], "customParameters": parameters,
-                "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
-            }})  # fmt: skip
+            await self._send(self.start_message(parameters))
+
+    # --- the carrier's spelling (Twilio's; a subclass spells another carrier's) ---
+
+    def connected_message(self) -> dict[str, Any]:
+        return {"event": "connected", "protocol": "Call", "version": "1.0.0"}
+
+    def start_message(self, parameters: dict[str, str]) -> dict[str, Any]:
+        return {"event": "start", "start": {
+            "streamSid": self.stream_sid, "accountSid": self.account_sid, "callSid": self.call_sid,
+            "tracks": ["inbound"], "customParameters": parameters,
+            "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+        }}  # fmt: skip
+
+    def numbered(self, message: dict[str, Any], seq: int) -> dict[str, Any]:
+        message = {**message, "sequenceNumber": str(seq)}
+        if message["event"] != "start":
+            message["streamSid"] = self.stream_sid
+        return message
+
+    def dtmf_message(self, digit: str) -> dict[str, Any]:
+        return {"event": "dtmf", "dtmf": {"track": "inbound_track", "digit": digit}}
+
+    def stop_message(self) -> dict[str, Any]:
+        return {"event": "stop", "stop": {"accountSid": self.account_sid, "callSid": self.call_sid}}
+
+    def media_order(self, frames: list[bytes]) -> list[tuple[int, bytes]]:
+        """(chunk number, audio) in the order sent: in order (a subclass may shuffle)."""
+        return list(enumerate(frames, 1))
 
     async def _send(self, message: dict[str, Any], *, numbered: bool = True) -> None:
         if numbered:
             self._seq += 1
-            message = {**message, "sequenceNumber": str(self._seq)}
-            if message["event"] != "start":
-                message["streamSid"] = self.stream_sid
+            message = self.numbered(message, self._seq)
         with contextlib.suppress(websockets.ConnectionClosed):
             await self._ws.send(orjson.dumps(message).decode())
 
@@ -113,21 +135,23 @@ class TwilioCall:
         """Send the caller's μ-law audio as 20 ms media messages at real time; when it began."""
         began = time.monotonic()
         t0 = asyncio.get_running_loop().time()
-        for i in range(0, len(audio), FRAME_BYTES):
-            payload = base64.b64encode(audio[i : i + FRAME_BYTES]).decode()
-            self.media_sent += 1
+        base = self.media_sent
+        frames = [audio[i : i + FRAME_BYTES] for i in range(0, len(audio), FRAME_BYTES)]
+        self.media_sent += len(frames)
+        for n, (chunk, frame) in enumerate(self.media_order(frames)):
+            payload = base64.b64encode(frame).decode()
             await self._send(
                 {
                     "event": "media",
                     "media": {
                         "track": "inbound",
-                        "chunk": str(self.media_sent),
-                        "timestamp": str(self.media_sent * 20),
+                        "chunk": str(base + chunk),
+                        "timestamp": str((base + chunk) * 20),
                         "payload": payload,
                     },
                 }
             )
-            delay = t0 + (i // FRAME_BYTES + 1) * FRAME_S - asyncio.get_running_loop().time()
+            delay = t0 + (n + 1) * FRAME_S - asyncio.get_running_loop().time()
             if delay > 0:
                 await asyncio.sleep(delay)
             if self.closed.is_set():
@@ -135,10 +159,10 @@ class TwilioCall:
         return began
 
     async def dtmf(self, digit: str) -> None:
-        await self._send({"event": "dtmf", "dtmf": {"track": "inbound_track", "digit": digit}})
+        await self._send(self.dtmf_message(digit))
 
     async def stop(self) -> None:
-        await self._send({"event": "stop", "stop": {"accountSid": self.account_sid, "callSid": self.call_sid}})
+        await self._send(self.stop_message())
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -213,3 +237,52 @@ class TwilioCall:
 
     def heard_ms(self) -> float:
         return sum(len(h.audio) for h in self.heard) / 8
+
+
+def alaw(pcm16: bytes) -> bytes:
+    """PCM16 -> G.711 A-law, from the ITU-T G.711 definition (13-bit magnitude, 8 segments)."""
+    v = np.frombuffer(pcm16, dtype="<i2").astype(np.int32) >> 3
+    mask = np.where(v >= 0, 0xD5, 0x55)
+    mag = np.where(v >= 0, v, -v - 1)
+    seg = np.searchsorted(np.array([0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF]), mag, side="left")
+    shift = np.where(seg < 2, 1, seg)
+    aval = (np.minimum(seg, 7) << 4) | ((mag >> shift) & 0x0F)
+    aval = np.where(seg >= 8, 0x7F, aval)
+    return ((aval ^ mask) & 0xFF).astype(np.uint8).tobytes()
+
+
+@dataclass
+class TelnyxCall(TwilioCall):
+    """Telnyx Media Streaming, from Telnyx's "Stream call media over WebSocket" (AsyncAPI):
+    snake case (``stream_id``, ``sequence_number``, ``custom_parameters``,
+    ``media_format``), PCMU or PCMA, and media frames whose order "is not guaranteed": this
+    one sends every pair of 20 ms frames swapped (2, 1, 4, 3, ...)."""
+
+    encoding: str = "PCMA"
+    stream_sid: str = "32DE0DEA-53CB-4B21-89A4-9E1819C043BC"
+    call_sid: str = "v3:T02llQxIyaRkhfRKxgAP8nY511EhFLizdvdUKJiSw8d6A9BborherQ"
+
+    def connected_message(self) -> dict[str, Any]:
+        return {"event": "connected", "version": "1.0.0"}
+
+    def start_message(self, parameters: dict[str, str]) -> dict[str, Any]:
+        return {"event": "start", "stream_id": self.stream_sid, "start": {
+            "user_id": "3E6F995F-85F7-4705-9741-53B116D28237", "call_control_id": self.call_sid,
+            "from": "+13122010094", "to": "+13122123456", "custom_parameters": parameters,
+            "media_format": {"encoding": self.encoding, "sample_rate": 8000, "channels": 1},
+        }}  # fmt: skip
+
+    def numbered(self, message: dict[str, Any], seq: int) -> dict[str, Any]:
+        return {**message, "sequence_number": str(seq), "stream_id": self.stream_sid}
+
+    def dtmf_message(self, digit: str) -> dict[str, Any]:
+        return {"event": "dtmf", "occurred_at": "2026-12-07T14:00:00.000Z", "dtmf": {"digit": digit}}
+
+    def stop_message(self) -> dict[str, Any]:
+        return {"event": "stop", "stop": {"user_id": "3E6F995F", "call_control_id": self.call_sid}}
+
+    def media_order(self, frames: list[bytes]) -> list[tuple[int, bytes]]:
+        numbered = list(enumerate(frames, 1))
+        for i in range(0, len(numbered) - 1, 2):
+            numbered[i], numbered[i + 1] = numbered[i + 1], numbered[i]
+        return numbered

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from gateway.protocol.telephony import (
+    PCMU_8K,
     TWILIO,
     CarrierMessageError,
     Connected,
@@ -109,7 +110,7 @@ def test_the_signed_urls_are_the_carriers_and_the_one_seen() -> None:
 
 def test_a_phone_session_keeps_the_secrets_settings_with_the_carriers_format() -> None:
     minted = {"type": "realtime", "instructions": "hi", "audio": {"output": {"voice": "alloy"}}}
-    session = phone_session(minted)
+    session = phone_session(minted, PCMU_8K)
     assert session["instructions"] == "hi" and session["audio"]["output"]["voice"] == "alloy"
     assert session["audio"]["input"]["format"] == session["audio"]["output"]["format"] == {"type": "audio/pcmu"}
     assert minted["audio"] == {"output": {"voice": "alloy"}}  # (not changed in place)
@@ -209,3 +210,20 @@ def test_a_call_webhook_secret_that_is_not_whsec_base64_stops_the_start(bad: str
     with pytest.raises(SettingsError, match="OMNI_GATEWAY_CALL_WEBHOOK_SECRET"):
         from_env({"OMNI_GATEWAY_CALL_WEBHOOK_SECRET": bad})
     assert from_env({"OMNI_GATEWAY_CALL_WEBHOOK_SECRET": "whsec_YWJj"}).call_webhook_secret == "whsec_YWJj"
+
+
+def test_the_callers_audio_is_put_back_in_order() -> None:
+    from gateway.transport.telephony.reorder import Reorder
+
+    r = Reorder(window=2)
+    assert r.push(2, b"2") == []  # (the count starts at 1: 2 waits for it)
+    assert r.push(1, b"1") == [b"1", b"2"]
+    r = Reorder(window=2, first=None)
+    assert r.push(1, b"1") == [b"1"]
+    assert r.push(3, b"3") == []  # 2 is missing: held
+    assert r.push(2, b"2") == [b"2", b"3"]
+    assert r.push(2, b"2") == [] and r.dropped == 1  # a repeat
+    assert r.push(5, b"5") == [] and r.push(6, b"6") == []
+    assert r.push(7, b"7") == [b"5", b"6", b"7"] and r.skipped == 1  # 4 never came: skipped past the window
+    assert r.push(4, b"4") == [] and r.dropped == 2  # too late
+    assert r.push(None, b"x") == [b"x"]  # (a carrier that does not number its audio)

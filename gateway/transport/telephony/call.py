@@ -33,9 +33,10 @@ from gateway.hosting.door import Door
 from gateway.protocol.errors import CloseCode, Code
 from gateway.protocol.server_events import AUDIO_DELTA
 from gateway.protocol.session_config import parse_ga_format
-from gateway.protocol.telephony import DtmfIn, MarkIn, MediaIn, StreamStop, TwilioCodec
+from gateway.protocol.telephony import Carrier, DtmfIn, MarkIn, MediaIn, StreamStop
 from gateway.transport.outbox import Outbox, SlowConsumer
 from gateway.transport.telephony.playout import Cut, Playout
+from gateway.transport.telephony.reorder import Reorder
 
 log = logging.getLogger("omni.telephony")
 
@@ -48,13 +49,14 @@ _MAX_FORMATS = 16  # responses whose output format is remembered
 class PhoneCall:
     """See the module docstring. The endpoint builds it, opens its door, then ``run``s it."""
 
-    def __init__(self, codec: TwilioCodec, stream_id: str, call_sid: str, outbox: Outbox,
+    def __init__(self, codec: Carrier, stream_id: str, call_sid: str, outbox: Outbox, fmt: AudioFormat,
                  *, clock: Callable[[], float] | None = None) -> None:  # fmt: skip
         self.codec = codec
         self.stream_id = stream_id
         self.call_sid = call_sid  # the carrier's id of the call (logs)
         self.outbox = outbox
-        self.fmt: AudioFormat = codec.audio
+        self.fmt = fmt  # the carrier's audio, both ways (its start said which)
+        self.reorder = Reorder() if codec.reorders else None
         self.playout = Playout(self.fmt.rate * 2 // 1000 if self.fmt.codec == "pcm16" else self.fmt.rate // 1000)
         self.door: Door | None = None
         self.ended = False
@@ -78,12 +80,11 @@ class PhoneCall:
         if door is None:
             return None
         if isinstance(event, MediaIn):
-            host = door.host
-            if host is None:
-                return None
-            if host.input_format == self.fmt:
-                return door.receive_audio(event.audio)  # the session converts it, once
-            return door.receive_pcm(decode_to_pcm16(self.fmt, event.audio), self.fmt.rate)  # (a sideband changed it)
+            if self.reorder is None:
+                return self._audio_in(door, event.audio)
+            pending = [self._audio_in(door, audio) for audio in self.reorder.push(event.chunk, event.audio)]
+            waits = [p for p in pending if p is not None]
+            return _all(waits) if waits else None
         if isinstance(event, MarkIn):
             echoed = self.playout.echoed(event.name)
             if echoed is not None and echoed[1]:
@@ -95,6 +96,14 @@ class PhoneCall:
         if isinstance(event, StreamStop):
             self.end("the carrier stopped the stream")
         return None
+
+    def _audio_in(self, door: Door, audio: bytes) -> Any:
+        host = door.host
+        if host is None:
+            return None
+        if host.input_format == self.fmt:
+            return door.receive_audio(audio)  # the session converts it, once
+        return door.receive_pcm(decode_to_pcm16(self.fmt, audio), self.fmt.rate)  # (a sideband changed it)
 
     # --- the Peer: what the session says ------------------------------------------------
 
@@ -230,3 +239,8 @@ class PhoneCall:
             self.door.detach()
         if code is not None:
             self.outbox.close(code, reason[:120])
+
+
+async def _all(waits: list[Any]) -> None:
+    for wait in waits:
+        await wait

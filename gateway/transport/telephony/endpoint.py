@@ -28,13 +28,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gateway.audio.codecs import AudioFormat
 from gateway.auth import CredentialsUnavailable, Grant
 from gateway.hosting.calls import call_id_of
 from gateway.hosting.door import Door, Sessions
 from gateway.hosting.incoming import Rejected, Webhook, announce, forget, new_call_id, session_of
 from gateway.protocol.dialects import GA
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
-from gateway.protocol.telephony import CarrierMessageError, StreamStart, StreamStop, TwilioCodec
+from gateway.protocol.telephony import Carrier, CarrierMessageError, StreamStart, StreamStop
 from gateway.quotas import AdmissionUnavailable, ConnectRefusal
 from gateway.transport.handshake import (
     DRAINING_MESSAGE,
@@ -53,7 +54,7 @@ log = logging.getLogger("omni.telephony")
 
 START_TIMEOUT_S = 10.0  # from the upgrade to the carrier's start message; later: close 4001
 MAX_EARLY_MESSAGES = 4  # messages before start (connected, ...); more: close 4001
-_PHONE_AUDIO = {"type": "audio/pcmu"}
+_SESSION_FORMATS = {"pcmu": "audio/pcmu", "pcma": "audio/pcma"}  # the carrier's audio as a session format
 _PRIVATE_HEADERS = frozenset({"authorization", "cookie", "sec-websocket-key"})  # never sent to the webhook
 
 
@@ -89,13 +90,13 @@ def signed_urls(scope: dict[str, Any], headers: dict[str, str]) -> list[str]:
     return ["wss://" + tail] + ([f"{seen}://{tail}"] if seen != "wss" else [])
 
 
-def phone_session(minted_session: dict[str, Any] | None) -> dict[str, Any]:
-    """A client secret's session settings with the carrier's audio format in and out."""
+def phone_session(minted_session: dict[str, Any] | None, fmt: AudioFormat) -> dict[str, Any]:
+    """A client secret's (or an accept's) session settings with the carrier's audio format in and out."""
     session = dict(minted_session or {"type": "realtime"})
     audio = dict(session.get("audio") or {})
     for side in ("input", "output"):
         settings = dict(audio.get(side) or {})
-        settings["format"] = dict(_PHONE_AUDIO)
+        settings["format"] = {"type": _SESSION_FORMATS[fmt.codec]}
         audio[side] = settings
     session["audio"] = audio
     session.setdefault("type", "realtime")
@@ -105,12 +106,10 @@ def phone_session(minted_session: dict[str, Any] | None) -> dict[str, Any]:
 class TelephonyEndpoint:
     """ASGI app for one carrier's media streams."""
 
-    def __init__(self, runtime: TelephonyServices, codec: TwilioCodec) -> None:
+    def __init__(self, runtime: TelephonyServices, codec: Carrier, *, signing_key: str | None = None) -> None:
         self.runtime = runtime
         self.codec = codec
-
-    def _signing_key(self) -> str | None:
-        return self.runtime.settings.twilio_auth_token
+        self.signing_key = signing_key  # the carrier's key its upgrades are signed with (None: not checked)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         rt = self.runtime
@@ -119,14 +118,14 @@ class TelephonyEndpoint:
             return
         headers = request_headers(scope)
         refusal: UpgradeRefusal | None = None
-        key = self._signing_key()
+        key, header = self.signing_key, self.codec.signature_header
         if rt.draining:
             refusal = UpgradeRefusal(503, Code.SERVER_BUSY, DRAINING_MESSAGE, CloseCode.SERVICE_RESTART)
-        elif key and not self.codec.signed(key, signed_urls(scope, headers), headers.get(self.codec.signature_header)):
+        elif key and header and not self.codec.signed(key, signed_urls(scope, headers), headers.get(header)):
             rt.hosting.metrics.auth_failures.inc()
             refusal = UpgradeRefusal(
                 403, Code.SIGNATURE_INVALID,
-                f"The {self.codec.signature_header} header does not sign this request with the carrier's key "
+                f"The {header} header does not sign this request with the carrier's key "
                 "(twilio_auth_token): the URL the carrier requested (wss://, Host, path and query) is what it signs.",
                 CloseCode.FORBIDDEN,
             )  # fmt: skip
@@ -197,7 +196,7 @@ class TelephonyEndpoint:
             await self._close(send, refusal[2], refusal[0])
             return
         try:
-            model, settings = rt.session_defaults(grant, phone_session(requested))
+            model, settings = rt.session_defaults(grant, phone_session(requested, start.audio))
         except ProtocolError as err:
             await self._close(send, CloseCode.FORBIDDEN, err.code)
             return
@@ -272,7 +271,7 @@ class TelephonyEndpoint:
         rt = self.runtime
         outbox = Outbox(send, rt.settings.outbound_queue_bytes, rt.settings.outbound_stall_s)
         writer = asyncio.get_running_loop().create_task(outbox.run())
-        call = PhoneCall(self.codec, start.stream_id, start.call_id, outbox)
+        call = PhoneCall(self.codec, start.stream_id, start.call_id, outbox, start.audio)
         door = Door(rt.hosting, rt.sessions, call, dialect=GA, principal=grant.principal, model=model,
                     max_message_bytes=rt.settings.max_message_bytes, seat=seat, media=call,
                     minted=grant.minted.binding() if grant.minted is not None else None,
