@@ -112,8 +112,13 @@ class Entrance(Protocol):
 
 
 class Media(Protocol):
-    """A connection that plays the answers' audio itself (a WebRTC call): the door asks it
-    to cut the audio on ``output_audio_buffer.clear``."""
+    """A connection that plays the answers' audio itself (a WebRTC call, a phone call): the
+    door asks it to cut the audio on ``output_audio_buffer.clear``."""
+
+    @property
+    def reconnects(self) -> bool:
+        """Whether its client can reconnect and resume (a WebRTC re-offer); a carrier's phone
+        call cannot: a drain lets it finish rather than close it at an idle moment."""
 
     def clear_audio(self) -> tuple[str, str, int] | None:
         """Cut the audio now: (response id, item id, ms of that item's audio sent), or None

@@ -359,6 +359,16 @@ class SessionHost:
         self.flush()
 
     @property
+    def holds_call(self) -> bool:
+        """A connection that cannot reconnect (a carrier's phone call) carries the session:
+        a drain lets the call finish, up to its window, rather than hand it over when idle."""
+        for door in self.doors:
+            media = getattr(door, "media", None)
+            if media is not None and not media.reconnects:
+                return True
+        return False
+
+    @property
     def interrupted_by_speech(self) -> bool:
         """Server VAD with ``interrupt_response``: speech over an answer interrupts it."""
         detection = self.session.config.turn_detection

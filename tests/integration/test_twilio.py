@@ -31,6 +31,7 @@ from gateway.transport.telephony.call import PhoneCall
 from orchestrator.engine import Message
 from orchestrator.engines.cascade import CascadeEngine
 from orchestrator.engines.cascade.thinker import EchoThinker
+from orchestrator.engines.passthrough import PassthroughEngine
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -218,4 +219,36 @@ async def test_with_the_auth_token_set_a_stream_without_a_valid_signature_is_ref
         assert res.status_code == 200, res.text
         await asyncio.wait_for(call.closed.wait(), 10)
         assert call.close_code == 1000 and host.ended
+        await call.close()
+
+
+async def test_a_drain_lets_a_phone_call_finish_while_other_sessions_are_handed_over() -> None:
+    """A carrier cannot reconnect a stream: a draining replica closes its WebSocket sessions
+    (1012, to resume elsewhere) at their idle moments, but leaves a phone call alone until
+    it ends (up to drain_window_s), then hands its session over too."""
+    settings = Settings(engine="passthrough", video_engine="none", drain_window_s=60)
+    async with run_gateway(settings, engine=PassthroughEngine(audio_chunks=5), vad_factory=None) as gw:
+        call = TwilioCall(twilio_url(gw), await mint(gw))
+        await call.connect()
+        await wait_for(lambda: phone_host(gw) is not None, "the call's session")
+        host = phone_host(gw)
+        assert host is not None and host.holds_call
+        async with connect(gw.url + f"?call_id={call_id_of(host.id)}") as sideband:
+            async with connect(gw.url) as other:
+                await other.wait_for("session.created")
+                drain = asyncio.get_running_loop().create_task(gw.runtime.drain())
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await other.wait_for("never", timeout=30)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+            # The WebSocket session was handed over; the call goes on (its sideband drives an answer).
+            assert not call.closed.is_set() and not drain.done()
+            await sideband.send({"type": "response.create"})
+            await sideband.wait_for("response.done")
+            await wait_for(lambda: any(m.get("event") == "media" for m in call.received), "the answer's audio")
+            assert not drain.done()
+        # The caller hangs up: the drain hands the session over and is done.
+        await call.stop()
+        await asyncio.wait_for(call.closed.wait(), 10)
+        assert call.close_code == 1000
+        await asyncio.wait_for(drain, 30)
         await call.close()

@@ -49,6 +49,8 @@ _MAX_FORMATS = 16  # responses whose output format is remembered
 class PhoneCall:
     """See the module docstring. The endpoint builds it, opens its door, then ``run``s it."""
 
+    reconnects = False  # a carrier does not reconnect a stream: a drain lets the call finish
+
     def __init__(self, codec: Carrier, stream_id: str, call_sid: str, outbox: Outbox, fmt: AudioFormat,
                  *, clock: Callable[[], float] | None = None) -> None:  # fmt: skip
         self.codec = codec
