@@ -15,7 +15,7 @@ from gateway import logs
 from gateway.http import HttpApi, token_refused
 from gateway.jwt_auth import TokenRefused
 from gateway.protocol.dialects import DUPLEX, LIVE
-from gateway.protocol.telephony import TELNYX, TWILIO
+from gateway.protocol.telephony import PLIVO, TELNYX, TWILIO
 from gateway.runtime import Runtime
 from gateway.session.session import VadStream
 from gateway.settings import Settings
@@ -89,6 +89,7 @@ def create_app(
                 "/v1/telephony/twilio", TelephonyEndpoint(rt, TWILIO, signing_key=settings.twilio_auth_token)
             ),
             WebSocketRoute("/v1/telephony/telnyx", TelephonyEndpoint(rt, TELNYX)),  # Telnyx Media Streaming
+            WebSocketRoute("/v1/telephony/plivo", TelephonyEndpoint(rt, PLIVO)),  # Plivo Audio Streams
             # The browser demo and SDK, last so that it never shadows the API.
             Mount("/", StaticFiles(directory=WEB_DEMO, html=True, check_dir=False), name="web_demo"),
         ],

@@ -334,3 +334,91 @@ class TelnyxCodec:
 
 
 TELNYX = TelnyxCodec()
+
+
+def _header_pairs(raw: Any) -> dict[str, str]:
+    """Plivo's ``extra_headers``: ``key=value`` pairs separated by ``;`` or ``,``."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, str) or len(raw) > MAX_PARAMETER_CHARS:
+        raise CarrierMessageError(f"'extra_headers' must be a string of at most {MAX_PARAMETER_CHARS} characters")
+    pairs = [p.partition("=") for p in raw.replace(",", ";").split(";") if p.strip()]
+    return {k.strip(): v.strip() for k, _, v in pairs[:MAX_PARAMETERS]}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PlivoCodec:
+    """Plivo Audio Streams (``<Stream bidirectional="true" contentType="audio/x-mulaw;rate=8000">``):
+    ``start`` first (no ``connected``), with ``callId``, ``streamId`` and the ``extraHeaders``
+    as ``extra_headers``; the gateway sends ``playAudio``, ``checkpoint`` (Plivo answers
+    ``playedStream`` once the audio before it has played) and ``clearAudio``. Only μ-law
+    at 8 kHz is taken (Plivo's L16 has no session format here). Plivo's ``extraHeaders``
+    allow only letters and digits, which a client secret is not made of: its secret goes in
+    the stream URL's query (``?client_secret=ek_...``), or the call is announced (the call
+    webhook). Plivo documents no signature of the stream's upgrade."""
+
+    name: str = "plivo"
+    signature_header: str | None = None
+    secret_parameter: str = "client_secret"
+    reorders: bool = False
+
+    def decode(self, message: str | bytes) -> CarrierEvent | None:
+        try:
+            d = orjson.loads(message)
+        except orjson.JSONDecodeError:
+            raise CarrierMessageError("not JSON") from None
+        if not isinstance(d, dict):
+            raise CarrierMessageError("not a JSON object")
+        kind = d.get("event")
+        if kind == "media":
+            media = _obj(d, "media")
+            if media.get("track", "inbound") != "inbound":
+                return None
+            try:
+                audio = base64.b64decode(_str(media, "payload"), validate=True)
+            except binascii.Error:
+                raise CarrierMessageError("media.payload is not base64") from None
+            chunk = media.get("chunk")
+            return MediaIn(audio, _int(chunk, "media.chunk") if chunk is not None else None)
+        if kind in ("playedStream", "played"):
+            return MarkIn(_str(d, "name"))
+        if kind == "dtmf":
+            digit = _str(_obj(d, "dtmf"), "digit")
+            if digit not in DTMF_KEYS:
+                raise CarrierMessageError(f"dtmf.digit {digit[:8]!r} is not a key (0-9, *, #, A-D)")
+            return DtmfIn(digit)
+        if kind == "start":
+            start = _obj(d, "start")
+            raw = _obj(start, "mediaFormat")
+            rate = _int(raw.get("sampleRate"), "mediaFormat.sampleRate")
+            if raw.get("encoding") != "audio/x-mulaw" or rate != 8000:
+                raise CarrierMessageError(f"mediaFormat {raw.get('encoding')!r} {rate} Hz: only audio/x-mulaw at "
+                                          "8000 Hz is taken (contentType=\"audio/x-mulaw;rate=8000\")")  # fmt: skip
+            return StreamStart(
+                stream_id=_str(start, "streamId"),
+                call_id=_str(start, "callId"),
+                account_id=str(start.get("accountId") or ""),
+                audio=PCMU_8K,
+                channels=1,
+                parameters=_header_pairs(d.get("extra_headers")),
+            )
+        if kind == "stop":
+            return StreamStop()
+        return None  # (clearedAudio, and what a later version adds)
+
+    def media(self, stream_id: str, audio: bytes) -> bytes:
+        payload = base64.b64encode(audio).decode("ascii")
+        return orjson.dumps({"event": "playAudio", "media": {"contentType": "audio/x-mulaw", "sampleRate": 8000,
+                                                             "payload": payload}})  # fmt: skip
+
+    def mark(self, stream_id: str, name: str) -> bytes:
+        return orjson.dumps({"event": "checkpoint", "streamId": stream_id, "name": name})
+
+    def clear(self, stream_id: str) -> bytes:
+        return orjson.dumps({"event": "clearAudio", "streamId": stream_id})
+
+    def signed(self, key: str, urls: list[str], header: str | None) -> bool:
+        return False  # (no signature to check: signature_header is None)
+
+
+PLIVO = PlivoCodec()

@@ -22,7 +22,7 @@ import pytest
 import websockets
 from support.gateway import RunningGateway, connect, run_gateway
 from support.speech import silence, speak
-from support.twilio_sim import TelnyxCall, TwilioCall, alaw, mulaw
+from support.twilio_sim import PlivoCall, TelnyxCall, TwilioCall, alaw, mulaw
 
 from gateway.hosting.calls import call_id_of
 from gateway.hosting.host import SessionHost
@@ -90,6 +90,7 @@ def twilio_url(gw: RunningGateway) -> str:
 CARRIERS = {
     "twilio": ("twilio", TwilioCall, mulaw, "pcmu"),
     "telnyx": ("telnyx", TelnyxCall, alaw, "pcma"),
+    "plivo": ("plivo", PlivoCall, mulaw, "pcmu"),
 }
 
 
@@ -149,9 +150,9 @@ async def test_a_spoken_call_answer_marks_barge_in_dtmf_and_stop(carrier: str) -
                 await wait_for(lambda: sum(1 for e in events if e["type"] == "response.created") >= 2,
                                "the second answer")  # fmt: skip
                 second = [i for i, e in enumerate(events) if e["type"] == "response.created"][1]
-                clear_at = next(i for i, m in enumerate(call.received) if m["event"] == "clear")
+                clear_at = next(i for i, m in enumerate(call.received) if m["event"] == call.clear_event)
                 media_after = [call.arrivals[i] for i, m in enumerate(call.received)
-                               if i > clear_at and m["event"] == "media"]  # fmt: skip
+                               if i > clear_at and m["event"] == call.media_event]  # fmt: skip
                 assert all(at > arrived[second] for at in media_after)
                 # Telnyx's frames came swapped in pairs: all put back in order, none lost.
                 phone = next(d.media for d in host.doors if isinstance(d.media, PhoneCall))
@@ -183,7 +184,7 @@ async def test_a_bad_client_secret_is_refused_before_any_audio(carrier: str) -> 
             await asyncio.wait_for(call.closed.wait(), 15)
             await call.close()
             assert call.close_code == 4001
-            assert not [m for m in call.received if m.get("event") == "media"]
+            assert not [m for m in call.received if m.get("event") == call.media_event]
         # A secret is spent once: the second stream with it is refused.
         secret = await mint(gw)
         first_call = simulator(url.format(gw.port), secret)

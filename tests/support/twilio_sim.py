@@ -91,15 +91,37 @@ class TwilioCall:
                                             open_timeout=10, close_timeout=1)  # fmt: skip
         self._tasks = [asyncio.get_running_loop().create_task(self._receive()),
                        asyncio.get_running_loop().create_task(self._play())]  # fmt: skip
-        await self._send(self.connected_message(), numbered=False)
+        connected = self.connected_message()
+        if connected is not None:
+            await self._send(connected, numbered=False)
         if start:
             parameters = {"client_secret": self.client_secret} if self.client_secret is not None else {}
             await self._send(self.start_message(parameters))
 
     # --- the carrier's spelling (Twilio's; a subclass spells another carrier's) ---
 
-    def connected_message(self) -> dict[str, Any]:
+    def connected_message(self) -> dict[str, Any] | None:
         return {"event": "connected", "protocol": "Call", "version": "1.0.0"}
+
+    def classify(self, message: dict[str, Any]) -> tuple[str, Any]:
+        """What a message from the gateway is: ("audio", bytes), ("mark", name), ("clear", None)."""
+        kind = message.get("event")
+        if kind == "media":
+            return "audio", base64.b64decode(message["media"]["payload"])
+        if kind == "mark":
+            return "mark", message["mark"]["name"]
+        return str(kind), None
+
+    def mark_echo(self, name: str) -> dict[str, Any]:
+        return {"event": "mark", "mark": {"name": name}}
+
+    media_event = "media"  # (the gateway's audio message, and its clear, as this carrier spells them)
+    clear_event = "clear"
+
+    async def cleared(self, marks: list[str]) -> None:
+        """Twilio: the buffer is emptied and every mark still waiting is echoed at once."""
+        for name in marks:
+            await self._echo(name)
 
     def start_message(self, parameters: dict[str, str]) -> dict[str, Any]:
         return {"event": "start", "start": {
@@ -178,19 +200,18 @@ class TwilioCall:
                 message = orjson.loads(raw)
                 self.received.append(message)
                 self.arrivals.append(time.monotonic())
-                kind = message.get("event")
-                if kind == "media":
-                    self._queue.append(("audio", bytearray(base64.b64decode(message["media"]["payload"]))))
+                kind, value = self.classify(message)
+                if kind == "audio":
+                    self._queue.append(("audio", bytearray(value)))
                     self.max_buffered_ms = max(self.max_buffered_ms, self.buffered_ms)
                 elif kind == "mark":
-                    self._queue.append(("mark", message["mark"]["name"]))
+                    self._queue.append(("mark", value))
                     self._echo_marks()
                 elif kind == "clear":
                     self.clears.append(time.monotonic())
-                    marks = [name for kind_, name in self._queue if kind_ == "mark"]
+                    marks = [str(name) for kind_, name in self._queue if kind_ == "mark"]
                     self._queue.clear()
-                    for name in marks:
-                        await self._echo(str(name))
+                    await self.cleared(marks)
         except websockets.ConnectionClosed as exc:
             self.close_code = exc.rcvd.code if exc.rcvd is not None else None
         finally:
@@ -209,7 +230,7 @@ class TwilioCall:
 
     async def _echo(self, name: str) -> None:
         self.marks_echoed.append(name)
-        await self._send({"event": "mark", "mark": {"name": name}})
+        await self._send(self.mark_echo(name))
 
     async def _play(self) -> None:
         """The caller's earpiece: 20 ms of the buffer every 20 ms."""
@@ -286,3 +307,63 @@ class TelnyxCall(TwilioCall):
         for i in range(0, len(numbered) - 1, 2):
             numbered[i], numbered[i + 1] = numbered[i + 1], numbered[i]
         return numbered
+
+
+@dataclass
+class PlivoCall(TwilioCall):
+    """Plivo Audio Streams, from Plivo's "Audio Streaming" reference: ``start`` first (no
+    ``connected``; ``callId``, ``streamId``, ``mediaFormat``, ``extra_headers``), ``media``
+    with ``streamId``, ``dtmf``; the server's ``playAudio``, ``checkpoint`` (answered with
+    ``playedStream`` once the audio before it has played) and ``clearAudio`` (answered with
+    ``clearedAudio``). The client secret goes in the URL's query (extraHeaders allow only
+    letters and digits)."""
+
+    stream_sid: str = "87654321-4321-4321-4321-cba987654321"
+    call_sid: str = "12345678-1234-1234-1234-123456789abc"
+
+    def __post_init__(self) -> None:
+        if self.client_secret is not None:
+            self.url += ("&" if "?" in self.url else "?") + "client_secret=" + self.client_secret
+            self.client_secret = None  # (not in the start: the URL carries it)
+
+    def connected_message(self) -> dict[str, Any] | None:
+        return None
+
+    def start_message(self, parameters: dict[str, str]) -> dict[str, Any]:
+        return {"event": "start", "start": {
+            "callId": self.call_sid, "streamId": self.stream_sid, "accountId": "MAXXXXXXXXXXXXXXXXXX",
+            "tracks": ["inbound"], "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000},
+        }, "extra_headers": "userId=12345;sessionId=abc"}  # fmt: skip
+
+    def numbered(self, message: dict[str, Any], seq: int) -> dict[str, Any]:
+        message = {**message, "sequenceNumber": seq}
+        if message["event"] != "start":
+            message["streamId"] = self.stream_sid
+        return message
+
+    def dtmf_message(self, digit: str) -> dict[str, Any]:
+        return {"event": "dtmf", "dtmf": {"track": "inbound", "digit": digit}}
+
+    def stop_message(self) -> dict[str, Any]:
+        return {"event": "stop"}
+
+    def classify(self, message: dict[str, Any]) -> tuple[str, Any]:
+        kind = message.get("event")
+        if kind == "playAudio":
+            assert message["media"]["contentType"] == "audio/x-mulaw" and message["media"]["sampleRate"] == 8000
+            return "audio", base64.b64decode(message["media"]["payload"])
+        if kind == "checkpoint":
+            return "mark", message["name"]
+        if kind == "clearAudio":
+            return "clear", None
+        return str(kind), None
+
+    def mark_echo(self, name: str) -> dict[str, Any]:
+        return {"event": "playedStream", "name": name}
+
+    media_event = "playAudio"
+    clear_event = "clearAudio"
+
+    async def cleared(self, marks: list[str]) -> None:
+        """Plivo: the queue is emptied and ``clearedAudio`` says so."""
+        await self._send({"event": "clearedAudio"})

@@ -227,3 +227,28 @@ def test_the_callers_audio_is_put_back_in_order() -> None:
     assert r.push(7, b"7") == [b"5", b"6", b"7"] and r.skipped == 1  # 4 never came: skipped past the window
     assert r.push(4, b"4") == [] and r.dropped == 2  # too late
     assert r.push(None, b"x") == [b"x"]  # (a carrier that does not number its audio)
+
+
+def test_plivo_and_telnyx_messages_decode_as_their_documents_show_them() -> None:
+    from gateway.protocol.telephony import PLIVO, TELNYX
+
+    start = PLIVO.decode(orjson.dumps({"event": "start", "sequenceNumber": 1, "start": {
+        "callId": "c1", "streamId": "s1", "accountId": "MA1", "tracks": ["inbound"],
+        "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000}},
+        "extra_headers": "userId=12345;sessionId=abc"}))  # fmt: skip
+    assert isinstance(start, StreamStart) and (start.stream_id, start.call_id) == ("s1", "c1")
+    assert start.parameters == {"userId": "12345", "sessionId": "abc"}
+    assert PLIVO.decode('{"event":"playedStream","streamId":"s1","name":"4"}') == MarkIn("4")
+    assert PLIVO.decode('{"event":"clearedAudio","streamId":"s1"}') is None
+    assert orjson.loads(PLIVO.mark("s1", "4")) == {"event": "checkpoint", "streamId": "s1", "name": "4"}
+    assert orjson.loads(PLIVO.clear("s1")) == {"event": "clearAudio", "streamId": "s1"}
+    assert orjson.loads(PLIVO.media("s1", b"\x01"))["media"] == {
+        "contentType": "audio/x-mulaw", "sampleRate": 8000, "payload": base64.b64encode(b"\x01").decode()}  # fmt: skip
+    with pytest.raises(CarrierMessageError):  # L16: no session format for it here
+        PLIVO.decode('{"event":"start","start":{"callId":"c","streamId":"s","mediaFormat":'
+                     '{"encoding":"audio/x-l16","sampleRate":16000}}}')  # fmt: skip
+    start = TELNYX.decode(orjson.dumps({"event": "start", "sequence_number": "1", "stream_id": "st", "start": {
+        "call_control_id": "v3:x", "custom_parameters": {"client_secret": "ek_1"},
+        "media_format": {"encoding": "PCMA", "sample_rate": 8000, "channels": 1}}}))  # fmt: skip
+    assert isinstance(start, StreamStart) and start.audio.codec == "pcma" and start.stream_id == "st"
+    assert orjson.loads(TELNYX.clear("st")) == {"event": "clear"}

@@ -27,6 +27,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import parse_qs
 
 from gateway.audio.codecs import AudioFormat
 from gateway.auth import CredentialsUnavailable, Grant
@@ -167,7 +168,12 @@ class TelephonyEndpoint:
             log.info("%s stream refused: %s", self.codec.name, start)
             await self._close(send, CloseCode.UNAUTHORIZED, Code.UNAUTHORIZED)
             return
-        secret = start.parameters.get(self.codec.secret_parameter, "")
+        # The stream's parameters carry it; a carrier whose parameters cannot (Plivo's are letters
+        # and digits only) puts it in the stream URL's query.
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        secret = start.parameters.get(self.codec.secret_parameter) or next(
+            iter(query.get(self.codec.secret_parameter, ())), ""
+        )
         webhook = self._webhook()
         session_id: str | None = None
         requested: dict[str, Any] | None
