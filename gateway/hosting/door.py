@@ -352,9 +352,10 @@ class Door:
         control = self._controls(event) if self._controls is not None else None
         if control is not None:
             self._control(host, control, event)
-        elif self.media is not None and isinstance(event, ce.OutputAudioClear):
-            # The audio plays here: cut it, and the session ends the answer where it was cut.
-            cut = self.media.clear_audio()
+        elif isinstance(event, ce.OutputAudioClear) and (media := self._media_of(host)) is not None:
+            # The audio plays here (or, for a sideband, on its call): cut it, and the session ends
+            # the answer where it was cut.
+            cut = media.clear_audio()
             if cut is not None:
                 host.playback("cleared", cut[0], cut[1], cut[2])
             else:
@@ -362,6 +363,12 @@ class Door:
         else:
             host.receive(event)
         return None
+
+    def _media_of(self, host: SessionHost) -> Media | None:
+        """The connection that plays the session's audio: this one, or, for a sideband, its call's."""
+        if self.media is not None:
+            return self.media
+        return host.call_media if self.sideband else None
 
     def _check_size(self, size: int) -> None:
         limit = self.max_message_bytes

@@ -359,6 +359,16 @@ class SessionHost:
         self.flush()
 
     @property
+    def call_media(self) -> Any:
+        """The connection that plays the session's audio (a WebRTC or phone call's ``Media``), if
+        one carries it here: a sideband's ``output_audio_buffer.clear`` cuts it there."""
+        for door in self.doors:
+            media = getattr(door, "media", None)
+            if media is not None and door not in self.sidebands:
+                return media
+        return None
+
+    @property
     def holds_call(self) -> bool:
         """A connection that cannot reconnect (a carrier's phone call) carries the session:
         a drain lets the call finish, up to its window, rather than hand it over when idle."""

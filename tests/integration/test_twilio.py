@@ -253,3 +253,27 @@ async def test_a_drain_lets_a_phone_call_finish_while_other_sessions_are_handed_
         assert call.close_code == 1000
         await asyncio.wait_for(drain, 30)
         await call.close()
+
+
+async def test_a_sidebands_output_audio_buffer_clear_silences_the_call_at_what_was_played() -> None:
+    settings = Settings(engine="passthrough", video_engine="none")
+    engine = PassthroughEngine(audio_chunks=250, paced=False)  # 5 s of answer, written at once
+    async with run_gateway(settings, engine=engine, vad_factory=None) as gw:
+        call = TwilioCall(twilio_url(gw), await mint(gw))
+        await call.connect()
+        await wait_for(lambda: phone_host(gw) is not None, "the call's session")
+        host = phone_host(gw)
+        assert host is not None
+        try:
+            async with connect(gw.url + f"?call_id={call_id_of(host.id)}") as sideband:
+                await sideband.send({"type": "response.create"})
+                done = await sideband.wait_for("response.done")  # written; it plays on from the pacer
+                await wait_for(lambda: call.heard_ms() > 500 and len(call.marks_echoed) > 3, "the answer to play")
+                await sideband.send({"type": "output_audio_buffer.clear"})
+                truncated = await sideband.wait_for("conversation.item.truncated")
+                cleared = await sideband.wait_for("output_audio_buffer.cleared")
+                assert cleared["response_id"] == done["response"]["id"]
+                assert truncated["item_id"] == done["response"]["output"][0]["id"]
+                assert call.clears and 0 < truncated["audio_end_ms"] <= call.heard_ms() < 5000
+        finally:
+            await call.close()
