@@ -15,11 +15,13 @@ from gateway import logs
 from gateway.http import HttpApi, token_refused
 from gateway.jwt_auth import TokenRefused
 from gateway.protocol.dialects import DUPLEX, LIVE
+from gateway.protocol.telephony import PLIVO, TELNYX, TWILIO
 from gateway.runtime import Runtime
 from gateway.session.session import VadStream
 from gateway.settings import Settings
 from gateway.telemetry import Telemetry
 from gateway.transport.realtime import RealtimeEndpoint
+from gateway.transport.telephony.endpoint import TelephonyEndpoint
 from gateway.transport.video import VideoEndpoint
 from gateway.transport.webrtc.live_signaling import LiveSessionsEndpoint
 from gateway.transport.webrtc.signaling import CallsEndpoint
@@ -38,7 +40,14 @@ def create_app(
 ) -> Starlette:
     settings = settings or Settings()
     logs.install()
-    for secret in (*settings.api_keys, settings.upstream_api_key, settings.jwt_secret, settings.live_responses_api_key):
+    for secret in (
+        *settings.api_keys,
+        settings.upstream_api_key,
+        settings.jwt_secret,
+        settings.live_responses_api_key,
+        settings.twilio_auth_token,
+        settings.call_webhook_secret,
+    ):
         logs.register_secret(secret)
     rt = Runtime(settings, engine, vad_factory=vad_factory, telemetry=telemetry)
     for spec in rt.router.specs:  # a route's own upstream key
@@ -76,6 +85,11 @@ def create_app(
             # GPT-Live's sideband: a server beside a WebRTC session (POST /v1/live/sessions), on any replica.
             WebSocketRoute("/v1/live/sessions/{session_id}/attach", RealtimeEndpoint(rt, dialect=LIVE, attach=True)),
             WebSocketRoute("/v1/realtime/video", VideoEndpoint(rt)),
+            WebSocketRoute(
+                "/v1/telephony/twilio", TelephonyEndpoint(rt, TWILIO, signing_key=settings.twilio_auth_token)
+            ),
+            WebSocketRoute("/v1/telephony/telnyx", TelephonyEndpoint(rt, TELNYX)),  # Telnyx Media Streaming
+            WebSocketRoute("/v1/telephony/plivo", TelephonyEndpoint(rt, PLIVO)),  # Plivo Audio Streams
             # The browser demo and SDK, last so that it never shadows the API.
             Mount("/", StaticFiles(directory=WEB_DEMO, html=True, check_dir=False), name="web_demo"),
         ],

@@ -284,6 +284,18 @@ class Authenticator:
         # OpenAI SDKs always send one.
         return None if self.required else self._anonymous
 
+    async def client_secret(self, credential: str) -> Grant | None:
+        """A client secret's grant (consumed), whether or not auth is required: a phone call
+        opens only the session a secret was minted for. None: not a valid secret. Raises
+        ``CredentialsUnavailable`` when the store cannot check it now."""
+        if not credential.startswith(SECRET_PREFIX) or len(credential) > MAX_CREDENTIAL_CHARS:
+            return None
+        try:
+            grant = await self._take_secret(credential)
+        except StoreError as exc:
+            raise CredentialsUnavailable(str(exc)) from exc
+        return grant if grant is not None and grant.minted is not None else None
+
     async def authenticate_http(self, headers: Mapping[str, str]) -> Grant | None:
         """For HTTP endpoints: keys and tokens (a client secret cannot mint another)."""
         credential = _bearer(headers)

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.auth import DEFAULT_SECRET_TTL_S, MAX_SECRET_TTL_S, Grant, Minted, MintRefused
+from gateway.hosting.incoming import Accepted, Rejected, answer_call
 from gateway.hosting.stored import recording
 from gateway.hosting.video import Refused, submit_interaction
 from gateway.jwt_auth import TokenRefused
@@ -51,6 +52,9 @@ class HttpApi:
             Route("/admin/{action}", self.admin, methods=["POST"]),
             Route("/v1/realtime/video/{session_id}/interactions", self.video_interaction, methods=["POST"]),
             Route("/v1/live/sessions/{session_id}/content", self.live_content, methods=["GET"]),
+            # An announced phone call's answer (gateway/hosting/incoming.py); /hangup is the calls endpoint's.
+            Route("/v1/realtime/calls/{call_id}/accept", self.call_accept, methods=["POST"]),
+            Route("/v1/realtime/calls/{call_id}/reject", self.call_reject, methods=["POST"]),
         ]
 
     async def healthz(self, request: Request) -> Response:
@@ -216,6 +220,49 @@ class HttpApi:
             return _error(403, Code.MODEL_NOT_ALLOWED, f"This credential may not use the video model {model!r}.",
                           "session.model")  # fmt: skip
         return Minted("video", model or ""), {"type": "video", "model": model}
+
+    async def call_accept(self, request: Request) -> Response:
+        """An announced call (``realtime.call.incoming``) is accepted with a session configuration:
+        its session opens with it, for this credential, on the replica that holds the call."""
+        grant = await self.rt.auth.authenticate_http(request.headers)
+        if grant is None:
+            self.rt.metrics.auth_failures.inc()
+            return _error(401, Code.UNAUTHORIZED, "Accepting a call needs 'Authorization: Bearer <API key>'.")
+        try:
+            body: Any = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body(), empty={})
+        except BodyRefused as refused:
+            return refused.response()
+        if not isinstance(body, dict):
+            return _error(400, Code.INVALID_JSON, "The body must be a session configuration (a JSON object).")
+        if "type" not in body:
+            body = {"type": "realtime", **body}
+        try:
+            model, _ = self.rt.session_defaults(replace(grant, minted=None), body)
+        except ProtocolError as err:
+            return _error(400, err.code, err.message, err.param)
+        if not self.rt.sessions.serves(model):
+            return _error(400, Code.MODEL_NOT_FOUND, f"No model {model!r} is served here; GET /v1/models lists them.",
+                          "model")  # fmt: skip
+        if not grant.tenant.allows_model(model):
+            return _error(403, Code.MODEL_NOT_ALLOWED, f"This credential may not use the model {model!r}.", "model")
+        return await self._answer_call(request, Accepted(replace(grant, minted=None), body))
+
+    async def call_reject(self, request: Request) -> Response:
+        grant = await self.rt.auth.authenticate_http(request.headers)
+        if grant is None:
+            self.rt.metrics.auth_failures.inc()
+            return _error(401, Code.UNAUTHORIZED, "Rejecting a call needs 'Authorization: Bearer <API key>'.")
+        return await self._answer_call(request, Rejected("rejected"))
+
+    async def _answer_call(self, request: Request, answer: Accepted | Rejected) -> Response:
+        call_id = request.path_params["call_id"]
+        try:
+            delivered = await answer_call(self.rt.hosting, call_id, answer)
+        except StoreError:
+            return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
+        if not delivered:
+            return _error(404, Code.CALL_NOT_FOUND, f"No call {call_id!r} is waiting for an answer.", "call_id")
+        return JSONResponse({})
 
     async def admin(self, request: Request) -> Response:
         refused = await self._refused_unless_operator(request, "Admin endpoints")

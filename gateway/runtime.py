@@ -382,8 +382,10 @@ class Runtime:
         dialect: Dialect,
         requested: dict[str, Any] | None = None,
         quota: StateQuota | None = None,
+        session_id: str | None = None,
     ) -> SessionHost:
-        """A new session hosted here, in ``dialect`` (built as ``session/kinds.py`` says)."""
+        """A new session hosted here, in ``dialect`` (built as ``session/kinds.py`` says), with
+        ``session_id`` where one was given out before (an announced phone call's)."""
         found = self.route(model)
         if found is None:
             raise ProtocolError(Code.MODEL_NOT_FOUND, f"No model {model!r} here; see GET /v1/models.")
@@ -392,7 +394,7 @@ class Runtime:
         if "audio" not in engine.info.modalities and "audio" in config.output_modalities:
             config = replace(config, output_modalities=("text",))  # a text model answers in text
         kind = kind_of(dialect)
-        sid = kind.id_prefix + secrets.token_hex(10)
+        sid = session_id or kind.id_prefix + secrets.token_hex(10)
         session = kind.new(self.settings, session_id=sid, config=config, engine=engine.info,
                            **self._session_kwargs(sid))  # fmt: skip
         return await SessionHost.open(self.hosting, session, orchestrator=orch, principal=principal, quota=quota)
@@ -526,7 +528,9 @@ class Runtime:
         (``DRAIN_GAP_S`` apart at most), so sessions idle at once do not land on the other
         replicas in one instant. At ``drain_window_s`` every session left is handed over as
         it is (a running answer is ended and re-issued by the replica that resumes it, with
-        ``gateway_reason`` ``drained``). Session state stays in the store."""
+        ``gateway_reason`` ``drained``). A carrier's phone call cannot reconnect: its session
+        is left alone until the call ends, then handed over as the others; a call still on at
+        the end of the window is ended then (close 1012). Session state stays in the store."""
         if self.draining:
             return
         self.draining = True
@@ -540,13 +544,23 @@ class Runtime:
             host.when_idle(idle.put_nowait)
         gap = min(DRAIN_GAP_S, window / (4 * max(1, len(hosts))))
         left = set(hosts)
+        # A phone call cannot reconnect: its session is handed over once the call has ended
+        # (at its next idle moment), or at the end of the window, which ends the call.
+        calls = {h for h in hosts if h.holds_call}
+        for host in calls:
+            host.when_idle(None)
         ends: list[asyncio.Task[Any]] = []
         while left and loop.time() < deadline:
             try:
                 host = await asyncio.wait_for(idle.get(), min(0.2, max(0.0, deadline - loop.time())))
             except TimeoutError:
                 left = {h for h in left if not h.ended}  # (ended on their own: client gone)
+                for done in [h for h in calls if not h.holds_call]:  # the call ended: hand over when idle
+                    calls.discard(done)
+                    done.when_idle(idle.put_nowait)
                 continue
+            if host in calls:
+                continue  # (queued before the drain knew it holds a call: it waits for the call's end)
             if host.ended or host not in left:
                 left.discard(host)
                 continue

@@ -4,6 +4,7 @@ then command-line flags (highest). Every limit says what happens when hit.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import os
 from collections.abc import Mapping
@@ -206,6 +207,20 @@ class Settings:
     webrtc_max_offer_candidates: int = 64  # a=candidate lines in one offer, counted before it is
     #   parsed; more: 400 offer_too_many_candidates
 
+    # --- phone calls through carriers' media streams (/v1/telephony/{carrier}; docs/telephony.md) ---
+    twilio_auth_token: str | None = None  # the Twilio account's Auth Token: a stream's upgrade without
+    #   an X-Twilio-Signature that signs it with this key is refused (HTTP 403 signature_invalid), before
+    #   any audio. None: not checked (the client secret in the stream's parameters is still required)
+    call_webhook_url: str | None = None  # an incoming stream without a client secret is announced here
+    #   (POST realtime.call.incoming) and waits for /v1/realtime/calls/{call_id}/accept or /reject.
+    #   None: such a stream is refused (close 4001)
+    call_webhook_secret: str | None = None  # "whsec_" + base64: the announcement is signed (Standard
+    #   Webhooks: webhook-id, webhook-timestamp, webhook-signature); None: unsigned. Not base64: refused at start
+    call_webhook_timeout_s: float = 10.0  # the announcement's POST, connect to answer; past it, or an answer
+    #   other than 2xx: the call is refused (close 4001)
+    call_accept_timeout_s: float = 30.0  # how long an announced call waits for accept or reject; past it the
+    #   call is refused (close 4001) and a late accept or reject answers 404 call_id_not_found
+
     # --- traces (OpenTelemetry, the ``otel`` extra; gateway/telemetry.py) ---
     otel_traces_endpoint: str | None = None  # OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces;
     #   None: tracing is off (OpenTelemetry is not even imported)
@@ -290,12 +305,18 @@ def parse_bool(raw: str) -> bool:
 
 
 def _convert(name: str, raw: str, current: Any) -> Any:
+    if name == "call_webhook_secret" and raw:
+        if not raw.startswith("whsec_"):
+            raise ValueError("a call webhook secret is 'whsec_' followed by base64")
+        base64.b64decode(raw.removeprefix("whsec_"), validate=True)  # (binascii.Error is a ValueError)
+        return raw
     if name in ("api_keys", "upstreams", "allowed_origins", "webrtc_advertised_addresses", "mcp_allowed_urls",
                 "webrtc_peer_networks"):  # fmt: skip
         return tuple(k.strip() for k in raw.split(",") if k.strip())
     if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id", "keys_file",
                 "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience", "otel_traces_endpoint",
-                "webrtc_ice_servers", "webrtc_udp_ports", "live_responses_url", "live_responses_api_key"):  # fmt: skip
+                "webrtc_ice_servers", "webrtc_udp_ports", "live_responses_url", "live_responses_api_key",
+                "twilio_auth_token", "call_webhook_url", "call_webhook_secret"):  # fmt: skip
         return raw or None
     if name == "auth_required":
         return parse_bool(raw)

@@ -14,8 +14,9 @@ async def listen_bus(ctx: HostContext) -> None:
     """Listen on this replica's channel until cancelled, and hand each message to the
     host of the session it names (``replaced``: another replica took the session;
     ``interaction``: a video interaction POSTed to another replica; ``hangup`` and
-    ``sideband.*``: a WebRTC call's, ``calls.py``), or to the sideband socket it names
-    (``link``: what the call's replica sends back). A message for a
+    ``sideband.*``: a WebRTC call's, ``calls.py``), to the sideband socket it names
+    (``link``: what the call's replica sends back), or to the phone call it names
+    (``call.accept``, ``call.reject``: ``incoming.py``). A message for a
     session not served here (any more) is dropped: its sender learns nothing, as for
     a replica that died."""
     sub = await ctx.store.subscribe(replica_channel(ctx.replica_id))
@@ -36,5 +37,7 @@ async def listen_bus(ctx: HostContext) -> None:
                 host.on_bus(body)
             elif (link := ctx.links.get(body.get("link", ""))) is not None:
                 link.on_bus(body)  # for a sideband socket here, from the replica serving its call
+            elif (incoming := ctx.incoming.get(body.get("call_id", ""))) is not None:
+                incoming.on_bus(body)  # a call's accept or reject, taken on another replica (incoming.py)
     finally:
         await sub.close()

@@ -86,6 +86,8 @@ class HostContext:
     doors: set[Closable] = field(default_factory=set)
     # Sideband sockets here relayed to a session on another replica, by link id (calls.py).
     links: dict[str, Linked] = field(default_factory=dict)
+    # Phone calls here waiting for the backend's accept or reject, by call id (incoming.py).
+    incoming: dict[str, Linked] = field(default_factory=dict)
     # Fire-and-forget tasks (trims, commits before a release, re-acquires), kept
     # referenced until done.
     background: set[asyncio.Task[Any]] = field(default_factory=set)

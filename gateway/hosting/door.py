@@ -71,10 +71,12 @@ class Sessions(Protocol):
         dialect: Dialect,
         requested: dict[str, Any] | None = None,
         quota: StateQuota | None = None,
+        session_id: str | None = None,
     ) -> SessionHost:
         """A new session hosted here, in ``dialect``, configured by the gateway's defaults
         and ``requested`` (a client secret's session settings), its state kept within
-        ``quota``; raises ProtocolError (no route) or StoreError (StateLimitExceeded: the
+        ``quota``, with ``session_id`` (None: a new one; an announced phone call's was
+        given out before the session opened); raises ProtocolError (no route) or StoreError (StateLimitExceeded: the
         quota has no room for it)."""
 
     async def fork_session(
@@ -111,8 +113,13 @@ class Entrance(Protocol):
 
 
 class Media(Protocol):
-    """A connection that plays the answers' audio itself (a WebRTC call): the door asks it
-    to cut the audio on ``output_audio_buffer.clear``."""
+    """A connection that plays the answers' audio itself (a WebRTC call, a phone call): the
+    door asks it to cut the audio on ``output_audio_buffer.clear``."""
+
+    @property
+    def reconnects(self) -> bool:
+        """Whether its client can reconnect and resume (a WebRTC re-offer); a carrier's phone
+        call cannot: a drain lets it finish rather than close it at an idle moment."""
 
     def clear_audio(self) -> tuple[str, str, int] | None:
         """Cut the audio now: (response id, item id, ms of that item's audio sent), or None
@@ -156,8 +163,10 @@ class Door:
         source: str | None = None,
         minted: str | None = None,
         frontend: bool = False,
+        session_id: str | None = None,
     ) -> None:
         self.ctx = ctx
+        self.session_id = session_id  # the id of the session opened here (None: a new one)
         self.sessions = sessions
         self.peer = peer
         # An untrusted frontend's data channel (a GPT-Live WebRTC session's): the session's
@@ -244,6 +253,27 @@ class Door:
         if self.host is not None:
             self.host.playback(kind, response_id, item_id, audio_end_ms)
 
+    def dtmf(self, digit: str) -> None:
+        """A key the caller pressed (a phone call's carrier): counted as a client event."""
+        host = self.host
+        if host is None:
+            return
+        try:
+            if self.seat is not None:
+                self.seat.message()
+        except NeedBudget as need:
+            self.ctx.spawn(self._dtmf_after(need, digit))  # (lease more of the limit, then say it)
+            return
+        except ProtocolError as err:
+            host.refuse(err)
+            return
+        self._client_events += 1
+        host.dtmf(digit)
+
+    async def _dtmf_after(self, need: NeedBudget, digit: str) -> None:
+        await need.wait()
+        self.dtmf(digit)
+
     def _take(self, message: Any, kind: Kind) -> Pending:
         host = self.host
         if host is None:
@@ -323,9 +353,10 @@ class Door:
         control = self._controls(event) if self._controls is not None else None
         if control is not None:
             self._control(host, control, event)
-        elif self.media is not None and isinstance(event, ce.OutputAudioClear):
-            # The audio plays here: cut it, and the session ends the answer where it was cut.
-            cut = self.media.clear_audio()
+        elif isinstance(event, ce.OutputAudioClear) and (media := self._media_of(host)) is not None:
+            # The audio plays here (or, for a sideband, on its call): cut it, and the session ends
+            # the answer where it was cut.
+            cut = media.clear_audio()
             if cut is not None:
                 host.playback("cleared", cut[0], cut[1], cut[2])
             else:
@@ -333,6 +364,12 @@ class Door:
         else:
             host.receive(event)
         return None
+
+    def _media_of(self, host: SessionHost) -> Media | None:
+        """The connection that plays the session's audio: this one, or, for a sideband, its call's."""
+        if self.media is not None:
+            return self.media
+        return host.call_media if self.sideband else None
 
     def _check_size(self, size: int) -> None:
         limit = self.max_message_bytes
@@ -436,8 +473,9 @@ class Door:
         """A new session's host, or why not (with the close code that says it on a socket)."""
         assert self.sessions is not None, "a door that only joins opens no session"
         try:
+            given = {"session_id": self.session_id} if self.session_id is not None else {}
             return await self.sessions.open_session(
-                model, principal=self.principal, dialect=self.dialect, requested=requested, quota=self.quota
+                model, principal=self.principal, dialect=self.dialect, requested=requested, quota=self.quota, **given
             )
         except StateLimitExceeded as exc:
             log.info("session refused: %s", exc)

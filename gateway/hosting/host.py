@@ -360,6 +360,34 @@ class SessionHost:
             log.exception("session %s: unexpected failure recording playback", self.id)
         self.flush()
 
+    def dtmf(self, digit: str) -> None:
+        """A key the caller pressed (a phone call's carrier said so): the session says it."""
+        try:
+            self.session.dtmf(digit, int(time.time()))
+        except Exception:
+            log.exception("session %s: unexpected failure recording a key press", self.id)
+        self.flush()
+
+    @property
+    def call_media(self) -> Any:
+        """The connection that plays the session's audio (a WebRTC or phone call's ``Media``), if
+        one carries it here: a sideband's ``output_audio_buffer.clear`` cuts it there."""
+        for door in self.doors:
+            media = getattr(door, "media", None)
+            if media is not None and door not in self.sidebands:
+                return media
+        return None
+
+    @property
+    def holds_call(self) -> bool:
+        """A connection that cannot reconnect (a carrier's phone call) carries the session:
+        a drain lets the call finish, up to its window, rather than hand it over when idle."""
+        for door in self.doors:
+            media = getattr(door, "media", None)
+            if media is not None and not media.reconnects:
+                return True
+        return False
+
     @property
     def interrupted_by_speech(self) -> bool:
         """Server VAD with ``interrupt_response``: speech over an answer interrupts it."""

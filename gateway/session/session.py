@@ -532,6 +532,11 @@ class RealtimeSession:
             self._responses.end_current("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
         self._cut(item, event.content_index, event.audio_end_ms)
 
+    def dtmf(self, digit: str, received_at: int) -> None:
+        """A key the caller pressed on a phone call (a carrier's ``dtmf``): OpenAI's SIP event
+        ``input_audio_buffer.dtmf_event_received`` (``received_at``: Unix seconds)."""
+        self._emit("input_audio_buffer.dtmf_event_received", event=digit, received_at=received_at)
+
     # --- playback (a connection that plays the audio: WebRTC) ---------------------------
 
     def playback(self, kind: str, response_id: str | None, item_id: str | None, audio_end_ms: int) -> None:

@@ -132,7 +132,7 @@ async def accept(
             runtime.hosting.metrics.auth_failures.inc()
             refusal = UpgradeRefusal(401, Code.UNAUTHORIZED, UNAUTHORIZED_MESSAGE, CloseCode.UNAUTHORIZED)
     if refusal is not None:
-        await _refuse_upgrade(runtime, scope, send, refusal, error_event)
+        await refuse_upgrade(runtime, scope, send, refusal, error_event)
         return None
     assert grant is not None
     await send({"type": "websocket.accept", "subprotocol": choose(offered)})
@@ -140,7 +140,7 @@ async def accept(
     return Handshake(headers, offered, query, grant)
 
 
-async def _refuse_upgrade(
+async def refuse_upgrade(
     runtime: Services, scope: dict[str, Any], send: Any, refusal: UpgradeRefusal, error_event: ErrorEncoder
 ) -> None:
     if HTTP_RESPONSE_EXTENSION in scope.get("extensions", {}):

@@ -55,6 +55,8 @@ TOO_LARGE_LOG_S = 10.0  # a call logs at most one WARNING this often for events 
 class Call:
     """See the module docstring. Built by the signaling endpoint, which attaches its door."""
 
+    reconnects = True  # a re-offer carrying the resume token picks the session up (the door's Media)
+
     def __init__(
         self,
         call_id: str,

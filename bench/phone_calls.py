@@ -1,0 +1,275 @@
+"""Phone calls through a carrier's media stream: calls per core, and the latency the bridge adds.
+
+The gateway is a process of its own (``python -m gateway serve``, the passthrough engine: a
+tone of ``--answer-s`` per turn, so that what is measured is the bridge, not a model), its
+CPU read with psutil. The carriers are Twilio simulators (``tests/support/twilio_sim.py``,
+written from Twilio's documents) in this process, on ``/v1/telephony/twilio``: each holds one
+call, μ-law 8 kHz both ways, 20 ms ``media`` messages at real time, marks echoed as the
+answer's audio plays in real time from its buffer.
+
+1. **Calls per core.** N calls at once for ``--duration`` s; each caller's voice loops a
+   spoken sentence (eSpeak NG) then quiet over ``--cycle-s``, the calls staggered; the
+   gateway hears it (server VAD), answers (a tone), paces the answer out with its marks.
+   Calls per core = N / the gateway's CPU (in cores) over the window. Pacing is reported as
+   the most audio that ever waited in any caller's buffer (the gateway's bound is
+   ``LEAD_MS`` plus one chunk in flight) and the answer audio heard.
+2. **Latency** (``--latency-trials``, the order rotating): the same request,
+   ``response.create`` (server VAD off), to the first audio of the answer at the client: over
+   a plain WebSocket session in PCM 24 kHz and in μ-law 8 kHz (the first
+   ``response.output_audio.delta``), and over a phone call (sent on the call's sideband; the
+   first ``media`` message at the carrier). Phone minus WebSocket-in-μ-law is what the bridge
+   adds (the pacer, the carrier's JSON); μ-law minus PCM is what the conversion to 8 kHz costs
+   on any path (the resampler's filter delay).
+
+    python bench/phone_calls.py                      # N=8 for 20 s, then 20 latency trials: ~1 min
+    python bench/phone_calls.py --calls 32 --duration 30 --latency-trials 0
+
+Only 127.0.0.1; the gateway is ended on exit, error or Ctrl-C. Figures: bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import psutil
+import websockets
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the carrier simulator (tests/support/twilio_sim.py)
+sys.path.insert(0, str(ROOT))
+
+from support.speech import silence, speak  # noqa: E402
+from support.twilio_sim import TwilioCall, mulaw  # noqa: E402
+
+MODEL = "bench-passthrough"
+NO_VAD = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Gateway:
+    """``python -m gateway serve`` on 127.0.0.1 with the passthrough engine; ended by ``stop``."""
+
+    def __init__(self, answer_s: float) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="phone_calls_", suffix=".log", delete=False)
+        # (log level info: a call's id is in its log line, which the latency phase reads, as a backend
+        # that does not use the call webhook would)
+        route = {"name": MODEL, "engine": "passthrough", "audio_chunks": int(answer_s * 50), "words_every": 20}
+        env = dict(os.environ, OMNI_GATEWAY_LOG_LEVEL="info", OMNI_GATEWAY_API_KEYS="", OMNI_GATEWAY_REDIS_URL="",
+                   OMNI_GATEWAY_MODELS=orjson.dumps({"models": [route]}).decode(), OMNI_GATEWAY_MODEL=MODEL,
+                   OMNI_GATEWAY_MAX_SESSIONS="10000", OMNI_GATEWAY_DRAIN_WINDOW_S="1")  # fmt: skip
+        cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+               "--engine", "passthrough"]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.ps = psutil.Process(self.proc.pid)
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the gateway exited with {self.proc.returncode}; see {self.log.name}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"{self.base}/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            time.sleep(0.2)
+        raise RuntimeError(f"the gateway was not ready after {timeout:.0f} s; see {self.log.name}")
+
+    def cpu_s(self) -> float:
+        t = self.ps.cpu_times()
+        return float(t.user + t.system)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+
+
+async def mint(http: httpx.AsyncClient, gw: Gateway, session: dict[str, Any] | None = None) -> str:
+    res = await http.post(gw.base + "/v1/realtime/client_secrets", json={"session": session or {"type": "realtime"}})
+    res.raise_for_status()
+    return str(res.json()["value"])
+
+
+async def load(gw: Gateway, n: int, duration: float, cycle_s: float, warmup: float) -> dict[str, Any]:
+    sentence = mulaw(await speak("what is your name", 8000))
+    quiet_ms = max(200, int(cycle_s * 1000) - len(sentence) // 8)
+    loop_audio = sentence + mulaw(silence(quiet_ms, 8000))
+    calls: list[TwilioCall] = []
+    async with httpx.AsyncClient(timeout=30) as http:
+        for i in range(n):
+            call = TwilioCall(f"ws://127.0.0.1:{gw.port}/v1/telephony/twilio", await mint(http, gw),
+                              stream_sid=f"MZ{i:032d}", call_sid=f"CA{i:032d}")  # fmt: skip
+            await call.connect()
+            calls.append(call)
+
+    async def talk(call: TwilioCall, offset: float) -> None:
+        await asyncio.sleep(offset)
+        while not call.closed.is_set():
+            await call.speak(loop_audio)
+
+    talkers = [asyncio.create_task(talk(c, cycle_s * i / n)) for i, c in enumerate(calls)]
+    try:
+        await asyncio.sleep(warmup)
+        heard0 = sum(c.heard_ms() for c in calls)
+        cpu0, t0 = gw.cpu_s(), time.monotonic()
+        await asyncio.sleep(duration)
+        cpu1, t1 = gw.cpu_s(), time.monotonic()
+        heard1 = sum(c.heard_ms() for c in calls)
+    finally:
+        for task in talkers:
+            task.cancel()
+        for call in calls:
+            await call.close()
+    cores = (cpu1 - cpu0) / (t1 - t0)
+    return {
+        "calls": n,
+        "connected": sum(1 for c in calls if c.close_code is None or c.close_code == 1000),
+        "window_s": round(t1 - t0, 1),
+        "gateway_cores": round(cores, 3),
+        "calls_per_core": round(n / cores, 1) if cores > 0 else float("inf"),
+        "core_share_per_call_pct": round(100 * cores / n, 2),
+        "answer_audio_heard_s": round((heard1 - heard0) / 1000, 1),
+        "max_buffered_ms": round(max(c.max_buffered_ms for c in calls), 1),
+        "marks_echoed": sum(len(c.marks_echoed) for c in calls),
+        "clears": sum(len(c.clears) for c in calls),
+    }
+
+
+MULAW_OUT = {**NO_VAD, "audio": {**NO_VAD["audio"], "output": {"format": {"type": "audio/pcmu"}}}}
+
+
+async def first_ws_audio(gw: Gateway, session: dict[str, Any]) -> float:
+    async with websockets.connect(f"ws://127.0.0.1:{gw.port}/v1/realtime", max_size=None, compression=None) as ws:
+        await ws.send(orjson.dumps({"type": "session.update", "session": session}).decode())
+        async for raw in ws:
+            if orjson.loads(raw)["type"] == "session.updated":
+                break
+        sent = time.monotonic()
+        await ws.send('{"type": "response.create"}')
+        async for raw in ws:
+            if orjson.loads(raw)["type"] == "response.output_audio.delta":
+                return 1000 * (time.monotonic() - sent)
+    raise RuntimeError("the session ended before its answer's audio")
+
+
+async def first_phone_audio(gw: Gateway, http: httpx.AsyncClient) -> float:
+    call = TwilioCall(f"ws://127.0.0.1:{gw.port}/v1/telephony/twilio", await mint(http, gw, NO_VAD),
+                      call_sid="CA" + os.urandom(16).hex())  # fmt: skip
+    await call.connect()
+    try:
+        call_id = None
+        for _ in range(500):  # the gateway logs the call id; a backend learns it so (or by the webhook)
+            call_id = _call_id_from_log(gw, call.call_sid)
+            if call_id:
+                break
+            await asyncio.sleep(0.01)
+        if call_id is None:
+            raise RuntimeError("the call's id never appeared in the gateway's log (log level info?)")
+        async with websockets.connect(f"ws://127.0.0.1:{gw.port}/v1/realtime?call_id={call_id}") as sideband:
+            sent = time.monotonic()
+            await sideband.send('{"type": "response.create"}')
+            for _ in range(30_000):  # (polled every ms, at most 30 s: the arrival time is the simulator's)
+                if any(m.get("event") == "media" for m in call.received):
+                    break
+                await asyncio.sleep(0.001)
+            first = next((i for i, m in enumerate(call.received) if m.get("event") == "media"), None)
+            if first is None:
+                raise RuntimeError(
+                    f"no answer audio reached the phone call; it got {[m.get('event') for m in call.received][:5]}"
+                )
+            at = call.arrivals[first]
+            return 1000 * (at - sent)
+    finally:
+        await call.close()
+
+
+def _call_id_from_log(gw: Gateway, call_sid: str) -> str | None:
+    text = Path(gw.log.name).read_text(errors="replace")
+    for line in text.splitlines():
+        if f"call {call_sid} " in line and " is call rtc_" in line:
+            return line.split(" is call ", 1)[1].split(",", 1)[0]
+    return None
+
+
+async def latency(gw: Gateway, trials: int) -> dict[str, Any]:
+    legs: dict[str, list[float]] = {"websocket_pcm_ms": [], "websocket_mulaw_ms": [], "phone_ms": []}
+    async with httpx.AsyncClient(timeout=30) as http:
+        for i in range(trials):
+            runs = [("websocket_pcm_ms", lambda: first_ws_audio(gw, NO_VAD)),
+                    ("websocket_mulaw_ms", lambda: first_ws_audio(gw, MULAW_OUT)),
+                    ("phone_ms", lambda: first_phone_audio(gw, http))]  # fmt: skip
+            for name, run in runs[i % 3 :] + runs[: i % 3]:  # (the order rotates)
+                legs[name].append(await run())
+
+    def stats(xs: list[float]) -> dict[str, float]:
+        xs = sorted(xs)
+        return {"n": len(xs), "p50": round(statistics.median(xs), 1), "max": round(xs[-1], 1)}
+
+    out: dict[str, Any] = {name: stats(xs) for name, xs in legs.items()}
+    out["added_p50_ms"] = round(out["phone_ms"]["p50"] - out["websocket_mulaw_ms"]["p50"], 1)
+    return out
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    gw = Gateway(args.answer_s)
+    figures: dict[str, Any] = {}
+    try:
+        gw.wait_ready()
+        if args.calls:
+            figures["load"] = await load(gw, args.calls, args.duration, args.cycle_s, args.warmup)
+            ld = figures["load"]
+            print(f"{ld['calls']} calls (μ-law, paced): gateway {ld['gateway_cores']:.3f} cores -> "
+                  f"{ld['calls_per_core']} calls per core ({ld['core_share_per_call_pct']} % of a core per call); "
+                  f"answer audio heard {ld['answer_audio_heard_s']} s, at most {ld['max_buffered_ms']} ms waited "
+                  f"in a carrier's buffer, {ld['marks_echoed']} marks echoed")  # fmt: skip
+        if args.latency_trials:
+            figures["latency"] = lat = await latency(gw, args.latency_trials)
+            print(f"response.create -> first answer audio, p50 over {lat['phone_ms']['n']} trials: WebSocket "
+                  f"(PCM 24 kHz) {lat['websocket_pcm_ms']['p50']} ms, WebSocket (μ-law 8 kHz) "
+                  f"{lat['websocket_mulaw_ms']['p50']} ms, phone call {lat['phone_ms']['p50']} ms; the bridge adds "
+                  f"{lat['added_p50_ms']} ms (p50) to the WebSocket path in the same format")  # fmt: skip
+    finally:
+        gw.stop()
+    return figures
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=8, help="calls at once (0: no load phase)")
+    p.add_argument("--duration", type=float, default=20.0, help="the measured window, s")
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--cycle-s", type=float, default=5.0, help="each caller's turn cycle, s")
+    p.add_argument("--answer-s", type=float, default=2.0, help="seconds of answer per turn (the passthrough tone)")
+    p.add_argument("--latency-trials", type=int, default=20, help="0: no latency phase")
+    p.add_argument("--json", type=Path, help="write the figures here too")
+    args = p.parse_args()
+    result = asyncio.run(main(args))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))

@@ -1,0 +1,164 @@
+"""Incoming calls announced to the operator's backend, the way OpenAI does SIP: written once,
+for every transport that carries a phone call.
+
+With ``call_webhook_url`` set, a call that arrives without a client secret is announced:
+the replica holding its media POSTs ``realtime.call.incoming`` (its ``call_id`` and what
+the carrier said of it) to the webhook, signed per the Standard Webhooks scheme with
+``call_webhook_secret`` (``gateway/protocol/webhooks.py``), and the call waits, at most
+``call_accept_timeout_s``, for the backend's answer on any replica:
+
+- ``POST /v1/realtime/calls/{call_id}/accept`` with a session configuration: the call's
+  session opens with it, for the accepting credential;
+- ``POST /v1/realtime/calls/{call_id}/reject``: the call ends.
+
+Whichever replica the answer reaches, it is delivered once: the waiting call is recorded in
+the store as a single-use token naming its replica (``incoming:{call_id}``), which the
+answer takes; the answer then reaches the waiting call on its replica directly, or over
+the bus (``call.accept``, ``call.reject``). After the answer, the call is an ordinary
+call: its sideband (``/v1/realtime?call_id=``) and ``/hangup`` work from any replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.auth import Grant
+from gateway.hosting.calls import CALL_PREFIX, SESSION_PREFIX, session_id_of
+from gateway.hosting.context import HostContext
+from gateway.hosting.webhook_client import WebhookFailure, post_json
+from gateway.protocol.webhooks import sign_headers
+from gateway.store.base import StoreError, replica_channel
+
+log = logging.getLogger("omni.incoming")
+
+_TOKEN = "incoming:"  # (the store's single-use token of a call waiting for its answer)
+
+
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    """Where and how incoming calls are announced (the settings)."""
+
+    url: str
+    secret: str | None  # ``whsec_`` + base64 key; None: unsigned
+    timeout_s: float  # the POST, connect to answer
+    accept_timeout_s: float  # how long a call waits for accept or reject
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    grant: Grant  # the accepting credential's: the session is its
+    session: dict[str, Any]  # the session configuration it sent
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    reason: str
+
+
+Answer = Accepted | Rejected
+
+
+class IncomingCall:
+    """One call waiting for its answer on this replica."""
+
+    def __init__(self, ctx: HostContext, call_id: str) -> None:
+        self.ctx = ctx
+        self.call_id = call_id
+        self.session_id = session_id_of(call_id)
+        self._answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+
+    def on_bus(self, body: dict[str, Any]) -> None:
+        """An answer another replica took for this call."""
+        kind = body.get("type")
+        if kind == "call.accept" and isinstance(body.get("session"), dict) and isinstance(body.get("grant"), dict):
+            self.answer(Accepted(Grant.from_dict(body["grant"]), body["session"]))
+        elif kind == "call.reject":
+            self.answer(Rejected("rejected"))
+
+    def answer(self, answer: Answer) -> None:
+        if not self._answer.done():
+            self._answer.set_result(answer)
+
+    async def wait(self, timeout_s: float) -> Answer:
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._answer), timeout_s)
+        except TimeoutError:
+            return Rejected(f"no accept or reject within {timeout_s:g} s")
+
+
+def new_call_id() -> str:
+    """A call id whose session id is the one the call's session will have (``rtc_x`` -> ``sess_x``)."""
+    return CALL_PREFIX + secrets.token_hex(10)
+
+
+def session_of(call_id: str) -> str:
+    return SESSION_PREFIX + call_id.removeprefix(CALL_PREFIX)
+
+
+async def announce(ctx: HostContext, webhook: Webhook, call_id: str, data: dict[str, Any]) -> IncomingCall | str:
+    """Record the call as waiting here and POST ``realtime.call.incoming``; the waiting call,
+    or why the announcement failed (a log line; the call is then refused)."""
+    incoming = IncomingCall(ctx, call_id)
+    ctx.incoming[call_id] = incoming
+    try:
+        await ctx.store.put_token(_TOKEN + call_id, orjson.dumps({"replica": ctx.replica_id}),
+                                  webhook.accept_timeout_s)  # fmt: skip
+    except StoreError as exc:
+        ctx.incoming.pop(call_id, None)
+        return f"the store cannot record the call: {exc}"
+    now = int(time.time())
+    event_id = "evt_" + secrets.token_hex(12)
+    event: dict[str, Any] = {"object": "event", "id": event_id, "type": "realtime.call.incoming",
+             "created_at": now, "data": {"call_id": call_id, **data}}  # fmt: skip
+    body = orjson.dumps(event)
+    headers = {"webhook-id": event_id, "webhook-timestamp": str(now)}
+    if webhook.secret:
+        try:
+            headers.update(sign_headers(webhook.secret, event_id, now, body))
+        except ValueError as exc:
+            forget(ctx, call_id)
+            return f"call_webhook_secret cannot sign: {exc}"
+    try:
+        status = await post_json(webhook.url, body, headers, timeout_s=webhook.timeout_s)
+    except WebhookFailure as exc:
+        forget(ctx, call_id)
+        return f"the call webhook failed: {exc}"
+    if not 200 <= status < 300:
+        forget(ctx, call_id)
+        return f"the call webhook answered {status}"
+    return incoming
+
+
+def forget(ctx: HostContext, call_id: str) -> None:
+    """The call is answered, refused or gone: it waits here no more."""
+    ctx.incoming.pop(call_id, None)
+
+
+async def answer_call(ctx: HostContext, call_id: str, answer: Answer) -> bool:
+    """Deliver the backend's answer to the call, wherever it waits; False: no such call waits
+    (never announced, answered already, or its wait is over). Raises StoreError."""
+    if session_id_of(call_id) is None:
+        return False
+    taken = await ctx.store.take_token(_TOKEN + call_id)
+    if taken is None:
+        return False
+    replica = orjson.loads(taken).get("replica")
+    local = ctx.incoming.get(call_id)
+    if replica == ctx.replica_id:
+        if not isinstance(local, IncomingCall):
+            return False
+        local.answer(answer)
+        return True
+    if isinstance(answer, Accepted):
+        message = {"type": "call.accept", "call_id": call_id, "session": answer.session,
+                   "grant": answer.grant.to_dict()}  # fmt: skip
+    else:
+        message = {"type": "call.reject", "call_id": call_id}
+    return await ctx.store.publish(replica_channel(str(replica)), orjson.dumps(message)) > 0

@@ -1,0 +1,424 @@
+"""Carriers' media streams, decoded and encoded (pure): one codec object per carrier.
+
+A carrier (Twilio's ``<Connect><Stream>``) opens a WebSocket to the gateway and
+speaks its own JSON: a ``connected`` greeting, a ``start`` that names the stream,
+the call and the audio format, then 20 ms ``media`` messages of the caller's
+audio, ``dtmf`` key presses, ``mark`` echoes of the labels the gateway sent
+after its audio (sent back once the audio before them has played, or dropped by
+a ``clear``) and a last ``stop``. The gateway answers with ``media`` (the
+answer's audio), a ``mark`` after each chunk of it and ``clear`` (barge-in:
+drop what is buffered).
+
+A codec turns a carrier's message into the events below and the gateway's
+output into the carrier's messages; it keeps no state and touches no socket
+(``gateway/transport/telephony/`` is the I/O). Each carrier is ONE object
+(``TWILIO``): the transport asks it, never a carrier's name.
+
+Twilio's documents: "Media Streams - WebSocket Messages" (the messages) and
+"Webhooks security" (``X-Twilio-Signature``: base64 of HMAC-SHA1, keyed with the
+account's Auth Token, over the full URL Twilio requested followed by each POST
+parameter's name and value, sorted by name; a WebSocket upgrade is a GET: the
+URL alone).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from gateway.audio.codecs import AudioFormat
+
+DTMF_KEYS = frozenset("0123456789*#ABCD")
+PCMU_8K = AudioFormat("pcmu", 8000)  # G.711 μ-law at 8 kHz: every carrier's default
+PCMA_8K = AudioFormat("pcma", 8000)
+MAX_PARAMETERS = 99  # Twilio's <Parameter> limit per stream: more in a start is refused
+MAX_PARAMETER_CHARS = 4096  # one custom parameter's name or value
+
+
+class CarrierMessageError(ValueError):
+    """A carrier's message that does not decode: the call logs it and goes on."""
+
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    """The stream's first message (``connected``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    """``start``: which stream and call, what the caller's audio is, what the TwiML passed."""
+
+    stream_id: str
+    call_id: str
+    account_id: str
+    audio: AudioFormat
+    channels: int
+    parameters: dict[str, str] = field(default_factory=dict)  # ``customParameters``
+
+
+@dataclass(frozen=True, slots=True)
+class MediaIn:
+    """``media``: the caller's audio, in the start's format (``chunk``: the carrier's order)."""
+
+    audio: bytes
+    chunk: int | None  # the carrier's order of the caller's audio (a carrier that may reorder: its sequence)
+
+
+@dataclass(frozen=True, slots=True)
+class DtmfIn:
+    digit: str
+
+
+@dataclass(frozen=True, slots=True)
+class MarkIn:
+    """A label the gateway sent, echoed: the audio before it has played (or was cleared)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStop:
+    """``stop``: the call ended or the stream was stopped; nothing follows."""
+
+
+CarrierEvent = Connected | StreamStart | MediaIn | DtmfIn | MarkIn | StreamStop
+
+
+class Carrier(Protocol):
+    """One carrier's media stream protocol (pure): what the transport asks of it."""
+
+    @property
+    def name(self) -> str:
+        """For logs, metrics and the webhook's ``carrier``: never compared."""
+
+    @property
+    def signature_header(self) -> str | None:
+        """The header that signs the stream's upgrade (None: the carrier signs none)."""
+
+    @property
+    def secret_parameter(self) -> str:
+        """The stream's custom parameter that carries the client secret."""
+
+    @property
+    def reorders(self) -> bool:
+        """The carrier may deliver the caller's audio out of order (``MediaIn.chunk`` orders it)."""
+
+    def decode(self, message: str | bytes) -> CarrierEvent | None: ...
+
+    def media(self, stream_id: str, audio: bytes) -> bytes: ...
+
+    def mark(self, stream_id: str, name: str) -> bytes: ...
+
+    def clear(self, stream_id: str) -> bytes: ...
+
+    def signed(self, key: str, urls: list[str], header: str | None) -> bool: ...
+
+
+def _obj(d: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = d.get(key)
+    if not isinstance(value, dict):
+        raise CarrierMessageError(f"'{key}' must be an object")
+    return value
+
+
+def _str(d: Mapping[str, Any], key: str) -> str:
+    value = d.get(key)
+    if not isinstance(value, str) or not value:
+        raise CarrierMessageError(f"'{key}' must be a non-empty string")
+    return value
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool):
+        raise CarrierMessageError(f"'{what}' must be an integer")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise CarrierMessageError(f"'{what}' must be an integer") from None
+
+
+def _twilio_format(raw: Mapping[str, Any]) -> tuple[AudioFormat, int]:
+    encoding = raw.get("encoding")
+    rate = _int(raw.get("sampleRate"), "mediaFormat.sampleRate")
+    channels = _int(raw.get("channels", 1), "mediaFormat.channels")
+    if encoding != "audio/x-mulaw" or rate != 8000 or channels != 1:
+        raise CarrierMessageError(
+            f"mediaFormat {encoding!r} {rate} Hz x{channels}: only audio/x-mulaw at 8000 Hz mono is taken"
+        )
+    return PCMU_8K, channels
+
+
+def _parameters(raw: Any) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise CarrierMessageError("'customParameters' must be an object")
+    if len(raw) > MAX_PARAMETERS:
+        raise CarrierMessageError(f"at most {MAX_PARAMETERS} customParameters")
+    out: dict[str, str] = {}
+    for name, value in raw.items():
+        if not isinstance(value, str) or len(name) > MAX_PARAMETER_CHARS or len(value) > MAX_PARAMETER_CHARS:
+            raise CarrierMessageError(f"customParameters.{name[:64]} must be a string of at most "
+                                      f"{MAX_PARAMETER_CHARS} characters")  # fmt: skip
+        out[name] = value
+    return out
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TwilioCodec:
+    """Twilio Media Streams (bidirectional, ``<Connect><Stream>``)."""
+
+    name: str = "twilio"  # for logs and metrics: never compared
+    audio: AudioFormat = PCMU_8K  # what the gateway sends back (Twilio takes only this)
+    signature_header: str | None = "x-twilio-signature"
+    secret_parameter: str = "client_secret"  # the <Parameter> of the stream that carries the client secret
+    reorders: bool = False  # (a WebSocket over TCP: in order)
+
+    def decode(self, message: str | bytes) -> CarrierEvent | None:
+        """One message; None: an event the gateway has no use for. Raises CarrierMessageError."""
+        try:
+            d = orjson.loads(message)
+        except orjson.JSONDecodeError:
+            raise CarrierMessageError("not JSON") from None
+        if not isinstance(d, dict):
+            raise CarrierMessageError("not a JSON object")
+        kind = d.get("event")
+        if kind == "media":
+            media = _obj(d, "media")
+            if media.get("track", "inbound") != "inbound":
+                return None  # (a <Start><Stream> of both tracks: the gateway's own audio comes back)
+            try:
+                audio = base64.b64decode(_str(media, "payload"), validate=True)
+            except binascii.Error:
+                raise CarrierMessageError("media.payload is not base64") from None
+            chunk = media.get("chunk")
+            return MediaIn(audio, _int(chunk, "media.chunk") if chunk is not None else None)
+        if kind == "mark":
+            return MarkIn(_str(_obj(d, "mark"), "name"))
+        if kind == "dtmf":
+            digit = _str(_obj(d, "dtmf"), "digit")
+            if digit not in DTMF_KEYS:
+                raise CarrierMessageError(f"dtmf.digit {digit[:8]!r} is not a key (0-9, *, #, A-D)")
+            return DtmfIn(digit)
+        if kind == "start":
+            start = _obj(d, "start")
+            fmt, channels = _twilio_format(_obj(start, "mediaFormat"))
+            return StreamStart(
+                stream_id=_str(start, "streamSid"),
+                call_id=_str(start, "callSid"),
+                account_id=str(start.get("accountSid") or ""),
+                audio=fmt,
+                channels=channels,
+                parameters=_parameters(start.get("customParameters")),
+            )
+        if kind == "connected":
+            return Connected()
+        if kind == "stop":
+            return StreamStop()
+        return None  # an event of a later protocol version: ignored, as Twilio asks
+
+    def media(self, stream_id: str, audio: bytes) -> bytes:
+        payload = base64.b64encode(audio).decode("ascii")
+        return orjson.dumps({"event": "media", "streamSid": stream_id, "media": {"payload": payload}})
+
+    def mark(self, stream_id: str, name: str) -> bytes:
+        return orjson.dumps({"event": "mark", "streamSid": stream_id, "mark": {"name": name}})
+
+    def clear(self, stream_id: str) -> bytes:
+        return orjson.dumps({"event": "clear", "streamSid": stream_id})
+
+    @staticmethod
+    def signature(token: str, url: str, params: Mapping[str, str] | None = None) -> str:
+        """``X-Twilio-Signature`` of a request to ``url`` (with its POST ``params``)."""
+        given = params or {}
+        data = url + "".join(name + given[name] for name in sorted(given))
+        digest = hmac.new(token.encode(), data.encode(), hashlib.sha1).digest()
+        return base64.b64encode(digest).decode("ascii")
+
+    def signed(self, token: str, urls: list[str], header: str | None) -> bool:
+        """Whether ``header`` is the signature of one of ``urls`` (the URL as Twilio may have
+        written it: the gateway behind a TLS proxy sees ``ws://`` where Twilio dialed ``wss://``)."""
+        if not header:
+            return False
+        ok = False
+        for url in urls:  # every candidate compared: the timing says nothing of which matched
+            ok |= hmac.compare_digest(self.signature(token, url).encode(), header.encode())
+        return ok
+
+
+TWILIO = TwilioCodec()
+
+
+_TELNYX_FORMATS = {"PCMU": PCMU_8K, "PCMA": PCMA_8K}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TelnyxCodec:
+    """Telnyx Media Streaming (bidirectional ``rtp`` mode, PCMU or PCMA at 8 kHz): Twilio's
+    shape in snake case (``stream_id``, ``sequence_number``, ``custom_parameters``,
+    ``media_format``), and "media frame order is not guaranteed": ``media.chunk`` orders
+    the caller's audio. Telnyx documents no signature of the stream's upgrade (its
+    webhooks are signed with Ed25519, this socket is not): the client secret is the check."""
+
+    name: str = "telnyx"
+    signature_header: str | None = None
+    secret_parameter: str = "client_secret"  # a <Parameter> (TeXML) or custom_parameters entry
+    reorders: bool = True
+
+    def decode(self, message: str | bytes) -> CarrierEvent | None:
+        try:
+            d = orjson.loads(message)
+        except orjson.JSONDecodeError:
+            raise CarrierMessageError("not JSON") from None
+        if not isinstance(d, dict):
+            raise CarrierMessageError("not a JSON object")
+        kind = d.get("event")
+        if kind == "media":
+            media = _obj(d, "media")
+            if media.get("track", "inbound") != "inbound":
+                return None
+            try:
+                audio = base64.b64decode(_str(media, "payload"), validate=True)
+            except binascii.Error:
+                raise CarrierMessageError("media.payload is not base64") from None
+            chunk = media.get("chunk")
+            return MediaIn(audio, _int(chunk, "media.chunk") if chunk is not None else None)
+        if kind == "mark":
+            return MarkIn(_str(_obj(d, "mark"), "name"))
+        if kind == "dtmf":
+            digit = _str(_obj(d, "dtmf"), "digit")
+            if digit not in DTMF_KEYS:
+                raise CarrierMessageError(f"dtmf.digit {digit[:8]!r} is not a key (0-9, *, #, A-D)")
+            return DtmfIn(digit)
+        if kind == "start":
+            start = _obj(d, "start")
+            raw = _obj(start, "media_format")
+            fmt = _TELNYX_FORMATS.get(str(raw.get("encoding")))
+            rate = _int(raw.get("sample_rate"), "media_format.sample_rate")
+            channels = _int(raw.get("channels", 1), "media_format.channels")
+            if fmt is None or rate != 8000 or channels != 1:
+                raise CarrierMessageError(f"media_format {raw.get('encoding')!r} {rate} Hz x{channels}: only PCMU or "
+                                          "PCMA at 8000 Hz mono is taken")  # fmt: skip
+            return StreamStart(
+                stream_id=_str(d, "stream_id"),
+                call_id=_str(start, "call_control_id"),
+                account_id=str(start.get("user_id") or ""),
+                audio=fmt,
+                channels=channels,
+                parameters=_parameters(start.get("custom_parameters")),
+            )
+        if kind == "connected":
+            return Connected()
+        if kind == "stop":
+            return StreamStop()
+        return None  # (error, and what a later version adds)
+
+    def media(self, stream_id: str, audio: bytes) -> bytes:
+        return orjson.dumps({"event": "media", "media": {"payload": base64.b64encode(audio).decode("ascii")}})
+
+    def mark(self, stream_id: str, name: str) -> bytes:
+        return orjson.dumps({"event": "mark", "mark": {"name": name}})
+
+    def clear(self, stream_id: str) -> bytes:
+        return orjson.dumps({"event": "clear"})
+
+    def signed(self, key: str, urls: list[str], header: str | None) -> bool:
+        return False  # (no signature to check: signature_header is None)
+
+
+TELNYX = TelnyxCodec()
+
+
+def _header_pairs(raw: Any) -> dict[str, str]:
+    """Plivo's ``extra_headers``: ``key=value`` pairs separated by ``;`` or ``,``."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, str) or len(raw) > MAX_PARAMETER_CHARS:
+        raise CarrierMessageError(f"'extra_headers' must be a string of at most {MAX_PARAMETER_CHARS} characters")
+    pairs = [p.partition("=") for p in raw.replace(",", ";").split(";") if p.strip()]
+    return {k.strip(): v.strip() for k, _, v in pairs[:MAX_PARAMETERS]}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PlivoCodec:
+    """Plivo Audio Streams (``<Stream bidirectional="true" contentType="audio/x-mulaw;rate=8000">``):
+    ``start`` first (no ``connected``), with ``callId``, ``streamId`` and the ``extraHeaders``
+    as ``extra_headers``; the gateway sends ``playAudio``, ``checkpoint`` (Plivo answers
+    ``playedStream`` once the audio before it has played) and ``clearAudio``. Only μ-law
+    at 8 kHz is taken (Plivo's L16 has no session format here). Plivo's ``extraHeaders``
+    allow only letters and digits, which a client secret is not made of: its secret goes in
+    the stream URL's query (``?client_secret=ek_...``), or the call is announced (the call
+    webhook). Plivo documents no signature of the stream's upgrade."""
+
+    name: str = "plivo"
+    signature_header: str | None = None
+    secret_parameter: str = "client_secret"
+    reorders: bool = False
+
+    def decode(self, message: str | bytes) -> CarrierEvent | None:
+        try:
+            d = orjson.loads(message)
+        except orjson.JSONDecodeError:
+            raise CarrierMessageError("not JSON") from None
+        if not isinstance(d, dict):
+            raise CarrierMessageError("not a JSON object")
+        kind = d.get("event")
+        if kind == "media":
+            media = _obj(d, "media")
+            if media.get("track", "inbound") != "inbound":
+                return None
+            try:
+                audio = base64.b64decode(_str(media, "payload"), validate=True)
+            except binascii.Error:
+                raise CarrierMessageError("media.payload is not base64") from None
+            chunk = media.get("chunk")
+            return MediaIn(audio, _int(chunk, "media.chunk") if chunk is not None else None)
+        if kind in ("playedStream", "played"):
+            return MarkIn(_str(d, "name"))
+        if kind == "dtmf":
+            digit = _str(_obj(d, "dtmf"), "digit")
+            if digit not in DTMF_KEYS:
+                raise CarrierMessageError(f"dtmf.digit {digit[:8]!r} is not a key (0-9, *, #, A-D)")
+            return DtmfIn(digit)
+        if kind == "start":
+            start = _obj(d, "start")
+            raw = _obj(start, "mediaFormat")
+            rate = _int(raw.get("sampleRate"), "mediaFormat.sampleRate")
+            if raw.get("encoding") != "audio/x-mulaw" or rate != 8000:
+                raise CarrierMessageError(f"mediaFormat {raw.get('encoding')!r} {rate} Hz: only audio/x-mulaw at "
+                                          "8000 Hz is taken (contentType=\"audio/x-mulaw;rate=8000\")")  # fmt: skip
+            return StreamStart(
+                stream_id=_str(start, "streamId"),
+                call_id=_str(start, "callId"),
+                account_id=str(start.get("accountId") or ""),
+                audio=PCMU_8K,
+                channels=1,
+                parameters=_header_pairs(d.get("extra_headers")),
+            )
+        if kind == "stop":
+            return StreamStop()
+        return None  # (clearedAudio, and what a later version adds)
+
+    def media(self, stream_id: str, audio: bytes) -> bytes:
+        payload = base64.b64encode(audio).decode("ascii")
+        return orjson.dumps({"event": "playAudio", "media": {"contentType": "audio/x-mulaw", "sampleRate": 8000,
+                                                             "payload": payload}})  # fmt: skip
+
+    def mark(self, stream_id: str, name: str) -> bytes:
+        return orjson.dumps({"event": "checkpoint", "streamId": stream_id, "name": name})
+
+    def clear(self, stream_id: str) -> bytes:
+        return orjson.dumps({"event": "clearAudio", "streamId": stream_id})
+
+    def signed(self, key: str, urls: list[str], header: str | None) -> bool:
+        return False  # (no signature to check: signature_header is None)
+
+
+PLIVO = PlivoCodec()

@@ -1,0 +1,1 @@
+"""Carriers' media streams: ``/v1/telephony/{carrier}`` (see docs/telephony.md)."""
