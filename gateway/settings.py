@@ -197,6 +197,29 @@ class Settings:
     webrtc_max_offer_candidates: int = 64  # a=candidate lines in one offer, counted before it is
     #   parsed; more: 400 offer_too_many_candidates
 
+    # --- SIP trunks (gateway/transport/sip/; docs/telephony-sip.md; needs the webrtc extra's av) ---
+    sip_port: int = 0  # SIP on UDP and TCP at ``host``:sip_port; 0: off (nothing listens)
+    sip_rtp_ports: str | None = None  # "20000-20199": a call's RTP binds an even port there (open it
+    #   in the firewall); none free: the INVITE is answered 503. None: any free port
+    sip_advertised_address: str | None = None  # the IP put in the SDP answer and the Contact (NAT,
+    #   containers: the node's public address); None: the address SIP is bound to (``host``)
+    sip_allowed_sources: tuple[str, ...] = ()  # trunk addresses (IPs or CIDR networks, comma separated)
+    #   that may place calls; an INVITE from elsewhere: 403, other requests from there: dropped
+    #   unanswered. Empty: loopback only
+    sip_invites_per_source_per_min: int = 60  # INVITEs from one address per minute (a token bucket);
+    #   more: 503 with Retry-After; 0: no limit
+    sip_invites_per_min: int = 600  # INVITEs from all addresses per minute; more: 503 with Retry-After;
+    #   0: no limit
+    sip_max_calls: int = 100  # calls ringing or answered at once on this replica; more: 486 Busy Here
+    #   (max_sessions and draining answer 503 too)
+    sip_ring_timeout_s: float = 30.0  # a call rings at most this long while call control decides;
+    #   then 480 Temporarily Unavailable
+    sip_max_call_s: float = 3600.0  # an answered call lasts at most this long: then the gateway sends
+    #   BYE and its session ends; 0: no limit
+    sip_session: str | None = None  # the default session a call is answered with when no webhook
+    #   decides: a JSON object of session settings (as session.update takes); None: the model's defaults
+    sip_model: str | None = None  # the model SIP sessions serve; None: ``model``
+
     # --- traces (OpenTelemetry, the ``otel`` extra; gateway/telemetry.py) ---
     otel_traces_endpoint: str | None = None  # OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces;
     #   None: tracing is off (OpenTelemetry is not even imported)
@@ -282,11 +305,12 @@ def parse_bool(raw: str) -> bool:
 
 def _convert(name: str, raw: str, current: Any) -> Any:
     if name in ("api_keys", "upstreams", "allowed_origins", "webrtc_advertised_addresses", "mcp_allowed_urls",
-                "webrtc_peer_networks"):  # fmt: skip
+                "webrtc_peer_networks", "sip_allowed_sources"):  # fmt: skip
         return tuple(k.strip() for k in raw.split(",") if k.strip())
     if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id", "keys_file",
                 "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience", "otel_traces_endpoint",
-                "webrtc_ice_servers", "webrtc_udp_ports", "live_responses_url", "live_responses_api_key"):  # fmt: skip
+                "webrtc_ice_servers", "webrtc_udp_ports", "live_responses_url", "live_responses_api_key",
+                "sip_rtp_ports", "sip_advertised_address", "sip_session", "sip_model"):  # fmt: skip
         return raw or None
     if name == "auth_required":
         return parse_bool(raw)

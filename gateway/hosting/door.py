@@ -243,6 +243,11 @@ class Door:
         if self.host is not None:
             self.host.playback(kind, response_id, item_id, audio_end_ms)
 
+    def dtmf(self, key: str) -> None:
+        """A telephone key the caller pressed (a SIP call's RFC 4733 event)."""
+        if self.host is not None:
+            self.host.dtmf(key)
+
     def _take(self, message: Any, kind: Kind) -> Pending:
         host = self.host
         if host is None:

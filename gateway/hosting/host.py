@@ -350,6 +350,14 @@ class SessionHost:
             log.exception("session %s: unexpected failure recording playback", self.id)
         self.flush()
 
+    def dtmf(self, key: str) -> None:
+        """A telephone key the caller pressed (a SIP call): the session says so."""
+        try:
+            self.session.dtmf(key, int(time.time()))
+        except Exception:
+            log.exception("session %s: unexpected failure recording a key press", self.id)
+        self.flush()
+
     @property
     def interrupted_by_speech(self) -> bool:
         """Server VAD with ``interrupt_response``: speech over an answer interrupts it."""

@@ -555,6 +555,11 @@ class RealtimeSession:
             self._cut(item, 0, min(audio_end_ms, int(item.content[0].audio_ms)))
         self._emit("output_audio_buffer.cleared", response_id=response_id)
 
+    def dtmf(self, key: str, received_at: int) -> None:
+        """A telephone key the caller pressed (a SIP call's RFC 4733 event), at ``received_at``
+        (Unix seconds): OpenAI's SIP-only ``input_audio_buffer.dtmf_event_received``."""
+        self._emit("input_audio_buffer.dtmf_event_received", event=key, received_at=received_at)
+
     def _cut(self, item: Item, content_index: int, audio_end_ms: int) -> None:
         """The item's audio part keeps ``audio_end_ms`` of audio and the text spoken by then."""
         part = item.content[content_index]

@@ -1,0 +1,530 @@
+"""The SIP listener (``sip_port``, UDP and TCP): a user agent server for trunks.
+
+What it does with each request (RFC 3261, the parts a UAS answering calls needs):
+
+- ``INVITE`` (a new dialog): the guard first (``guard.py``: 403 outside the allow-list, 503
+  over the INVITE rates, 486 at ``sip_max_calls``), then the SDP (488 when it cannot be
+  answered), 100 Trying, an RTP port, 180 Ringing while the ``CallControl`` decides
+  (``control.py``; 480 after ``sip_ring_timeout_s``), then 200 OK with the SDP answer and a
+  session opened through a hosting door (``call.py``), or the control's rejection. A 200 OK
+  over UDP is sent again (500 ms, doubling up to 4 s) until its ACK; none in 32 s: BYE.
+  A retransmitted INVITE gets the last response again. A re-INVITE in the dialog is answered
+  200 OK with the same answer (hold and codec changes are not taken).
+- ``ACK``: the call is confirmed. ``CANCEL`` of a ringing INVITE: 200, then 487.
+- ``BYE``: 200 OK, and the call's session ends for good. Unknown dialog: 481.
+- ``OPTIONS``: 200 OK with ``Allow`` (trunks ping with it). Anything else: 405.
+
+The call is bounded by ``sip_max_call_s`` (then BYE). When the session lets the call go (a REST
+hangup, the session closed) the gateway sends BYE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.hosting.calls import call_id_of
+from gateway.hosting.context import HostContext
+from gateway.hosting.door import Door, Sessions
+from gateway.protocol.dialects import GA
+from gateway.settings import Settings
+from gateway.transport.sip import message as sipmsg
+from gateway.transport.sip.call import SipCall
+from gateway.transport.sip.control import Accept, CallControl, IncomingCall, Reject, ringing_id
+from gateway.transport.sip.guard import Guard
+from gateway.transport.sip.media import PortsExhausted, RtpMedia, bind_rtp
+from gateway.transport.sip.message import SipMessage, SipParseError, response_to
+from gateway.transport.sip.sdp import SdpError, build_answer, parse_offer
+
+log = logging.getLogger("omni.sip")
+
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
+T1 = 0.5
+T2 = 4.0
+TIMER_H = 64 * T1  # no ACK for a 200 OK this long: the call is hung up
+CALL_ID_HEADER = "X-Omni-Call-Id"  # the 200 OK names the session's call id (rtc_...): sideband and hangup use it
+MAX_TCP_CONNECTIONS = 256  # more at once: a new connection is closed at once
+TCP_IDLE_S = 300.0  # a TCP connection with no message this long is closed
+_REASONS = {
+    100: "Trying", 180: "Ringing", 200: "OK", 400: "Bad Request", 403: "Forbidden", 405: "Method Not Allowed",
+    480: "Temporarily Unavailable", 481: "Call/Transaction Does Not Exist", 486: "Busy Here",
+    487: "Request Terminated", 488: "Not Acceptable Here", 500: "Server Internal Error",
+    503: "Service Unavailable", 603: "Decline",
+}  # fmt: skip
+
+
+class SipServices(Protocol):
+    """What the SIP server needs of the process (the runtime provides it)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def hosting(self) -> HostContext: ...
+
+    @property
+    def sessions(self) -> Sessions: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+    def session_count(self) -> int: ...
+
+
+Send = Callable[[bytes], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SipConfig:
+    host: str
+    port: int
+    rtp_host: str
+    advertised_address: str | None
+    rtp_ports: tuple[int, int] | None
+    ring_timeout_s: float
+    max_call_s: float
+    principal: str
+    model: str
+    session: dict[str, Any] | None
+
+
+@dataclass
+class Dialog:
+    sip_call_id: str
+    invite: SipMessage
+    source: tuple[str, int]
+    send: Send
+    transport: str  # "UDP" or "TCP"
+    local_tag: str
+    remote_uri: str  # where in-dialog requests go (the INVITE's Contact)
+    media: RtpMedia
+    call: SipCall
+    last_response: bytes = b""
+    state: str = "ringing"  # ringing -> answered -> confirmed -> ended
+    cseq: int = 0
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    decide: asyncio.Task[Any] | None = None
+    ended_by: str | None = None
+
+
+def _reason(status: int) -> str:
+    return _REASONS.get(status, "Unknown")
+
+
+class SipServer:
+    def __init__(self, services: SipServices, config: SipConfig, guard: Guard, control: CallControl) -> None:
+        self.rt = services
+        self.config = config
+        self.guard = guard
+        self.control = control
+        self.dialogs: dict[str, Dialog] = {}  # the INVITE's Call-ID -> its dialog
+        self._udp: asyncio.DatagramTransport | None = None
+        self._tcp: asyncio.Server | None = None
+        self._tcp_count = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.bound: tuple[str, int] | None = None
+        self._byes: dict[str, list[asyncio.TimerHandle]] = {}  # Call-ID -> our BYE's retransmissions
+        # counters
+        self.malformed = 0
+        self.dropped = 0  # requests other than INVITE from outside the allow-list
+
+    # --- listening ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        cfg = self.config
+        server = self
+
+        class Udp(asyncio.DatagramProtocol):
+            def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+                transport = server._udp
+                if transport is None:
+                    return
+                server.received(data, (addr[0], addr[1]), lambda out: server._sendto(out, addr), "UDP")
+
+        udp, _ = await loop.create_datagram_endpoint(Udp, local_addr=(cfg.host, cfg.port))
+        self._udp = udp
+        sockname = udp.get_extra_info("sockname")
+        self.bound = (sockname[0], int(sockname[1]))
+        self._tcp = await asyncio.start_server(self._tcp_client, cfg.host, self.bound[1])
+        log.info("SIP listening on %s:%d (UDP and TCP)", *self.bound)
+
+    def _sendto(self, out: bytes, addr: tuple[str, int]) -> None:
+        if self._udp is not None and not self._udp.is_closing():
+            self._udp.sendto(out, addr)
+
+    async def _tcp_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._tcp_count >= MAX_TCP_CONNECTIONS:
+            writer.close()
+            return
+        self._tcp_count += 1
+        peer = writer.get_extra_info("peername")
+        source = (peer[0], int(peer[1]))
+        framer = sipmsg.StreamFramer()
+
+        def send(out: bytes) -> None:
+            if not writer.is_closing():
+                writer.write(out)
+
+        try:
+            while True:
+                data = await asyncio.wait_for(reader.read(65536), TCP_IDLE_S)
+                if not data:
+                    break
+                try:
+                    messages = framer.feed(data)
+                except SipParseError:
+                    self.malformed += 1
+                    break
+                for raw in messages:
+                    self.received(raw, source, send, "TCP")
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            self._tcp_count -= 1
+            writer.close()
+
+    async def close(self) -> None:
+        for dialog in list(self.dialogs.values()):
+            await self._hang_up(dialog, "shutdown")
+        for handles in self._byes.values():
+            for handle in handles:
+                handle.cancel()
+        if self._udp is not None:
+            self._udp.close()
+        if self._tcp is not None:
+            self._tcp.close()
+            with contextlib.suppress(Exception):
+                await self._tcp.wait_closed()
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def received(self, data: bytes, source: tuple[str, int], send: Send, transport: str) -> None:
+        try:
+            msg = sipmsg.parse(data)
+        except SipParseError as err:
+            self.malformed += 1
+            log.debug("sip: malformed message from %s: %s", source[0], err)
+            return
+        if not msg.is_request:
+            if msg.cseq[1] == "BYE":  # the answer to our BYE: it is not sent again
+                for handle in self._byes.pop(msg.call_id, []):
+                    handle.cancel()
+            return
+        if msg.method != "INVITE" and not self.guard.allows(source[0]):
+            self.dropped += 1
+            return  # never answer a scanner: only an INVITE is told it is forbidden
+        handler = {
+            "INVITE": self._invite, "ACK": self._ack, "BYE": self._bye, "CANCEL": self._cancel,
+            "OPTIONS": self._options,
+        }.get(msg.method or "")  # fmt: skip
+        if handler is None:
+            resp = response_to(msg, 405, _reason(405))
+            resp.add("Allow", ALLOW)
+            send(resp.encode())
+            return
+        handler(msg, source, send, transport)
+
+    def _reply(self, request: SipMessage, status: int, send: Send, *, tag: str | None = None,
+               extra: tuple[tuple[str, str], ...] = ()) -> bytes:  # fmt: skip
+        resp = response_to(request, status, _reason(status), to_tag=tag)
+        for name, value in extra:
+            resp.add(name, value)
+        out = resp.encode()
+        send(out)
+        return out
+
+    def _options(self, msg: SipMessage, source: tuple[str, int], send: Send, transport: str) -> None:
+        self._reply(msg, 200, send, tag=secrets.token_hex(6), extra=(("Allow", ALLOW), ("Accept", "application/sdp")))
+
+    def _invite(self, msg: SipMessage, source: tuple[str, int], send: Send, transport: str) -> None:
+        existing = self.dialogs.get(msg.call_id)
+        if existing is not None:
+            if sipmsg.tag_of(msg.get("To")) is None:
+                if existing.last_response:
+                    send(existing.last_response)  # a retransmission: the last answer again
+                return
+            # a re-INVITE in the dialog: the same answer again (hold and codec changes are not taken)
+            self._reply(msg, 200, send, tag=existing.local_tag, extra=self._answer_headers(existing))
+            return
+        if sipmsg.tag_of(msg.get("To")) is not None:
+            self._reply(msg, 481, send)
+            return
+        assert self._loop is not None
+        verdict = self.guard.invite(source[0], self._loop.time(), len(self.dialogs))
+        if verdict == "forbidden":
+            log.info("sip: INVITE from %s refused: not in sip_allowed_sources", source[0])
+            self._reply(msg, 403, send)
+            return
+        if verdict == "rate_limited":
+            self._reply(msg, 503, send, extra=(("Retry-After", "10"),))
+            return
+        if verdict == "busy" or self.rt.draining or self.rt.session_count() >= self.rt.settings.max_sessions:
+            self._reply(msg, 486 if verdict == "busy" else 503, send)
+            return
+        try:
+            offer = parse_offer(msg.body)
+        except SdpError as err:
+            self._reply(msg, 488, send, extra=(("Warning", f'304 omni-gateway "{err}"'),))
+            return
+        self._reply(msg, 100, send)
+        try:
+            sock = bind_rtp(self.config.rtp_host, self.config.rtp_ports)
+        except (PortsExhausted, OSError) as exc:
+            log.warning("sip: %s", exc)
+            self._reply(msg, 503, send)
+            return
+        media = RtpMedia(sock, offer, on_audio=lambda pcm: None, on_dtmf=lambda key: None)
+        rid = ringing_id()
+        tag = secrets.token_hex(8)
+        contact = msg.get("Contact")
+        remote_uri = sipmsg.uri_of(contact) if contact else sipmsg.uri_of(msg.get("From") or "")
+        dialog = Dialog(msg.call_id, msg, source, send, transport, tag, remote_uri, media,
+                        SipCall(rid, media, on_close=self._session_let_go))  # fmt: skip
+        self.dialogs[msg.call_id] = dialog
+        dialog.last_response = self._reply(msg, 180, send, tag=tag)
+        incoming = IncomingCall(rid, msg.call_id, source[0], sipmsg.uri_of(msg.get("From") or ""),
+                                sipmsg.uri_of(msg.get("To") or ""), tuple(msg.headers))  # fmt: skip
+        dialog.decide = self._loop.create_task(self._decide(dialog, incoming), name=f"sip ring {rid}")
+
+    def _answer_headers(self, dialog: Dialog) -> tuple[tuple[str, str], ...]:
+        host, port = self._advertised(dialog), self.bound[1] if self.bound else self.config.port
+        transport = ";transport=tcp" if dialog.transport == "TCP" else ""
+        return (
+            ("Contact", f"<sip:omni-gateway@{_host_part(host)}:{port}{transport}>"),
+            ("Allow", ALLOW),
+            (CALL_ID_HEADER, dialog.call.call_id),
+            ("Content-Type", "application/sdp"),
+        )
+
+    def _advertised(self, dialog: Dialog) -> str:
+        cfg = self.config
+        if cfg.advertised_address:
+            return cfg.advertised_address
+        if cfg.rtp_host not in ("0.0.0.0", "::", ""):
+            return cfg.rtp_host
+        return self.bound[0] if self.bound else "127.0.0.1"
+
+    async def _decide(self, dialog: Dialog, incoming: IncomingCall) -> None:
+        try:
+            decision = await asyncio.wait_for(self.control.incoming(incoming), self.config.ring_timeout_s)
+        except TimeoutError:
+            decision = Reject(480, _reason(480))
+        except asyncio.CancelledError:
+            return  # the caller gave up (CANCEL) or shutdown: what to answer is said there
+        except Exception:
+            log.exception("sip: call control failed on %s", incoming.call_id)
+            decision = Reject(500, _reason(500))
+        if dialog.state != "ringing":
+            return
+        if isinstance(decision, Reject):
+            status = decision.status_code if 400 <= decision.status_code <= 699 else 603
+            await self._final(dialog, status)
+            return
+        await self._accept(dialog, decision)
+
+    async def _final(self, dialog: Dialog, status: int) -> None:
+        dialog.state = "ended"
+        dialog.last_response = self._reply(dialog.invite, status, dialog.send, tag=dialog.local_tag)
+        await dialog.call.end(f"refused {status}")
+        # Kept a little for the ACK of this final response (and retransmitted INVITEs).
+        assert self._loop is not None
+        self._loop.call_later(TIMER_H, self._forget, dialog)
+
+    def _forget(self, dialog: Dialog) -> None:
+        if self.dialogs.get(dialog.sip_call_id) is dialog:
+            del self.dialogs[dialog.sip_call_id]
+
+    async def _accept(self, dialog: Dialog, decision: Accept) -> None:
+        cfg = self.config
+        rt = self.rt
+        call = dialog.call
+        requested = {**(cfg.session or {}), **(decision.session or {})} or None
+        door = Door(rt.hosting, rt.sessions, call, dialect=GA, principal=cfg.principal, model=cfg.model,
+                    max_message_bytes=rt.settings.max_message_bytes, media=call)  # fmt: skip
+        rt.hosting.metrics.sessions.inc()
+        rt.hosting.metrics.sessions_total.inc()
+        dialog.tasks.append(asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            opened = await door.open(requested)
+        except Exception:
+            log.exception("sip: opening the session of %s failed", call.ringing_id)
+            opened = False
+        if not opened or door.host is None:
+            rt.hosting.metrics.sessions.dec()
+            await self._final(dialog, 503)
+            return
+        if dialog.state != "ringing":  # cancelled while the session opened
+            rt.hosting.metrics.sessions.dec()
+            door.detach()
+            return
+        call.call_id = call_id_of(door.host.id)
+        await dialog.media.start()
+        call.start(door)
+        answer = build_answer(dialog.media.offer, address=self._advertised(dialog), port=dialog.media.port,
+                              session_id=int(time.time()))  # fmt: skip
+        resp = response_to(dialog.invite, 200, "OK", to_tag=dialog.local_tag)
+        for name, value in self._answer_headers(dialog):
+            resp.add(name, value)
+        resp.body = answer
+        dialog.last_response = resp.encode()
+        dialog.state = "answered"
+        dialog.send(dialog.last_response)
+        log.info("sip call %s answered (from %s, %s) session %s", call.call_id, dialog.source[0],
+                 dialog.media.offer.codec, door.host.id)  # fmt: skip
+        assert self._loop is not None
+        if dialog.transport == "UDP":
+            dialog.tasks.append(self._loop.create_task(self._retransmit_ok(dialog)))
+        if cfg.max_call_s > 0:
+            dialog.tasks.append(self._loop.create_task(self._cap_length(dialog)))
+
+    async def _retransmit_ok(self, dialog: Dialog) -> None:
+        interval, waited = T1, 0.0
+        while dialog.state == "answered" and waited < TIMER_H:
+            await asyncio.sleep(interval)
+            waited += interval
+            if dialog.state == "answered":
+                dialog.send(dialog.last_response)
+            interval = min(interval * 2, T2)
+        if dialog.state == "answered":
+            log.info("sip call %s: no ACK for the 200 OK: hanging up", dialog.call.call_id)
+            await self._hang_up(dialog, "no ACK")
+
+    async def _cap_length(self, dialog: Dialog) -> None:
+        await asyncio.sleep(self.config.max_call_s)
+        if dialog.state in ("answered", "confirmed"):
+            log.info("sip call %s: sip_max_call_s reached: hanging up", dialog.call.call_id)
+            await self._hang_up(dialog, "call length cap")
+
+    def _ack(self, msg: SipMessage, source: tuple[str, int], send: Send, transport: str) -> None:
+        dialog = self.dialogs.get(msg.call_id)
+        if dialog is not None and dialog.state == "answered":
+            dialog.state = "confirmed"
+
+    def _cancel(self, msg: SipMessage, source: tuple[str, int], send: Send, transport: str) -> None:
+        dialog = self.dialogs.get(msg.call_id)
+        if dialog is None or dialog.invite.branch != msg.branch:
+            self._reply(msg, 481, send)
+            return
+        self._reply(msg, 200, send, tag=dialog.local_tag)
+        if dialog.state == "ringing":
+            if dialog.decide is not None:
+                dialog.decide.cancel()
+            assert self._loop is not None
+            self._loop.create_task(self._final(dialog, 487))
+
+    def _bye(self, msg: SipMessage, source: tuple[str, int], send: Send, transport: str) -> None:
+        dialog = self.dialogs.get(msg.call_id)
+        if dialog is None or dialog.state in ("ringing", "ended") or sipmsg.tag_of(msg.get("To")) != dialog.local_tag:
+            self._reply(msg, 481, send)
+            return
+        self._reply(msg, 200, send)
+        log.info("sip call %s: the caller hung up", dialog.call.call_id)
+        assert self._loop is not None
+        self._loop.create_task(self._end(dialog, "the caller hung up", bye=False))
+
+    # --- the end ------------------------------------------------------------------------------
+
+    def _session_let_go(self, call: SipCall, reason: str) -> None:
+        dialog = next((d for d in self.dialogs.values() if d.call is call), None)
+        if dialog is not None and dialog.state in ("answered", "confirmed"):
+            assert self._loop is not None
+            self._loop.create_task(self._end(dialog, reason, bye=True, end_session=False))
+
+    async def _hang_up(self, dialog: Dialog, reason: str) -> None:
+        if dialog.state == "ringing":
+            if dialog.decide is not None:
+                dialog.decide.cancel()
+            await self._final(dialog, 503 if reason == "shutdown" else 480)
+            return
+        await self._end(dialog, reason, bye=True)
+
+    async def _end(self, dialog: Dialog, reason: str, *, bye: bool, end_session: bool = True) -> None:
+        if dialog.state == "ended":
+            return
+        dialog.state = "ended"
+        dialog.ended_by = reason
+        current = asyncio.current_task()
+        for task in dialog.tasks:
+            if task is not current and not task.done():
+                task.cancel()
+        if bye:
+            self._send_bye(dialog, reason)
+        door = dialog.call.door
+        host = door.host if door is not None else None
+        await dialog.call.end(reason)
+        self.rt.hosting.metrics.sessions.dec()
+        if end_session and host is not None and not host.ended:
+            await host.hang_up()  # the call is over: its session ends for good
+        self._forget(dialog)
+
+    def _send_bye(self, dialog: Dialog, reason: str) -> None:
+        invite = dialog.invite
+        dialog.cseq += 1
+        host = self._advertised(dialog)
+        port = self.bound[1] if self.bound else self.config.port
+        bye = SipMessage(method="BYE", uri=dialog.remote_uri)
+        bye.add("Via", f"SIP/2.0/{dialog.transport} {_host_part(host)}:{port};branch=z9hG4bK{secrets.token_hex(8)}")
+        bye.add("Max-Forwards", "70")
+        bye.add("From", f"{invite.get('To')};tag={dialog.local_tag}")
+        bye.add("To", invite.get("From") or "")
+        bye.add("Call-ID", dialog.sip_call_id)
+        bye.add("CSeq", f"{dialog.cseq} BYE")
+        bye.add("Reason", f'SIP;cause=200;text="{reason}"')
+        out = bye.encode()
+        dialog.send(out)
+        if dialog.transport == "UDP":  # sent again a few times: nothing here waits for its 200
+            assert self._loop is not None
+            self._byes[dialog.sip_call_id] = [self._loop.call_later(d, dialog.send, out) for d in (T1, 3 * T1, 7 * T1)]
+            self._loop.call_later(8 * T1, self._byes.pop, dialog.sip_call_id, None)
+
+
+def _host_part(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def parse_port_range(raw: str | None) -> tuple[int, int] | None:
+    """``"20000-20199"`` -> (20000, 20199); None/empty: any port. Raises ValueError."""
+    if not raw:
+        return None
+    low, sep, high = raw.partition("-")
+    if not sep or not low.strip().isdigit() or not high.strip().isdigit():
+        raise ValueError(f"sip_rtp_ports {raw!r}: give a range, as 20000-20199")
+    a, b = int(low), int(high)
+    if not 1024 <= a < b <= 65535:
+        raise ValueError(f"sip_rtp_ports {raw!r}: two ports from 1024 to 65535, the first below the second")
+    return a, b
+
+
+def build_sip_server(services: SipServices, control: CallControl | None = None) -> SipServer:
+    """The SIP server the settings describe (``control``: who answers calls; None: the default
+    session answers every admitted call). Raises ValueError on a setting it cannot take."""
+    import orjson
+
+    from gateway.auth import principal_of_key
+    from gateway.transport.sip.control import DefaultAnswer
+
+    s = services.settings
+    session: dict[str, Any] | None = None
+    if s.sip_session:
+        try:
+            session = orjson.loads(s.sip_session)
+        except orjson.JSONDecodeError:
+            raise ValueError("sip_session is not valid JSON") from None
+        if not isinstance(session, dict):
+            raise ValueError("sip_session must be a JSON object of session settings")
+    config = SipConfig(
+        host=s.host, port=s.sip_port, rtp_host=s.host, advertised_address=s.sip_advertised_address,
+        rtp_ports=parse_port_range(s.sip_rtp_ports), ring_timeout_s=s.sip_ring_timeout_s,
+        max_call_s=s.sip_max_call_s, principal=principal_of_key(s.api_keys[0]) if s.api_keys else "anonymous",
+        model=s.sip_model or s.model, session=session,
+    )  # fmt: skip
+    guard = Guard(s.sip_allowed_sources, per_source_per_min=s.sip_invites_per_source_per_min,
+                  per_min=s.sip_invites_per_min, max_calls=s.sip_max_calls)  # fmt: skip
+    return SipServer(services, config, guard, control or DefaultAnswer())

@@ -1,0 +1,108 @@
+"""Calls from a SIP trunk (sipp) answered by the gateway's default session on the embedded
+default engine (the CPU cascade: VAD, pocketsphinx, the echo thinker, eSpeak NG), with the
+caller's media played by a Python RTP peer on 127.0.0.1:
+
+- the caller speaks (eSpeak NG's words as μ-law at 8 kHz, paced), the answer comes back as
+  paced RTP μ-law, and the caller's BYE ends the session for good;
+- DTMF (RFC 4733) reaches the call's sideband as ``input_audio_buffer.dtmf_event_received``;
+- a REST hangup (``POST /v1/realtime/calls/{id}/hangup``) sends the caller BYE, over TCP;
+- an INVITE from outside ``sip_allowed_sources`` is answered 403 and no session opens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import websockets
+from support.gateway import Client, connect, free_port, run_gateway
+from support.sip_peer import RtpPeer, sipp
+from support.speech import speak
+
+from gateway.settings import Settings
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _settings(**kw: object) -> Settings:
+    return Settings(video_engine="none", webrtc=False, sip_port=free_port(), **kw)  # type: ignore[arg-type]
+
+
+async def _closed(client: Client) -> None:
+    with pytest.raises(websockets.ConnectionClosed):
+        while True:
+            await client.recv(30)
+
+
+def _post(url: str) -> int:
+    req = urllib.request.Request(url, data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+
+
+async def test_a_call_is_answered_with_speech_and_the_callers_bye_ends_it(tmp_path: Path) -> None:
+    settings = _settings()
+    async with run_gateway(settings) as gw:
+        peer = RtpPeer()
+        await peer.open()
+        try:
+            async with sipp("caller_hangs_up.xml", settings.sip_port, peer.port, tmp_path) as call:
+                await peer.wait_remote()  # the gateway's RTP (silence between answers) reached us
+                call_id = await call.wait_omni_call_id()
+                async with connect(f"{gw.url}?call_id={call_id}") as sideband:
+                    speech = await speak("what is your name", rate=8000)
+                    await peer.play(speech + bytes(2 * 8000))  # then a second of silence: the turn ends
+                    done = await sideband.wait_for("response.done", 120)
+                    assert done["response"]["status"] == "completed"
+                    (answer,) = done["response"]["output"]
+                    # The echo thinker says what it heard: words, so the caller's speech was heard.
+                    assert answer["content"][0]["transcript"].strip(), "the cascade heard nothing over the call"
+                    await peer.wait_answer_audio()  # the answer, as μ-law RTP
+                    call.send_info()  # the scenario's cue: the caller hangs up (BYE)
+                    assert await call.wait() == 0, call.text()
+                    await _closed(sideband)  # the session ended: its sideband is closed
+                # The session is gone for good: a hangup finds no call.
+                status = await asyncio.to_thread(_post, f"{gw.http}/v1/realtime/calls/{call_id}/hangup")
+                assert status == 404
+        finally:
+            peer.close()
+
+
+async def test_dtmf_reaches_the_sideband_and_a_rest_hangup_sends_bye_over_tcp(tmp_path: Path) -> None:
+    settings = _settings()
+    async with run_gateway(settings) as gw:
+        peer = RtpPeer()
+        await peer.open()
+        try:
+            async with sipp("gateway_hangs_up.xml", settings.sip_port, peer.port, tmp_path, transport="t1") as call:
+                await peer.wait_remote()
+                call_id = await call.wait_omni_call_id()
+                async with connect(f"{gw.url}?call_id={call_id}") as sideband:
+                    for key in "5#":
+                        await peer.press(key)
+                    first = await sideband.wait_for("input_audio_buffer.dtmf_event_received", 30)
+                    second = await sideband.wait_for(
+                        lambda e: e["type"] == "input_audio_buffer.dtmf_event_received" and e is not first, 30
+                    )
+                    assert (first["event"], second["event"]) == ("5", "#")
+                    assert isinstance(first["received_at"], int) and first["received_at"] > 1_600_000_000
+                    status = await asyncio.to_thread(_post, f"{gw.http}/v1/realtime/calls/{call_id}/hangup")
+                    assert status == 200
+                    assert await call.wait() == 0, call.text()  # the gateway's BYE came, and was answered
+        finally:
+            peer.close()
+
+
+async def test_an_invite_from_outside_the_allow_list_is_refused_403(tmp_path: Path) -> None:
+    settings = _settings(sip_allowed_sources=("127.0.0.2/32",))
+    async with run_gateway(settings) as gw:
+        async with sipp("refused.xml", settings.sip_port, 9, tmp_path) as call:
+            assert await call.wait() == 0, call.text()
+        assert "SIP/2.0 403 Forbidden" in call.messages.read_text()
+        assert gw.runtime.sip.guard.forbidden == 1 and not gw.runtime.sip.dialogs
