@@ -54,7 +54,8 @@ def test_a_response_copies_the_transaction_and_adds_the_tag() -> None:
         b"INVITE sip:a SIP/2.0\r\nVia: x\r\n\r\n",  # no From, To, Call-ID, CSeq
         b"HELLO\r\n\r\n",
         b"INVITE sip:a SIP/2.0\r\nVia: x\r\nFrom: a\r\nTo: b\r\nCall-ID: c\r\nCSeq: x INVITE\r\n\r\n",
-        b"INVITE sip:a SIP/2.0\r\nVia: x\r\nFrom: a\r\nTo: b\r\nCall-ID: c\r\nCSeq: 1 INVITE\r\nContent-Length: 9\r\n\r\nab",
+        b"INVITE sip:a SIP/2.0\r\nVia: x\r\nFrom: a\r\nTo: b\r\nCall-ID: c\r\nCSeq: 1 INVITE\r\n"
+        b"Content-Length: 9\r\n\r\nab",
         b"INVITE sip:a SIP/2.0\r\n" + b"X: y\r\n" * 100 + b"\r\n",
         b"\xff\xfe INVITE",
         b"A" * (sipmsg.MAX_MESSAGE_BYTES + 1),
