@@ -190,3 +190,77 @@ async def sipp(scenario: str, gateway_port: int, rtp_port: int, tmp: Path, *, tr
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+
+
+OFFER = (
+    "v=0\r\no=caller 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+    "m=audio {port} {profile} 0 101\r\na=rtpmap:0 PCMU/8000\r\na=rtpmap:101 telephone-event/8000\r\n"
+)
+
+
+class _Uac(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.inbox: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:  # type: ignore[override]
+        self.inbox.put_nowait(data)
+
+
+@dataclass
+class SipUac:
+    """A minimal SIP caller over UDP for the cases sipp's scenarios do not cover (a status
+    the call control chooses, CANCEL, the caps): it writes requests and reads what comes."""
+
+    gateway: tuple[str, int]
+    transport: asyncio.DatagramTransport
+    proto: _Uac
+    port: int
+    call_id: str = field(default_factory=lambda: f"uac-{secrets.token_hex(6)}@127.0.0.1")
+    branch: str = field(default_factory=lambda: "z9hG4bK" + secrets.token_hex(6))
+
+    @classmethod
+    async def open(cls, gateway_port: int, host: str = "127.0.0.1") -> SipUac:
+        loop = asyncio.get_running_loop()
+        transport, proto = await loop.create_datagram_endpoint(_Uac, local_addr=(host, 0))
+        return cls(("127.0.0.1", gateway_port), transport, proto, transport.get_extra_info("sockname")[1])
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def request(self, method: str, *, body: str = "", cseq: int = 1, to_tag: str | None = None) -> None:
+        to = "<sip:agent@127.0.0.1>" + (f";tag={to_tag}" if to_tag else "")
+        head = (
+            f"{method} sip:agent@127.0.0.1:{self.gateway[1]} SIP/2.0\r\n"
+            f"Via: SIP/2.0/UDP 127.0.0.1:{self.port};branch={self.branch}\r\n"
+            f"From: <sip:caller@127.0.0.1>;tag=uac\r\nTo: {to}\r\nCall-ID: {self.call_id}\r\n"
+            f"CSeq: {cseq} {method}\r\nContact: <sip:caller@127.0.0.1:{self.port}>\r\nMax-Forwards: 70\r\n"
+        )
+        if body:
+            head += "Content-Type: application/sdp\r\n"
+        self.transport.sendto(f"{head}Content-Length: {len(body)}\r\n\r\n{body}".encode(), self.gateway)
+
+    def invite(self, rtp_port: int = 40000, profile: str = "RTP/AVP") -> None:
+        self.request("INVITE", body=OFFER.format(port=rtp_port, profile=profile))
+
+    async def response(self, timeout: float = 30.0, *, final: bool = True) -> tuple[int, str]:
+        """The next response (a final one, >= 200, unless ``final`` is false): (status, the whole message)."""
+        while True:
+            data = (await asyncio.wait_for(self.proto.inbox.get(), timeout)).decode()
+            if not data.startswith("SIP/2.0 "):
+                continue
+            status = int(data.split(" ", 2)[1])
+            if status >= 200 or not final:
+                return status, data
+
+    async def request_in(self, method: str, timeout: float = 30.0) -> str:
+        """The next request of ``method`` the gateway sends us."""
+        while True:
+            data = (await asyncio.wait_for(self.proto.inbox.get(), timeout)).decode()
+            if data.startswith(method + " "):
+                return data
+
+    def ack(self, to_tag: str | None) -> None:
+        self.request("ACK", to_tag=to_tag)
+
+    def nothing_waiting(self) -> bool:
+        return self.proto.inbox.empty()
