@@ -199,6 +199,9 @@ class Settings:
 
     # --- SIP trunks (gateway/transport/sip/; docs/telephony-sip.md; needs the webrtc extra's av) ---
     sip_port: int = 0  # SIP on UDP and TCP at ``host``:sip_port; 0: off (nothing listens)
+    sip_tls_port: int = 0  # SIP over TLS at ``host``:sip_tls_port (with sip_port on); 0: none
+    sip_tls_cert: str | None = None  # the operator's certificate chain (PEM file) for SIP over TLS
+    sip_tls_key: str | None = None  # its private key (PEM file); either missing with sip_tls_port: no start
     sip_rtp_ports: str | None = None  # "20000-20199": a call's RTP binds an even port there (open it
     #   in the firewall); none free: the INVITE is answered 503. None: any free port
     sip_advertised_address: str | None = None  # the IP put in the SDP answer and the Contact (NAT,
@@ -310,7 +313,8 @@ def _convert(name: str, raw: str, current: Any) -> Any:
     if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id", "keys_file",
                 "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience", "otel_traces_endpoint",
                 "webrtc_ice_servers", "webrtc_udp_ports", "live_responses_url", "live_responses_api_key",
-                "sip_rtp_ports", "sip_advertised_address", "sip_session", "sip_model"):  # fmt: skip
+                "sip_rtp_ports", "sip_advertised_address", "sip_tls_cert", "sip_tls_key", "sip_session",
+                "sip_model"):  # fmt: skip
         return raw or None
     if name == "auth_required":
         return parse_bool(raw)

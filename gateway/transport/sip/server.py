@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,6 +93,8 @@ class SipConfig:
     principal: str
     model: str
     session: dict[str, Any] | None
+    tls_port: int = 0  # 0: no TLS listener
+    tls: ssl.SSLContext | None = None
 
 
 @dataclass
@@ -126,6 +129,8 @@ class SipServer:
         self.dialogs: dict[str, Dialog] = {}  # the INVITE's Call-ID -> its dialog
         self._udp: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.Server | None = None
+        self._tls: asyncio.Server | None = None
+        self.tls_bound: tuple[str, int] | None = None
         self._tcp_count = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self.bound: tuple[str, int] | None = None
@@ -154,12 +159,22 @@ class SipServer:
         self.bound = (sockname[0], int(sockname[1]))
         self._tcp = await asyncio.start_server(self._tcp_client, cfg.host, self.bound[1])
         log.info("SIP listening on %s:%d (UDP and TCP)", *self.bound)
+        if cfg.tls is not None and cfg.tls_port:
+            self._tls = await asyncio.start_server(self._tls_client, cfg.host, cfg.tls_port, ssl=cfg.tls,
+                                                   ssl_handshake_timeout=10.0)  # fmt: skip
+            tls_name = self._tls.sockets[0].getsockname()
+            self.tls_bound = (tls_name[0], int(tls_name[1]))
+            log.info("SIP over TLS listening on %s:%d", *self.tls_bound)
 
     def _sendto(self, out: bytes, addr: tuple[str, int]) -> None:
         if self._udp is not None and not self._udp.is_closing():
             self._udp.sendto(out, addr)
 
-    async def _tcp_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _tls_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._tcp_client(reader, writer, "TLS")
+
+    async def _tcp_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                          transport: str = "TCP") -> None:  # fmt: skip
         if self._tcp_count >= MAX_TCP_CONNECTIONS:
             writer.close()
             return
@@ -183,8 +198,8 @@ class SipServer:
                     self.malformed += 1
                     break
                 for raw in messages:
-                    self.received(raw, source, send, "TCP")
-        except (TimeoutError, ConnectionError):
+                    self.received(raw, source, send, transport)
+        except (TimeoutError, ConnectionError, ssl.SSLError):
             pass
         finally:
             self._tcp_count -= 1
@@ -198,10 +213,11 @@ class SipServer:
                 handle.cancel()
         if self._udp is not None:
             self._udp.close()
-        if self._tcp is not None:
-            self._tcp.close()
-            with contextlib.suppress(Exception):
-                await self._tcp.wait_closed()
+        for server in (self._tcp, self._tls):
+            if server is not None:
+                server.close()
+                with contextlib.suppress(Exception):
+                    await server.wait_closed()
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -294,14 +310,19 @@ class SipServer:
         dialog.decide = self._loop.create_task(self._decide(dialog, incoming), name=f"sip ring {rid}")
 
     def _answer_headers(self, dialog: Dialog) -> tuple[tuple[str, str], ...]:
-        host, port = self._advertised(dialog), self.bound[1] if self.bound else self.config.port
-        transport = ";transport=tcp" if dialog.transport == "TCP" else ""
+        host, port = self._advertised(dialog), self._port(dialog)
+        transport = {"TCP": ";transport=tcp", "TLS": ";transport=tls"}.get(dialog.transport, "")
         return (
             ("Contact", f"<sip:omni-gateway@{_host_part(host)}:{port}{transport}>"),
             ("Allow", ALLOW),
             (CALL_ID_HEADER, dialog.call.call_id),
             ("Content-Type", "application/sdp"),
         )
+
+    def _port(self, dialog: Dialog) -> int:
+        if dialog.transport == "TLS" and self.tls_bound is not None:
+            return self.tls_bound[1]
+        return self.bound[1] if self.bound else self.config.port
 
     def _advertised(self, dialog: Dialog) -> str:
         cfg = self.config
@@ -468,7 +489,7 @@ class SipServer:
         invite = dialog.invite
         dialog.cseq += 1
         host = self._advertised(dialog)
-        port = self.bound[1] if self.bound else self.config.port
+        port = self._port(dialog)
         bye = SipMessage(method="BYE", uri=dialog.remote_uri)
         bye.add("Via", f"SIP/2.0/{dialog.transport} {_host_part(host)}:{port};branch=z9hG4bK{secrets.token_hex(8)}")
         bye.add("Max-Forwards", "70")
@@ -519,11 +540,18 @@ def build_sip_server(services: SipServices, control: CallControl | None = None) 
             raise ValueError("sip_session is not valid JSON") from None
         if not isinstance(session, dict):
             raise ValueError("sip_session must be a JSON object of session settings")
+    tls: ssl.SSLContext | None = None
+    if s.sip_tls_port:
+        if not (s.sip_tls_cert and s.sip_tls_key):
+            raise ValueError("sip_tls_port needs sip_tls_cert and sip_tls_key (PEM files)")
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.minimum_version = ssl.TLSVersion.TLSv1_2
+        tls.load_cert_chain(s.sip_tls_cert, s.sip_tls_key)
     config = SipConfig(
         host=s.host, port=s.sip_port, rtp_host=s.host, advertised_address=s.sip_advertised_address,
         rtp_ports=parse_port_range(s.sip_rtp_ports), ring_timeout_s=s.sip_ring_timeout_s,
         max_call_s=s.sip_max_call_s, principal=principal_of_key(s.api_keys[0]) if s.api_keys else "anonymous",
-        model=s.sip_model or s.model, session=session,
+        model=s.sip_model or s.model, session=session, tls_port=s.sip_tls_port, tls=tls,
     )  # fmt: skip
     guard = Guard(s.sip_allowed_sources, per_source_per_min=s.sip_invites_per_source_per_min,
                   per_min=s.sip_invites_per_min, max_calls=s.sip_max_calls)  # fmt: skip
