@@ -20,6 +20,7 @@ from gateway.session.session import VadStream
 from gateway.settings import Settings
 from gateway.telemetry import Telemetry
 from gateway.transport.realtime import RealtimeEndpoint
+from gateway.transport.sip.rest import SipCallsEndpoint
 from gateway.transport.video import VideoEndpoint
 from gateway.transport.webrtc.live_signaling import LiveSessionsEndpoint
 from gateway.transport.webrtc.signaling import CallsEndpoint
@@ -69,6 +70,7 @@ def create_app(
             *HttpApi(rt).routes(),
             *CallsEndpoint(rt).routes(),
             *LiveSessionsEndpoint(rt).routes(),  # POST /v1/live/sessions: GPT-Live over WebRTC
+            *SipCallsEndpoint(rt).routes(),
             WebSocketRoute("/v1/realtime", RealtimeEndpoint(rt)),
             WebSocketRoute("/v1/duplex", RealtimeEndpoint(rt, dialect=DUPLEX)),  # vLLM-Omni's alias of ?duplex=1
             WebSocketRoute("/v1/live/sessions", RealtimeEndpoint(rt, dialect=LIVE)),  # OpenAI's GPT-Live

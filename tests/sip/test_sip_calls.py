@@ -6,7 +6,9 @@ caller's media played by a Python RTP peer on 127.0.0.1:
   paced RTP μ-law, and the caller's BYE ends the session for good;
 - DTMF (RFC 4733) reaches the call's sideband as ``input_audio_buffer.dtmf_event_received``;
 - a REST hangup (``POST /v1/realtime/calls/{id}/hangup``) sends the caller BYE, over TCP;
-- an INVITE from outside ``sip_allowed_sources`` is answered 403 and no session opens.
+- an INVITE from outside ``sip_allowed_sources`` is answered 403 and no session opens;
+- a REST refer (``POST /v1/realtime/calls/{id}/refer``) sends REFER; once the trunk's NOTIFY
+  says the transfer was answered, the gateway hangs up (BYE).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import orjson
 import pytest
 import websockets
 from support.gateway import Client, connect, free_port, run_gateway
@@ -106,3 +109,40 @@ async def test_an_invite_from_outside_the_allow_list_is_refused_403(tmp_path: Pa
             assert await call.wait() == 0, call.text()
         assert "SIP/2.0 403 Forbidden" in call.messages.read_text()
         assert gw.runtime.sip.guard.forbidden == 1 and not gw.runtime.sip.dialogs
+
+
+def _post_json(url: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
+    req = urllib.request.Request(url, data=orjson.dumps(body), method="POST",
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return int(resp.status), orjson.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return int(err.code), orjson.loads(err.read())
+
+
+async def test_a_rest_refer_transfers_the_call_and_the_gateway_hangs_up_once_it_is_answered(tmp_path: Path) -> None:
+    settings = _settings(engine="passthrough")
+    async with run_gateway(settings) as gw:
+        peer = RtpPeer()
+        await peer.open()
+        try:
+            async with sipp("gateway_transfers.xml", settings.sip_port, peer.port, tmp_path) as call:
+                call_id = await call.wait_omni_call_id()
+                refer = f"{gw.http}/v1/realtime/calls/{call_id}/refer"
+                status, body = await asyncio.to_thread(_post_json, refer, {"target_uri": "sip:agent 2@pbx"})
+                assert status == 400 and body["error"]["param"] == "target_uri"  # type: ignore[index]
+                unknown = f"{gw.http}/v1/realtime/calls/rtc_0000/refer"
+                status, body = await asyncio.to_thread(_post_json, unknown, {"target_uri": "tel:+15551234567"})
+                assert status == 404 and body["error"]["code"] == "call_id_not_found"  # type: ignore[index]
+                status, body = await asyncio.to_thread(_post_json, refer, {"target_uri": "tel:+15551234567"})
+                assert (status, body) == (200, {})
+                assert await call.wait() == 0, call.text()  # NOTIFY 200 sent, then the gateway's BYE came
+                assert "Refer-To: <tel:+15551234567>" in call.messages.read_text()
+            for _ in range(200):
+                if gw.runtime.session_count() == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert gw.runtime.session_count() == 0
+        finally:
+            peer.close()

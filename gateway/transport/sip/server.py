@@ -12,7 +12,9 @@ What it does with each request (RFC 3261, the parts a UAS answering calls needs)
   200 OK with the same answer (hold and codec changes are not taken).
 - ``ACK``: the call is confirmed. ``CANCEL`` of a ringing INVITE: 200, then 487.
 - ``BYE``: 200 OK, and the call's session ends for good. Unknown dialog: 481.
-- ``OPTIONS``: 200 OK with ``Allow`` (trunks ping with it). Anything else: 405.
+- ``OPTIONS``: 200 OK with ``Allow`` (trunks ping with it). ``NOTIFY`` in a dialog: 200, and
+  a transfer's progress (``refer``: the REFER the gateway sent; its 2xx hangs up). Anything
+  else: 405.
 
 The call is bounded by ``sip_max_call_s`` (then BYE). When the session lets the call go (a REST
 hangup, the session closed) the gateway sends BYE.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import secrets
 import ssl
 import time
@@ -45,7 +48,8 @@ from gateway.transport.sip.sdp import SdpError, build_answer, parse_offer
 
 log = logging.getLogger("omni.sip")
 
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY"
+REFER_TIMEOUT_S = 8.0  # the trunk's answer to a REFER; none: the REST refer is told 504
 T1 = 0.5
 T2 = 4.0
 TIMER_H = 64 * T1  # no ACK for a 200 OK this long: the call is hung up
@@ -56,7 +60,7 @@ _REASONS = {
     100: "Trying", 180: "Ringing", 200: "OK", 400: "Bad Request", 403: "Forbidden", 405: "Method Not Allowed",
     480: "Temporarily Unavailable", 481: "Call/Transaction Does Not Exist", 486: "Busy Here",
     487: "Request Terminated", 488: "Not Acceptable Here", 500: "Server Internal Error",
-    503: "Service Unavailable", 603: "Decline",
+    503: "Service Unavailable", 603: "Decline", 202: "Accepted",
 }  # fmt: skip
 
 
@@ -135,6 +139,7 @@ class SipServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.bound: tuple[str, int] | None = None
         self._byes: dict[str, list[asyncio.TimerHandle]] = {}  # Call-ID -> our BYE's retransmissions
+        self._refers: dict[str, asyncio.Future[int]] = {}  # Call-ID -> our REFER's final status
         # counters
         self.malformed = 0
         self.dropped = 0  # requests other than INVITE from outside the allow-list
@@ -229,16 +234,21 @@ class SipServer:
             log.debug("sip: malformed message from %s: %s", source[0], err)
             return
         if not msg.is_request:
-            if msg.cseq[1] == "BYE":  # the answer to our BYE: it is not sent again
+            method = msg.cseq[1]
+            if method == "BYE":  # the answer to our BYE: it is not sent again
                 for handle in self._byes.pop(msg.call_id, []):
                     handle.cancel()
+            elif method == "REFER" and msg.status is not None and msg.status >= 200:
+                future = self._refers.get(msg.call_id)
+                if future is not None and not future.done():
+                    future.set_result(msg.status)
             return
         if msg.method != "INVITE" and not self.guard.allows(source[0]):
             self.dropped += 1
             return  # never answer a scanner: only an INVITE is told it is forbidden
         handler = {
             "INVITE": self._invite, "ACK": self._ack, "BYE": self._bye, "CANCEL": self._cancel,
-            "OPTIONS": self._options,
+            "OPTIONS": self._options, "NOTIFY": self._notify,
         }.get(msg.method or "")  # fmt: skip
         if handler is None:
             resp = response_to(msg, 405, _reason(405))
@@ -485,25 +495,78 @@ class SipServer:
             await host.hang_up()  # the call is over: its session ends for good
         self._forget(dialog)
 
-    def _send_bye(self, dialog: Dialog, reason: str) -> None:
+    def _in_dialog(self, dialog: Dialog, method: str, *extra: tuple[str, str]) -> bytes:
+        """A request of ours in ``dialog`` (RFC 3261 12.2.1.1), sent; its bytes (to send again)."""
         invite = dialog.invite
         dialog.cseq += 1
         host = self._advertised(dialog)
         port = self._port(dialog)
-        bye = SipMessage(method="BYE", uri=dialog.remote_uri)
-        bye.add("Via", f"SIP/2.0/{dialog.transport} {_host_part(host)}:{port};branch=z9hG4bK{secrets.token_hex(8)}")
-        bye.add("Max-Forwards", "70")
-        bye.add("From", f"{invite.get('To')};tag={dialog.local_tag}")
-        bye.add("To", invite.get("From") or "")
-        bye.add("Call-ID", dialog.sip_call_id)
-        bye.add("CSeq", f"{dialog.cseq} BYE")
-        bye.add("Reason", f'SIP;cause=200;text="{reason}"')
-        out = bye.encode()
+        req = SipMessage(method=method, uri=dialog.remote_uri)
+        req.add("Via", f"SIP/2.0/{dialog.transport} {_host_part(host)}:{port};branch=z9hG4bK{secrets.token_hex(8)}")
+        req.add("Max-Forwards", "70")
+        req.add("From", f"{invite.get('To')};tag={dialog.local_tag}")
+        req.add("To", invite.get("From") or "")
+        req.add("Call-ID", dialog.sip_call_id)
+        req.add("CSeq", f"{dialog.cseq} {method}")
+        for name, value in extra:
+            req.add(name, value)
+        out = req.encode()
         dialog.send(out)
-        if dialog.transport == "UDP":  # sent again a few times: nothing here waits for its 200
+        return out
+
+    def _send_bye(self, dialog: Dialog, reason: str) -> None:
+        out = self._in_dialog(dialog, "BYE", ("Reason", f'SIP;cause=200;text="{reason}"'))
+        if dialog.transport == "UDP":  # sent again a few times, until its answer comes
             assert self._loop is not None
             self._byes[dialog.sip_call_id] = [self._loop.call_later(d, dialog.send, out) for d in (T1, 3 * T1, 7 * T1)]
             self._loop.call_later(8 * T1, self._byes.pop, dialog.sip_call_id, None)
+
+    # --- transfer (REFER, RFC 3515) -------------------------------------------------------------
+
+    def find(self, call_id: str) -> Dialog | None:
+        """The answered call whose session's call id is ``call_id`` (rtc_...), on this replica."""
+        return next((d for d in self.dialogs.values() if d.call.call_id == call_id and d.state in
+                     ("answered", "confirmed")), None)  # fmt: skip
+
+    async def refer(self, dialog: Dialog, target_uri: str) -> int:
+        """Ask the trunk to transfer ``dialog`` to ``target_uri`` (REFER); the trunk's status
+        (202 Accepted: it is trying; the call is hung up once its NOTIFY says the transfer
+        was answered), or 408 when none came within ``REFER_TIMEOUT_S``."""
+        assert self._loop is not None
+        future: asyncio.Future[int] = self._loop.create_future()
+        self._refers[dialog.sip_call_id] = future
+        host = self._advertised(dialog)
+        contact = f"<sip:omni-gateway@{_host_part(host)}:{self._port(dialog)}>"
+        out = self._in_dialog(dialog, "REFER", ("Contact", contact), ("Refer-To", f"<{target_uri}>"),
+                              ("Referred-By", contact))  # fmt: skip
+        handles = []
+        if dialog.transport == "UDP":
+            handles = [self._loop.call_later(d, dialog.send, out) for d in (T1, 3 * T1, 7 * T1)]
+        try:
+            return await asyncio.wait_for(future, REFER_TIMEOUT_S)
+        except TimeoutError:
+            return 408
+        finally:
+            for handle in handles:
+                handle.cancel()
+            if self._refers.get(dialog.sip_call_id) is future:
+                del self._refers[dialog.sip_call_id]
+
+    def _notify(self, msg: SipMessage, source: tuple[str, int], send: Send, transport: str) -> None:
+        """The trunk's progress on a transfer (a ``message/sipfrag`` status): once the target
+        answered (2xx), the gateway's part of the call is over (BYE)."""
+        dialog = self.dialogs.get(msg.call_id)
+        if dialog is None or dialog.state not in ("answered", "confirmed"):
+            self._reply(msg, 481, send)
+            return
+        self._reply(msg, 200, send)
+        match = re.match(rb"\s*SIP/2\.0 (\d{3})", msg.body)
+        if match is not None and (msg.get("Event") or "").lower().startswith("refer"):
+            status = int(match.group(1))
+            log.info("sip call %s: transfer progress %d", dialog.call.call_id, status)
+            if 200 <= status < 300:
+                assert self._loop is not None
+                self._loop.create_task(self._end(dialog, "transferred", bye=True))
 
 
 def _host_part(host: str) -> str:
