@@ -196,6 +196,17 @@ class Peer:
         return out
 
 
+def _start_sipp(sip_port: int, rtp_ports: list[int], args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    """sipp placing ``args.calls`` held calls, each offering its own RTP peer's port."""
+    inf = Path(tempfile.mkstemp(prefix="sip_calls_", suffix=".csv")[1])
+    inf.write_text("SEQUENTIAL\n" + "".join(f"{port}\n" for port in rtp_ports))
+    cmd = ["sipp", f"127.0.0.1:{sip_port}", "-sf", str(SCENARIO), "-inf", str(inf), "-i", "127.0.0.1",
+           "-p", str(_free_port(socket.SOCK_DGRAM)), "-m", str(args.calls), "-l", str(args.calls),
+           "-r", str(args.rate), "-d", str(int(args.hold_s * 1000)), "-nostdin",
+           "-timeout", f"{int(args.hold_s + 120)}s"]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -215,35 +226,7 @@ async def bench(args: argparse.Namespace) -> None:
         await asyncio.to_thread(gateway.wait_ready)
         for peer in peers:
             await peer.open()
-        inf = Path(tempfile.mkstemp(prefix="sip_calls_", suffix=".csv")[1])
-        inf.write_text("SEQUENTIAL\n" + "".join(f"{p.port}\n" for p in peers))
-        sipp = subprocess.Popen(
-            [
-                "sipp",
-                f"127.0.0.1:{gateway.sip_port}",
-                "-sf",
-                str(SCENARIO),
-                "-inf",
-                str(inf),
-                "-i",
-                "127.0.0.1",
-                "-p",
-                str(_free_port(socket.SOCK_DGRAM)),
-                "-m",
-                str(args.calls),
-                "-l",
-                str(args.calls),
-                "-r",
-                str(args.rate),
-                "-d",
-                str(int(args.hold_s * 1000)),
-                "-nostdin",
-                "-timeout",
-                f"{int(args.hold_s + 120)}s",
-            ],  # fmt: skip
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        sipp = await asyncio.to_thread(_start_sipp, gateway.sip_port, [p.port for p in peers], args)
         tasks = [asyncio.create_task(p.run(speech, args.cycle_s, i * args.cycle_s / args.calls, stop))
                  for i, p in enumerate(peers)]  # fmt: skip
         set_up = time.monotonic()
@@ -268,8 +251,9 @@ async def bench(args: argparse.Namespace) -> None:
         print(f"callers' process: {own:.2f} cores; packets received per call, of those sent: min "
               f"{100 * got[0]:.0f} %, median {100 * statistics.median(got):.0f} % (below ~95 %: the callers' "
               "process or the machine is short of CPU, and the figures below are not the gateway's)")  # fmt: skip
+        per_core = args.calls / max(cores, 1e-6)
         print(f"window {window:.0f} s: the gateway used {cores:.2f} cores for {args.calls} calls "
-              f"-> {args.calls / max(cores, 1e-6):.0f} calls per core (μ-law 8 kHz, paced 20 ms, both ways)")  # fmt: skip
+              f"-> {per_core:.0f} calls per core (μ-law 8 kHz, paced 20 ms, both ways)")  # fmt: skip
         print(f"pacing: {len(delays)} packets, {100 * late:.2f} % later than {args.late_ms} ms, "
               f"p50 {1000 * _pct(delays, 50):.1f} ms, p99 {1000 * _pct(delays, 99):.1f} ms")  # fmt: skip
         if turns:
