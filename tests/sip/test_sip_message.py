@@ -105,6 +105,7 @@ def test_the_offer_s_first_g711_and_its_telephone_event_are_answered() -> None:
         ((b"RTP/AVP 8 0 101", b"RTP/AVP 9 101"), "neither PCMU nor PCMA"),
         ((b"RTP/AVP", b"RTP/SAVP"), "SRTP"),
         ((b"m=audio 40000", b"m=audio 0"), "disabled"),
+        ((b"m=audio 40000", b"m=audio 99999"), "not a port"),
         ((b"m=audio", b"m=video"), "no audio"),
         ((b"c=IN IP4 10.0.0.9", b"c=IN IP4 host.example"), "not an IP address"),
         ((b"a=rtpmap:0 PCMU/8000", b"a=rtpmap:0 PCMU/16000"), None),  # still PCMA: the first G.711 at 8 kHz

@@ -87,6 +87,8 @@ def parse_offer(body: bytes) -> Offer:
         raise SdpError(f"the media profile {profile!r} is not taken (RTP/AVP only; SRTP is not done yet)")
     if port == 0:
         raise SdpError("the audio stream is disabled (port 0)")
+    if port > 65535:
+        raise SdpError(f"the audio port {port} is not a port")
     address = media_addr or session_addr
     if address is None:
         raise SdpError("the offer has no connection address")
