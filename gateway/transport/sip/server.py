@@ -118,6 +118,9 @@ class Dialog:
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     decide: asyncio.Task[Any] | None = None
     ended_by: str | None = None
+    local_party: str = ""  # an outbound call's From (ours, tagged); inbound: the INVITE's To with our tag
+    remote_party: str = ""  # an outbound call's To as the 200 OK tagged it; inbound: the INVITE's From
+    ack: bytes = b""  # an outbound call's ACK (sent again for a retransmitted 200 OK)
 
 
 def _reason(status: int) -> str:
@@ -140,6 +143,7 @@ class SipServer:
         self.bound: tuple[str, int] | None = None
         self._byes: dict[str, list[asyncio.TimerHandle]] = {}  # Call-ID -> our BYE's retransmissions
         self._refers: dict[str, asyncio.Future[int]] = {}  # Call-ID -> our REFER's final status
+        self._dialing: dict[str, asyncio.Queue[SipMessage]] = {}  # an outbound INVITE's Call-ID -> its responses
         # counters
         self.malformed = 0
         self.dropped = 0  # requests other than INVITE from outside the allow-list
@@ -238,6 +242,14 @@ class SipServer:
             if method == "BYE":  # the answer to our BYE: it is not sent again
                 for handle in self._byes.pop(msg.call_id, []):
                     handle.cancel()
+            elif method == "INVITE":
+                queue = self._dialing.get(msg.call_id)
+                if queue is not None:
+                    queue.put_nowait(msg)
+                else:
+                    dialog = self.dialogs.get(msg.call_id)
+                    if dialog is not None and dialog.ack and msg.status == 200:
+                        dialog.send(dialog.ack)  # the 200 OK again: our ACK was lost
             elif method == "REFER" and msg.status is not None and msg.status >= 200:
                 future = self._refers.get(msg.call_id)
                 if future is not None and not future.done():
@@ -372,16 +384,15 @@ class SipServer:
         if self.dialogs.get(dialog.sip_call_id) is dialog:
             del self.dialogs[dialog.sip_call_id]
 
-    async def _accept(self, dialog: Dialog, decision: Accept) -> None:
+    async def _open(self, dialog: Dialog, requested: dict[str, Any] | None) -> bool:
+        """The call's session, opened through a door; its media started. False: none opened."""
         cfg = self.config
         rt = self.rt
         call = dialog.call
-        requested = {**(cfg.session or {}), **(decision.session or {})} or None
         door = Door(rt.hosting, rt.sessions, call, dialect=GA, principal=cfg.principal, model=cfg.model,
                     max_message_bytes=rt.settings.max_message_bytes, media=call)  # fmt: skip
         rt.hosting.metrics.sessions.inc()
         rt.hosting.metrics.sessions_total.inc()
-        dialog.tasks.append(asyncio.current_task())  # type: ignore[arg-type]
         try:
             opened = await door.open(requested)
         except Exception:
@@ -389,15 +400,26 @@ class SipServer:
             opened = False
         if not opened or door.host is None:
             rt.hosting.metrics.sessions.dec()
-            await self._final(dialog, 503)
-            return
-        if dialog.state != "ringing":  # cancelled while the session opened
+            return False
+        if dialog.state == "ended":  # cancelled while the session opened
             rt.hosting.metrics.sessions.dec()
             door.detach()
-            return
+            return False
         call.call_id = call_id_of(door.host.id)
         await dialog.media.start()
         call.start(door)
+        return True
+
+    async def _accept(self, dialog: Dialog, decision: Accept) -> None:
+        cfg = self.config
+        call = dialog.call
+        dialog.tasks.append(asyncio.current_task())  # type: ignore[arg-type]
+        if not await self._open(dialog, {**(cfg.session or {}), **(decision.session or {})} or None):
+            if dialog.state == "ringing":
+                await self._final(dialog, 503)
+            return
+        if dialog.state != "ringing":
+            return
         answer = build_answer(dialog.media.offer, address=self._advertised(dialog), port=dialog.media.port,
                               session_id=int(time.time()))  # fmt: skip
         resp = response_to(dialog.invite, 200, "OK", to_tag=dialog.local_tag)
@@ -407,8 +429,7 @@ class SipServer:
         dialog.last_response = resp.encode()
         dialog.state = "answered"
         dialog.send(dialog.last_response)
-        log.info("sip call %s answered (from %s, %s) session %s", call.call_id, dialog.source[0],
-                 dialog.media.offer.codec, door.host.id)  # fmt: skip
+        log.info("sip call %s answered (from %s, %s)", call.call_id, dialog.source[0], dialog.media.offer.codec)
         assert self._loop is not None
         if dialog.transport == "UDP":
             dialog.tasks.append(self._loop.create_task(self._retransmit_ok(dialog)))
@@ -504,8 +525,8 @@ class SipServer:
         req = SipMessage(method=method, uri=dialog.remote_uri)
         req.add("Via", f"SIP/2.0/{dialog.transport} {_host_part(host)}:{port};branch=z9hG4bK{secrets.token_hex(8)}")
         req.add("Max-Forwards", "70")
-        req.add("From", f"{invite.get('To')};tag={dialog.local_tag}")
-        req.add("To", invite.get("From") or "")
+        req.add("From", dialog.local_party or f"{invite.get('To')};tag={dialog.local_tag}")
+        req.add("To", dialog.remote_party or invite.get("From") or "")
         req.add("Call-ID", dialog.sip_call_id)
         req.add("CSeq", f"{dialog.cseq} {method}")
         for name, value in extra:
