@@ -22,7 +22,7 @@ import orjson
 import pytest
 import websockets
 from support.gateway import Client, connect, free_port, run_gateway
-from support.sip_peer import RtpPeer, sipp
+from support.sip_peer import RtpPeer, sipp, sipp_uas
 from support.speech import speak
 
 from gateway.settings import Settings
@@ -147,5 +147,35 @@ async def test_a_rest_refer_transfers_the_call_and_the_gateway_hangs_up_once_it_
                     break
                 await asyncio.sleep(0.05)
             assert gw.runtime.session_count() == 0
+        finally:
+            peer.close()
+
+
+async def test_an_outbound_call_to_a_sipp_trunk_connects_and_speaks(tmp_path: Path) -> None:
+    settings = _settings(engine="passthrough")
+    async with run_gateway(settings) as gw:
+        peer = RtpPeer()
+        await peer.open()
+        try:
+            async with sipp_uas("answers_outbound.xml", peer.port, tmp_path) as trunk:
+                dial = f"{gw.http}/v1/realtime/sip/calls"
+                request = {
+                    "destination": "tel:+15551234567",
+                    "trunk": {"provider_url": f"sip:127.0.0.1:{trunk.port}", "caller_number": "+15550100"},
+                }
+                status, body = await asyncio.to_thread(_post_json, dial, {**request, "destination": "mailto:x"})
+                assert status == 400 and body["error"]["param"] == "destination"  # type: ignore[index]
+                status, body = await asyncio.to_thread(_post_json, dial, request)
+                assert status == 200 and body["status"] == "answered" and body["codec"] == "PCMU", body
+                call_id = str(body["call_id"])
+                async with connect(f"{gw.url}?call_id={call_id}") as sideband:
+                    await sideband.send({"type": "response.create"})  # the agent speaks first
+                    await sideband.wait_for("response.done", 60)
+                    await peer.wait_answer_audio()  # ... and the trunk's end hears it, paced μ-law
+                    status = await asyncio.to_thread(_post, f"{gw.http}/v1/realtime/calls/{call_id}/hangup")
+                    assert status == 200
+                    assert await trunk.wait() == 0, trunk.text()  # the gateway's BYE came, and was answered
+                text = trunk.messages.read_text()
+                assert "INVITE sip:+15551234567@127.0.0.1 SIP/2.0" in text and "From: <sip:+15550100@" in text
         finally:
             peer.close()

@@ -165,6 +165,27 @@ class Sipp:
 
 
 @contextlib.asynccontextmanager
+async def sipp_uas(scenario: str, rtp_port: int, tmp: Path) -> AsyncIterator[Sipp]:
+    """sipp as a trunk that answers one call on 127.0.0.1 (its port: ``.port``)."""
+    assert SIPP is not None, "sipp is not installed (Debian's sip-tester)"
+    port = free_udp_port()
+    messages, log = tmp / f"sipp-uas-{port}-messages.log", tmp / f"sipp-uas-{port}.log"
+    args = [SIPP, "-sf", str(SCENARIOS / scenario), "-i", "127.0.0.1", "-p", str(port), "-m", "1",
+            "-key", "rtp_port", str(rtp_port), "-mi", "127.0.0.1", "-trace_msg", "-message_file", str(messages),
+            "-trace_err", "-error_file", str(log), "-timeout", "150s", "-timeout_error", "-nostdin"]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+    run = Sipp(proc, port, "", messages, log)
+    try:
+        yield run
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+
+@contextlib.asynccontextmanager
 async def sipp(scenario: str, gateway_port: int, rtp_port: int, tmp: Path, *, transport: str = "u1",
                calls: int = 1, rate: float = 1.0, extra: tuple[str, ...] = ()) -> AsyncIterator[Sipp]:  # fmt: skip
     """sipp placing ``calls`` calls of ``scenario`` at the gateway, from 127.0.0.1."""

@@ -1,4 +1,19 @@
-"""``POST /v1/realtime/calls/{call_id}/refer``: transfer a SIP call (OpenAI's call control).
+"""SIP calls over REST: a transfer (``/refer``, OpenAI's call control) and outbound calls (ours).
+
+**Outbound** (the gateway's extension: OpenAI has it as GPT-Live's ``transport: {type:
+"sip"}``, not built yet): ``POST /v1/realtime/sip/calls`` with an operator key and
+``{"destination": "tel:+15551234567", "trunk": {"provider_url": "sip:203.0.113.5:5060",
+"caller_number": "+15550100"}, "session": {...}}``. The trunk must be an address of
+``sip_allowed_sources`` (its BYE comes back from there). The request waits while the call
+rings (at most ``sip_ring_timeout_s``) and answers ``200 {"call_id": "rtc_...", "status":
+"answered", "codec": "PCMU"}``: the session is open, its sideband joins with that call id,
+and its hangup and refer work as an inbound call's. Refusals: 400 (``invalid_value``,
+``unsupported`` for ``trunk.auth``: digest authentication is not done), 401, 403
+(``forbidden``: not an operator key), 501 ``sip_unavailable``, 502 ``sip_call_failed`` (the
+trunk's SIP status in the message), 504 ``sip_call_failed`` (no answer in time: the gateway
+sent CANCEL).
+
+**Transfer**: ``POST /v1/realtime/calls/{call_id}/refer``.
 
 Body: ``{"target_uri": "tel:+15551234567" | "sip:agent@pbx.example.com"}``, with the key of the
 call's principal. The gateway sends the trunk a REFER in the call's dialog (RFC 3515) and
@@ -28,7 +43,9 @@ from gateway.transport.http_body import BodyRefused, capped
 
 MAX_TARGET = 256
 _TARGET = re.compile(r"^(tel:\+?[0-9A-Za-z*#().;=\-]+|sips?:[^\s<>\"]+)$")
-MAX_BODY_BYTES = 4096
+MAX_BODY_BYTES = 16384
+_PROVIDER = re.compile(r"^sip:(\d{1,3}(?:\.\d{1,3}){3})(?::(\d{1,5}))?$")
+_NUMBER = re.compile(r"^\+?[0-9]{1,20}$")
 
 
 class SipRestServices(Protocol):
@@ -53,7 +70,58 @@ class SipCallsEndpoint:
         self.rt = runtime
 
     def routes(self) -> list[Route]:
-        return [Route("/v1/realtime/calls/{call_id}/refer", self.refer, methods=["POST"])]
+        return [
+            Route("/v1/realtime/calls/{call_id}/refer", self.refer, methods=["POST"]),
+            Route("/v1/realtime/sip/calls", self.dial, methods=["POST"]),
+        ]
+
+    async def dial(self, request: Request) -> Response:
+        """An outbound call (the gateway's extension; see the module docstring)."""
+        grant = await self.rt.auth.authenticate_http(request.headers)
+        if grant is None:
+            self.rt.hosting.metrics.auth_failures.inc()
+            return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.")
+        if not grant.tenant.admin:
+            return _error(403, Code.FORBIDDEN, "Only an operator key places outbound calls.")
+        sip = self.rt.sip
+        if sip is None:
+            return _error(501, Code.SIP_UNAVAILABLE, "This gateway has no SIP (sip_port is off).")
+        try:
+            raw = await capped(request, MAX_BODY_BYTES).body()
+        except BodyRefused as refused:
+            return refused.response()
+        try:
+            body = orjson.loads(raw or b"{}")
+        except orjson.JSONDecodeError:
+            return _error(400, Code.INVALID_JSON, "The body is not valid JSON.", "body")
+        if not isinstance(body, dict):
+            return _error(400, Code.INVALID_TYPE, "The body must be a JSON object.", "body")
+        destination = body.get("destination")
+        if not isinstance(destination, str) or len(destination) > MAX_TARGET or not _TARGET.match(destination):
+            return _error(400, Code.INVALID_VALUE, "'destination' must be a tel:, sip: or sips: URI of at most "
+                          f"{MAX_TARGET} characters.", "destination")  # fmt: skip
+        trunk = body.get("trunk")
+        provider = trunk.get("provider_url") if isinstance(trunk, dict) else None
+        found = _PROVIDER.match(provider) if isinstance(provider, str) else None
+        if found is None or not sip.guard.allows(found.group(1)):
+            return _error(400, Code.INVALID_VALUE, "'trunk.provider_url' must be sip:<IP>[:port] of a trunk in "
+                          "sip_allowed_sources.", "trunk.provider_url")  # fmt: skip
+        if isinstance(trunk, dict) and trunk.get("auth") is not None:
+            return _error(400, Code.UNSUPPORTED, "Digest authentication to a trunk is not supported yet.",
+                          "trunk.auth")  # fmt: skip
+        caller = trunk.get("caller_number") if isinstance(trunk, dict) else None
+        if caller is not None and (not isinstance(caller, str) or not _NUMBER.match(caller)):
+            return _error(400, Code.INVALID_VALUE, "'trunk.caller_number' must be a phone number (+ and digits).",
+                          "trunk.caller_number")  # fmt: skip
+        session = body.get("session")
+        if session is not None and not isinstance(session, dict):
+            return _error(400, Code.INVALID_TYPE, "'session' must be a JSON object of session settings.", "session")
+        result = await sip.dial(destination, (found.group(1), int(found.group(2) or 5060)), caller=caller,
+                                session=session)  # fmt: skip
+        if isinstance(result, int):
+            status = 504 if result == 408 else 502
+            return _error(status, Code.SIP_CALL_FAILED, f"The call was not answered: SIP {result}.")
+        return JSONResponse({"call_id": result.call.call_id, "status": "answered", "codec": result.media.offer.codec})
 
     async def refer(self, request: Request) -> Response:
         grant = await self.rt.auth.authenticate_http(request.headers)

@@ -121,3 +121,26 @@ def build_answer(offer: Offer, *, address: str, port: int, session_id: int) -> b
         lines += [f"a=rtpmap:{offer.dtmf_type} telephone-event/8000", f"a=fmtp:{offer.dtmf_type} 0-15"]
     lines += ["a=ptime:20", "a=sendrecv"]
     return ("\r\n".join(lines) + "\r\n").encode()
+
+
+DTMF_TYPE = 101  # the telephone-event payload type of the gateway's own offers
+
+
+def build_offer(*, address: str, port: int, session_id: int) -> bytes:
+    """The gateway's offer for an outbound call: PCMU, PCMA, telephone-event, 20 ms."""
+    family = "IP6" if ":" in address else "IP4"
+    lines = [
+        "v=0",
+        f"o=omni-gateway {session_id} {session_id} IN {family} {address}",
+        "s=omni-gateway",
+        f"c=IN {family} {address}",
+        "t=0 0",
+        f"m=audio {port} RTP/AVP 0 8 {DTMF_TYPE}",
+        "a=rtpmap:0 PCMU/8000",
+        "a=rtpmap:8 PCMA/8000",
+        f"a=rtpmap:{DTMF_TYPE} telephone-event/8000",
+        f"a=fmtp:{DTMF_TYPE} 0-15",
+        "a=ptime:20",
+        "a=sendrecv",
+    ]
+    return ("\r\n".join(lines) + "\r\n").encode()

@@ -44,7 +44,7 @@ from gateway.transport.sip.control import Accept, CallControl, IncomingCall, Rej
 from gateway.transport.sip.guard import Guard
 from gateway.transport.sip.media import PortsExhausted, RtpMedia, bind_rtp
 from gateway.transport.sip.message import SipMessage, SipParseError, response_to
-from gateway.transport.sip.sdp import SdpError, build_answer, parse_offer
+from gateway.transport.sip.sdp import Offer, SdpError, build_answer, build_offer, parse_offer
 
 log = logging.getLogger("omni.sip")
 
@@ -542,6 +542,124 @@ class SipServer:
             self._byes[dialog.sip_call_id] = [self._loop.call_later(d, dialog.send, out) for d in (T1, 3 * T1, 7 * T1)]
             self._loop.call_later(8 * T1, self._byes.pop, dialog.sip_call_id, None)
 
+    # --- outbound calls (the gateway as a UAC) ------------------------------------------------
+
+    async def dial(self, destination: str, trunk: tuple[str, int], *, caller: str | None = None,
+                   session: dict[str, Any] | None = None) -> Dialog | int:  # fmt: skip
+        """Call ``destination`` (a ``sip:``/``tel:`` URI) through the trunk at ``trunk`` (UDP):
+        INVITE with the gateway's offer, rings at most ``sip_ring_timeout_s`` (then CANCEL),
+        and on 200 OK: ACK, and the call's session opens as an answered inbound call's does.
+        The answered call's dialog, or the SIP status it failed with (408: no answer in time;
+        488: an answer the gateway cannot take; 503: no session, no RTP port)."""
+        assert self._loop is not None and self._udp is not None
+        cfg = self.config
+        call_id = f"{secrets.token_hex(12)}@omni-gateway"
+        local_tag = secrets.token_hex(8)
+        branch = "z9hG4bK" + secrets.token_hex(8)
+        host = cfg.advertised_address or (cfg.rtp_host if cfg.rtp_host not in ("0.0.0.0", "::", "") else "127.0.0.1")
+        port = self.bound[1] if self.bound else cfg.port
+        try:
+            sock = bind_rtp(cfg.rtp_host, cfg.rtp_ports)
+        except (PortsExhausted, OSError) as exc:
+            log.warning("sip: %s", exc)
+            return 503
+        rtp_port = int(sock.getsockname()[1])
+        target = destination if destination.startswith("sip") else f"sip:{destination.removeprefix('tel:')}@{trunk[0]}"
+        invite = SipMessage(method="INVITE", uri=target)
+        invite.add("Via", f"SIP/2.0/UDP {_host_part(host)}:{port};branch={branch}")
+        invite.add("Max-Forwards", "70")
+        user = (caller or "omni-gateway").removeprefix("tel:")
+        local_party = f"<sip:{user}@{_host_part(host)}>;tag={local_tag}"
+        invite.add("From", local_party)
+        invite.add("To", f"<{target}>")
+        invite.add("Call-ID", call_id)
+        invite.add("CSeq", "1 INVITE")
+        invite.add("Contact", f"<sip:omni-gateway@{_host_part(host)}:{port}>")
+        invite.add("Allow", ALLOW)
+        invite.add("Content-Type", "application/sdp")
+        invite.body = build_offer(address=host, port=rtp_port, session_id=int(time.time()))
+        out = invite.encode()
+
+        def send(data: bytes) -> None:
+            self._sendto(data, trunk)
+
+        queue: asyncio.Queue[SipMessage] = asyncio.Queue()
+        self._dialing[call_id] = queue
+        send(out)
+        resend = [self._loop.call_later(d, send, out) for d in (T1, 3 * T1, 7 * T1, 15 * T1)]
+        final: SipMessage | None = None
+        deadline = self._loop.time() + cfg.ring_timeout_s
+        try:
+            while final is None:
+                left = deadline - self._loop.time()
+                if left <= 0:
+                    break
+                try:
+                    msg = await asyncio.wait_for(queue.get(), left)
+                except TimeoutError:
+                    break
+                for handle in resend:
+                    handle.cancel()  # any answer: the INVITE arrived
+                if msg.status is not None and msg.status >= 200:
+                    final = msg
+            if final is None:  # nobody answered in time: CANCEL (same branch), then the 487 comes
+                cancel = SipMessage(method="CANCEL", uri=target)
+                for name in ("Via", "Max-Forwards", "From", "To", "Call-ID"):
+                    cancel.add(name, invite.get(name) or "")
+                cancel.add("CSeq", "1 CANCEL")
+                send(cancel.encode())
+                sock.close()
+                return 408
+        finally:
+            for handle in resend:
+                handle.cancel()
+            self._dialing.pop(call_id, None)
+        status = final.status or 500
+        if status >= 300:  # the ACK of a failure is hop-by-hop: the INVITE's branch
+            ack = SipMessage(method="ACK", uri=target)
+            for name in ("Via", "Max-Forwards", "From", "Call-ID"):
+                ack.add(name, invite.get(name) or "")
+            ack.add("To", final.get("To") or "")
+            ack.add("CSeq", "1 ACK")
+            send(ack.encode())
+            sock.close()
+            return status
+        contact = final.get("Contact")
+        remote_uri = sipmsg.uri_of(contact) if contact else target
+        ack = SipMessage(method="ACK", uri=remote_uri)
+        ack.add("Via", f"SIP/2.0/UDP {_host_part(host)}:{port};branch=z9hG4bK{secrets.token_hex(8)}")
+        ack.add("Max-Forwards", "70")
+        ack.add("From", local_party)
+        ack.add("To", final.get("To") or "")
+        ack.add("Call-ID", call_id)
+        ack.add("CSeq", "1 ACK")
+        try:
+            answer = parse_offer(final.body)
+        except SdpError as err:
+            log.info("sip: the answer to an outbound call cannot be taken: %s", err)
+            send(ack.encode())
+            unused = RtpMedia(sock, _NO_MEDIA, on_audio=_ignore, on_dtmf=_ignore)  # (never started)
+            bye = Dialog(call_id, invite, trunk, send, "UDP", local_tag, remote_uri, unused,
+                         SipCall("", unused, on_close=self._session_let_go), cseq=1, local_party=local_party,
+                         remote_party=final.get("To") or "")  # fmt: skip
+            self._send_bye(bye, "no acceptable media")
+            sock.close()
+            return 488
+        media = RtpMedia(sock, answer, on_audio=_ignore, on_dtmf=_ignore)
+        dialog = Dialog(call_id, invite, trunk, send, "UDP", local_tag, remote_uri, media,
+                        SipCall(ringing_id(), media, on_close=self._session_let_go), state="answered", cseq=1,
+                        local_party=local_party, remote_party=final.get("To") or "", ack=ack.encode())  # fmt: skip
+        self.dialogs[call_id] = dialog
+        send(dialog.ack)
+        if not await self._open(dialog, {**(cfg.session or {}), **(session or {})} or None):
+            await self._end(dialog, "no session", bye=True, end_session=False)
+            return 503
+        dialog.state = "confirmed"
+        log.info("sip call %s: outbound to %s answered (%s)", dialog.call.call_id, destination, answer.codec)
+        if cfg.max_call_s > 0:
+            dialog.tasks.append(self._loop.create_task(self._cap_length(dialog)))
+        return dialog
+
     # --- transfer (REFER, RFC 3515) -------------------------------------------------------------
 
     def find(self, call_id: str) -> Dialog | None:
@@ -588,6 +706,13 @@ class SipServer:
             if 200 <= status < 300:
                 assert self._loop is not None
                 self._loop.create_task(self._end(dialog, "transferred", bye=True))
+
+
+_NO_MEDIA = Offer("127.0.0.1", 9, 0, None, 20)
+
+
+def _ignore(_: Any) -> None:
+    pass
 
 
 def _host_part(host: str) -> str:
