@@ -209,6 +209,9 @@ class Settings:
     sip_allowed_sources: tuple[str, ...] = ()  # trunk addresses (IPs or CIDR networks, comma separated)
     #   that may place calls; an INVITE from elsewhere: 403, other requests from there: dropped
     #   unanswered. Empty: loopback only
+    sip_trunk_credentials: tuple[str, ...] = ()  # "user:password" entries (comma separated): an INVITE
+    #   must then also answer a digest challenge (MD5, qop=auth) with one of them: without, or wrong,
+    #   401 Unauthorized with a fresh challenge. Empty: the allow-list alone admits
     sip_invites_per_source_per_min: int = 60  # INVITEs from one address per minute (a token bucket);
     #   more: 503 with Retry-After; 0: no limit
     sip_invites_per_min: int = 600  # INVITEs from all addresses per minute; more: 503 with Retry-After;
@@ -308,7 +311,7 @@ def parse_bool(raw: str) -> bool:
 
 def _convert(name: str, raw: str, current: Any) -> Any:
     if name in ("api_keys", "upstreams", "allowed_origins", "webrtc_advertised_addresses", "mcp_allowed_urls",
-                "webrtc_peer_networks", "sip_allowed_sources"):  # fmt: skip
+                "webrtc_peer_networks", "sip_allowed_sources", "sip_trunk_credentials"):  # fmt: skip
         return tuple(k.strip() for k in raw.split(",") if k.strip())
     if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id", "keys_file",
                 "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience", "otel_traces_endpoint",

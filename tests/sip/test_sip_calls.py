@@ -179,3 +179,19 @@ async def test_an_outbound_call_to_a_sipp_trunk_connects_and_speaks(tmp_path: Pa
                 assert "INVITE sip:+15551234567@127.0.0.1 SIP/2.0" in text and "From: <sip:+15550100@" in text
         finally:
             peer.close()
+
+
+async def test_a_trunk_with_digest_credentials_is_challenged_then_answered(tmp_path: Path) -> None:
+    settings = _settings(engine="passthrough", sip_trunk_credentials=("trunk1:s3cret",))
+    async with run_gateway(settings) as gw:
+        peer = RtpPeer()
+        await peer.open()
+        try:
+            async with sipp("caller_authenticates.xml", settings.sip_port, peer.port, tmp_path,
+                            extra=("-au", "trunk1", "-ap", "s3cret")) as call:  # fmt: skip
+                assert await call.wait() == 0, call.text()
+            text = call.messages.read_text()
+            assert "SIP/2.0 401 Unauthorized" in text and "X-Omni-Call-Id: rtc_" in text
+            assert gw.runtime.sip.guard.unauthenticated == 1
+        finally:
+            peer.close()

@@ -14,6 +14,7 @@ from support.gateway import free_port, run_gateway
 from support.sip_peer import RtpPeer, SipUac
 
 from gateway.settings import Settings
+from gateway.transport.sip import digest
 from gateway.transport.sip.control import Accept, IncomingCall, Reject
 
 pytestmark = pytest.mark.timeout(120)
@@ -176,5 +177,31 @@ async def test_options_is_answered_but_a_scanner_outside_the_allow_list_hears_no
             uac.invite()  # an INVITE is told: 403, and it is the first thing that came back
             status, message = await uac.response(final=False)
             assert status == 403 and "CSeq: 1 INVITE" in message
+        finally:
+            uac.close()
+
+
+async def test_with_trunk_credentials_an_invite_without_a_right_digest_answer_gets_401() -> None:
+    settings = _settings(sip_trunk_credentials=("trunk1:s3cret",))
+    async with run_gateway(settings) as gw:
+        uac = await SipUac.open(settings.sip_port)
+        try:
+            uac.invite()
+            status, message = await uac.response()
+            assert status == 401
+            challenge = re.search(r"^WWW-Authenticate: (.+)$", message, re.M).group(1).strip()  # type: ignore[union-attr]
+            assert 'realm="omni-gateway"' in challenge and 'qop="auth"' in challenge
+            uri = f"sip:agent@127.0.0.1:{settings.sip_port}"
+            wrong = digest.answer(challenge, username="trunk1", password="guess", method="INVITE", uri=uri)
+            uac.branch += "x"
+            uac.invite(cseq=2, headers=(f"Authorization: {wrong}",))
+            assert (await uac.response())[0] == 401
+            forged = (wrong or "").replace('nonce="', 'nonce="1')  # a nonce the gateway never gave
+            right = digest.answer(challenge, username="trunk1", password="s3cret", method="INVITE", uri=uri)
+            assert right is not None
+            uac.branch += "y"
+            uac.invite(cseq=3, headers=(f"Authorization: {forged}",))
+            assert (await uac.response())[0] == 401
+            assert gw.runtime.sip.guard.unauthenticated == 3 and gw.runtime.session_count() == 0
         finally:
             uac.close()

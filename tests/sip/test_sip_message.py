@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.transport.sip import digest
 from gateway.transport.sip import message as sipmsg
 from gateway.transport.sip.guard import Guard
 from gateway.transport.sip.rtp import DtmfReceiver, build_dtmf, build_rtp, parse_rtp
@@ -164,3 +165,24 @@ def test_the_rtp_port_range_is_checked() -> None:
     for bad in ("20000", "20199-20000", "80-90", "a-b"):
         with pytest.raises(ValueError):
             parse_port_range(bad)
+
+
+def test_digest_answers_rfc_2617_s_example_and_the_challenger_s_nonces_expire() -> None:
+    assert digest.response(username="Mufasa", password="Circle Of Life", realm="testrealm@host.com", method="GET",
+                           uri="/dir/index.html", nonce="dcd98b7102dd2f0e8b11d0f600bfb0c093", qop="auth",
+                           nc="00000001", cnonce="0a4f113b") == "6629fae49393a05397450978507c4ef1"  # fmt: skip
+    now = [1_000_000.0]
+    challenger = digest.Challenger({"trunk": "pw"}, clock=lambda: now[0])
+    challenge = challenger.challenge()
+    good = digest.answer(challenge, username="trunk", password="pw", method="INVITE", uri="sip:a@b")
+    assert challenger.check(good, "INVITE")
+    assert not challenger.check(good, "BYE")  # the method is in the digest
+    assert not challenger.check(digest.answer(challenge, username="trunk", password="x", method="INVITE", uri="u"),
+                                "INVITE")  # fmt: skip
+    assert not challenger.check(None, "INVITE") and not challenger.check("Basic dHJ1bms6cHc=", "INVITE")
+    other = digest.Challenger({"trunk": "pw"}, clock=lambda: now[0])  # another process's key: its nonces are not ours
+    assert not other.check(good, "INVITE")
+    now[0] += digest.NONCE_TTL_S + 1
+    assert not challenger.check(good, "INVITE")  # stale
+    assert digest.answer('Digest realm="r", nonce="n", algorithm=SHA-256', username="u", password="p",
+                         method="INVITE", uri="u") is None  # fmt: skip

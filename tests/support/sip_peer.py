@@ -248,7 +248,8 @@ class SipUac:
     def close(self) -> None:
         self.transport.close()
 
-    def request(self, method: str, *, body: str = "", cseq: int = 1, to_tag: str | None = None) -> None:
+    def request(self, method: str, *, body: str = "", cseq: int = 1, to_tag: str | None = None,
+                headers: tuple[str, ...] = ()) -> None:  # fmt: skip
         to = "<sip:agent@127.0.0.1>" + (f";tag={to_tag}" if to_tag else "")
         head = (
             f"{method} sip:agent@127.0.0.1:{self.gateway[1]} SIP/2.0\r\n"
@@ -256,12 +257,14 @@ class SipUac:
             f"From: <sip:caller@127.0.0.1>;tag=uac\r\nTo: {to}\r\nCall-ID: {self.call_id}\r\n"
             f"CSeq: {cseq} {method}\r\nContact: <sip:caller@127.0.0.1:{self.port}>\r\nMax-Forwards: 70\r\n"
         )
+        head += "".join(f"{h}\r\n" for h in headers)
         if body:
             head += "Content-Type: application/sdp\r\n"
         self.transport.sendto(f"{head}Content-Length: {len(body)}\r\n\r\n{body}".encode(), self.gateway)
 
-    def invite(self, rtp_port: int = 40000, profile: str = "RTP/AVP") -> None:
-        self.request("INVITE", body=OFFER.format(port=rtp_port, profile=profile))
+    def invite(self, rtp_port: int = 40000, profile: str = "RTP/AVP", *, cseq: int = 1,
+               headers: tuple[str, ...] = ()) -> None:  # fmt: skip
+        self.request("INVITE", body=OFFER.format(port=rtp_port, profile=profile), cseq=cseq, headers=headers)
 
     async def response(self, timeout: float = 30.0, *, final: bool = True) -> tuple[int, str]:
         """The next response (a final one, >= 200, unless ``final`` is false): (status, the whole message)."""

@@ -55,6 +55,7 @@ class Guard:
         self.forbidden = 0
         self.rate_limited = 0
         self.busy = 0
+        self.unauthenticated = 0  # INVITEs answered 401 (no valid digest answer: the server counts them)
 
     def allows(self, source: str) -> bool:
         try:

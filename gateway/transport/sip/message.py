@@ -24,6 +24,8 @@ _CANONICAL = {
         "Via", "From", "To", "Call-ID", "CSeq", "Contact", "Max-Forwards", "Content-Type", "Content-Length",
         "User-Agent", "Server", "Allow", "Supported", "Record-Route", "Route", "Refer-To", "Referred-By",
         "Reason", "Retry-After", "Expires", "Session-Expires", "Require", "Unsupported", "Warning", "Accept",
+        "WWW-Authenticate", "Proxy-Authenticate", "Authorization", "Proxy-Authorization", "Event",
+        "Subscription-State",
     )
 }  # fmt: skip
 _TAG = re.compile(r";\s*tag=([^;>\s]+)", re.IGNORECASE)

@@ -3,7 +3,8 @@
 What it does with each request (RFC 3261, the parts a UAS answering calls needs):
 
 - ``INVITE`` (a new dialog): the guard first (``guard.py``: 403 outside the allow-list, 503
-  over the INVITE rates, 486 at ``sip_max_calls``), then the SDP (488 when it cannot be
+  over the INVITE rates, 486 at ``sip_max_calls``), the trunk's digest credentials where
+  ``sip_trunk_credentials`` are set (401 with a challenge, ``digest.py``), then the SDP (488 when it cannot be
   answered), 100 Trying, an RTP port, 180 Ringing while the ``CallControl`` decides
   (``control.py``; 480 after ``sip_ring_timeout_s``), then 200 OK with the SDP answer and a
   session opened through a hosting door (``call.py``), or the control's rejection. A 200 OK
@@ -41,6 +42,7 @@ from gateway.settings import Settings
 from gateway.transport.sip import message as sipmsg
 from gateway.transport.sip.call import SipCall
 from gateway.transport.sip.control import Accept, CallControl, IncomingCall, Reject, ringing_id
+from gateway.transport.sip.digest import Challenger
 from gateway.transport.sip.guard import Guard
 from gateway.transport.sip.media import PortsExhausted, RtpMedia, bind_rtp
 from gateway.transport.sip.message import SipMessage, SipParseError, response_to
@@ -57,7 +59,8 @@ CALL_ID_HEADER = "X-Omni-Call-Id"  # the 200 OK names the session's call id (rtc
 MAX_TCP_CONNECTIONS = 256  # more at once: a new connection is closed at once
 TCP_IDLE_S = 300.0  # a TCP connection with no message this long is closed
 _REASONS = {
-    100: "Trying", 180: "Ringing", 200: "OK", 400: "Bad Request", 403: "Forbidden", 405: "Method Not Allowed",
+    100: "Trying", 180: "Ringing", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+    405: "Method Not Allowed",
     480: "Temporarily Unavailable", 481: "Call/Transaction Does Not Exist", 486: "Busy Here",
     487: "Request Terminated", 488: "Not Acceptable Here", 500: "Server Internal Error",
     503: "Service Unavailable", 603: "Decline", 202: "Accepted",
@@ -128,8 +131,10 @@ def _reason(status: int) -> str:
 
 
 class SipServer:
-    def __init__(self, services: SipServices, config: SipConfig, guard: Guard, control: CallControl) -> None:
+    def __init__(self, services: SipServices, config: SipConfig, guard: Guard, control: CallControl,
+                 challenger: Challenger | None = None) -> None:  # fmt: skip
         self.rt = services
+        self.challenger = challenger  # trunk credentials: an INVITE must answer its digest challenge
         self.config = config
         self.guard = guard
         self.control = control
@@ -305,6 +310,11 @@ class SipServer:
             return
         if verdict == "busy" or self.rt.draining or self.rt.session_count() >= self.rt.settings.max_sessions:
             self._reply(msg, 486 if verdict == "busy" else 503, send)
+            return
+        challenger = self.challenger
+        if challenger is not None and not challenger.check(msg.get("Authorization"), "INVITE"):
+            self.guard.unauthenticated += 1
+            self._reply(msg, 401, send, tag=secrets.token_hex(6), extra=(("WWW-Authenticate", challenger.challenge()),))
             return
         try:
             offer = parse_offer(msg.body)
@@ -764,4 +774,10 @@ def build_sip_server(services: SipServices, control: CallControl | None = None) 
     )  # fmt: skip
     guard = Guard(s.sip_allowed_sources, per_source_per_min=s.sip_invites_per_source_per_min,
                   per_min=s.sip_invites_per_min, max_calls=s.sip_max_calls)  # fmt: skip
-    return SipServer(services, config, guard, control or DefaultAnswer())
+    challenger = None
+    if s.sip_trunk_credentials:
+        pairs = [entry.partition(":") for entry in s.sip_trunk_credentials]
+        if any(not user or not sep or not password for user, sep, password in pairs):
+            raise ValueError("sip_trunk_credentials: give user:password entries, comma separated")
+        challenger = Challenger({user: password for user, _, password in pairs})
+    return SipServer(services, config, guard, control or DefaultAnswer(), challenger)
