@@ -195,3 +195,24 @@ async def test_a_trunk_with_digest_credentials_is_challenged_then_answered(tmp_p
             assert gw.runtime.sip.guard.unauthenticated == 1
         finally:
             peer.close()
+
+
+async def test_an_outbound_call_answers_the_trunk_s_digest_challenge(tmp_path: Path) -> None:
+    settings = _settings(engine="passthrough")
+    async with run_gateway(settings) as gw:
+        peer = RtpPeer()
+        await peer.open()
+        try:
+            async with sipp_uas("authenticates_outbound.xml", peer.port, tmp_path) as trunk:
+                request = {"destination": "sip:+15551234567@127.0.0.1",
+                           "trunk": {"provider_url": f"sip:127.0.0.1:{trunk.port}",
+                                     "auth": {"type": "digest", "username": "gw", "password": "s3cret"}}}  # fmt: skip
+                status, body = await asyncio.to_thread(_post_json, f"{gw.http}/v1/realtime/sip/calls", request)
+                assert status == 200 and body["status"] == "answered", body  # sipp checked the digest (else 403)
+                call_id = str(body["call_id"])
+                await peer.wait_remote()
+                status = await asyncio.to_thread(_post, f"{gw.http}/v1/realtime/calls/{call_id}/hangup")
+                assert status == 200 and await trunk.wait() == 0, trunk.text()
+            assert 'Authorization: Digest username="gw"' in trunk.messages.read_text()
+        finally:
+            peer.close()

@@ -3,12 +3,12 @@
 **Outbound** (the gateway's extension: OpenAI has it as GPT-Live's ``transport: {type:
 "sip"}``, not built yet): ``POST /v1/realtime/sip/calls`` with an operator key and
 ``{"destination": "tel:+15551234567", "trunk": {"provider_url": "sip:203.0.113.5:5060",
-"caller_number": "+15550100"}, "session": {...}}``. The trunk must be an address of
+"caller_number": "+15550100", "auth": {"type": "digest", "username": "...", "password": "..."}},
+"session": {...}}`` (``auth``: answers the trunk's digest challenge, 401 or 407, once). The trunk must be an address of
 ``sip_allowed_sources`` (its BYE comes back from there). The request waits while the call
 rings (at most ``sip_ring_timeout_s``) and answers ``200 {"call_id": "rtc_...", "status":
 "answered", "codec": "PCMU"}``: the session is open, its sideband joins with that call id,
-and its hangup and refer work as an inbound call's. Refusals: 400 (``invalid_value``,
-``unsupported`` for ``trunk.auth``: digest authentication is not done), 401, 403
+and its hangup and refer work as an inbound call's. Refusals: 400 (``invalid_value``), 401, 403
 (``forbidden``: not an operator key), 501 ``sip_unavailable``, 502 ``sip_call_failed`` (the
 trunk's SIP status in the message), 504 ``sip_call_failed`` (no answer in time: the gateway
 sent CANCEL).
@@ -106,9 +106,16 @@ class SipCallsEndpoint:
         if found is None or not sip.guard.allows(found.group(1)):
             return _error(400, Code.INVALID_VALUE, "'trunk.provider_url' must be sip:<IP>[:port] of a trunk in "
                           "sip_allowed_sources.", "trunk.provider_url")  # fmt: skip
-        if isinstance(trunk, dict) and trunk.get("auth") is not None:
-            return _error(400, Code.UNSUPPORTED, "Digest authentication to a trunk is not supported yet.",
-                          "trunk.auth")  # fmt: skip
+        credentials: tuple[str, str] | None = None
+        auth = trunk.get("auth") if isinstance(trunk, dict) else None
+        if auth is not None:
+            user = auth.get("username") if isinstance(auth, dict) else None
+            password = auth.get("password") if isinstance(auth, dict) else None
+            if not (isinstance(auth, dict) and auth.get("type") == "digest" and isinstance(user, str) and user
+                    and isinstance(password, str) and len(user) <= 128 and len(password) <= 128):  # fmt: skip
+                return _error(400, Code.INVALID_VALUE, "'trunk.auth' must be {\"type\": \"digest\", \"username\", "
+                              "\"password\"} (at most 128 characters each).", "trunk.auth")  # fmt: skip
+            credentials = (user, password)
         caller = trunk.get("caller_number") if isinstance(trunk, dict) else None
         if caller is not None and (not isinstance(caller, str) or not _NUMBER.match(caller)):
             return _error(400, Code.INVALID_VALUE, "'trunk.caller_number' must be a phone number (+ and digits).",
@@ -117,7 +124,7 @@ class SipCallsEndpoint:
         if session is not None and not isinstance(session, dict):
             return _error(400, Code.INVALID_TYPE, "'session' must be a JSON object of session settings.", "session")
         result = await sip.dial(destination, (found.group(1), int(found.group(2) or 5060)), caller=caller,
-                                session=session)  # fmt: skip
+                                session=session, credentials=credentials)  # fmt: skip
         if isinstance(result, int):
             status = 504 if result == 408 else 502
             return _error(status, Code.SIP_CALL_FAILED, f"The call was not answered: SIP {result}.")

@@ -39,10 +39,10 @@ from gateway.hosting.context import HostContext
 from gateway.hosting.door import Door, Sessions
 from gateway.protocol.dialects import GA
 from gateway.settings import Settings
+from gateway.transport.sip import digest
 from gateway.transport.sip import message as sipmsg
 from gateway.transport.sip.call import SipCall
 from gateway.transport.sip.control import Accept, CallControl, IncomingCall, Reject, ringing_id
-from gateway.transport.sip.digest import Challenger
 from gateway.transport.sip.guard import Guard
 from gateway.transport.sip.media import PortsExhausted, RtpMedia, bind_rtp
 from gateway.transport.sip.message import SipMessage, SipParseError, response_to
@@ -132,7 +132,7 @@ def _reason(status: int) -> str:
 
 class SipServer:
     def __init__(self, services: SipServices, config: SipConfig, guard: Guard, control: CallControl,
-                 challenger: Challenger | None = None) -> None:  # fmt: skip
+                 challenger: digest.Challenger | None = None) -> None:  # fmt: skip
         self.rt = services
         self.challenger = challenger  # trunk credentials: an INVITE must answer its digest challenge
         self.config = config
@@ -555,9 +555,11 @@ class SipServer:
     # --- outbound calls (the gateway as a UAC) ------------------------------------------------
 
     async def dial(self, destination: str, trunk: tuple[str, int], *, caller: str | None = None,
-                   session: dict[str, Any] | None = None) -> Dialog | int:  # fmt: skip
+                   session: dict[str, Any] | None = None,
+                   credentials: tuple[str, str] | None = None) -> Dialog | int:  # fmt: skip
         """Call ``destination`` (a ``sip:``/``tel:`` URI) through the trunk at ``trunk`` (UDP):
-        INVITE with the gateway's offer, rings at most ``sip_ring_timeout_s`` (then CANCEL),
+        INVITE with the gateway's offer (answering one digest challenge, 401 or 407, with
+        ``credentials``: (user, password)), rings at most ``sip_ring_timeout_s`` (then CANCEL),
         and on 200 OK: ACK, and the call's session opens as an answered inbound call's does.
         The answered call's dialog, or the SIP status it failed with (408: no answer in time;
         488: an answer the gateway cannot take; 503: no session, no RTP port)."""
@@ -565,7 +567,6 @@ class SipServer:
         cfg = self.config
         call_id = f"{secrets.token_hex(12)}@omni-gateway"
         local_tag = secrets.token_hex(8)
-        branch = "z9hG4bK" + secrets.token_hex(8)
         host = cfg.advertised_address or (cfg.rtp_host if cfg.rtp_host not in ("0.0.0.0", "::", "") else "127.0.0.1")
         port = self.bound[1] if self.bound else cfg.port
         try:
@@ -575,65 +576,72 @@ class SipServer:
             return 503
         rtp_port = int(sock.getsockname()[1])
         target = destination if destination.startswith("sip") else f"sip:{destination.removeprefix('tel:')}@{trunk[0]}"
-        invite = SipMessage(method="INVITE", uri=target)
-        invite.add("Via", f"SIP/2.0/UDP {_host_part(host)}:{port};branch={branch}")
-        invite.add("Max-Forwards", "70")
         user = (caller or "omni-gateway").removeprefix("tel:")
         local_party = f"<sip:{user}@{_host_part(host)}>;tag={local_tag}"
-        invite.add("From", local_party)
-        invite.add("To", f"<{target}>")
-        invite.add("Call-ID", call_id)
-        invite.add("CSeq", "1 INVITE")
-        invite.add("Contact", f"<sip:omni-gateway@{_host_part(host)}:{port}>")
-        invite.add("Allow", ALLOW)
-        invite.add("Content-Type", "application/sdp")
-        invite.body = build_offer(address=host, port=rtp_port, session_id=int(time.time()))
-        out = invite.encode()
+        offer = build_offer(address=host, port=rtp_port, session_id=int(time.time()))
 
         def send(data: bytes) -> None:
             self._sendto(data, trunk)
 
-        queue: asyncio.Queue[SipMessage] = asyncio.Queue()
-        self._dialing[call_id] = queue
-        send(out)
-        resend = [self._loop.call_later(d, send, out) for d in (T1, 3 * T1, 7 * T1, 15 * T1)]
-        final: SipMessage | None = None
-        deadline = self._loop.time() + cfg.ring_timeout_s
-        try:
-            while final is None:
-                left = deadline - self._loop.time()
-                if left <= 0:
-                    break
-                try:
-                    msg = await asyncio.wait_for(queue.get(), left)
-                except TimeoutError:
-                    break
-                for handle in resend:
-                    handle.cancel()  # any answer: the INVITE arrived
-                if msg.status is not None and msg.status >= 200:
-                    final = msg
-            if final is None:  # nobody answered in time: CANCEL (same branch), then the 487 comes
-                cancel = SipMessage(method="CANCEL", uri=target)
-                for name in ("Via", "Max-Forwards", "From", "To", "Call-ID"):
-                    cancel.add(name, invite.get(name) or "")
-                cancel.add("CSeq", "1 CANCEL")
-                send(cancel.encode())
-                sock.close()
-                return 408
-        finally:
-            for handle in resend:
-                handle.cancel()
-            self._dialing.pop(call_id, None)
-        status = final.status or 500
-        if status >= 300:  # the ACK of a failure is hop-by-hop: the INVITE's branch
-            ack = SipMessage(method="ACK", uri=target)
+        def make_invite(cseq: int, auth: tuple[str, str] | None) -> SipMessage:
+            invite = SipMessage(method="INVITE", uri=target)
+            invite.add("Via", f"SIP/2.0/UDP {_host_part(host)}:{port};branch=z9hG4bK{secrets.token_hex(8)}")
+            invite.add("Max-Forwards", "70")
+            invite.add("From", local_party)
+            invite.add("To", f"<{target}>")
+            invite.add("Call-ID", call_id)
+            invite.add("CSeq", f"{cseq} INVITE")
+            invite.add("Contact", f"<sip:omni-gateway@{_host_part(host)}:{port}>")
+            invite.add("Allow", ALLOW)
+            if auth is not None:
+                invite.add(*auth)
+            invite.add("Content-Type", "application/sdp")
+            invite.body = offer
+            return invite
+
+        def ack_failure(invite: SipMessage, final: SipMessage, cseq: int) -> None:
+            ack = SipMessage(method="ACK", uri=target)  # hop-by-hop: the INVITE's branch
             for name in ("Via", "Max-Forwards", "From", "Call-ID"):
                 ack.add(name, invite.get(name) or "")
             ack.add("To", final.get("To") or "")
-            ack.add("CSeq", "1 ACK")
+            ack.add("CSeq", f"{cseq} ACK")
             send(ack.encode())
+
+        queue: asyncio.Queue[SipMessage] = asyncio.Queue()
+        self._dialing[call_id] = queue
+        deadline = self._loop.time() + cfg.ring_timeout_s
+        cseq, auth = 1, None
+        try:
+            while True:
+                invite = make_invite(cseq, auth)
+                final = await self._ring(invite, send, queue, deadline)
+                if final is None:  # nobody answered in time: CANCEL (same branch), then the 487 comes
+                    cancel = SipMessage(method="CANCEL", uri=target)
+                    for name in ("Via", "Max-Forwards", "From", "To", "Call-ID"):
+                        cancel.add(name, invite.get(name) or "")
+                    cancel.add("CSeq", f"{cseq} CANCEL")
+                    send(cancel.encode())
+                    sock.close()
+                    return 408
+                if final.status in (401, 407) and credentials is not None and auth is None:
+                    ack_failure(invite, final, cseq)
+                    proxy = final.status == 407
+                    challenge = final.get("Proxy-Authenticate" if proxy else "WWW-Authenticate") or ""
+                    value = digest.answer(challenge, username=credentials[0], password=credentials[1],
+                                          method="INVITE", uri=target)  # fmt: skip
+                    if value is None:
+                        sock.close()
+                        return final.status or 401
+                    auth = ("Proxy-Authorization" if proxy else "Authorization", value)
+                    cseq += 1
+                    continue
+                break
+        finally:
+            self._dialing.pop(call_id, None)
+        if (final.status or 500) >= 300:
+            ack_failure(invite, final, cseq)
             sock.close()
-            return status
+            return final.status or 500
         contact = final.get("Contact")
         remote_uri = sipmsg.uri_of(contact) if contact else target
         ack = SipMessage(method="ACK", uri=remote_uri)
@@ -642,7 +650,7 @@ class SipServer:
         ack.add("From", local_party)
         ack.add("To", final.get("To") or "")
         ack.add("Call-ID", call_id)
-        ack.add("CSeq", "1 ACK")
+        ack.add("CSeq", f"{cseq} ACK")
         try:
             answer = parse_offer(final.body)
         except SdpError as err:
@@ -650,14 +658,14 @@ class SipServer:
             send(ack.encode())
             unused = RtpMedia(sock, _NO_MEDIA, on_audio=_ignore, on_dtmf=_ignore)  # (never started)
             bye = Dialog(call_id, invite, trunk, send, "UDP", local_tag, remote_uri, unused,
-                         SipCall("", unused, on_close=self._session_let_go), cseq=1, local_party=local_party,
+                         SipCall("", unused, on_close=self._session_let_go), cseq=cseq, local_party=local_party,
                          remote_party=final.get("To") or "")  # fmt: skip
             self._send_bye(bye, "no acceptable media")
             sock.close()
             return 488
         media = RtpMedia(sock, answer, on_audio=_ignore, on_dtmf=_ignore)
         dialog = Dialog(call_id, invite, trunk, send, "UDP", local_tag, remote_uri, media,
-                        SipCall(ringing_id(), media, on_close=self._session_let_go), state="answered", cseq=1,
+                        SipCall(ringing_id(), media, on_close=self._session_let_go), state="answered", cseq=cseq,
                         local_party=local_party, remote_party=final.get("To") or "", ack=ack.encode())  # fmt: skip
         self.dialogs[call_id] = dialog
         send(dialog.ack)
@@ -669,6 +677,32 @@ class SipServer:
         if cfg.max_call_s > 0:
             dialog.tasks.append(self._loop.create_task(self._cap_length(dialog)))
         return dialog
+
+    async def _ring(self, invite: SipMessage, send: Send, queue: asyncio.Queue[SipMessage],
+                    deadline: float) -> SipMessage | None:  # fmt: skip
+        """Send ``invite`` (again at T1, 3 T1, ... until any answer) and wait for its final
+        response until ``deadline`` (None: none came)."""
+        assert self._loop is not None
+        out = invite.encode()
+        send(out)
+        resend = [self._loop.call_later(d, send, out) for d in (T1, 3 * T1, 7 * T1, 15 * T1)]
+        cseq = invite.cseq[0]
+        try:
+            while True:
+                left = deadline - self._loop.time()
+                if left <= 0:
+                    return None
+                try:
+                    msg = await asyncio.wait_for(queue.get(), left)
+                except TimeoutError:
+                    return None
+                for handle in resend:
+                    handle.cancel()  # any answer: the INVITE arrived
+                if msg.cseq[0] == cseq and msg.status is not None and msg.status >= 200:
+                    return msg
+        finally:
+            for handle in resend:
+                handle.cancel()
 
     # --- transfer (REFER, RFC 3515) -------------------------------------------------------------
 
@@ -779,5 +813,5 @@ def build_sip_server(services: SipServices, control: CallControl | None = None) 
         pairs = [entry.partition(":") for entry in s.sip_trunk_credentials]
         if any(not user or not sep or not password for user, sep, password in pairs):
             raise ValueError("sip_trunk_credentials: give user:password entries, comma separated")
-        challenger = Challenger({user: password for user, _, password in pairs})
+        challenger = digest.Challenger({user: password for user, _, password in pairs})
     return SipServer(services, config, guard, control or DefaultAnswer(), challenger)
