@@ -41,6 +41,8 @@ def create_app(
     logs.install()
     for secret in (*settings.api_keys, settings.upstream_api_key, settings.jwt_secret, settings.live_responses_api_key):
         logs.register_secret(secret)
+    for entry in settings.sip_trunk_credentials:  # user:password: the password never reaches a log
+        logs.register_secret(entry.partition(":")[2] or None)
     rt = Runtime(settings, engine, vad_factory=vad_factory, telemetry=telemetry)
     for spec in rt.router.specs:  # a route's own upstream key
         logs.register_secret(spec.options.get("api_key"))

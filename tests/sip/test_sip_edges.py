@@ -66,6 +66,7 @@ async def test_the_call_control_s_rejection_is_the_sip_final_response() -> None:
             assert call.sip_call_id == uac.call_id and call.source == "127.0.0.1"
             assert call.call_id.startswith("sip_") and ("Call-ID", uac.call_id) in call.sip_headers
             assert gw.runtime.session_count() == 0
+            assert gw.runtime.metrics.registry.get_sample_value("omni_sip_refusals_total", {"status": "486"}) == 1.0
         finally:
             uac.close()
 
@@ -144,6 +145,7 @@ async def test_an_answered_call_is_hung_up_at_the_call_length_cap() -> None:
             assert status == 200 and "X-Omni-Call-Id: rtc_" in message and "m=audio " in message
             uac.ack(_tag(message))
             assert gw.runtime.session_count() == 1
+            assert gw.runtime.metrics.registry.get_sample_value("omni_sip_calls_total", {"direction": "inbound"}) == 1
             bye = await uac.request_in("BYE")
             assert 'Reason: SIP;cause=200;text="call length cap"' in bye
             assert f"Call-ID: {uac.call_id}" in bye

@@ -281,6 +281,8 @@ class SipServer:
             resp.add(name, value)
         out = resp.encode()
         send(out)
+        if status >= 300 and request.method == "INVITE":
+            self.rt.hosting.metrics.sip_refusals.labels(str(status)).inc()
         return out
 
     def _options(self, msg: SipMessage, source: tuple[str, int], send: Send, transport: str) -> None:
@@ -440,6 +442,7 @@ class SipServer:
         dialog.state = "answered"
         dialog.send(dialog.last_response)
         log.info("sip call %s answered (from %s, %s)", call.call_id, dialog.source[0], dialog.media.offer.codec)
+        self.rt.hosting.metrics.sip_calls.labels("inbound").inc()
         assert self._loop is not None
         if dialog.transport == "UDP":
             dialog.tasks.append(self._loop.create_task(self._retransmit_ok(dialog)))
@@ -674,6 +677,7 @@ class SipServer:
             return 503
         dialog.state = "confirmed"
         log.info("sip call %s: outbound to %s answered (%s)", dialog.call.call_id, destination, answer.codec)
+        self.rt.hosting.metrics.sip_calls.labels("outbound").inc()
         if cfg.max_call_s > 0:
             dialog.tasks.append(self._loop.create_task(self._cap_length(dialog)))
         return dialog
