@@ -8,7 +8,7 @@ import pytest
 from gateway.transport.sip import digest
 from gateway.transport.sip import message as sipmsg
 from gateway.transport.sip.guard import Guard
-from gateway.transport.sip.rtp import DtmfReceiver, build_dtmf, build_rtp, parse_rtp
+from gateway.transport.sip.rtp import DtmfReceiver, RtpPacket, Timeline, build_dtmf, build_rtp, parse_rtp
 from gateway.transport.sip.sdp import SdpError, build_answer, parse_offer
 
 INVITE = (
@@ -186,3 +186,17 @@ def test_digest_answers_rfc_2617_s_example_and_the_challenger_s_nonces_expire() 
     assert not challenger.check(good, "INVITE")  # stale
     assert digest.answer('Digest realm="r", nonce="n", algorithm=SHA-256', username="u", password="p",
                          method="INVITE", uri="u") is None  # fmt: skip
+
+
+def test_the_caller_s_timeline_drops_late_packets_and_fills_gaps_with_silence() -> None:
+    def packet(seq: int, ts: int) -> RtpPacket:
+        return RtpPacket(0, seq & 0xFFFF, ts & 0xFFFFFFFF, 1, False, b"")
+
+    line = Timeline(max_gap=8000)
+    assert line.push(packet(65534, 4294967136), 160) == 0  # the first, just before both counters wrap
+    assert line.push(packet(65535, 0), 160) == 0  # the timestamp wrapped: on time
+    assert line.push(packet(65535, 0), 160) is None  # a repeat
+    assert line.push(packet(2, 480), 160) == 320  # seq 0 and 1 lost: 40 ms of silence first
+    assert line.push(packet(1, 320), 160) is None  # ... and one of them, late, is not played after
+    assert line.push(packet(3, 480 + 160 + 80_000), 160) == 0  # a 10 s jump: a new timeline, not filled
+    assert (line.dropped, line.filled) == (2, 320)

@@ -2,8 +2,10 @@
 
 In: each packet from the caller's address (the offer's IP; the port is latched from the first
 packet, as symmetric RTP behind NAT needs) is decoded to PCM16 at 8 kHz and handed on
-(``on_audio``); telephone-events become key presses (``on_dtmf``). Packets from any other
-address are dropped.
+(``on_audio``), in order on the caller's clock (``rtp.Timeline``: late or repeated packets
+dropped, gaps filled with silence up to 1 s; no jitter buffer: a packet that comes after
+the next one is dropped); telephone-events become key presses (``on_dtmf``). Packets from
+any other address are dropped.
 
 Out: the answer's audio (PCM16 at 8 kHz) goes through the same paced track as a WebRTC call's
 (``webrtc/audio_out.py``: 20 ms a frame on the wall clock, the ledger of what was sent, a
@@ -21,7 +23,7 @@ import socket
 from collections.abc import Callable
 
 from gateway.audio.codecs import AudioFormat, decode_to_pcm16, encode_from_pcm16
-from gateway.transport.sip.rtp import DtmfReceiver, build_rtp, parse_rtp
+from gateway.transport.sip.rtp import DtmfReceiver, Timeline, build_rtp, parse_rtp
 from gateway.transport.sip.sdp import Offer
 from gateway.transport.webrtc.audio_out import AudioOutTrack
 
@@ -86,6 +88,7 @@ class RtpMedia:
         self.track = AudioOutTrack(RATE, on_started=on_started, on_stopped=on_stopped)
         self.format = _FORMATS[offer.payload_type]
         self.dtmf = DtmfReceiver()
+        self.timeline = Timeline()
         self.ssrc = random.getrandbits(32)
         self._seq = random.getrandbits(16)
         self._latched = False
@@ -115,6 +118,11 @@ class RtpMedia:
             self._latched = True
         self.packets_in += 1
         if packet.payload_type == self.offer.payload_type:
+            gap = self.timeline.push(packet, len(packet.payload))  # (G.711: a byte a sample)
+            if gap is None:
+                return  # late, reordered or repeated: already past
+            if gap:
+                self.on_audio(bytes(2 * gap))  # lost packets or silence suppression: silence, in time
             self.on_audio(decode_to_pcm16(self.format, packet.payload))
         elif self.offer.dtmf_type is not None and packet.payload_type == self.offer.dtmf_type:
             key = self.dtmf.push(packet)

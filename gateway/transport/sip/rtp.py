@@ -77,3 +77,37 @@ class DtmfReceiver:
         self._seen.append(key)
         del self._seen[:-_RECENT]
         return DTMF_KEYS[event]
+
+
+class Timeline:
+    """The caller's audio timeline from RTP: a packet older than the last one taken (late,
+    reordered, duplicated) is dropped, so no audio is heard twice or out of order; a gap in
+    the timestamps (lost packets, the caller's silence suppression) is filled with silence,
+    up to ``max_gap`` samples, so the session's input time stays on the caller's clock (its
+    speech events' ``audio_start_ms``/``audio_end_ms``). A jump beyond that is a new timeline
+    (a restarted sender), taken without filling."""
+
+    def __init__(self, max_gap: int = 8000) -> None:
+        self.max_gap = max_gap
+        self._seq: int | None = None  # the last sequence number taken
+        self._next_ts: int | None = None  # the timestamp the next packet should carry
+        self.dropped = 0
+        self.filled = 0  # samples of silence put in
+
+    def push(self, packet: RtpPacket, samples: int) -> int | None:
+        """Take ``packet`` (``samples`` long): the samples of silence to put before it, or None:
+        drop it."""
+        if self._seq is not None:
+            ahead = (packet.sequence - self._seq) & 0xFFFF
+            if ahead == 0 or ahead >= 0x8000:  # a duplicate, or older than the last taken
+                self.dropped += 1
+                return None
+        self._seq = packet.sequence
+        gap = 0
+        if self._next_ts is not None:
+            gap = (packet.timestamp - self._next_ts) & 0xFFFFFFFF
+            if gap >= 0x80000000 or gap > self.max_gap:
+                gap = 0  # behind (a sender that went back) or a new timeline: nothing to fill
+        self._next_ts = (packet.timestamp + samples) & 0xFFFFFFFF
+        self.filled += gap
+        return gap
