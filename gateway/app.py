@@ -21,6 +21,7 @@ from gateway.session.session import VadStream
 from gateway.settings import Settings
 from gateway.telemetry import Telemetry
 from gateway.transport.realtime import RealtimeEndpoint
+from gateway.transport.sip.rest import SipCallsEndpoint
 from gateway.transport.telephony.endpoint import TelephonyEndpoint
 from gateway.transport.video import VideoEndpoint
 from gateway.transport.webrtc.live_signaling import LiveSessionsEndpoint
@@ -49,6 +50,8 @@ def create_app(
         settings.call_webhook_secret,
     ):
         logs.register_secret(secret)
+    for entry in settings.sip_trunk_credentials:  # user:password: the password never reaches a log
+        logs.register_secret(entry.partition(":")[2] or None)
     rt = Runtime(settings, engine, vad_factory=vad_factory, telemetry=telemetry)
     for spec in rt.router.specs:  # a route's own upstream key
         logs.register_secret(spec.options.get("api_key"))
@@ -78,6 +81,7 @@ def create_app(
             *HttpApi(rt).routes(),
             *CallsEndpoint(rt).routes(),
             *LiveSessionsEndpoint(rt).routes(),  # POST /v1/live/sessions: GPT-Live over WebRTC
+            *SipCallsEndpoint(rt).routes(),
             WebSocketRoute("/v1/realtime", RealtimeEndpoint(rt)),
             WebSocketRoute("/v1/duplex", RealtimeEndpoint(rt, dialect=DUPLEX)),  # vLLM-Omni's alias of ?duplex=1
             WebSocketRoute("/v1/live/sessions", RealtimeEndpoint(rt, dialect=LIVE)),  # OpenAI's GPT-Live

@@ -146,6 +146,18 @@ def load_calls(settings: Settings) -> CallBook | None:
         return None
 
 
+def load_sip(runtime: Any) -> Any:
+    """The SIP listener (``sip_port``; it plays RTP through the webrtc extra's av); None: off."""
+    if not runtime.settings.sip_port:
+        return None
+    try:
+        from gateway.transport.sip.server import build_sip_server
+    except ImportError as exc:
+        log.warning("SIP unavailable (%s): install the webrtc extra; nothing listens on sip_port", exc)
+        return None
+    return build_sip_server(runtime)
+
+
 def responses_backend(settings: Settings) -> ResponsesBackend | None:
     """GPT-Live's Responses backend, where ``live_responses_url`` names one (a URL that is not
     http(s) stops the start: ValueError)."""
@@ -265,6 +277,7 @@ class Runtime:
         self.metrics_exposition: Callable[[], Awaitable[bytes]] | None = None
         self.video_sockets: dict[str, VideoSocket] = {}  # the video transport's open sockets
         self.calls: CallBook | None = load_calls(settings)  # WebRTC; None: off, or no aiortc here
+        self.sip: Any = load_sip(self)  # SIP trunks (gateway/transport/sip); None: off
         self.draining = False
         self._bus_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
@@ -520,6 +533,8 @@ class Runtime:
             self._trim_task = loop.create_task(trimming, name="malloc-trim")
         if self.calls is not None:
             await self.calls.start()  # checks the UDP port range and aiortc's receive buffer (warnings)
+        if self.sip is not None:
+            await self.sip.start()
 
     async def drain(self) -> None:
         """SIGTERM: stop taking sessions, and hand each session over at its own first idle
@@ -589,6 +604,8 @@ class Runtime:
             video.close(CloseCode.SERVICE_RESTART, "service restart")
         if self.calls is not None:
             await self.calls.close()
+        if self.sip is not None:
+            await self.sip.close()
         for orch in self.orchestrators:
             await orch.close()
         for engine in self.router.engines.values():

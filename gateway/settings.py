@@ -221,6 +221,35 @@ class Settings:
     call_accept_timeout_s: float = 30.0  # how long an announced call waits for accept or reject; past it the
     #   call is refused (close 4001) and a late accept or reject answers 404 call_id_not_found
 
+    # --- SIP trunks (gateway/transport/sip/; docs/telephony-sip.md; needs the webrtc extra's av) ---
+    sip_port: int = 0  # SIP on UDP and TCP at ``host``:sip_port; 0: off (nothing listens)
+    sip_tls_port: int = 0  # SIP over TLS at ``host``:sip_tls_port (with sip_port on); 0: none
+    sip_tls_cert: str | None = None  # the operator's certificate chain (PEM file) for SIP over TLS
+    sip_tls_key: str | None = None  # its private key (PEM file); either missing with sip_tls_port: no start
+    sip_rtp_ports: str | None = None  # "20000-20199": a call's RTP binds an even port there (open it
+    #   in the firewall); none free: the INVITE is answered 503. None: any free port
+    sip_advertised_address: str | None = None  # the IP put in the SDP answer and the Contact (NAT,
+    #   containers: the node's public address); None: the address SIP is bound to (``host``)
+    sip_allowed_sources: tuple[str, ...] = ()  # trunk addresses (IPs or CIDR networks, comma separated)
+    #   that may place calls; an INVITE from elsewhere: 403, other requests from there: dropped
+    #   unanswered. Empty: loopback only
+    sip_trunk_credentials: tuple[str, ...] = ()  # "user:password" entries (comma separated): an INVITE
+    #   must then also answer a digest challenge (MD5, qop=auth) with one of them: without, or wrong,
+    #   401 Unauthorized with a fresh challenge. Empty: the allow-list alone admits
+    sip_invites_per_source_per_min: int = 60  # INVITEs from one address per minute (a token bucket);
+    #   more: 503 with Retry-After; 0: no limit
+    sip_invites_per_min: int = 600  # INVITEs from all addresses per minute; more: 503 with Retry-After;
+    #   0: no limit
+    sip_max_calls: int = 100  # calls ringing or answered at once on this replica; more: 486 Busy Here
+    #   (max_sessions and draining answer 503 too)
+    sip_ring_timeout_s: float = 30.0  # a call rings at most this long while call control decides;
+    #   then 480 Temporarily Unavailable
+    sip_max_call_s: float = 3600.0  # an answered call lasts at most this long: then the gateway sends
+    #   BYE and its session ends; 0: no limit
+    sip_session: str | None = None  # the default session a call is answered with when no webhook
+    #   decides: a JSON object of session settings (as session.update takes); None: the model's defaults
+    sip_model: str | None = None  # the model SIP sessions serve; None: ``model``
+
     # --- traces (OpenTelemetry, the ``otel`` extra; gateway/telemetry.py) ---
     otel_traces_endpoint: str | None = None  # OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces;
     #   None: tracing is off (OpenTelemetry is not even imported)
@@ -311,12 +340,13 @@ def _convert(name: str, raw: str, current: Any) -> Any:
         base64.b64decode(raw.removeprefix("whsec_"), validate=True)  # (binascii.Error is a ValueError)
         return raw
     if name in ("api_keys", "upstreams", "allowed_origins", "webrtc_advertised_addresses", "mcp_allowed_urls",
-                "webrtc_peer_networks"):  # fmt: skip
+                "webrtc_peer_networks", "sip_allowed_sources", "sip_trunk_credentials"):  # fmt: skip
         return tuple(k.strip() for k in raw.split(",") if k.strip())
     if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id", "keys_file",
                 "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience", "otel_traces_endpoint",
                 "webrtc_ice_servers", "webrtc_udp_ports", "live_responses_url", "live_responses_api_key",
-                "twilio_auth_token", "call_webhook_url", "call_webhook_secret"):  # fmt: skip
+                "twilio_auth_token", "call_webhook_url", "call_webhook_secret", "sip_rtp_ports",
+                "sip_advertised_address", "sip_tls_cert", "sip_tls_key", "sip_session", "sip_model"):  # fmt: skip
         return raw or None
     if name == "auth_required":
         return parse_bool(raw)

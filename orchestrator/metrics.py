@@ -53,6 +53,10 @@ class Metrics:
         )
         self.resumes = Counter("omni_resumes_total", "Sessions resumed, by outcome.", ["outcome"], registry=r)
         self.auth_failures = Counter("omni_auth_failures_total", "Refused connections and requests.", registry=r)
+        self.sip_calls = Counter("omni_sip_calls_total", "SIP calls answered, by direction.", ["direction"], registry=r)
+        self.sip_refusals = Counter(
+            "omni_sip_refusals_total", "SIP INVITEs answered with a failure, by SIP status.", ["status"], registry=r
+        )
         self.upgrade_refusals = Counter(
             "omni_upgrade_refusals_total", "WebSocket upgrades refused with an HTTP status, by code.", ["code"],
             registry=r,

@@ -83,6 +83,9 @@ class Code:
     #   positive number of seconds (nor null)
     # WebRTC calls
     SIGNATURE_INVALID = "signature_invalid"  # a carrier's stream whose request signature is missing or wrong (403)
+    SIP_CALL_FAILED = "sip_call_failed"  # an outbound SIP call was not answered (the trunk's status, or no answer)
+    SIP_UNAVAILABLE = "sip_unavailable"  # an outbound call asked of a gateway without SIP (sip_port off)
+    CALL_TRANSFER_FAILED = "call_transfer_failed"  # a SIP trunk refused a REFER, or did not answer it
     CALL_NOT_FOUND = "call_id_not_found"  # a hangup or sideband for a call that does not exist (or another's)
     WEBRTC_UNAVAILABLE = "webrtc_unavailable"  # this gateway answers no WebRTC call (the extra, the setting)
     # MCP servers the gateway connects to (gateway/hosting/mcp.py)

@@ -533,8 +533,9 @@ class RealtimeSession:
         self._cut(item, event.content_index, event.audio_end_ms)
 
     def dtmf(self, digit: str, received_at: int) -> None:
-        """A key the caller pressed on a phone call (a carrier's ``dtmf``): OpenAI's SIP event
-        ``input_audio_buffer.dtmf_event_received`` (``received_at``: Unix seconds)."""
+        """A key the caller pressed on a phone call (a carrier's ``dtmf``, a SIP call's RFC 4733
+        event): OpenAI's SIP event ``input_audio_buffer.dtmf_event_received`` (``received_at``:
+        Unix seconds)."""
         self._emit("input_audio_buffer.dtmf_event_received", event=digit, received_at=received_at)
 
     # --- playback (a connection that plays the audio: WebRTC) ---------------------------

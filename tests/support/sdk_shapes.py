@@ -52,6 +52,8 @@ LIVE_EXTENSION_FIELDS = frozenset(
 EXTENSION_FIELDS = frozenset(
     {
         ("*", "server_event_seq"),
+        # The SDK's model of this SIP-only event names no event_id; every server event here has one.
+        ("input_audio_buffer.dtmf_event_received", "event_id"),
         ("session.created", "resume_token"),
         ("session.created", "session.reissue_interrupted_responses"),
         ("session.updated", "session.reissue_interrupted_responses"),

@@ -1,0 +1,183 @@
+"""One answered SIP call: its RTP behind a door, the media-carrying ``Peer`` of a session.
+
+The caller's audio (G.711, decoded to PCM16 at 8 kHz) is handed to the door 20 ms at a time
+(``Door.receive_pcm``: the door converts it to the session's input format); a key press
+(RFC 4733) becomes ``Door.dtmf``. Of what the session says, the answers' audio is played on
+the call's paced RTP track (decoded from the session's output format and resampled to 8 kHz);
+the call reports what was played (``output_audio_buffer.started``/``.stopped``) and cuts the
+audio on barge-in, a cancel and ``output_audio_buffer.clear``, as a WebRTC call does. The
+other events have no wire here: a sideband socket (``/v1/realtime?call_id=``) sees them.
+
+The call ends on the caller's BYE, on the session's end (a REST hangup, the call length cap:
+then the server sends BYE, ``close``), or at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from gateway.audio.codecs import AudioFormat, decode_to_pcm16
+from gateway.audio.resample import StreamResampler
+from gateway.hosting.door import Door
+from gateway.protocol.server_events import AUDIO_DELTA
+from gateway.protocol.session_config import parse_ga_format
+from gateway.transport.sip.media import RATE, RtpMedia
+
+log = logging.getLogger("omni.sip")
+
+CHUNK_BYTES = 2 * RATE * 20 // 1000  # 20 ms of PCM16 at 8 kHz: what the door is handed at a time
+INBOX_CHUNKS = 50  # 1 s of the caller's audio waiting for the session; more: the oldest is dropped
+_CUT = frozenset({"cancelled", "failed"})
+_SPEECH_STARTED = "input_audio_buffer.speech_started"
+_MAX_FORMATS = 16
+
+
+class SipCall:
+    reconnects = False  # a trunk does not re-place a call elsewhere: a drain lets it finish (the door's Media)
+
+    def __init__(self, ringing_id: str, media: RtpMedia, *, on_close: Callable[[SipCall, str], None]) -> None:
+        self.ringing_id = ringing_id
+        self.call_id = ""  # the session's call id (rtc_...), once it is open
+        self.media = media
+        self.door: Door | None = None
+        self.ended = False
+        self._on_close = on_close
+        self._buf = bytearray()
+        self._inbox: asyncio.Queue[bytes] = asyncio.Queue(INBOX_CHUNKS)
+        self._reader: asyncio.Task[None] | None = None
+        self._formats: dict[str, AudioFormat] = {}
+        self._decoders: dict[str, tuple[AudioFormat, StreamResampler | None]] = {}
+        self.dropped_chunks = 0
+        media.on_audio = self._audio
+        media.on_dtmf = self._dtmf
+        media.track.on_started = self._started
+        media.track.on_stopped = self._stopped
+
+    def start(self, door: Door) -> None:
+        self.door = door
+        self._reader = asyncio.get_running_loop().create_task(self._read(door), name=f"sip call {self.call_id}")
+
+    # --- the caller ---------------------------------------------------------------------
+
+    def _audio(self, pcm: bytes) -> None:
+        self._buf += pcm
+        while len(self._buf) >= CHUNK_BYTES:
+            chunk = bytes(self._buf[:CHUNK_BYTES])
+            del self._buf[:CHUNK_BYTES]
+            if self._inbox.full():
+                self._inbox.get_nowait()  # the session is a second behind: the oldest audio goes
+                self.dropped_chunks += 1
+            self._inbox.put_nowait(chunk)
+
+    async def _read(self, door: Door) -> None:
+        while True:
+            chunk = await self._inbox.get()
+            pending = door.receive_pcm(chunk, RATE)
+            if pending is not None:
+                await pending
+
+    def _dtmf(self, key: str) -> None:
+        log.info("call %s: the caller pressed %s", self.call_id, key)
+        if self.door is not None:
+            self.door.dtmf(key)
+
+    # --- the Peer: what the session says ----------------------------------------------
+
+    def send(self, data: bytes, event: dict[str, Any] | None = None) -> None:
+        if event is None:
+            return  # a replay or a connection event: nothing of it is heard on a phone line
+        kind = event["type"]
+        if kind == AUDIO_DELTA:
+            self._play(event)
+        elif kind == "response.created":
+            self._note_format(event["response"])
+        elif kind == "response.done":
+            self._answer_ended(event["response"])
+        elif kind == _SPEECH_STARTED:
+            self._speech_started()
+
+    def close(self, code: int, reason: str) -> None:
+        """The session let the call go (a REST hangup, the session closed): hang up (BYE)."""
+        if not self.ended:
+            self._on_close(self, reason or str(code))
+
+    # --- the answer's audio --------------------------------------------------------------
+
+    def _note_format(self, response: dict[str, Any]) -> None:
+        try:
+            fmt = parse_ga_format(response["audio"]["output"]["format"], "response.audio.output.format")
+        except Exception:
+            return
+        self._formats[response["id"]] = fmt
+        while len(self._formats) > _MAX_FORMATS:
+            del self._formats[next(iter(self._formats))]
+
+    def _play(self, event: dict[str, Any]) -> None:
+        response_id = event["response_id"]
+        fmt = self._formats.get(response_id)
+        if fmt is None and self.door is not None and self.door.host is not None:
+            fmt = self.door.host.output_format
+        fmt = fmt or AudioFormat("pcm16", 24_000)
+        decoder = self._decoders.get(response_id)
+        if decoder is None or decoder[0] != fmt:
+            decoder = self._decoders[response_id] = (fmt, StreamResampler(fmt.rate, RATE) if fmt.rate != RATE else None)
+        pcm = decode_to_pcm16(fmt, bytes(event["delta"]))
+        if decoder[1] is not None:
+            pcm = decoder[1].process(pcm)
+        self.media.track.feed(pcm, response_id=response_id, item_id=event["item_id"])
+
+    def _answer_ended(self, response: dict[str, Any]) -> None:
+        response_id = response["id"]
+        self._decoders.pop(response_id, None)  # (a resampler's last few samples are not worth a frame)
+        if response.get("status") in _CUT:
+            self._cut()
+            return
+        self.media.track.end_response(response_id)
+
+    def _speech_started(self) -> None:
+        if self.door is not None and self.door.interrupted_by_speech:
+            self._cut()
+
+    def _cut(self) -> None:
+        track = self.media.track
+        if track.playing is None and not track.queued_ms:
+            return
+        cut = track.clear()
+        if cut is not None and self.door is not None:
+            asyncio.get_running_loop().call_soon(self.door.played, "cleared", cut.response_id, cut.item_id,
+                                                 cut.audio_end_ms)  # fmt: skip
+
+    def clear_audio(self) -> tuple[str, str, int] | None:
+        """The door's ``Media``: ``output_audio_buffer.clear`` cuts the audio now."""
+        cut = self.media.track.clear()
+        return None if cut is None else (cut.response_id, cut.item_id, cut.audio_end_ms)
+
+    def _started(self, response_id: str) -> None:
+        if self.door is not None:
+            trace = self.door.trace
+            if trace is not None and trace.awaiting_socket:
+                trace.played()
+            asyncio.get_running_loop().call_soon(self.door.played, "started", response_id)
+
+    def _stopped(self, response_id: str) -> None:
+        if self.door is not None:
+            asyncio.get_running_loop().call_soon(self.door.played, "stopped", response_id)
+
+    # --- the end --------------------------------------------------------------------------
+
+    async def end(self, reason: str) -> None:
+        """Media stopped and the door detached (the caller of ``end`` ends the session)."""
+        if self.ended:
+            return
+        self.ended = True
+        log.info("call %s ends: %s", self.call_id or self.ringing_id, reason)
+        if self._reader is not None:
+            self._reader.cancel()
+        if self.door is not None:
+            self.door.detach()
+        with contextlib.suppress(Exception):
+            await self.media.stop()

@@ -1,0 +1,821 @@
+"""The SIP listener (``sip_port``, UDP and TCP): a user agent server for trunks.
+
+What it does with each request (RFC 3261, the parts a UAS answering calls needs):
+
+- ``INVITE`` (a new dialog): the guard first (``guard.py``: 403 outside the allow-list, 503
+  over the INVITE rates, 486 at ``sip_max_calls``), the trunk's digest credentials where
+  ``sip_trunk_credentials`` are set (401 with a challenge, ``digest.py``), then the SDP (488 when it cannot be
+  answered), 100 Trying, an RTP port, 180 Ringing while the ``CallControl`` decides
+  (``control.py``; 480 after ``sip_ring_timeout_s``), then 200 OK with the SDP answer and a
+  session opened through a hosting door (``call.py``), or the control's rejection. A 200 OK
+  over UDP is sent again (500 ms, doubling up to 4 s) until its ACK; none in 32 s: BYE.
+  A retransmitted INVITE gets the last response again. A re-INVITE in the dialog is answered
+  200 OK with the same answer (hold and codec changes are not taken).
+- ``ACK``: the call is confirmed. ``CANCEL`` of a ringing INVITE: 200, then 487.
+- ``BYE``: 200 OK, and the call's session ends for good. Unknown dialog: 481.
+- ``OPTIONS``: 200 OK with ``Allow`` (trunks ping with it). ``NOTIFY`` in a dialog: 200, and
+  a transfer's progress (``refer``: the REFER the gateway sent; its 2xx hangs up). Anything
+  else: 405.
+
+The call is bounded by ``sip_max_call_s`` (then BYE). When the session lets the call go (a REST
+hangup, the session closed) the gateway sends BYE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import secrets
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.hosting.calls import call_id_of
+from gateway.hosting.context import HostContext
+from gateway.hosting.door import Door, Sessions
+from gateway.protocol.dialects import GA
+from gateway.settings import Settings
+from gateway.transport.sip import digest
+from gateway.transport.sip import message as sipmsg
+from gateway.transport.sip.call import SipCall
+from gateway.transport.sip.control import Accept, CallControl, IncomingCall, Reject, ringing_id
+from gateway.transport.sip.guard import Guard
+from gateway.transport.sip.media import PortsExhausted, RtpMedia, bind_rtp
+from gateway.transport.sip.message import SipMessage, SipParseError, response_to
+from gateway.transport.sip.sdp import Offer, SdpError, build_answer, build_offer, parse_offer
+
+log = logging.getLogger("omni.sip")
+
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY"
+REFER_TIMEOUT_S = 8.0  # the trunk's answer to a REFER; none: the REST refer is told 504
+T1 = 0.5
+T2 = 4.0
+TIMER_H = 64 * T1  # no ACK for a 200 OK this long: the call is hung up
+CALL_ID_HEADER = "X-Omni-Call-Id"  # the 200 OK names the session's call id (rtc_...): sideband and hangup use it
+MAX_TCP_CONNECTIONS = 256  # more at once: a new connection is closed at once
+TCP_IDLE_S = 300.0  # a TCP connection with no message this long is closed
+_REASONS = {
+    100: "Trying", 180: "Ringing", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+    405: "Method Not Allowed",
+    480: "Temporarily Unavailable", 481: "Call/Transaction Does Not Exist", 486: "Busy Here",
+    487: "Request Terminated", 488: "Not Acceptable Here", 500: "Server Internal Error",
+    503: "Service Unavailable", 603: "Decline", 202: "Accepted",
+}  # fmt: skip
+
+
+class SipServices(Protocol):
+    """What the SIP server needs of the process (the runtime provides it)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def hosting(self) -> HostContext: ...
+
+    @property
+    def sessions(self) -> Sessions: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+    def session_count(self) -> int: ...
+
+
+Send = Callable[[bytes], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SipConfig:
+    host: str
+    port: int
+    rtp_host: str
+    advertised_address: str | None
+    rtp_ports: tuple[int, int] | None
+    ring_timeout_s: float
+    max_call_s: float
+    principal: str
+    model: str
+    session: dict[str, Any] | None
+    tls_port: int = 0  # 0: no TLS listener
+    tls: ssl.SSLContext | None = None
+
+
+@dataclass
+class Dialog:
+    sip_call_id: str
+    invite: SipMessage
+    source: tuple[str, int]
+    send: Send
+    transport: str  # "UDP" or "TCP"
+    local_tag: str
+    remote_uri: str  # where in-dialog requests go (the INVITE's Contact)
+    media: RtpMedia
+    call: SipCall
+    last_response: bytes = b""
+    state: str = "ringing"  # ringing -> answered -> confirmed -> ended
+    cseq: int = 0
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    decide: asyncio.Task[Any] | None = None
+    ended_by: str | None = None
+    local_party: str = ""  # an outbound call's From (ours, tagged); inbound: the INVITE's To with our tag
+    remote_party: str = ""  # an outbound call's To as the 200 OK tagged it; inbound: the INVITE's From
+    ack: bytes = b""  # an outbound call's ACK (sent again for a retransmitted 200 OK)
+
+
+def _reason(status: int) -> str:
+    return _REASONS.get(status, "Unknown")
+
+
+class SipServer:
+    def __init__(self, services: SipServices, config: SipConfig, guard: Guard, control: CallControl,
+                 challenger: digest.Challenger | None = None) -> None:  # fmt: skip
+        self.rt = services
+        self.challenger = challenger  # trunk credentials: an INVITE must answer its digest challenge
+        self.config = config
+        self.guard = guard
+        self.control = control
+        self.dialogs: dict[str, Dialog] = {}  # the INVITE's Call-ID -> its dialog
+        self._udp: asyncio.DatagramTransport | None = None
+        self._tcp: asyncio.Server | None = None
+        self._tls: asyncio.Server | None = None
+        self.tls_bound: tuple[str, int] | None = None
+        self._tcp_count = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.bound: tuple[str, int] | None = None
+        self._byes: dict[str, list[asyncio.TimerHandle]] = {}  # Call-ID -> our BYE's retransmissions
+        self._refers: dict[str, asyncio.Future[int]] = {}  # Call-ID -> our REFER's final status
+        self._dialing: dict[str, asyncio.Queue[SipMessage]] = {}  # an outbound INVITE's Call-ID -> its responses
+        # counters
+        self.malformed = 0
+        self.dropped = 0  # requests other than INVITE from outside the allow-list
+
+    # --- listening ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        cfg = self.config
+        server = self
+
+        class Udp(asyncio.DatagramProtocol):
+            def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+                transport = server._udp
+                if transport is None:
+                    return
+                server.received(data, (addr[0], addr[1]), lambda out: server._sendto(out, addr), "UDP")
+
+        udp, _ = await loop.create_datagram_endpoint(Udp, local_addr=(cfg.host, cfg.port))
+        self._udp = udp
+        sockname = udp.get_extra_info("sockname")
+        self.bound = (sockname[0], int(sockname[1]))
+        self._tcp = await asyncio.start_server(self._tcp_client, cfg.host, self.bound[1])
+        log.info("SIP listening on %s:%d (UDP and TCP)", *self.bound)
+        if cfg.tls is not None and cfg.tls_port:
+            self._tls = await asyncio.start_server(self._tls_client, cfg.host, cfg.tls_port, ssl=cfg.tls,
+                                                   ssl_handshake_timeout=10.0)  # fmt: skip
+            tls_name = self._tls.sockets[0].getsockname()
+            self.tls_bound = (tls_name[0], int(tls_name[1]))
+            log.info("SIP over TLS listening on %s:%d", *self.tls_bound)
+
+    def _sendto(self, out: bytes, addr: tuple[str, int]) -> None:
+        if self._udp is not None and not self._udp.is_closing():
+            self._udp.sendto(out, addr)
+
+    async def _tls_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._tcp_client(reader, writer, "TLS")
+
+    async def _tcp_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                          transport: str = "TCP") -> None:  # fmt: skip
+        if self._tcp_count >= MAX_TCP_CONNECTIONS:
+            writer.close()
+            return
+        self._tcp_count += 1
+        peer = writer.get_extra_info("peername")
+        source = (peer[0], int(peer[1]))
+        framer = sipmsg.StreamFramer()
+
+        def send(out: bytes) -> None:
+            if not writer.is_closing():
+                writer.write(out)
+
+        try:
+            while True:
+                data = await asyncio.wait_for(reader.read(65536), TCP_IDLE_S)
+                if not data:
+                    break
+                try:
+                    messages = framer.feed(data)
+                except SipParseError:
+                    self.malformed += 1
+                    break
+                for raw in messages:
+                    self.received(raw, source, send, transport)
+        except (TimeoutError, ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            self._tcp_count -= 1
+            writer.close()
+
+    async def close(self) -> None:
+        for dialog in list(self.dialogs.values()):
+            await self._hang_up(dialog, "shutdown")
+        for handles in self._byes.values():
+            for handle in handles:
+                handle.cancel()
+        if self._udp is not None:
+            self._udp.close()
+        for server in (self._tcp, self._tls):
+            if server is not None:
+                server.close()
+                with contextlib.suppress(Exception):
+                    await server.wait_closed()
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def received(self, data: bytes, source: tuple[str, int], send: Send, transport: str) -> None:
+        try:
+            msg = sipmsg.parse(data)
+        except SipParseError as err:
+            self.malformed += 1
+            log.debug("sip: malformed message from %s: %s", source[0], err)
+            return
+        if not msg.is_request:
+            method = msg.cseq[1]
+            if method == "BYE":  # the answer to our BYE: it is not sent again
+                for handle in self._byes.pop(msg.call_id, []):
+                    handle.cancel()
+            elif method == "INVITE":
+                queue = self._dialing.get(msg.call_id)
+                if queue is not None:
+                    queue.put_nowait(msg)
+                else:
+                    dialog = self.dialogs.get(msg.call_id)
+                    if dialog is not None and dialog.ack and msg.status == 200:
+                        dialog.send(dialog.ack)  # the 200 OK again: our ACK was lost
+            elif method == "REFER" and msg.status is not None and msg.status >= 200:
+                future = self._refers.get(msg.call_id)
+                if future is not None and not future.done():
+                    future.set_result(msg.status)
+            return
+        if msg.method != "INVITE" and not self.guard.allows(source[0]):
+            self.dropped += 1
+            return  # never answer a scanner: only an INVITE is told it is forbidden
+        handler = {
+            "INVITE": self._invite, "ACK": self._ack, "BYE": self._bye, "CANCEL": self._cancel,
+            "OPTIONS": self._options, "NOTIFY": self._notify,
+        }.get(msg.method or "")  # fmt: skip
+        if handler is None:
+            resp = response_to(msg, 405, _reason(405))
+            resp.add("Allow", ALLOW)
+            send(resp.encode())
+            return
+        handler(msg, source, send, transport)
+
+    def _reply(self, request: SipMessage, status: int, send: Send, *, tag: str | None = None,
+               extra: tuple[tuple[str, str], ...] = ()) -> bytes:  # fmt: skip
+        resp = response_to(request, status, _reason(status), to_tag=tag)
+        for name, value in extra:
+            resp.add(name, value)
+        out = resp.encode()
+        send(out)
+        if status >= 300 and request.method == "INVITE":
+            self.rt.hosting.metrics.sip_refusals.labels(str(status)).inc()
+        return out
+
+    def _options(self, msg: SipMessage, source: tuple[str, int], send: Send, transport: str) -> None:
+        self._reply(msg, 200, send, tag=secrets.token_hex(6), extra=(("Allow", ALLOW), ("Accept", "application/sdp")))
+
+    def _invite(self, msg: SipMessage, source: tuple[str, int], send: Send, transport: str) -> None:
+        existing = self.dialogs.get(msg.call_id)
+        if existing is not None:
+            if sipmsg.tag_of(msg.get("To")) is None:
+                if existing.last_response:
+                    send(existing.last_response)  # a retransmission: the last answer again
+                return
+            # a re-INVITE in the dialog: the same answer again (hold and codec changes are not taken)
+            self._reply(msg, 200, send, tag=existing.local_tag, extra=self._answer_headers(existing))
+            return
+        if sipmsg.tag_of(msg.get("To")) is not None:
+            self._reply(msg, 481, send)
+            return
+        assert self._loop is not None
+        verdict = self.guard.invite(source[0], self._loop.time(), len(self.dialogs))
+        if verdict == "forbidden":
+            log.info("sip: INVITE from %s refused: not in sip_allowed_sources", source[0])
+            self._reply(msg, 403, send)
+            return
+        if verdict == "rate_limited":
+            self._reply(msg, 503, send, extra=(("Retry-After", "10"),))
+            return
+        if verdict == "busy" or self.rt.draining or self.rt.session_count() >= self.rt.settings.max_sessions:
+            self._reply(msg, 486 if verdict == "busy" else 503, send)
+            return
+        challenger = self.challenger
+        if challenger is not None and not challenger.check(msg.get("Authorization"), "INVITE"):
+            self.guard.unauthenticated += 1
+            self._reply(msg, 401, send, tag=secrets.token_hex(6), extra=(("WWW-Authenticate", challenger.challenge()),))
+            return
+        try:
+            offer = parse_offer(msg.body)
+        except SdpError as err:
+            self._reply(msg, 488, send, extra=(("Warning", f'304 omni-gateway "{err}"'),))
+            return
+        self._reply(msg, 100, send)
+        try:
+            sock = bind_rtp(self.config.rtp_host, self.config.rtp_ports)
+        except (PortsExhausted, OSError) as exc:
+            log.warning("sip: %s", exc)
+            self._reply(msg, 503, send)
+            return
+        media = RtpMedia(sock, offer, on_audio=lambda pcm: None, on_dtmf=lambda key: None)
+        rid = ringing_id()
+        tag = secrets.token_hex(8)
+        contact = msg.get("Contact")
+        remote_uri = sipmsg.uri_of(contact) if contact else sipmsg.uri_of(msg.get("From") or "")
+        dialog = Dialog(msg.call_id, msg, source, send, transport, tag, remote_uri, media,
+                        SipCall(rid, media, on_close=self._session_let_go))  # fmt: skip
+        self.dialogs[msg.call_id] = dialog
+        dialog.last_response = self._reply(msg, 180, send, tag=tag)
+        incoming = IncomingCall(rid, msg.call_id, source[0], sipmsg.uri_of(msg.get("From") or ""),
+                                sipmsg.uri_of(msg.get("To") or ""), tuple(msg.headers))  # fmt: skip
+        dialog.decide = self._loop.create_task(self._decide(dialog, incoming), name=f"sip ring {rid}")
+
+    def _answer_headers(self, dialog: Dialog) -> tuple[tuple[str, str], ...]:
+        host, port = self._advertised(dialog), self._port(dialog)
+        transport = {"TCP": ";transport=tcp", "TLS": ";transport=tls"}.get(dialog.transport, "")
+        return (
+            ("Contact", f"<sip:omni-gateway@{_host_part(host)}:{port}{transport}>"),
+            ("Allow", ALLOW),
+            (CALL_ID_HEADER, dialog.call.call_id),
+            ("Content-Type", "application/sdp"),
+        )
+
+    def _port(self, dialog: Dialog) -> int:
+        if dialog.transport == "TLS" and self.tls_bound is not None:
+            return self.tls_bound[1]
+        return self.bound[1] if self.bound else self.config.port
+
+    def _advertised(self, dialog: Dialog) -> str:
+        cfg = self.config
+        if cfg.advertised_address:
+            return cfg.advertised_address
+        if cfg.rtp_host not in ("0.0.0.0", "::", ""):
+            return cfg.rtp_host
+        return self.bound[0] if self.bound else "127.0.0.1"
+
+    async def _decide(self, dialog: Dialog, incoming: IncomingCall) -> None:
+        try:
+            decision = await asyncio.wait_for(self.control.incoming(incoming), self.config.ring_timeout_s)
+        except TimeoutError:
+            decision = Reject(480, _reason(480))
+        except asyncio.CancelledError:
+            return  # the caller gave up (CANCEL) or shutdown: what to answer is said there
+        except Exception:
+            log.exception("sip: call control failed on %s", incoming.call_id)
+            decision = Reject(500, _reason(500))
+        if dialog.state != "ringing":
+            return
+        if isinstance(decision, Reject):
+            status = decision.status_code if 400 <= decision.status_code <= 699 else 603
+            await self._final(dialog, status)
+            return
+        await self._accept(dialog, decision)
+
+    async def _final(self, dialog: Dialog, status: int) -> None:
+        dialog.state = "ended"
+        dialog.last_response = self._reply(dialog.invite, status, dialog.send, tag=dialog.local_tag)
+        await dialog.call.end(f"refused {status}")
+        # Kept a little for the ACK of this final response (and retransmitted INVITEs).
+        assert self._loop is not None
+        self._loop.call_later(TIMER_H, self._forget, dialog)
+
+    def _forget(self, dialog: Dialog) -> None:
+        if self.dialogs.get(dialog.sip_call_id) is dialog:
+            del self.dialogs[dialog.sip_call_id]
+
+    async def _open(self, dialog: Dialog, requested: dict[str, Any] | None) -> bool:
+        """The call's session, opened through a door; its media started. False: none opened."""
+        cfg = self.config
+        rt = self.rt
+        call = dialog.call
+        door = Door(rt.hosting, rt.sessions, call, dialect=GA, principal=cfg.principal, model=cfg.model,
+                    max_message_bytes=rt.settings.max_message_bytes, media=call)  # fmt: skip
+        rt.hosting.metrics.sessions.inc()
+        rt.hosting.metrics.sessions_total.inc()
+        try:
+            opened = await door.open(requested)
+        except Exception:
+            log.exception("sip: opening the session of %s failed", call.ringing_id)
+            opened = False
+        if not opened or door.host is None:
+            rt.hosting.metrics.sessions.dec()
+            return False
+        if dialog.state == "ended":  # cancelled while the session opened
+            rt.hosting.metrics.sessions.dec()
+            door.detach()
+            return False
+        call.call_id = call_id_of(door.host.id)
+        await dialog.media.start()
+        call.start(door)
+        return True
+
+    async def _accept(self, dialog: Dialog, decision: Accept) -> None:
+        cfg = self.config
+        call = dialog.call
+        dialog.tasks.append(asyncio.current_task())  # type: ignore[arg-type]
+        if not await self._open(dialog, {**(cfg.session or {}), **(decision.session or {})} or None):
+            if dialog.state == "ringing":
+                await self._final(dialog, 503)
+            return
+        if dialog.state != "ringing":
+            return
+        answer = build_answer(dialog.media.offer, address=self._advertised(dialog), port=dialog.media.port,
+                              session_id=int(time.time()))  # fmt: skip
+        resp = response_to(dialog.invite, 200, "OK", to_tag=dialog.local_tag)
+        for name, value in self._answer_headers(dialog):
+            resp.add(name, value)
+        resp.body = answer
+        dialog.last_response = resp.encode()
+        dialog.state = "answered"
+        dialog.send(dialog.last_response)
+        log.info("sip call %s answered (from %s, %s)", call.call_id, dialog.source[0], dialog.media.offer.codec)
+        self.rt.hosting.metrics.sip_calls.labels("inbound").inc()
+        assert self._loop is not None
+        if dialog.transport == "UDP":
+            dialog.tasks.append(self._loop.create_task(self._retransmit_ok(dialog)))
+        if cfg.max_call_s > 0:
+            dialog.tasks.append(self._loop.create_task(self._cap_length(dialog)))
+
+    async def _retransmit_ok(self, dialog: Dialog) -> None:
+        interval, waited = T1, 0.0
+        while dialog.state == "answered" and waited < TIMER_H:
+            await asyncio.sleep(interval)
+            waited += interval
+            if dialog.state == "answered":
+                dialog.send(dialog.last_response)
+            interval = min(interval * 2, T2)
+        if dialog.state == "answered":
+            log.info("sip call %s: no ACK for the 200 OK: hanging up", dialog.call.call_id)
+            await self._hang_up(dialog, "no ACK")
+
+    async def _cap_length(self, dialog: Dialog) -> None:
+        await asyncio.sleep(self.config.max_call_s)
+        if dialog.state in ("answered", "confirmed"):
+            log.info("sip call %s: sip_max_call_s reached: hanging up", dialog.call.call_id)
+            await self._hang_up(dialog, "call length cap")
+
+    def _ack(self, msg: SipMessage, source: tuple[str, int], send: Send, transport: str) -> None:
+        dialog = self.dialogs.get(msg.call_id)
+        if dialog is not None and dialog.state == "answered":
+            dialog.state = "confirmed"
+
+    def _cancel(self, msg: SipMessage, source: tuple[str, int], send: Send, transport: str) -> None:
+        dialog = self.dialogs.get(msg.call_id)
+        if dialog is None or dialog.invite.branch != msg.branch:
+            self._reply(msg, 481, send)
+            return
+        self._reply(msg, 200, send, tag=dialog.local_tag)
+        if dialog.state == "ringing":
+            if dialog.decide is not None:
+                dialog.decide.cancel()
+            assert self._loop is not None
+            self._loop.create_task(self._final(dialog, 487))
+
+    def _bye(self, msg: SipMessage, source: tuple[str, int], send: Send, transport: str) -> None:
+        dialog = self.dialogs.get(msg.call_id)
+        if dialog is None or dialog.state in ("ringing", "ended") or sipmsg.tag_of(msg.get("To")) != dialog.local_tag:
+            self._reply(msg, 481, send)
+            return
+        self._reply(msg, 200, send)
+        log.info("sip call %s: the caller hung up", dialog.call.call_id)
+        assert self._loop is not None
+        self._loop.create_task(self._end(dialog, "the caller hung up", bye=False))
+
+    # --- the end ------------------------------------------------------------------------------
+
+    def _session_let_go(self, call: SipCall, reason: str) -> None:
+        dialog = next((d for d in self.dialogs.values() if d.call is call), None)
+        if dialog is not None and dialog.state in ("answered", "confirmed"):
+            assert self._loop is not None
+            self._loop.create_task(self._end(dialog, reason, bye=True, end_session=False))
+
+    async def _hang_up(self, dialog: Dialog, reason: str) -> None:
+        if dialog.state == "ringing":
+            if dialog.decide is not None:
+                dialog.decide.cancel()
+            await self._final(dialog, 503 if reason == "shutdown" else 480)
+            return
+        await self._end(dialog, reason, bye=True)
+
+    async def _end(self, dialog: Dialog, reason: str, *, bye: bool, end_session: bool = True) -> None:
+        if dialog.state == "ended":
+            return
+        dialog.state = "ended"
+        dialog.ended_by = reason
+        current = asyncio.current_task()
+        for task in dialog.tasks:
+            if task is not current and not task.done():
+                task.cancel()
+        if bye:
+            self._send_bye(dialog, reason)
+        door = dialog.call.door
+        host = door.host if door is not None else None
+        await dialog.call.end(reason)
+        self.rt.hosting.metrics.sessions.dec()
+        if end_session and host is not None and not host.ended:
+            await host.hang_up()  # the call is over: its session ends for good
+        self._forget(dialog)
+
+    def _in_dialog(self, dialog: Dialog, method: str, *extra: tuple[str, str]) -> bytes:
+        """A request of ours in ``dialog`` (RFC 3261 12.2.1.1), sent; its bytes (to send again)."""
+        invite = dialog.invite
+        dialog.cseq += 1
+        host = self._advertised(dialog)
+        port = self._port(dialog)
+        req = SipMessage(method=method, uri=dialog.remote_uri)
+        req.add("Via", f"SIP/2.0/{dialog.transport} {_host_part(host)}:{port};branch=z9hG4bK{secrets.token_hex(8)}")
+        req.add("Max-Forwards", "70")
+        req.add("From", dialog.local_party or f"{invite.get('To')};tag={dialog.local_tag}")
+        req.add("To", dialog.remote_party or invite.get("From") or "")
+        req.add("Call-ID", dialog.sip_call_id)
+        req.add("CSeq", f"{dialog.cseq} {method}")
+        for name, value in extra:
+            req.add(name, value)
+        out = req.encode()
+        dialog.send(out)
+        return out
+
+    def _send_bye(self, dialog: Dialog, reason: str) -> None:
+        out = self._in_dialog(dialog, "BYE", ("Reason", f'SIP;cause=200;text="{reason}"'))
+        if dialog.transport == "UDP":  # sent again a few times, until its answer comes
+            assert self._loop is not None
+            self._byes[dialog.sip_call_id] = [self._loop.call_later(d, dialog.send, out) for d in (T1, 3 * T1, 7 * T1)]
+            self._loop.call_later(8 * T1, self._byes.pop, dialog.sip_call_id, None)
+
+    # --- outbound calls (the gateway as a UAC) ------------------------------------------------
+
+    async def dial(self, destination: str, trunk: tuple[str, int], *, caller: str | None = None,
+                   session: dict[str, Any] | None = None,
+                   credentials: tuple[str, str] | None = None) -> Dialog | int:  # fmt: skip
+        """Call ``destination`` (a ``sip:``/``tel:`` URI) through the trunk at ``trunk`` (UDP):
+        INVITE with the gateway's offer (answering one digest challenge, 401 or 407, with
+        ``credentials``: (user, password)), rings at most ``sip_ring_timeout_s`` (then CANCEL),
+        and on 200 OK: ACK, and the call's session opens as an answered inbound call's does.
+        The answered call's dialog, or the SIP status it failed with (408: no answer in time;
+        488: an answer the gateway cannot take; 503: no session, no RTP port)."""
+        assert self._loop is not None and self._udp is not None
+        cfg = self.config
+        call_id = f"{secrets.token_hex(12)}@omni-gateway"
+        local_tag = secrets.token_hex(8)
+        host = cfg.advertised_address or (cfg.rtp_host if cfg.rtp_host not in ("0.0.0.0", "::", "") else "127.0.0.1")
+        port = self.bound[1] if self.bound else cfg.port
+        try:
+            sock = bind_rtp(cfg.rtp_host, cfg.rtp_ports)
+        except (PortsExhausted, OSError) as exc:
+            log.warning("sip: %s", exc)
+            return 503
+        rtp_port = int(sock.getsockname()[1])
+        target = destination if destination.startswith("sip") else f"sip:{destination.removeprefix('tel:')}@{trunk[0]}"
+        user = (caller or "omni-gateway").removeprefix("tel:")
+        local_party = f"<sip:{user}@{_host_part(host)}>;tag={local_tag}"
+        offer = build_offer(address=host, port=rtp_port, session_id=int(time.time()))
+
+        def send(data: bytes) -> None:
+            self._sendto(data, trunk)
+
+        def make_invite(cseq: int, auth: tuple[str, str] | None) -> SipMessage:
+            invite = SipMessage(method="INVITE", uri=target)
+            invite.add("Via", f"SIP/2.0/UDP {_host_part(host)}:{port};branch=z9hG4bK{secrets.token_hex(8)}")
+            invite.add("Max-Forwards", "70")
+            invite.add("From", local_party)
+            invite.add("To", f"<{target}>")
+            invite.add("Call-ID", call_id)
+            invite.add("CSeq", f"{cseq} INVITE")
+            invite.add("Contact", f"<sip:omni-gateway@{_host_part(host)}:{port}>")
+            invite.add("Allow", ALLOW)
+            if auth is not None:
+                invite.add(*auth)
+            invite.add("Content-Type", "application/sdp")
+            invite.body = offer
+            return invite
+
+        def ack_failure(invite: SipMessage, final: SipMessage, cseq: int) -> None:
+            ack = SipMessage(method="ACK", uri=target)  # hop-by-hop: the INVITE's branch
+            for name in ("Via", "Max-Forwards", "From", "Call-ID"):
+                ack.add(name, invite.get(name) or "")
+            ack.add("To", final.get("To") or "")
+            ack.add("CSeq", f"{cseq} ACK")
+            send(ack.encode())
+
+        queue: asyncio.Queue[SipMessage] = asyncio.Queue()
+        self._dialing[call_id] = queue
+        deadline = self._loop.time() + cfg.ring_timeout_s
+        cseq, auth = 1, None
+        try:
+            while True:
+                invite = make_invite(cseq, auth)
+                final = await self._ring(invite, send, queue, deadline)
+                if final is None:  # nobody answered in time: CANCEL (same branch), then the 487 comes
+                    cancel = SipMessage(method="CANCEL", uri=target)
+                    for name in ("Via", "Max-Forwards", "From", "To", "Call-ID"):
+                        cancel.add(name, invite.get(name) or "")
+                    cancel.add("CSeq", f"{cseq} CANCEL")
+                    send(cancel.encode())
+                    sock.close()
+                    return 408
+                if final.status in (401, 407) and credentials is not None and auth is None:
+                    ack_failure(invite, final, cseq)
+                    proxy = final.status == 407
+                    challenge = final.get("Proxy-Authenticate" if proxy else "WWW-Authenticate") or ""
+                    value = digest.answer(challenge, username=credentials[0], password=credentials[1],
+                                          method="INVITE", uri=target)  # fmt: skip
+                    if value is None:
+                        sock.close()
+                        return final.status or 401
+                    auth = ("Proxy-Authorization" if proxy else "Authorization", value)
+                    cseq += 1
+                    continue
+                break
+        finally:
+            self._dialing.pop(call_id, None)
+        if (final.status or 500) >= 300:
+            ack_failure(invite, final, cseq)
+            sock.close()
+            return final.status or 500
+        contact = final.get("Contact")
+        remote_uri = sipmsg.uri_of(contact) if contact else target
+        ack = SipMessage(method="ACK", uri=remote_uri)
+        ack.add("Via", f"SIP/2.0/UDP {_host_part(host)}:{port};branch=z9hG4bK{secrets.token_hex(8)}")
+        ack.add("Max-Forwards", "70")
+        ack.add("From", local_party)
+        ack.add("To", final.get("To") or "")
+        ack.add("Call-ID", call_id)
+        ack.add("CSeq", f"{cseq} ACK")
+        try:
+            answer = parse_offer(final.body)
+        except SdpError as err:
+            log.info("sip: the answer to an outbound call cannot be taken: %s", err)
+            send(ack.encode())
+            unused = RtpMedia(sock, _NO_MEDIA, on_audio=_ignore, on_dtmf=_ignore)  # (never started)
+            bye = Dialog(call_id, invite, trunk, send, "UDP", local_tag, remote_uri, unused,
+                         SipCall("", unused, on_close=self._session_let_go), cseq=cseq, local_party=local_party,
+                         remote_party=final.get("To") or "")  # fmt: skip
+            self._send_bye(bye, "no acceptable media")
+            sock.close()
+            return 488
+        media = RtpMedia(sock, answer, on_audio=_ignore, on_dtmf=_ignore)
+        dialog = Dialog(call_id, invite, trunk, send, "UDP", local_tag, remote_uri, media,
+                        SipCall(ringing_id(), media, on_close=self._session_let_go), state="answered", cseq=cseq,
+                        local_party=local_party, remote_party=final.get("To") or "", ack=ack.encode())  # fmt: skip
+        self.dialogs[call_id] = dialog
+        send(dialog.ack)
+        if not await self._open(dialog, {**(cfg.session or {}), **(session or {})} or None):
+            await self._end(dialog, "no session", bye=True, end_session=False)
+            return 503
+        dialog.state = "confirmed"
+        log.info("sip call %s: outbound to %s answered (%s)", dialog.call.call_id, destination, answer.codec)
+        self.rt.hosting.metrics.sip_calls.labels("outbound").inc()
+        if cfg.max_call_s > 0:
+            dialog.tasks.append(self._loop.create_task(self._cap_length(dialog)))
+        return dialog
+
+    async def _ring(self, invite: SipMessage, send: Send, queue: asyncio.Queue[SipMessage],
+                    deadline: float) -> SipMessage | None:  # fmt: skip
+        """Send ``invite`` (again at T1, 3 T1, ... until any answer) and wait for its final
+        response until ``deadline`` (None: none came)."""
+        assert self._loop is not None
+        out = invite.encode()
+        send(out)
+        resend = [self._loop.call_later(d, send, out) for d in (T1, 3 * T1, 7 * T1, 15 * T1)]
+        cseq = invite.cseq[0]
+        try:
+            while True:
+                left = deadline - self._loop.time()
+                if left <= 0:
+                    return None
+                try:
+                    msg = await asyncio.wait_for(queue.get(), left)
+                except TimeoutError:
+                    return None
+                for handle in resend:
+                    handle.cancel()  # any answer: the INVITE arrived
+                if msg.cseq[0] == cseq and msg.status is not None and msg.status >= 200:
+                    return msg
+        finally:
+            for handle in resend:
+                handle.cancel()
+
+    # --- transfer (REFER, RFC 3515) -------------------------------------------------------------
+
+    def find(self, call_id: str) -> Dialog | None:
+        """The answered call whose session's call id is ``call_id`` (rtc_...), on this replica."""
+        return next((d for d in self.dialogs.values() if d.call.call_id == call_id and d.state in
+                     ("answered", "confirmed")), None)  # fmt: skip
+
+    async def refer(self, dialog: Dialog, target_uri: str) -> int:
+        """Ask the trunk to transfer ``dialog`` to ``target_uri`` (REFER); the trunk's status
+        (202 Accepted: it is trying; the call is hung up once its NOTIFY says the transfer
+        was answered), or 408 when none came within ``REFER_TIMEOUT_S``."""
+        assert self._loop is not None
+        future: asyncio.Future[int] = self._loop.create_future()
+        self._refers[dialog.sip_call_id] = future
+        host = self._advertised(dialog)
+        contact = f"<sip:omni-gateway@{_host_part(host)}:{self._port(dialog)}>"
+        out = self._in_dialog(dialog, "REFER", ("Contact", contact), ("Refer-To", f"<{target_uri}>"),
+                              ("Referred-By", contact))  # fmt: skip
+        handles = []
+        if dialog.transport == "UDP":
+            handles = [self._loop.call_later(d, dialog.send, out) for d in (T1, 3 * T1, 7 * T1)]
+        try:
+            return await asyncio.wait_for(future, REFER_TIMEOUT_S)
+        except TimeoutError:
+            return 408
+        finally:
+            for handle in handles:
+                handle.cancel()
+            if self._refers.get(dialog.sip_call_id) is future:
+                del self._refers[dialog.sip_call_id]
+
+    def _notify(self, msg: SipMessage, source: tuple[str, int], send: Send, transport: str) -> None:
+        """The trunk's progress on a transfer (a ``message/sipfrag`` status): once the target
+        answered (2xx), the gateway's part of the call is over (BYE)."""
+        dialog = self.dialogs.get(msg.call_id)
+        if dialog is None or dialog.state not in ("answered", "confirmed"):
+            self._reply(msg, 481, send)
+            return
+        self._reply(msg, 200, send)
+        match = re.match(rb"\s*SIP/2\.0 (\d{3})", msg.body)
+        if match is not None and (msg.get("Event") or "").lower().startswith("refer"):
+            status = int(match.group(1))
+            log.info("sip call %s: transfer progress %d", dialog.call.call_id, status)
+            if 200 <= status < 300:
+                assert self._loop is not None
+                self._loop.create_task(self._end(dialog, "transferred", bye=True))
+
+
+_NO_MEDIA = Offer("127.0.0.1", 9, 0, None, 20)
+
+
+def _ignore(_: Any) -> None:
+    pass
+
+
+def _host_part(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def parse_port_range(raw: str | None) -> tuple[int, int] | None:
+    """``"20000-20199"`` -> (20000, 20199); None/empty: any port. Raises ValueError."""
+    if not raw:
+        return None
+    low, sep, high = raw.partition("-")
+    if not sep or not low.strip().isdigit() or not high.strip().isdigit():
+        raise ValueError(f"sip_rtp_ports {raw!r}: give a range, as 20000-20199")
+    a, b = int(low), int(high)
+    if not 1024 <= a < b <= 65535:
+        raise ValueError(f"sip_rtp_ports {raw!r}: two ports from 1024 to 65535, the first below the second")
+    return a, b
+
+
+def build_sip_server(services: SipServices, control: CallControl | None = None) -> SipServer:
+    """The SIP server the settings describe (``control``: who answers calls; None: the default
+    session answers every admitted call). Raises ValueError on a setting it cannot take."""
+    import orjson
+
+    from gateway.auth import principal_of_key
+    from gateway.transport.sip.control import DefaultAnswer
+
+    s = services.settings
+    session: dict[str, Any] | None = None
+    if s.sip_session:
+        try:
+            session = orjson.loads(s.sip_session)
+        except orjson.JSONDecodeError:
+            raise ValueError("sip_session is not valid JSON") from None
+        if not isinstance(session, dict):
+            raise ValueError("sip_session must be a JSON object of session settings")
+    tls: ssl.SSLContext | None = None
+    if s.sip_tls_port:
+        if not (s.sip_tls_cert and s.sip_tls_key):
+            raise ValueError("sip_tls_port needs sip_tls_cert and sip_tls_key (PEM files)")
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.minimum_version = ssl.TLSVersion.TLSv1_2
+        tls.load_cert_chain(s.sip_tls_cert, s.sip_tls_key)
+    config = SipConfig(
+        host=s.host, port=s.sip_port, rtp_host=s.host, advertised_address=s.sip_advertised_address,
+        rtp_ports=parse_port_range(s.sip_rtp_ports), ring_timeout_s=s.sip_ring_timeout_s,
+        max_call_s=s.sip_max_call_s, principal=principal_of_key(s.api_keys[0]) if s.api_keys else "anonymous",
+        model=s.sip_model or s.model, session=session, tls_port=s.sip_tls_port, tls=tls,
+    )  # fmt: skip
+    guard = Guard(s.sip_allowed_sources, per_source_per_min=s.sip_invites_per_source_per_min,
+                  per_min=s.sip_invites_per_min, max_calls=s.sip_max_calls)  # fmt: skip
+    challenger = None
+    if s.sip_trunk_credentials:
+        pairs = [entry.partition(":") for entry in s.sip_trunk_credentials]
+        if any(not user or not sep or not password for user, sep, password in pairs):
+            raise ValueError("sip_trunk_credentials: give user:password entries, comma separated")
+        challenger = digest.Challenger({user: password for user, _, password in pairs})
+    return SipServer(services, config, guard, control or DefaultAnswer(), challenger)
