@@ -252,7 +252,17 @@ class HttpApi:
         if grant is None:
             self.rt.metrics.auth_failures.inc()
             return _error(401, Code.UNAUTHORIZED, "Rejecting a call needs 'Authorization: Bearer <API key>'.")
-        return await self._answer_call(request, Rejected("rejected"))
+        try:
+            body: Any = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body(), empty={})
+        except BodyRefused as refused:
+            return refused.response()
+        status = body.get("status_code") if isinstance(body, dict) else None
+        if not isinstance(body, dict) or set(body) - {"status_code"}:
+            return _error(400, Code.INVALID_VALUE, 'The body is empty or {"status_code": 400-699}.')
+        if status is not None and (not isinstance(status, int) or isinstance(status, bool) or not 400 <= status <= 699):
+            return _error(400, Code.INVALID_VALUE, "'status_code' must be a SIP final status from 400 to 699 "
+                          "(486 Busy Here, 603 Decline...).", "status_code")  # fmt: skip
+        return await self._answer_call(request, Rejected("rejected", status))
 
     async def _answer_call(self, request: Request, answer: Accepted | Rejected) -> Response:
         call_id = request.path_params["call_id"]

@@ -211,9 +211,9 @@ class Settings:
     twilio_auth_token: str | None = None  # the Twilio account's Auth Token: a stream's upgrade without
     #   an X-Twilio-Signature that signs it with this key is refused (HTTP 403 signature_invalid), before
     #   any audio. None: not checked (the client secret in the stream's parameters is still required)
-    call_webhook_url: str | None = None  # an incoming stream without a client secret is announced here
-    #   (POST realtime.call.incoming) and waits for /v1/realtime/calls/{call_id}/accept or /reject.
-    #   None: such a stream is refused (close 4001)
+    call_webhook_url: str | None = None  # an incoming stream without a client secret, and every SIP call,
+    #   is announced here (POST realtime.call.incoming) and waits for /v1/realtime/calls/{call_id}/accept
+    #   or /reject. None: such a stream is refused (close 4001); a SIP call is answered by sip_session
     call_webhook_secret: str | None = None  # "whsec_" + base64: the announcement is signed (Standard
     #   Webhooks: webhook-id, webhook-timestamp, webhook-signature); None: unsigned. Not base64: refused at start
     call_webhook_timeout_s: float = 10.0  # the announcement's POST, connect to answer; past it, or an answer

@@ -60,6 +60,7 @@ class Accepted:
 @dataclass(frozen=True, slots=True)
 class Rejected:
     reason: str
+    status_code: int | None = None  # the reject's SIP status (a SIP call's final response), if it gave one
 
 
 Answer = Accepted | Rejected
@@ -80,7 +81,8 @@ class IncomingCall:
         if kind == "call.accept" and isinstance(body.get("session"), dict) and isinstance(body.get("grant"), dict):
             self.answer(Accepted(Grant.from_dict(body["grant"]), body["session"]))
         elif kind == "call.reject":
-            self.answer(Rejected("rejected"))
+            status = body.get("status_code")
+            self.answer(Rejected("rejected", status if isinstance(status, int) else None))
 
     def answer(self, answer: Answer) -> None:
         if not self._answer.done():
@@ -156,9 +158,10 @@ async def answer_call(ctx: HostContext, call_id: str, answer: Answer) -> bool:
             return False
         local.answer(answer)
         return True
+    message: dict[str, Any]
     if isinstance(answer, Accepted):
         message = {"type": "call.accept", "call_id": call_id, "session": answer.session,
                    "grant": answer.grant.to_dict()}  # fmt: skip
     else:
-        message = {"type": "call.reject", "call_id": call_id}
+        message = {"type": "call.reject", "call_id": call_id, "status_code": answer.status_code}
     return await ctx.store.publish(replica_channel(str(replica)), orjson.dumps(message)) > 0

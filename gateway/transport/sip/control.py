@@ -7,18 +7,23 @@ call is answered 200 OK and a session opens, with ``session`` settings over the 
 or a ``Reject`` (its ``status_code`` is the SIP final response: 486 Busy Here, 603 Decline...).
 
 ``DefaultAnswer`` is the control used when no webhook is configured: every admitted call is
-answered with the configured default session (``sip_session``). OpenAI's call control (the
-``realtime.call.incoming`` webhook, then ``POST /v1/realtime/calls/{call_id}/accept`` or
-``/reject``) plugs in here as another ``CallControl``: it sends the webhook with
-``IncomingCall.call_id`` and ``sip_headers``, and resolves the call's awaitable when the
-backend accepts or rejects it.
+answered with the configured default session (``sip_session``). With ``call_webhook_url``
+set, ``WebhookControl`` is OpenAI's call control (the ``realtime.call.incoming`` webhook,
+then ``POST /v1/realtime/calls/{call_id}/accept`` or ``/reject``), written once for every
+transport that carries a phone call (``gateway/hosting/incoming.py``).
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from gateway.hosting.context import HostContext
+from gateway.hosting.incoming import Rejected, Webhook, announce, forget, new_call_id, session_of
+
+log = logging.getLogger("omni.sip")
 
 RINGING_PREFIX = "sip_"  # a ringing call's id (the session's own call id, rtc_..., comes once it is accepted)
 
@@ -40,6 +45,9 @@ class IncomingCall:
 @dataclass(frozen=True, slots=True)
 class Accept:
     session: dict[str, Any] | None = None  # session settings over the default session's (as ``/accept`` takes)
+    principal: str | None = None  # whose session it is (the accepting credential's); None: the default's
+    session_id: str | None = None  # the session's id (the one the webhook's call_id names); None: a new one
+    model: str | None = None  # the model it serves; None: ``sip_model``
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +60,39 @@ class CallControl(Protocol):
     async def incoming(self, call: IncomingCall) -> Accept | Reject:
         """Decide on ``call`` (awaited while it rings; cancelled if the caller gives up, or at
         the ring timeout)."""
+
+
+class WebhookControl:
+    """``call_webhook_url`` set: each call is announced as ``realtime.call.incoming`` (its
+    ``call_id``, the one its session's sideband, hangup and refer then use, and the INVITE's
+    ``sip_headers`` as name/value pairs) and rings until ``/accept`` or ``/reject`` reaches
+    any replica (``gateway/hosting/incoming.py``, as for a carrier's phone call). A reject's
+    ``status_code`` is the SIP final response (603 Decline without one); no answer within
+    ``call_accept_timeout_s``: 480; the announcement failing: 503."""
+
+    def __init__(self, ctx: HostContext, webhook: Webhook) -> None:
+        self.ctx = ctx
+        self.webhook = webhook
+
+    async def incoming(self, call: IncomingCall) -> Accept | Reject:
+        call_id = new_call_id()
+        data = {"sip_headers": [{"name": name, "value": value} for name, value in call.sip_headers]}
+        waiting = await announce(self.ctx, self.webhook, call_id, data)
+        if isinstance(waiting, str):
+            log.warning("sip: call %s from %s refused: %s", call.call_id, call.source, waiting)
+            return Reject(503, "Service Unavailable")
+        log.info("sip: call %s from %s announced as %s", call.call_id, call.source, call_id)
+        try:
+            answer = await waiting.wait(self.webhook.accept_timeout_s)
+        finally:
+            forget(self.ctx, call_id)
+        if isinstance(answer, Rejected):
+            if answer.reason != "rejected":  # (no answer in time)
+                return Reject(480, "Temporarily Unavailable")
+            return Reject(answer.status_code or 603, "Decline" if answer.status_code is None else "Rejected")
+        model = answer.session.get("model")
+        return Accept(session=answer.session, principal=answer.grant.principal, session_id=session_of(call_id),
+                      model=model if isinstance(model, str) and model else None)  # fmt: skip
 
 
 class DefaultAnswer:

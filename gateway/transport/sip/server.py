@@ -396,13 +396,16 @@ class SipServer:
         if self.dialogs.get(dialog.sip_call_id) is dialog:
             del self.dialogs[dialog.sip_call_id]
 
-    async def _open(self, dialog: Dialog, requested: dict[str, Any] | None) -> bool:
-        """The call's session, opened through a door; its media started. False: none opened."""
+    async def _open(self, dialog: Dialog, requested: dict[str, Any] | None, accepted: Accept | None = None) -> bool:
+        """The call's session, opened through a door (``accepted``: for whom, on which model and
+        with which id, where the control said); its media started. False: none opened."""
         cfg = self.config
         rt = self.rt
         call = dialog.call
-        door = Door(rt.hosting, rt.sessions, call, dialect=GA, principal=cfg.principal, model=cfg.model,
-                    max_message_bytes=rt.settings.max_message_bytes, media=call)  # fmt: skip
+        accepted = accepted or Accept()
+        door = Door(rt.hosting, rt.sessions, call, dialect=GA, principal=accepted.principal or cfg.principal,
+                    model=accepted.model or cfg.model, max_message_bytes=rt.settings.max_message_bytes, media=call,
+                    session_id=accepted.session_id)  # fmt: skip
         rt.hosting.metrics.sessions.inc()
         rt.hosting.metrics.sessions_total.inc()
         try:
@@ -426,7 +429,7 @@ class SipServer:
         cfg = self.config
         call = dialog.call
         dialog.tasks.append(asyncio.current_task())  # type: ignore[arg-type]
-        if not await self._open(dialog, {**(cfg.session or {}), **(decision.session or {})} or None):
+        if not await self._open(dialog, {**(cfg.session or {}), **(decision.session or {})} or None, decision):
             if dialog.state == "ringing":
                 await self._final(dialog, 503)
             return
@@ -786,7 +789,8 @@ def build_sip_server(services: SipServices, control: CallControl | None = None) 
     import orjson
 
     from gateway.auth import principal_of_key
-    from gateway.transport.sip.control import DefaultAnswer
+    from gateway.hosting.incoming import Webhook
+    from gateway.transport.sip.control import DefaultAnswer, WebhookControl
 
     s = services.settings
     session: dict[str, Any] | None = None
@@ -818,4 +822,7 @@ def build_sip_server(services: SipServices, control: CallControl | None = None) 
         if any(not user or not sep or not password for user, sep, password in pairs):
             raise ValueError("sip_trunk_credentials: give user:password entries, comma separated")
         challenger = digest.Challenger({user: password for user, _, password in pairs})
+    if control is None and s.call_webhook_url:
+        webhook = Webhook(s.call_webhook_url, s.call_webhook_secret, s.call_webhook_timeout_s, s.call_accept_timeout_s)
+        control = WebhookControl(services.hosting, webhook)
     return SipServer(services, config, guard, control or DefaultAnswer(), challenger)
