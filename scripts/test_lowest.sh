@@ -7,8 +7,14 @@
 # Builds a fresh virtual environment (.venv-lowest) every run, with the same extras as the main
 # run (the WebRTC tests trace a cascade turn with OpenTelemetry); .ci/run calls it.
 #
+# Usage: scripts/test_lowest.sh [all|install|test] (default all): `install` builds the venv and
+# checks its pins, `test` runs the tests in the venv `install` built (.ci/run builds it while the
+# main suite runs).
+#
 # Environment: PYTHON (default: python3), LOWEST_VENV (default: .venv-lowest).
 set -euo pipefail
+phase="${1:-all}"
+case "$phase" in all|install|test) ;; *) echo "usage: $0 [all|install|test]" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 VENV="${LOWEST_VENV:-.venv-lowest}"
@@ -32,6 +38,7 @@ trap 'rm -f "$constraints"' EXIT
 echo "$pins" >"$constraints"
 say "pins: $(tr '\n' ' ' <"$constraints")"
 
+if [ "$phase" != test ]; then
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 # (this machine's pip config names index folders that may not exist: their warnings are noise)
@@ -46,6 +53,8 @@ for line in open(sys.argv[1]):
     if Version(have) != Version(want):
         sys.exit(f"test_lowest: {name} {have} installed, {want} wanted")
 PYEOF
+fi
+[ "$phase" = install ] && exit 0
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -n 3 \
     tests/integration/test_ws_server.py \
     tests/integration/test_realtime_protocol.py \
