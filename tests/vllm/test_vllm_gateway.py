@@ -39,7 +39,9 @@ async def respond(c: Client, **response: Any) -> tuple[dict[str, Any], str]:
         for e in c.events[start:]
         if e["type"] == "response.output_text.delta" and e.get("response_id") == rid
     ]
-    assert len(deltas) > 1, "the text was not streamed"
+    # Deltas, not the text only in response.done; vLLM merges those a busy machine's gateway has
+    # not read yet, so a short answer may come as one.
+    assert deltas, "the text was not streamed"
     return done, "".join(deltas)
 
 
