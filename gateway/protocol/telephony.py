@@ -144,6 +144,29 @@ def _int(value: Any, what: str) -> int:
         raise CarrierMessageError(f"'{what}' must be an integer") from None
 
 
+def _json_object(message: str | bytes) -> dict[str, Any]:
+    try:
+        d = orjson.loads(message)
+    except orjson.JSONDecodeError:
+        raise CarrierMessageError("not JSON") from None
+    if not isinstance(d, dict):
+        raise CarrierMessageError("not a JSON object")
+    return d
+
+
+def _media_in(media: Mapping[str, Any]) -> MediaIn | None:
+    """A ``media`` object as Twilio, Telnyx and Plivo write it (``payload`` base64, ``chunk``);
+    None: another track's (a stream of both tracks: the gateway's own audio comes back)."""
+    if media.get("track", "inbound") != "inbound":
+        return None
+    try:
+        audio = base64.b64decode(_str(media, "payload"), validate=True)
+    except binascii.Error:
+        raise CarrierMessageError("media.payload is not base64") from None
+    chunk = media.get("chunk")
+    return MediaIn(audio, _int(chunk, "media.chunk") if chunk is not None else None)
+
+
 def _twilio_format(raw: Mapping[str, Any]) -> tuple[AudioFormat, int]:
     encoding = raw.get("encoding")
     rate = _int(raw.get("sampleRate"), "mediaFormat.sampleRate")
@@ -183,23 +206,10 @@ class TwilioCodec:
 
     def decode(self, message: str | bytes) -> CarrierEvent | None:
         """One message; None: an event the gateway has no use for. Raises CarrierMessageError."""
-        try:
-            d = orjson.loads(message)
-        except orjson.JSONDecodeError:
-            raise CarrierMessageError("not JSON") from None
-        if not isinstance(d, dict):
-            raise CarrierMessageError("not a JSON object")
+        d = _json_object(message)
         kind = d.get("event")
         if kind == "media":
-            media = _obj(d, "media")
-            if media.get("track", "inbound") != "inbound":
-                return None  # (a <Start><Stream> of both tracks: the gateway's own audio comes back)
-            try:
-                audio = base64.b64decode(_str(media, "payload"), validate=True)
-            except binascii.Error:
-                raise CarrierMessageError("media.payload is not base64") from None
-            chunk = media.get("chunk")
-            return MediaIn(audio, _int(chunk, "media.chunk") if chunk is not None else None)
+            return _media_in(_obj(d, "media"))
         if kind == "mark":
             return MarkIn(_str(_obj(d, "mark"), "name"))
         if kind == "dtmf":
@@ -273,23 +283,10 @@ class TelnyxCodec:
     reorders: bool = True
 
     def decode(self, message: str | bytes) -> CarrierEvent | None:
-        try:
-            d = orjson.loads(message)
-        except orjson.JSONDecodeError:
-            raise CarrierMessageError("not JSON") from None
-        if not isinstance(d, dict):
-            raise CarrierMessageError("not a JSON object")
+        d = _json_object(message)
         kind = d.get("event")
         if kind == "media":
-            media = _obj(d, "media")
-            if media.get("track", "inbound") != "inbound":
-                return None
-            try:
-                audio = base64.b64decode(_str(media, "payload"), validate=True)
-            except binascii.Error:
-                raise CarrierMessageError("media.payload is not base64") from None
-            chunk = media.get("chunk")
-            return MediaIn(audio, _int(chunk, "media.chunk") if chunk is not None else None)
+            return _media_in(_obj(d, "media"))
         if kind == "mark":
             return MarkIn(_str(_obj(d, "mark"), "name"))
         if kind == "dtmf":
@@ -363,23 +360,10 @@ class PlivoCodec:
     reorders: bool = False
 
     def decode(self, message: str | bytes) -> CarrierEvent | None:
-        try:
-            d = orjson.loads(message)
-        except orjson.JSONDecodeError:
-            raise CarrierMessageError("not JSON") from None
-        if not isinstance(d, dict):
-            raise CarrierMessageError("not a JSON object")
+        d = _json_object(message)
         kind = d.get("event")
         if kind == "media":
-            media = _obj(d, "media")
-            if media.get("track", "inbound") != "inbound":
-                return None
-            try:
-                audio = base64.b64decode(_str(media, "payload"), validate=True)
-            except binascii.Error:
-                raise CarrierMessageError("media.payload is not base64") from None
-            chunk = media.get("chunk")
-            return MediaIn(audio, _int(chunk, "media.chunk") if chunk is not None else None)
+            return _media_in(_obj(d, "media"))
         if kind in ("playedStream", "played"):
             return MarkIn(_str(d, "name"))
         if kind == "dtmf":

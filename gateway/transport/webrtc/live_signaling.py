@@ -56,16 +56,7 @@ class LiveSessionsEndpoint(CallsEndpoint):
     async def fork(self, request: Request) -> Response:
         """``POST /v1/live/sessions/{id}/fork`` (``client.live.sessions.fork``): the stored
         session carried on by a new WebRTC call (module docstring)."""
-        cors = self._cors(request)
-        if cors is None:
-            origin = request.headers.get("origin")
-            return _error(403, Code.ORIGIN_NOT_ALLOWED, f"Pages from {origin!r} may not start calls here "
-                          "(see the allowed_origins setting).")  # fmt: skip
-        if request.method == "OPTIONS":
-            return self._preflight(request, cors)
-        response = await self._fork(request, request.path_params["session_id"])
-        response.headers.update(cors)
-        return response
+        return await self._with_cors(request, self._fork(request, request.path_params["session_id"]))
 
     async def _create(self, request: Request) -> Response:
         checked = await self._caller(request)
@@ -112,15 +103,10 @@ class LiveSessionsEndpoint(CallsEndpoint):
             refused = await door.open_media(config)
             if refused is None:
                 return None
-            status = {Code.STORE_UNAVAILABLE: 503, Code.RATE_LIMIT_EXCEEDED: 429}.get(refused.code, 400)
-            return _error(status, refused.code, refused.message, refused.param)
-
-        def answered(answer: str, call_id: str, session_id: str) -> Response:
-            body = {"session": {"id": session_id}, "transport": {"type": "webrtc", "sdp": answer}}
-            return JSONResponse(body, status_code=201, headers={"Location": f"/v1/live/sessions/{session_id}"})
+            return _refused(refused)
 
         minted = grant.minted
-        return await self._answer(book, offer, max_message_size, grant, seat, model, LIVE, opening, answered,
+        return await self._answer(book, offer, max_message_size, grant, seat, model, LIVE, opening, _answered,
                                   requested=minted.session if minted is not None else None, frontend=True,
                                   resumed=resume is not None)  # fmt: skip
 
@@ -156,16 +142,25 @@ class LiveSessionsEndpoint(CallsEndpoint):
             refused = await door.open_media_fork(source, config)
             if refused is None:
                 return None
-            status = {Code.STORE_UNAVAILABLE: 503, Code.RATE_LIMIT_EXCEEDED: 429, Code.SESSION_NOT_FOUND: 404,
-                      Code.MODEL_NOT_FOUND: 404}.get(refused.code, 400)  # fmt: skip
-            return _error(status, refused.code, refused.message, refused.param)
+            return _refused(refused)
 
-        def answered(answer: str, call_id: str, session_id: str) -> Response:
-            body = {"session": {"id": session_id}, "transport": {"type": "webrtc", "sdp": answer}}
-            return JSONResponse(body, status_code=201, headers={"Location": f"/v1/live/sessions/{session_id}"})
-
-        return await self._answer(book, offer, max_message_size, grant, seat, model, LIVE, opening, answered,
+        return await self._answer(book, offer, max_message_size, grant, seat, model, LIVE, opening, _answered,
                                   frontend=True)  # fmt: skip
+
+
+# A session refused before the call is answered: its HTTP status (else 400).
+_REFUSAL_STATUS = {Code.STORE_UNAVAILABLE: 503, Code.RATE_LIMIT_EXCEEDED: 429, Code.SESSION_NOT_FOUND: 404,
+                   Code.MODEL_NOT_FOUND: 404}  # fmt: skip
+
+
+def _refused(err: ProtocolError) -> Response:
+    return _error(_REFUSAL_STATUS.get(err.code, 400), err.code, err.message, err.param)
+
+
+def _answered(answer: str, call_id: str, session_id: str) -> Response:
+    """201 ``LiveCreateResponse`` / ``SessionForkResponse``: the session's id and the SDP answer."""
+    body = {"session": {"id": session_id}, "transport": {"type": "webrtc", "sdp": answer}}
+    return JSONResponse(body, status_code=201, headers={"Location": f"/v1/live/sessions/{session_id}"})
 
 
 def _read(body: Any, *, session_required: bool = True) -> tuple[dict[str, Any], str]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -149,14 +149,21 @@ class CallsEndpoint:
     # --- POST /v1/realtime/calls ----------------------------------------------------------
 
     async def create(self, request: Request) -> Response:
+        return await self._with_cors(request, self._create(request))
+
+    async def _with_cors(self, request: Request, handled: Coroutine[Any, Any, Response]) -> Response:
+        """``handled``'s response with the page's CORS headers; a preflight answered; a page
+        from an origin not allowed refused (``handled`` is then never run)."""
         cors = self._cors(request)
+        if cors is None or request.method == "OPTIONS":
+            handled.close()
         if cors is None:
             origin = request.headers.get("origin")
             return _error(403, Code.ORIGIN_NOT_ALLOWED, f"Pages from {origin!r} may not start calls here "
                           "(see the allowed_origins setting).")  # fmt: skip
         if request.method == "OPTIONS":
             return self._preflight(request, cors)
-        response = await self._create(request)
+        response = await handled
         response.headers.update(cors)
         return response
 
