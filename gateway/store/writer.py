@@ -180,6 +180,8 @@ class JournalWriter:
         return bool(self._events or self._snapshot is not None or self._lost_through or self._items or self._drops)
 
     def _kick(self, at: float | None = None) -> None:
+        if self._stopped:
+            return
         flusher = self._flusher
         if flusher is None:
             flusher = self._flusher = JournalFlusher.of(self.store)
@@ -192,8 +194,8 @@ class JournalWriter:
         FencedError / StoreUnavailable (the batch is kept for a retry on StoreUnavailable)."""
         if self.fenced is not None:
             raise self.fenced
-        if not (self._has_pending() or self._in_flight):
-            return
+        if self._stopped or not (self._has_pending() or self._in_flight):
+            return  # (stopped: nothing of it is committed any more)
         health = self.store.health
         if health.down and health.trial_interval_s is None and not self._in_flight:
             # The store is known down (and a probe, not our calls, will find it back): fail
@@ -229,8 +231,10 @@ class JournalWriter:
     def _settle(self, batch: _Batch, error: BaseException | None, now: float, seconds: float) -> None:
         """The flusher's answer for ``batch``: committed (``error`` None) or not."""
         self._in_flight = False
-        if self._closed and self._flusher is None:  # abandoned: the session went on without us
+        if self._stopped:  # abandoned or closed unflushed: the session went on without us
             _answer(batch.waiters, error)
+            _answer(self._waiters, None)
+            self._waiters = []
             return
         if error is None:
             self.last_error = None
@@ -299,13 +303,21 @@ class JournalWriter:
         self._bytes = 0
         self._items, self._drops, self._snapshot, self._lost_through = {}, set(), None, 0
         self._forget()
-        _answer(self._waiters, None)
-        self._waiters = []
+
+    @property
+    def _stopped(self) -> bool:
+        """Closed and out of the flusher: nothing of this writer is committed any more."""
+        return self._closed and self._flusher is None
 
     def _forget(self) -> None:
+        """Out of the flusher, for good. The flushes still waiting are answered now: their
+        batch will never be taken, and a commit gate waiting on one would hold back every
+        later event of its connection (issue 34's silence after a resume)."""
         if self._flusher is not None:
             self._flusher.forget(self)
             self._flusher = None
+        _answer(self._waiters, None)
+        self._waiters = []
 
     async def close(self, *, flush: bool = True) -> None:
         """Stop; with ``flush`` commit what is pending first (its error, if any, is

@@ -111,3 +111,26 @@ async def test_pending_overflow_drops_oldest_and_reports_a_gap(backend: Backend)
     assert [s for s, _ in read.events] == [3, 4, 5] and read.gap
     assert not (await store.read_events("s1", 2)).gap
     await writer.close()
+
+
+@pytest.mark.parametrize("in_flight", [False, True])
+async def test_a_flush_waiting_when_the_writer_is_closed_unflushed_is_answered(
+    backend: Backend, in_flight: bool
+) -> None:
+    """Issue 34's silence after a resume: a session that ends unflushed (``close(flush=False)``,
+    a resume's provisional session) while a ``flush()`` waits, its batch not yet taken (or
+    waiting behind one in flight), must answer that flush: the commit gate waits on it, and a
+    gate never released holds every later event of the connection back."""
+    store = backend.store(flush_interval_ms=20)
+    fence = await store.acquire("s1", "A", LEASE_MS)
+    writer = JournalWriter(store, "s1", fence)
+    writer.append(1, ev(1))
+    first = asyncio.ensure_future(writer.flush())
+    if in_flight:
+        while not writer._in_flight:  # noqa: ASYNC110 (the batch taken, its commit under way)
+            await asyncio.sleep(0)
+    writer.append(2, ev(2))
+    second = asyncio.ensure_future(writer.flush())
+    await asyncio.sleep(0)  # the flush asked (its waiter queued), its batch not yet taken
+    await writer.close(flush=False)
+    await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 5)
