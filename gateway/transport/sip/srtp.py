@@ -8,13 +8,14 @@ caller sends with the caller's key (libsrtp through pylibsrtp, as aiortc's DTLS-
 
 Taken: the suites ``AES_CM_128_HMAC_SHA1_80`` and ``AES_CM_128_HMAC_SHA1_32`` (a 128-bit AES
 counter-mode key and a 112-bit salt, ``inline:`` base64 of the 30 bytes key||salt), one key
-per attribute, with or without a lifetime (``|2^31``: the gateway's calls never send that
-many packets; libsrtp rekeys no key), the window size hint ``WSH=`` (ignored: libsrtp's
-replay window is 128 packets). Not taken (the attribute is skipped, as RFC 4568 6.1 says the
-answerer does; none left: 488): other suites (the AES-256, AEAD-GCM and F8 ones), a key with
-an MKI (``|1:4``), several keys in one attribute, and the session parameters that weaken or
-change the protection (``UNENCRYPTED_SRTP``, ``UNENCRYPTED_SRTCP``, ``UNAUTHENTICATED_SRTP``,
-``KDR=`` other than 0, ``FEC_ORDER=``, ``FEC_KEY=``).
+per attribute, with or without a lifetime (``|2^31``: read, not enforced; a call capped at
+``sip_max_call_s`` sends 50 packets a second, and no key is ever renewed mid-call), the
+window size hint ``WSH=`` (ignored: libsrtp's replay window is 128 packets). Not taken (the
+attribute is skipped, as RFC 4568 6.1 says the answerer does; none left: 488): other suites
+(the AES-256, AEAD-GCM and F8 ones), a key with an MKI (``|1:4``), several keys in one
+attribute, and the session parameters that weaken or change the protection
+(``UNENCRYPTED_SRTP``, ``UNENCRYPTED_SRTCP``, ``UNAUTHENTICATED_SRTP``, ``KDR=`` other than
+0, ``FEC_ORDER=``, ``FEC_KEY=``).
 """
 
 from __future__ import annotations
