@@ -9,8 +9,9 @@ read from the 200 OK), speaking eSpeak NG's words:
   caller's encrypted speech reaches the session (``input_audio_buffer.speech_started``), and a
   packet with a wrong authentication tag is dropped and counted, the call going on;
 - an Opus call (``opus/48000/2``): speech both ways, the peer's Opus being aiortc's codec;
-- an outbound call with ``sip_outbound_srtp`` offers SRTP, and a trunk (sipp) answering plain
-  RTP is hung up: the dial answers 502, SIP 488.
+- an outbound call with ``sip_outbound_srtp`` offers SRTP: a trunk (sipp, its RTP the test's
+  peer) answering with its key connects and speaks both ways; one answering plain RTP is hung
+  up: the dial answers 502, SIP 488.
 """
 
 from __future__ import annotations
@@ -194,3 +195,35 @@ async def test_an_outbound_call_offers_srtp_and_a_plain_rtp_answer_is_refused(tm
         assert re.search(r"^m=audio \d+ RTP/SAVP 0 8 101$", text, re.M), text
         assert re.search(r"^a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:[A-Za-z0-9+/]{40}$", text, re.M), text
         assert 'text="no acceptable media"' in text and gw.runtime.session_count() == 0
+
+
+async def test_an_outbound_srtp_call_connects_and_speaks_both_ways(tmp_path: Path) -> None:
+    settings = _settings(sip_outbound_srtp=True)
+    async with run_gateway(settings) as gw:
+        peer = RtpPeer()
+        await peer.open()
+        trunk_key = secrets.token_bytes(30)
+        peer.srtp_tx = srtp_session(trunk_key, inbound=False)
+        extra = ("-key", "srtp_key", base64.b64encode(trunk_key).decode())
+        try:
+            async with sipp_uas("answers_outbound_srtp.xml", peer.port, tmp_path, extra=extra) as trunk:
+                request = {"destination": "tel:+15551234567", "trunk": {"provider_url": f"sip:127.0.0.1:{trunk.port}"}}
+                status, body = await asyncio.to_thread(_post_json, f"{gw.http}/v1/realtime/sip/calls", request)
+                assert status == 200 and body["status"] == "answered", body
+                offered = re.search(r"^a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:(\S+)$", trunk.messages.read_text(),
+                                    re.M)  # fmt: skip
+                assert offered is not None, trunk.text()
+                peer.srtp_rx = srtp_session(base64.b64decode(offered.group(1)), inbound=True)
+                await peer.wait_remote()  # the gateway's RTP, decrypted with the key it offered
+                async with connect(f"{gw.url}?call_id={body['call_id']}") as sideband:
+                    speech = await speak("hello, can you hear me", rate=8000)
+                    await peer.play(speech + bytes(2 * 8000))  # the trunk's side speaks, encrypted with its key
+                    await sideband.wait_for("input_audio_buffer.speech_started", 60)
+                    await peer.wait_answer_audio()
+                media = gw.runtime.sip.dialogs[next(iter(gw.runtime.sip.dialogs))].media
+                assert media.srtp is not None and media.srtp.auth_failures == 0
+                hangup = f"{gw.http}/v1/realtime/calls/{body['call_id']}/hangup"
+                assert (await asyncio.to_thread(_post_json, hangup, {}))[0] == 200
+                assert await trunk.wait() == 0, trunk.text()
+        finally:
+            peer.close()

@@ -239,14 +239,15 @@ class Sipp:
 
 
 @contextlib.asynccontextmanager
-async def sipp_uas(scenario: str, rtp_port: int, tmp: Path) -> AsyncIterator[Sipp]:
+async def sipp_uas(scenario: str, rtp_port: int, tmp: Path, *, extra: tuple[str, ...] = ()) -> AsyncIterator[Sipp]:
     """sipp as a trunk that answers one call on 127.0.0.1 (its port: ``.port``)."""
     assert SIPP is not None, "sipp is not installed (Debian's sip-tester)"
     port = free_udp_port()
     messages, log = tmp / f"sipp-uas-{port}-messages.log", tmp / f"sipp-uas-{port}.log"
     args = [SIPP, "-sf", str(SCENARIOS / scenario), "-i", "127.0.0.1", "-p", str(port), "-m", "1",
             "-key", "rtp_port", str(rtp_port), "-mi", "127.0.0.1", "-trace_msg", "-message_file", str(messages),
-            "-trace_err", "-error_file", str(log), "-timeout", "150s", "-timeout_error", "-nostdin"]  # fmt: skip
+            "-trace_err", "-error_file", str(log), "-timeout", "150s", "-timeout_error", "-nostdin",
+            *extra]  # fmt: skip
     proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.DEVNULL,
                                                 stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
     run = Sipp(proc, port, "", messages, log)
