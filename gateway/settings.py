@@ -249,6 +249,9 @@ class Settings:
     sip_session: str | None = None  # the default session a call is answered with when no webhook
     #   decides: a JSON object of session settings (as session.update takes); None: the model's defaults
     sip_model: str | None = None  # the model SIP sessions serve; None: ``model``
+    sip_outbound_srtp: bool = False  # outbound calls offer SDES-SRTP (RTP/SAVP, AES_CM_128_HMAC_SHA1_80
+    #   with a fresh key) and take only an SRTP answer: a trunk answering plain RTP is hung up (BYE) and
+    #   the dial answers 502 (SIP 488). False: plain RTP offered. Inbound calls answer SRTP when offered
 
     # --- traces (OpenTelemetry, the ``otel`` extra; gateway/telemetry.py) ---
     otel_traces_endpoint: str | None = None  # OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces;

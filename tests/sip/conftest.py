@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 HERE = Path(__file__).parent
-PURE = {"test_sip_message.py"}
+PURE = {"test_sip_message.py", "test_sip_sdes.py"}
 
 collect_ignore: list[str] = []
 if importlib.util.find_spec("av") is None or shutil.which("sipp") is None:

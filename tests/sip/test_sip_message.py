@@ -159,7 +159,7 @@ def test_the_guard_refuses_outsiders_and_bounds_invites() -> None:
 
 def test_the_rtp_port_range_is_checked() -> None:
     pytest.importorskip("av")  # (the server module plays RTP through PyAV)
-    from gateway.transport.sip.server import parse_port_range
+    from gateway.transport.sip.media import parse_port_range
 
     assert parse_port_range(None) is None and parse_port_range("20000-20199") == (20000, 20199)
     for bad in ("20000", "20199-20000", "80-90", "a-b"):

@@ -12,6 +12,7 @@ import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,9 +33,50 @@ class _Proto(asyncio.DatagramProtocol):
         self.peer._received(data, addr)
 
 
+class OpusPeerCodec:
+    """The peer's Opus (RFC 7587): aiortc's own encoder and decoder, not the gateway's, so a
+    mistake in the gateway's codec is not mirrored here. PCM16 mono at 48 kHz in and out."""
+
+    rate = 48000
+
+    def __init__(self) -> None:
+        from aiortc.codecs.opus import OpusDecoder, OpusEncoder
+
+        self._enc, self._dec = OpusEncoder(), OpusDecoder()
+        self._pts = 0
+
+    def encode(self, pcm: bytes) -> bytes:
+        from av import AudioFrame
+
+        frame = AudioFrame.from_ndarray(np.frombuffer(pcm, dtype="<i2").reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate, frame.pts = self.rate, self._pts
+        self._pts += len(pcm) // 2
+        payloads, _ = self._enc.encode(frame)
+        return b"".join(payloads)
+
+    def decode(self, payload: bytes, timestamp: int) -> bytes:
+        from aiortc.jitterbuffer import JitterFrame
+
+        frames = self._dec.decode(JitterFrame(data=payload, timestamp=timestamp))
+        stereo = b"".join(f.to_ndarray().tobytes() for f in frames)  # type: ignore[attr-defined]
+        return np.frombuffer(stereo, dtype="<i2")[0::2].tobytes()  # (left: libopus decodes mono to both)
+
+
+def srtp_session(key: bytes, *, inbound: bool, suite: str = "AES_CM_128_HMAC_SHA1_80") -> Any:
+    """A pylibsrtp session for the peer's side of SDES-SRTP: ``key`` is key||salt (30 bytes)."""
+    import pylibsrtp
+
+    profile = {"AES_CM_128_HMAC_SHA1_80": pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_80,
+               "AES_CM_128_HMAC_SHA1_32": pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_32}[suite]  # fmt: skip
+    kind = pylibsrtp.Policy.SSRC_ANY_INBOUND if inbound else pylibsrtp.Policy.SSRC_ANY_OUTBOUND
+    return pylibsrtp.Session(pylibsrtp.Policy(key=key, ssrc_type=kind, srtp_profile=profile))
+
+
 @dataclass
 class RtpPeer:
-    """The caller's RTP: sends μ-law (paced, 20 ms a packet) and RFC 4733 keys, keeps what it hears."""
+    """The caller's RTP: sends μ-law (paced, 20 ms a packet) and RFC 4733 keys, keeps what it hears.
+    ``opus``: Opus at 48 kHz on ``payload_type`` instead; ``srtp_tx``/``srtp_rx`` (pylibsrtp
+    sessions, ``srtp_session``): SRTP both ways (what fails to unprotect: ``undecryptable``)."""
 
     port: int = 0
     remote: tuple[str, int] | None = None  # learnt from the gateway's first packet (symmetric RTP)
@@ -47,6 +89,15 @@ class RtpPeer:
     _seq: int = 0
     _ts: int = 0
     ssrc: int = field(default_factory=lambda: secrets.randbits(32))
+    payload_type: int = 0
+    opus: OpusPeerCodec | None = None
+    srtp_tx: Any = None
+    srtp_rx: Any = None
+    undecryptable: int = 0
+
+    @property
+    def rate(self) -> int:
+        return self.opus.rate if self.opus is not None else 8000
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
@@ -59,13 +110,24 @@ class RtpPeer:
             self._transport.close()
 
     def _received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if self.srtp_rx is not None:
+            import pylibsrtp
+
+            try:
+                data = self.srtp_rx.unprotect(data)
+            except pylibsrtp.Error:
+                self.undecryptable += 1
+                return
         packet = parse_rtp(data)
-        if packet is None or packet.payload_type != 0:
+        if packet is None or packet.payload_type != self.payload_type:
             return
         if self.remote is None:
             self.remote = addr
             self._got_remote.set()
-        pcm = decode_to_pcm16(ULAW, packet.payload)
+        if self.opus is not None:
+            pcm = self.opus.decode(packet.payload, packet.timestamp)
+        else:
+            pcm = decode_to_pcm16(ULAW, packet.payload)
         self.heard.append(pcm)
         rms = float(np.sqrt(np.mean(np.frombuffer(pcm, dtype="<i2").astype(np.float64) ** 2)))
         if rms > 300:
@@ -82,21 +144,33 @@ class RtpPeer:
         """Until ``loud_needed`` packets of speech-loud audio came back (0.5 s by default)."""
         await asyncio.wait_for(self._loud.wait(), timeout)
 
-    def _send(self, pt: int, payload: bytes, *, ts: int | None = None, marker: bool = False) -> None:
-        assert self._transport is not None and self.remote is not None
+    def packet(self, pt: int, payload: bytes, *, ts: int | None = None, marker: bool = False,
+               protect: bool = True) -> bytes:  # fmt: skip
+        """The next packet, as sent (SRTP-protected where ``srtp_tx`` is set, unless not ``protect``)."""
         self._seq = (self._seq + 1) & 0xFFFF
-        self._transport.sendto(build_rtp(pt, self._seq, self._ts if ts is None else ts, self.ssrc, payload,
-                                         marker=marker), self.remote)  # fmt: skip
+        data = build_rtp(pt, self._seq, self._ts if ts is None else ts, self.ssrc, payload, marker=marker)
+        return data if self.srtp_tx is None or not protect else bytes(self.srtp_tx.protect(data))
 
-    async def play(self, pcm8k: bytes) -> None:
-        """Send PCM16 at 8 kHz as μ-law, one packet per 20 ms of the loop's clock."""
+    def send_raw(self, data: bytes) -> None:
+        assert self._transport is not None and self.remote is not None
+        self._transport.sendto(data, self.remote)
+
+    def _send(self, pt: int, payload: bytes, *, ts: int | None = None, marker: bool = False) -> None:
+        self.send_raw(self.packet(pt, payload, ts=ts, marker=marker))
+
+    async def play(self, pcm: bytes) -> None:
+        """Send PCM16 at the peer's rate (8 kHz μ-law; 48 kHz Opus), one packet per 20 ms of the
+        loop's clock."""
         loop = asyncio.get_running_loop()
         start = loop.time()
-        step = 2 * FRAME
-        for n, i in enumerate(range(0, len(pcm8k), step)):
-            frame = pcm8k[i : i + step].ljust(step, b"\0")
-            self._send(0, encode_from_pcm16(ULAW, frame))
-            self._ts += FRAME
+        samples = self.rate // 50
+        step = 2 * samples
+        for n, i in enumerate(range(0, len(pcm), step)):
+            frame = pcm[i : i + step].ljust(step, b"\0")
+            payload = self.opus.encode(frame) if self.opus is not None else encode_from_pcm16(ULAW, frame)
+            if payload:
+                self._send(self.payload_type, payload)
+            self._ts += samples
             delay = start + (n + 1) * 0.02 - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -165,14 +239,15 @@ class Sipp:
 
 
 @contextlib.asynccontextmanager
-async def sipp_uas(scenario: str, rtp_port: int, tmp: Path) -> AsyncIterator[Sipp]:
+async def sipp_uas(scenario: str, rtp_port: int, tmp: Path, *, extra: tuple[str, ...] = ()) -> AsyncIterator[Sipp]:
     """sipp as a trunk that answers one call on 127.0.0.1 (its port: ``.port``)."""
     assert SIPP is not None, "sipp is not installed (Debian's sip-tester)"
     port = free_udp_port()
     messages, log = tmp / f"sipp-uas-{port}-messages.log", tmp / f"sipp-uas-{port}.log"
     args = [SIPP, "-sf", str(SCENARIOS / scenario), "-i", "127.0.0.1", "-p", str(port), "-m", "1",
             "-key", "rtp_port", str(rtp_port), "-mi", "127.0.0.1", "-trace_msg", "-message_file", str(messages),
-            "-trace_err", "-error_file", str(log), "-timeout", "150s", "-timeout_error", "-nostdin"]  # fmt: skip
+            "-trace_err", "-error_file", str(log), "-timeout", "150s", "-timeout_error", "-nostdin",
+            *extra]  # fmt: skip
     proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.DEVNULL,
                                                 stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
     run = Sipp(proc, port, "", messages, log)

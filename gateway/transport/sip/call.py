@@ -1,9 +1,11 @@
 """One answered SIP call: its RTP behind a door, the media-carrying ``Peer`` of a session.
 
-The caller's audio (G.711, decoded to PCM16 at 8 kHz) is handed to the door 20 ms at a time
-(``Door.receive_pcm``: the door converts it to the session's input format); a key press
+The caller's audio (G.711 or Opus, decoded to PCM16 at the codec's rate: 8 or 48 kHz) is handed
+to the door 20 ms at a time (``Door.receive_pcm``: the door converts it to the session's input
+format, in one step); a key press
 (RFC 4733) becomes ``Door.dtmf``. Of what the session says, the answers' audio is played on
-the call's paced RTP track (decoded from the session's output format and resampled to 8 kHz);
+the call's paced RTP track (decoded from the session's output format and resampled to the
+codec's rate in one step);
 the call reports what was played (``output_audio_buffer.started``/``.stopped``) and cuts the
 audio on barge-in, a cancel and ``output_audio_buffer.clear``, as a WebRTC call does. The
 other events have no wire here: a sideband socket (``/v1/realtime?call_id=``) sees them.
@@ -25,11 +27,11 @@ from gateway.audio.resample import StreamResampler
 from gateway.hosting.door import Door
 from gateway.protocol.server_events import AUDIO_DELTA
 from gateway.protocol.session_config import parse_ga_format
-from gateway.transport.sip.media import RATE, RtpMedia
+from gateway.transport.sip.media import RtpMedia
 
 log = logging.getLogger("omni.sip")
 
-CHUNK_BYTES = 2 * RATE * 20 // 1000  # 20 ms of PCM16 at 8 kHz: what the door is handed at a time
+CHUNK_MS = 20  # what the door is handed at a time
 INBOX_CHUNKS = 50  # 1 s of the caller's audio waiting for the session; more: the oldest is dropped
 _CUT = frozenset({"cancelled", "failed"})
 _SPEECH_STARTED = "input_audio_buffer.speech_started"
@@ -47,6 +49,7 @@ class SipCall:
         self.ended = False
         self._on_close = on_close
         self._buf = bytearray()
+        self._chunk = 2 * media.rate * CHUNK_MS // 1000
         self._inbox: asyncio.Queue[bytes] = asyncio.Queue(INBOX_CHUNKS)
         self._reader: asyncio.Task[None] | None = None
         self._formats: dict[str, AudioFormat] = {}
@@ -65,9 +68,9 @@ class SipCall:
 
     def _audio(self, pcm: bytes) -> None:
         self._buf += pcm
-        while len(self._buf) >= CHUNK_BYTES:
-            chunk = bytes(self._buf[:CHUNK_BYTES])
-            del self._buf[:CHUNK_BYTES]
+        while len(self._buf) >= self._chunk:
+            chunk = bytes(self._buf[: self._chunk])
+            del self._buf[: self._chunk]
             if self._inbox.full():
                 self._inbox.get_nowait()  # the session is a second behind: the oldest audio goes
                 self.dropped_chunks += 1
@@ -76,7 +79,7 @@ class SipCall:
     async def _read(self, door: Door) -> None:
         while True:
             chunk = await self._inbox.get()
-            pending = door.receive_pcm(chunk, RATE)
+            pending = door.receive_pcm(chunk, self.media.rate)
             if pending is not None:
                 await pending
 
@@ -124,7 +127,8 @@ class SipCall:
         fmt = fmt or AudioFormat("pcm16", 24_000)
         decoder = self._decoders.get(response_id)
         if decoder is None or decoder[0] != fmt:
-            decoder = self._decoders[response_id] = (fmt, StreamResampler(fmt.rate, RATE) if fmt.rate != RATE else None)
+            rate = self.media.rate
+            decoder = self._decoders[response_id] = (fmt, StreamResampler(fmt.rate, rate) if fmt.rate != rate else None)
         pcm = decode_to_pcm16(fmt, bytes(event["delta"]))
         if decoder[1] is not None:
             pcm = decoder[1].process(pcm)

@@ -1,16 +1,20 @@
-"""A SIP call's RTP: one UDP socket on the configured port range, G.711 both ways.
+"""A SIP call's RTP: one UDP socket on the configured port range, G.711 or Opus both ways,
+SRTP-protected where the SDP said so (``srtp.py``).
 
 In: each packet from the caller's address (the offer's IP; the port is latched from the first
-packet, as symmetric RTP behind NAT needs) is decoded to PCM16 at 8 kHz and handed on
+packet that passes, as symmetric RTP behind NAT needs) is unprotected (SRTP: a packet whose
+authentication tag fails, or a replay, is dropped and counted on ``srtp``), decoded to PCM16
+at the codec's rate (8 kHz for G.711, 48 kHz for Opus: ``codec.py``) and handed on
 (``on_audio``), in order on the caller's clock (``rtp.Timeline``: late or repeated packets
 dropped, gaps filled with silence up to 1 s; no jitter buffer: a packet that comes after
 the next one is dropped); telephone-events become key presses (``on_dtmf``). Packets from
 any other address are dropped.
 
-Out: the answer's audio (PCM16 at 8 kHz) goes through the same paced track as a WebRTC call's
-(``webrtc/audio_out.py``: 20 ms a frame on the wall clock, the ledger of what was sent, a
-cut within a frame), each frame G.711-encoded into one RTP packet. Silence is sent between
-answers, so the trunk's jitter buffer and any NAT on the path stay open.
+Out: the answer's audio (PCM16 at the codec's rate) goes through the same paced track as a
+WebRTC call's (``webrtc/audio_out.py``: 20 ms a frame on the wall clock, the ledger of what
+was sent, a cut within a frame), each frame encoded into one RTP packet (then protected).
+Silence is sent between answers, so the trunk's jitter buffer and any NAT on the path stay
+open.
 """
 
 from __future__ import annotations
@@ -22,15 +26,13 @@ import random
 import socket
 from collections.abc import Callable
 
-from gateway.audio.codecs import AudioFormat, decode_to_pcm16, encode_from_pcm16
+from gateway.transport.sip.codec import codec_for
 from gateway.transport.sip.rtp import DtmfReceiver, Timeline, build_rtp, parse_rtp
 from gateway.transport.sip.sdp import Offer
+from gateway.transport.sip.srtp import Crypto, SrtpContext, answer_key
 from gateway.transport.webrtc.audio_out import AudioOutTrack
 
 log = logging.getLogger("omni.sip")
-
-RATE = 8000
-_FORMATS = {0: AudioFormat("pcmu", RATE), 8: AudioFormat("pcma", RATE)}
 
 
 class PortsExhausted(RuntimeError):
@@ -60,6 +62,19 @@ def bind_rtp(host: str, ports: tuple[int, int] | None) -> socket.socket:
     raise PortsExhausted(f"no free UDP port in sip_rtp_ports {low}-{high}")
 
 
+def parse_port_range(raw: str | None) -> tuple[int, int] | None:
+    """``"20000-20199"`` -> (20000, 20199); None/empty: any port. Raises ValueError."""
+    if not raw:
+        return None
+    low, sep, high = raw.partition("-")
+    if not sep or not low.strip().isdigit() or not high.strip().isdigit():
+        raise ValueError(f"sip_rtp_ports {raw!r}: give a range, as 20000-20199")
+    a, b = int(low), int(high)
+    if not 1024 <= a < b <= 65535:
+        raise ValueError(f"sip_rtp_ports {raw!r}: two ports from 1024 to 65535, the first below the second")
+    return a, b
+
+
 class _Protocol(asyncio.DatagramProtocol):
     def __init__(self, media: RtpMedia) -> None:
         self.media = media
@@ -78,17 +93,24 @@ class RtpMedia:
         on_dtmf: Callable[[str], None],
         on_started: Callable[[str], None] | None = None,
         on_stopped: Callable[[str], None] | None = None,
+        local_crypto: Crypto | None = None,
     ) -> None:
+        """``offer.crypto`` (the caller's SRTP key) set: SRTP, with ``local_crypto`` as ours (an
+        outbound call's offered key) or a fresh key for the answer."""
         self.sock = sock
         self.port = int(sock.getsockname()[1])
         self.offer = offer
         self.remote = (offer.address, offer.port)
         self.on_audio = on_audio
         self.on_dtmf = on_dtmf
-        self.track = AudioOutTrack(RATE, on_started=on_started, on_stopped=on_stopped)
-        self.format = _FORMATS[offer.payload_type]
+        self.codec = codec_for(offer.codec)
+        self.rate = self.codec.rate
+        self.track = AudioOutTrack(self.rate, on_started=on_started, on_stopped=on_stopped)
+        self.srtp: SrtpContext | None = None
+        if offer.crypto is not None:
+            self.srtp = SrtpContext(local_crypto or answer_key(offer.crypto), offer.crypto)
         self.dtmf = DtmfReceiver()
-        self.timeline = Timeline()
+        self.timeline = Timeline(max_gap=self.rate)  # 1 s
         self.ssrc = random.getrandbits(32)
         self._seq = random.getrandbits(16)
         self._latched = False
@@ -98,6 +120,11 @@ class RtpMedia:
         self.packets_in = 0
         self.packets_out = 0
         self.dropped_in = 0  # from another address, not RTP, or another payload type
+
+    @property
+    def local_crypto(self) -> Crypto | None:
+        """Our SRTP key (for the SDP answer), or None: plain RTP."""
+        return self.srtp.local if self.srtp is not None else None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -109,6 +136,11 @@ class RtpMedia:
         if addr[0] != self.offer.address:
             self.dropped_in += 1
             return
+        if self.srtp is not None:
+            clear = self.srtp.unprotect(data)
+            if clear is None:
+                return  # (counted there)
+            data = clear
         packet = parse_rtp(data)
         if packet is None:
             self.dropped_in += 1
@@ -118,12 +150,12 @@ class RtpMedia:
             self._latched = True
         self.packets_in += 1
         if packet.payload_type == self.offer.payload_type:
-            gap = self.timeline.push(packet, len(packet.payload))  # (G.711: a byte a sample)
+            gap = self.timeline.push(packet, self.codec.samples(packet.payload))
             if gap is None:
                 return  # late, reordered or repeated: already past
             if gap:
                 self.on_audio(bytes(2 * gap))  # lost packets or silence suppression: silence, in time
-            self.on_audio(decode_to_pcm16(self.format, packet.payload))
+            self.on_audio(self.codec.decode(packet.payload))
         elif self.offer.dtmf_type is not None and packet.payload_type == self.offer.dtmf_type:
             key = self.dtmf.push(packet)
             if key is not None:
@@ -136,11 +168,15 @@ class RtpMedia:
         while True:
             frame = await self.track.recv()  # paced: one 20 ms frame per 20 ms of wall clock
             pcm = frame.to_ndarray().tobytes()
-            payload = encode_from_pcm16(self.format, pcm)
+            payload = self.codec.encode(pcm)
+            if not payload:
+                continue
             self._seq = (self._seq + 1) & 0xFFFF
             packet = build_rtp(self.offer.payload_type, self._seq, int(frame.pts or 0), self.ssrc, payload,
                                marker=first)  # fmt: skip
             first = False
+            if self.srtp is not None:
+                packet = self.srtp.protect(packet)
             if self._transport is not None and not self._transport.is_closing():
                 self._transport.sendto(packet, self.remote)
                 self.packets_out += 1

@@ -44,9 +44,10 @@ from gateway.transport.sip import message as sipmsg
 from gateway.transport.sip.call import SipCall
 from gateway.transport.sip.control import Accept, CallControl, IncomingCall, Reject, ringing_id
 from gateway.transport.sip.guard import Guard
-from gateway.transport.sip.media import PortsExhausted, RtpMedia, bind_rtp
+from gateway.transport.sip.media import PortsExhausted, RtpMedia, bind_rtp, parse_port_range
 from gateway.transport.sip.message import SipMessage, SipParseError, response_to
-from gateway.transport.sip.sdp import Offer, SdpError, build_answer, build_offer, parse_offer
+from gateway.transport.sip.sdp import Offer, SdpError, build_answer, build_offer, parse_answer, parse_offer
+from gateway.transport.sip.srtp import offer_key
 
 log = logging.getLogger("omni.sip")
 
@@ -102,6 +103,7 @@ class SipConfig:
     session: dict[str, Any] | None
     tls_port: int = 0  # 0: no TLS listener
     tls: ssl.SSLContext | None = None
+    outbound_srtp: bool = False  # outbound calls offer SDES-SRTP, and take only an SRTP answer
 
 
 @dataclass
@@ -436,7 +438,7 @@ class SipServer:
         if dialog.state != "ringing":
             return
         answer = build_answer(dialog.media.offer, address=self._advertised(dialog), port=dialog.media.port,
-                              session_id=int(time.time()))  # fmt: skip
+                              session_id=int(time.time()), crypto=dialog.media.local_crypto)  # fmt: skip
         resp = response_to(dialog.invite, 200, "OK", to_tag=dialog.local_tag)
         for name, value in self._answer_headers(dialog):
             resp.add(name, value)
@@ -584,7 +586,8 @@ class SipServer:
         target = destination if destination.startswith("sip") else f"sip:{destination.removeprefix('tel:')}@{trunk[0]}"
         user = (caller or "omni-gateway").removeprefix("tel:")
         local_party = f"<sip:{user}@{_host_part(host)}>;tag={local_tag}"
-        offer = build_offer(address=host, port=rtp_port, session_id=int(time.time()))
+        key = offer_key() if cfg.outbound_srtp else None
+        offer = build_offer(address=host, port=rtp_port, session_id=int(time.time()), crypto=key)
 
         def send(data: bytes) -> None:
             self._sendto(data, trunk)
@@ -658,7 +661,7 @@ class SipServer:
         ack.add("Call-ID", call_id)
         ack.add("CSeq", f"{cseq} ACK")
         try:
-            answer = parse_offer(final.body)
+            answer = parse_answer(final.body, key)
         except SdpError as err:
             log.info("sip: the answer to an outbound call cannot be taken: %s", err)
             send(ack.encode())
@@ -669,7 +672,7 @@ class SipServer:
             self._send_bye(bye, "no acceptable media")
             sock.close()
             return 488
-        media = RtpMedia(sock, answer, on_audio=_ignore, on_dtmf=_ignore)
+        media = RtpMedia(sock, answer, on_audio=_ignore, on_dtmf=_ignore, local_crypto=key)
         dialog = Dialog(call_id, invite, trunk, send, "UDP", local_tag, remote_uri, media,
                         SipCall(ringing_id(), media, on_close=self._session_let_go), state="answered", cseq=cseq,
                         local_party=local_party, remote_party=final.get("To") or "", ack=ack.encode())  # fmt: skip
@@ -770,19 +773,6 @@ def _host_part(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def parse_port_range(raw: str | None) -> tuple[int, int] | None:
-    """``"20000-20199"`` -> (20000, 20199); None/empty: any port. Raises ValueError."""
-    if not raw:
-        return None
-    low, sep, high = raw.partition("-")
-    if not sep or not low.strip().isdigit() or not high.strip().isdigit():
-        raise ValueError(f"sip_rtp_ports {raw!r}: give a range, as 20000-20199")
-    a, b = int(low), int(high)
-    if not 1024 <= a < b <= 65535:
-        raise ValueError(f"sip_rtp_ports {raw!r}: two ports from 1024 to 65535, the first below the second")
-    return a, b
-
-
 def build_sip_server(services: SipServices, control: CallControl | None = None) -> SipServer:
     """The SIP server the settings describe (``control``: who answers calls; None: the default
     session answers every admitted call). Raises ValueError on a setting it cannot take."""
@@ -813,6 +803,7 @@ def build_sip_server(services: SipServices, control: CallControl | None = None) 
         rtp_ports=parse_port_range(s.sip_rtp_ports), ring_timeout_s=s.sip_ring_timeout_s,
         max_call_s=s.sip_max_call_s, principal=principal_of_key(s.api_keys[0]) if s.api_keys else "anonymous",
         model=s.sip_model or s.model, session=session, tls_port=s.sip_tls_port, tls=tls,
+        outbound_srtp=s.sip_outbound_srtp,
     )  # fmt: skip
     guard = Guard(s.sip_allowed_sources, per_source_per_min=s.sip_invites_per_source_per_min,
                   per_min=s.sip_invites_per_min, max_calls=s.sip_max_calls)  # fmt: skip
