@@ -18,11 +18,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import orjson
 import pytest
 import websockets
 from support.gateway import Client, connect, free_port, run_gateway
-from support.sip_peer import RtpPeer, sipp, sipp_uas
+from support.sip_peer import RtpPeer, post_json, sipp, sipp_uas
 from support.speech import speak
 
 from gateway.settings import Settings
@@ -114,16 +113,6 @@ async def test_an_invite_from_outside_the_allow_list_is_refused_403(tmp_path: Pa
         assert gw.runtime.sip.guard.forbidden == 1 and not gw.runtime.sip.dialogs
 
 
-def _post_json(url: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
-    req = urllib.request.Request(url, data=orjson.dumps(body), method="POST",
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return int(resp.status), orjson.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return int(err.code), orjson.loads(err.read())
-
-
 async def test_a_rest_refer_transfers_the_call_and_the_gateway_hangs_up_once_it_is_answered(tmp_path: Path) -> None:
     settings = _settings(engine="passthrough")
     async with run_gateway(settings) as gw:
@@ -133,12 +122,12 @@ async def test_a_rest_refer_transfers_the_call_and_the_gateway_hangs_up_once_it_
             async with sipp("gateway_transfers.xml", settings.sip_port, peer.port, tmp_path) as call:
                 call_id = await call.wait_omni_call_id()
                 refer = f"{gw.http}/v1/realtime/calls/{call_id}/refer"
-                status, body = await asyncio.to_thread(_post_json, refer, {"target_uri": "sip:agent 2@pbx"})
+                status, body = await asyncio.to_thread(post_json, refer, {"target_uri": "sip:agent 2@pbx"})
                 assert status == 400 and body["error"]["param"] == "target_uri"  # type: ignore[index]
                 unknown = f"{gw.http}/v1/realtime/calls/rtc_0000/refer"
-                status, body = await asyncio.to_thread(_post_json, unknown, {"target_uri": "tel:+15551234567"})
+                status, body = await asyncio.to_thread(post_json, unknown, {"target_uri": "tel:+15551234567"})
                 assert status == 404 and body["error"]["code"] == "call_id_not_found"  # type: ignore[index]
-                status, body = await asyncio.to_thread(_post_json, refer, {"target_uri": "tel:+15551234567"})
+                status, body = await asyncio.to_thread(post_json, refer, {"target_uri": "tel:+15551234567"})
                 assert (status, body) == (200, {})
                 assert await call.wait() == 0, call.text()  # NOTIFY 200 sent, then the gateway's BYE came
                 assert "Refer-To: <tel:+15551234567>" in call.messages.read_text()
@@ -163,9 +152,9 @@ async def test_an_outbound_call_to_a_sipp_trunk_connects_and_speaks(tmp_path: Pa
                     "destination": "tel:+15551234567",
                     "trunk": {"provider_url": f"sip:127.0.0.1:{trunk.port}", "caller_number": "+15550100"},
                 }
-                status, body = await asyncio.to_thread(_post_json, dial, {**request, "destination": "mailto:x"})
+                status, body = await asyncio.to_thread(post_json, dial, {**request, "destination": "mailto:x"})
                 assert status == 400 and body["error"]["param"] == "destination"  # type: ignore[index]
-                status, body = await asyncio.to_thread(_post_json, dial, request)
+                status, body = await asyncio.to_thread(post_json, dial, request)
                 assert status == 200 and body["status"] == "answered" and body["codec"] == "PCMU", body
                 call_id = str(body["call_id"])
                 async with connect(f"{gw.url}?call_id={call_id}") as sideband:
@@ -207,7 +196,7 @@ async def test_an_outbound_call_answers_the_trunk_s_digest_challenge(tmp_path: P
                 request = {"destination": "sip:+15551234567@127.0.0.1",
                            "trunk": {"provider_url": f"sip:127.0.0.1:{trunk.port}",
                                      "auth": {"type": "digest", "username": "gw", "password": "s3cret"}}}  # fmt: skip
-                status, body = await asyncio.to_thread(_post_json, f"{gw.http}/v1/realtime/sip/calls", request)
+                status, body = await asyncio.to_thread(post_json, f"{gw.http}/v1/realtime/sip/calls", request)
                 assert status == 200 and body["status"] == "answered", body  # sipp checked the digest (else 403)
                 call_id = str(body["call_id"])
                 await peer.wait_remote()

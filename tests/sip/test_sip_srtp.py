@@ -20,15 +20,12 @@ import asyncio
 import base64
 import re
 import secrets
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
-import orjson
 import pytest
 from support.gateway import connect, free_port, run_gateway
-from support.sip_peer import OpusPeerCodec, RtpPeer, SipUac, sipp_uas, srtp_session
+from support.sip_peer import OpusPeerCodec, RtpPeer, SipUac, post_json, sipp_uas, srtp_session
 from support.speech import speak
 
 from gateway.settings import Settings
@@ -173,22 +170,12 @@ def test_the_gateway_s_opus_keeps_a_tone_s_pitch() -> None:
     assert isinstance(opus.decode(b"\xff\xff\xff\xff"), bytes)  # a corrupt packet: never raises
 
 
-def _post_json(url: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
-    req = urllib.request.Request(url, data=orjson.dumps(body), method="POST",
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return int(resp.status), orjson.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return int(err.code), orjson.loads(err.read())
-
-
 async def test_an_outbound_call_offers_srtp_and_a_plain_rtp_answer_is_refused(tmp_path: Path) -> None:
     settings = _settings(sip_outbound_srtp=True)
     async with run_gateway(settings) as gw:
         async with sipp_uas("answers_outbound.xml", 9, tmp_path) as trunk:
             request = {"destination": "tel:+15551234567", "trunk": {"provider_url": f"sip:127.0.0.1:{trunk.port}"}}
-            status, body = await asyncio.to_thread(_post_json, f"{gw.http}/v1/realtime/sip/calls", request)
+            status, body = await asyncio.to_thread(post_json, f"{gw.http}/v1/realtime/sip/calls", request)
             assert status == 502 and "SIP 488" in body["error"]["message"], body  # type: ignore[index]
             assert await trunk.wait() == 0, trunk.text()  # the gateway's ACK, then its BYE, answered
         text = trunk.messages.read_text()
@@ -208,7 +195,7 @@ async def test_an_outbound_srtp_call_connects_and_speaks_both_ways(tmp_path: Pat
         try:
             async with sipp_uas("answers_outbound_srtp.xml", peer.port, tmp_path, extra=extra) as trunk:
                 request = {"destination": "tel:+15551234567", "trunk": {"provider_url": f"sip:127.0.0.1:{trunk.port}"}}
-                status, body = await asyncio.to_thread(_post_json, f"{gw.http}/v1/realtime/sip/calls", request)
+                status, body = await asyncio.to_thread(post_json, f"{gw.http}/v1/realtime/sip/calls", request)
                 assert status == 200 and body["status"] == "answered", body
                 offered = re.search(r"^a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:(\S+)$", trunk.messages.read_text(),
                                     re.M)  # fmt: skip
@@ -223,7 +210,7 @@ async def test_an_outbound_srtp_call_connects_and_speaks_both_ways(tmp_path: Pat
                 media = gw.runtime.sip.dialogs[next(iter(gw.runtime.sip.dialogs))].media
                 assert media.srtp is not None and media.srtp.auth_failures == 0
                 hangup = f"{gw.http}/v1/realtime/calls/{body['call_id']}/hangup"
-                assert (await asyncio.to_thread(_post_json, hangup, {}))[0] == 200
+                assert (await asyncio.to_thread(post_json, hangup, {}))[0] == 200
                 assert await trunk.wait() == 0, trunk.text()
         finally:
             peer.close()

@@ -9,12 +9,15 @@ import re
 import secrets
 import shutil
 import socket
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from gateway.audio.codecs import AudioFormat, decode_to_pcm16, encode_from_pcm16
 from gateway.transport.sip.rtp import build_dtmf, build_rtp, parse_rtp
@@ -363,3 +366,14 @@ class SipUac:
 
     def nothing_waiting(self) -> bool:
         return self.proto.inbox.empty()
+
+
+def post_json(url: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
+    """POST ``body`` as JSON (a REST call control request): the status and the JSON answer."""
+    req = urllib.request.Request(url, data=orjson.dumps(body), method="POST",
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return int(resp.status), orjson.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return int(err.code), orjson.loads(err.read())
