@@ -16,11 +16,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.auth import DEFAULT_SECRET_TTL_S, MAX_SECRET_TTL_S, Grant, Minted, MintRefused
-from gateway.hosting.incoming import Accepted, Rejected, answer_call
+from gateway.hosting.calls import hang_up
+from gateway.hosting.incoming import Accepted, Rejected, answer_call, call_of_live
 from gateway.hosting.stored import recording
 from gateway.hosting.video import Refused, submit_interaction
 from gateway.jwt_auth import TokenRefused
+from gateway.protocol import live_config as lc
+from gateway.protocol.dialects import LIVE
 from gateway.protocol.errors import Code, ProtocolError
+from gateway.protocol.live_events import LIVE_PREFIX
 from gateway.protocol.session_config import ConfigLimits, SessionConfig, apply_update, render
 from gateway.protocol.video_events import decode_interaction
 from gateway.runtime import Runtime
@@ -55,6 +59,10 @@ class HttpApi:
             # An announced phone call's answer (gateway/hosting/incoming.py); /hangup is the calls endpoint's.
             Route("/v1/realtime/calls/{call_id}/accept", self.call_accept, methods=["POST"]),
             Route("/v1/realtime/calls/{call_id}/reject", self.call_reject, methods=["POST"]),
+            # GPT-Live's: a SIP call announced as live.transport.incoming, and its hangup (/refer: rest.py).
+            Route("/v1/live/sessions/{session_id}/accept", self.live_accept, methods=["POST"]),
+            Route("/v1/live/sessions/{session_id}/reject", self.live_reject, methods=["POST"]),
+            Route("/v1/live/sessions/{session_id}/hangup", self.live_hangup, methods=["POST"]),
         ]
 
     async def healthz(self, request: Request) -> Response:
@@ -247,6 +255,84 @@ class HttpApi:
             return _error(403, Code.MODEL_NOT_ALLOWED, f"This credential may not use the model {model!r}.", "model")
         return await self._answer_call(request, Accepted(replace(grant, minted=None), body))
 
+    async def live_accept(self, request: Request) -> Response:
+        """GPT-Live's accept of a call announced as ``live.transport.incoming``
+        (``SessionAcceptParams``: ``{"session": {"type": "live", "model", ...}}``, strict): the
+        call's session opens in the Live dialect, with ``session`` as its start settings."""
+        grant = await self.rt.auth.authenticate_http(request.headers)
+        if grant is None:
+            self.rt.metrics.auth_failures.inc()
+            return _error(401, Code.UNAUTHORIZED, "Accepting a call needs 'Authorization: Bearer <API key>'.")
+        try:
+            body: Any = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body(), empty={})
+            config = _live_accept(body)
+        except BodyRefused as refused:
+            return refused.response()
+        except ProtocolError as err:
+            return _error(400, err.code, err.message, err.param)
+        model = config["model"]
+        if not self.rt.sessions.serves(model):
+            return _error(400, Code.MODEL_NOT_FOUND, f"No model {model!r} is served here; GET /v1/models lists them.",
+                          "session.model")  # fmt: skip
+        if not grant.tenant.allows_model(model):
+            return _error(403, Code.MODEL_NOT_ALLOWED, f"This credential may not use the model {model!r}.",
+                          "session.model")  # fmt: skip
+        session_id = request.path_params["session_id"]
+        accepted = Accepted(replace(grant, minted=None), config, LIVE, session_id)
+        return await self._answer_live(session_id, accepted)
+
+    async def live_reject(self, request: Request) -> Response:
+        """GPT-Live's reject (``SessionRejectParams``: ``status_code`` required, the SIP final response)."""
+        grant = await self.rt.auth.authenticate_http(request.headers)
+        if grant is None:
+            self.rt.metrics.auth_failures.inc()
+            return _error(401, Code.UNAUTHORIZED, "Rejecting a call needs 'Authorization: Bearer <API key>'.")
+        try:
+            body: Any = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body(), empty={})
+        except BodyRefused as refused:
+            return refused.response()
+        if not isinstance(body, dict):
+            return _error(400, Code.INVALID_TYPE, 'The body must be {"status_code": 400-699}.')
+        for key in body:
+            if key != "status_code":
+                return _error(400, Code.UNKNOWN_PARAMETER, f"Unknown parameter: '{key}'.", key)
+        status = body.get("status_code")
+        if status is None:
+            return _error(400, Code.MISSING_FIELD, "Missing required parameter: 'status_code'.", "status_code")
+        if not isinstance(status, int) or isinstance(status, bool) or not 400 <= status <= 699:
+            return _error(400, Code.INVALID_VALUE, "'status_code' must be a SIP final status from 400 to 699 "
+                          "(486 Busy Here, 603 Decline...).", "status_code")  # fmt: skip
+        return await self._answer_live(request.path_params["session_id"], Rejected("rejected", status))
+
+    async def _answer_live(self, session_id: str, answer: Accepted | Rejected) -> Response:
+        call_id = call_of_live(session_id)
+        try:
+            delivered = call_id is not None and await answer_call(self.rt.hosting, call_id, answer)
+        except StoreError:
+            return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
+        if not delivered:
+            return _error(404, Code.SESSION_NOT_FOUND, f"No SIP session {session_id!r} is waiting for an answer.",
+                          "session_id")  # fmt: skip
+        return JSONResponse({})
+
+    async def live_hangup(self, request: Request) -> Response:
+        """GPT-Live's hangup: the Live session's call ends (SIP: BYE), and its session for good."""
+        grant = await self.rt.auth.authenticate_http(request.headers)
+        if grant is None:
+            self.rt.metrics.auth_failures.inc()
+            return _error(401, Code.UNAUTHORIZED, "Ending a call needs 'Authorization: Bearer <API key>'.")
+        session_id = request.path_params["session_id"]
+        if not session_id.startswith(LIVE_PREFIX) or len(session_id) > 133:
+            ended = False
+        else:
+            try:
+                ended = await hang_up(self.rt.hosting, session_id, grant.principal)
+            except ProtocolError as err:  # store_unavailable
+                return _error(503, err.code, err.message)
+        if not ended:
+            return _error(404, Code.SESSION_NOT_FOUND, f"No Live session {session_id!r} is in progress.", "session_id")
+        return JSONResponse({})
+
     async def call_reject(self, request: Request) -> Response:
         grant = await self.rt.auth.authenticate_http(request.headers)
         if grant is None:
@@ -336,3 +422,31 @@ class HttpApi:
         if outcome.forwarded:  # the owning replica reports the outcome on the session's socket
             body = {"queued": True, "forwarded": True, "session_id": sid, "event_id": spec.event_id}
         return JSONResponse(body, status_code=202)
+
+
+_ACCEPT_KEYS = frozenset({"type", "model", "audio", "delegation", "input", "instructions", "safety_identifier",
+                          "store", "triggers"})  # fmt: skip
+
+
+def _live_accept(body: Any) -> dict[str, Any]:
+    """The Live start settings of an accept's body (``SessionAcceptParams``); raises ProtocolError."""
+    if not isinstance(body, dict):
+        raise ProtocolError(Code.INVALID_TYPE, "The body must be a JSON object with 'session'.")
+    for key in body:
+        if key != "session":
+            raise ProtocolError(Code.UNKNOWN_PARAMETER, f"Unknown parameter: '{key}'.", param=key)
+    session = body.get("session")
+    if session is None:
+        raise ProtocolError(Code.MISSING_FIELD, "Missing required parameter: 'session'.", param="session")
+    if not isinstance(session, dict):
+        raise ProtocolError(Code.INVALID_TYPE, "'session' must be an object.", param="session")
+    for key in session:
+        if key not in _ACCEPT_KEYS:
+            raise ProtocolError(Code.UNKNOWN_PARAMETER, f"Unknown parameter: 'session.{key}'.", param=f"session.{key}")
+    if session.get("type") != "live":
+        raise ProtocolError(Code.MISSING_FIELD if "type" not in session else Code.INVALID_VALUE,
+                            "'session.type' must be 'live' (a Realtime session accepts the call at "
+                            "/v1/realtime/calls/{call_id}/accept).", param="session.type")  # fmt: skip
+    config = {key: value for key, value in session.items() if key != "type"}
+    lc.parse_start(config, media=True)  # (checked here: the call is answered only with settings that open)
+    return config

@@ -439,6 +439,18 @@ class Door:
         self._begin(opened, configured=True, warnings=warnings)
         return None
 
+    async def open_call(self, config: dict[str, Any] | None) -> bool:
+        """A phone call's session (SIP), in the door's dialect: ``config`` over the gateway's
+        defaults (``open``), or, where the dialect starts a media session with its request's
+        settings (``Dialect.media_start``: GPT-Live), as its start settings (``open_media``);
+        False: refused (the call is then refused)."""
+        if not self.dialect.media_start:
+            return await self.open(config)
+        refused = await self.open_media(config or {})
+        if refused is not None:
+            log.info("a call's session was refused: %s (%s)", refused.message, refused.code)
+        return refused is None
+
     async def open_media_fork(self, source: str, config: dict[str, Any]) -> ProtocolError | None:
         """A new session for a media connection that carries on the stored session ``source``
         (GPT-Live's ``POST /v1/live/sessions/{id}/fork``: ``config``, the request's ``session``

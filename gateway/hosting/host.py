@@ -44,6 +44,7 @@ from gateway.session.effects import (
     Feed,
     ListMcpTools,
     RunResponses,
+    SendDtmf,
     StartResponse,
     StartTranscription,
     Wake,
@@ -622,11 +623,41 @@ class SessionHost:
                         media = getattr(door, "media", None)  # (a WebRTC call's door: it plays the audio)
                         if media is not None:
                             media.clear_audio()
+                case SendDtmf():
+                    self._send_dtmf(effect)
                 case CloseSocket():
                     self.ctx.metrics.closes.labels(str(effect.code)).inc()
                     for door in self.doors:
                         door.close(effect.code, effect.reason)
                     asyncio.get_running_loop().create_task(self.end(reason=effect.reason))
+
+    def _send_dtmf(self, effect: SendDtmf) -> None:
+        """A key for the call's far end: the connection that carries a SIP call sends it on its
+        RTP (``send_dtmf``: None, then a call once it is sent; or why not); the session says
+        what became of it."""
+        sender = getattr(self.call_media, "send_dtmf", None)
+        refused = "transport.dtmf.send is for a SIP call's sideband; this session has no SIP transport."
+        if sender is not None:
+            refused = sender(effect.digit, lambda: self._dtmf_done(effect, None))
+        if refused is not None:
+            asyncio.get_running_loop().call_soon(self._dtmf_done, effect, refused)  # (effects run inside a flush)
+
+    def _dtmf_done(self, effect: SendDtmf, refused: str | None) -> None:
+        if self.ended:
+            return
+        try:
+            self.session.dtmf_sent(effect.digit, effect.event_id, refused)
+        except Exception:
+            log.exception("session %s: unexpected failure recording a key sent", self.id)
+        self.flush()
+
+    def transport_progress(self, kind: str, fields: dict[str, Any]) -> None:
+        """An outbound call's progress (``ringing``, ``answered``, ``failed``): the session says it."""
+        try:
+            self.session.transport_progress(kind, fields)
+        except Exception:
+            log.exception("session %s: unexpected failure recording the call's progress", self.id)
+        self.flush()
 
     def _wake(self, key: str) -> None:
         """A ``Wake`` the session asked for is due."""

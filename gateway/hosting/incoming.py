@@ -16,6 +16,14 @@ the store as a single-use token naming its replica (``incoming:{call_id}``), whi
 answer takes; the answer then reaches the waiting call on its replica directly, or over
 the bus (``call.accept``, ``call.reject``). After the answer, the call is an ordinary
 call: its sideband (``/v1/realtime?call_id=``) and ``/hangup`` work from any replica.
+
+**GPT-Live** (a SIP call, with ``call_webhook_live``): the same call is also announced as
+``live.transport.incoming`` (openai-python 3.63.0's ``LiveTransportIncomingWebhookEvent``:
+``session_id`` ``live_<x>`` for the call ``rtc_<x>``, ``type: "sip"``, the same
+``sip_headers``), as OpenAI announces one pending SIP session on both surfaces: the first
+accept that succeeds, ``/v1/realtime/calls/rtc_<x>/accept`` or
+``/v1/live/sessions/live_<x>/accept``, takes the call's single-use token and so chooses the
+dialect its session speaks (``Accepted.dialect``); the other answers 404.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ from gateway.auth import Grant
 from gateway.hosting.calls import CALL_PREFIX, SESSION_PREFIX, session_id_of
 from gateway.hosting.context import HostContext
 from gateway.hosting.webhook_client import WebhookFailure, post_json
+from gateway.protocol.dialects import GA, Dialect, by_name
+from gateway.protocol.live_events import LIVE_PREFIX
 from gateway.protocol.webhooks import sign_headers
 from gateway.store.base import StoreError, replica_channel
 
@@ -49,12 +59,15 @@ class Webhook:
     secret: str | None  # ``whsec_`` + base64 key; None: unsigned
     timeout_s: float  # the POST, connect to answer
     accept_timeout_s: float  # how long a call waits for accept or reject
+    live: bool = False  # a SIP call is also announced as GPT-Live's ``live.transport.incoming``
 
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
     grant: Grant  # the accepting credential's: the session is its
     session: dict[str, Any]  # the session configuration it sent
+    dialect: Dialect = GA  # what the call's session speaks (the accept endpoint's: Realtime or Live)
+    session_id: str | None = None  # the session's id where the endpoint names it (Live: ``live_<x>``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +92,13 @@ class IncomingCall:
         """An answer another replica took for this call."""
         kind = body.get("type")
         if kind == "call.accept" and isinstance(body.get("session"), dict) and isinstance(body.get("grant"), dict):
-            self.answer(Accepted(Grant.from_dict(body["grant"]), body["session"]))
+            session_id = body.get("session_id")
+            try:
+                dialect = by_name(str(body.get("dialect", GA.name)))
+            except KeyError:
+                return
+            self.answer(Accepted(Grant.from_dict(body["grant"]), body["session"], dialect,
+                                 session_id if isinstance(session_id, str) else None))  # fmt: skip
         elif kind == "call.reject":
             status = body.get("status_code")
             self.answer(Rejected("rejected", status if isinstance(status, int) else None))
@@ -104,9 +123,24 @@ def session_of(call_id: str) -> str:
     return SESSION_PREFIX + call_id.removeprefix(CALL_PREFIX)
 
 
-async def announce(ctx: HostContext, webhook: Webhook, call_id: str, data: dict[str, Any]) -> IncomingCall | str:
-    """Record the call as waiting here and POST ``realtime.call.incoming``; the waiting call,
-    or why the announcement failed (a log line; the call is then refused)."""
+def live_session_of(call_id: str) -> str:
+    """The GPT-Live session id a SIP call is announced with (``rtc_x`` -> ``live_x``)."""
+    return LIVE_PREFIX + call_id.removeprefix(CALL_PREFIX)
+
+
+def call_of_live(session_id: str) -> str | None:
+    """The call a Live session id names while it waits (``live_x`` -> ``rtc_x``); None: not one."""
+    if not session_id.startswith(LIVE_PREFIX):
+        return None
+    call_id = CALL_PREFIX + session_id.removeprefix(LIVE_PREFIX)
+    return call_id if session_id_of(call_id) is not None else None
+
+
+async def announce(ctx: HostContext, webhook: Webhook, call_id: str, data: dict[str, Any], *,
+                   live: dict[str, Any] | None = None) -> IncomingCall | str:  # fmt: skip
+    """Record the call as waiting here and POST ``realtime.call.incoming`` (and, with ``live``
+    and ``webhook.live``, ``live.transport.incoming`` with those fields: a SIP call); the
+    waiting call, or why the announcement failed (a log line; the call is then refused)."""
     incoming = IncomingCall(ctx, call_id)
     ctx.incoming[call_id] = incoming
     try:
@@ -115,27 +149,35 @@ async def announce(ctx: HostContext, webhook: Webhook, call_id: str, data: dict[
     except StoreError as exc:
         ctx.incoming.pop(call_id, None)
         return f"the store cannot record the call: {exc}"
+    posts = [_post(webhook, "realtime.call.incoming", {"call_id": call_id, **data})]
+    if live is not None and webhook.live:
+        posts.append(_post(webhook, "live.transport.incoming", {"session_id": live_session_of(call_id), **live}))
+    for failure in await asyncio.gather(*posts):
+        if failure is not None:
+            forget(ctx, call_id)
+            return failure
+    return incoming
+
+
+async def _post(webhook: Webhook, kind: str, data: dict[str, Any]) -> str | None:
+    """POST one announcement (``kind``, ``data``); None, or why it failed."""
     now = int(time.time())
     event_id = "evt_" + secrets.token_hex(12)
-    event: dict[str, Any] = {"object": "event", "id": event_id, "type": "realtime.call.incoming",
-             "created_at": now, "data": {"call_id": call_id, **data}}  # fmt: skip
+    event: dict[str, Any] = {"object": "event", "id": event_id, "type": kind, "created_at": now, "data": data}
     body = orjson.dumps(event)
     headers = {"webhook-id": event_id, "webhook-timestamp": str(now)}
     if webhook.secret:
         try:
             headers.update(sign_headers(webhook.secret, event_id, now, body))
         except ValueError as exc:
-            forget(ctx, call_id)
             return f"call_webhook_secret cannot sign: {exc}"
     try:
         status = await post_json(webhook.url, body, headers, timeout_s=webhook.timeout_s)
     except WebhookFailure as exc:
-        forget(ctx, call_id)
-        return f"the call webhook failed: {exc}"
+        return f"the call webhook failed ({kind}): {exc}"
     if not 200 <= status < 300:
-        forget(ctx, call_id)
-        return f"the call webhook answered {status}"
-    return incoming
+        return f"the call webhook answered {status} ({kind})"
+    return None
 
 
 def forget(ctx: HostContext, call_id: str) -> None:
@@ -161,7 +203,8 @@ async def answer_call(ctx: HostContext, call_id: str, answer: Answer) -> bool:
     message: dict[str, Any]
     if isinstance(answer, Accepted):
         message = {"type": "call.accept", "call_id": call_id, "session": answer.session,
-                   "grant": answer.grant.to_dict()}  # fmt: skip
+                   "grant": answer.grant.to_dict(), "dialect": answer.dialect.name,
+                   "session_id": answer.session_id}  # fmt: skip
     else:
         message = {"type": "call.reject", "call_id": call_id, "status_code": answer.status_code}
     return await ctx.store.publish(replica_channel(str(replica)), orjson.dumps(message)) > 0

@@ -104,6 +104,10 @@ class Dialect:
     # API's output_audio_buffer.* and truncation at the audio heard; the Live dialect has neither).
     media_audio: str = AUDIO_DELTA
     media_playback: bool = True
+    # A phone call's session (SIP) opens with its settings as the session's start settings, the
+    # way a media request's do (GPT-Live's accept and ``POST /v1/live/sessions``: ``Door.open_media``),
+    # rather than over the gateway's defaults (the Realtime API's accept: ``Door.open``).
+    media_start: bool = False
     # Events only a primary WebSocket sends (a sideband's or a data channel's: ``unsupported``;
     # their audio goes on the primary connection, or on the call's track).
     primary_only: tuple[type, ...] = ()
@@ -316,6 +320,7 @@ LIVE = Dialect(
     model_at_start=True,  # "required in the session configuration ...; do not pass it as a URL query parameter"
     media_audio="session.output_audio.delta",
     media_playback=False,  # no items to truncate, no output_audio_buffer.* events
+    media_start=True,  # accept's ``session`` (and a SIP create's) is the session's start settings
     primary_only=(ce.AudioAppend,),  # "Primary WebSocket only; media transports use their audio track"
     reflect=le.reflected_audio,  # "Reflected sideband server events reuse this event type and audio key"
 )

@@ -106,6 +106,16 @@ class CutAudio:
     no items to truncate); the Realtime API's calls cut on ``speech_started`` themselves."""
 
 
+@dataclass(frozen=True, slots=True)
+class SendDtmf:
+    """A sideband asked that ``digit`` be sent on the call (GPT-Live's ``transport.dtmf.send``): a
+    connection that carries a SIP call sends it as RFC 4733 telephone-events on the call's RTP;
+    the host answers ``session.dtmf_sent`` (sent, or why not)."""
+
+    digit: str
+    event_id: str | None
+
+
 Effect = (
     StartTranscription
     | StartResponse
@@ -118,4 +128,5 @@ Effect = (
     | RunResponses
     | Wake
     | CutAudio
+    | SendDtmf
 )

@@ -52,7 +52,7 @@ from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.live_channel import PERMISSIONS_INFO, ChannelPolicy
 from gateway.session import live_recording
 from gateway.session.conversation import Item, Part, PartType
-from gateway.session.effects import CloseSocket, CutAudio, Wake
+from gateway.session.effects import CloseSocket, CutAudio, SendDtmf, Wake
 from gateway.session.live_delegation import (
     ACK_INSTRUCTIONS,
     ACK_SAY,
@@ -313,10 +313,24 @@ class LiveSession(RealtimeSession):
             case le.Close():
                 self._close("close_requested", event.event_id)
             case le.DtmfSend():
-                raise ProtocolError(Code.UNSUPPORTED, "transport.dtmf.send is for a SIP call's sideband; this "
-                                    "session has no SIP transport.", param="type")  # fmt: skip
+                self.effects.append(SendDtmf(event.digit, event.event_id))  # (the call's RTP: the host's)
             case _:
                 raise ProtocolError(Code.UNKNOWN_EVENT, "This event is not a Live client event.", param="type")
+
+    def dtmf(self, digit: str, received_at: int) -> None:
+        """A key the caller pressed on a SIP call: ``transport.dtmf.received`` (its sidebands see it)."""
+        self._emit("transport.dtmf.received", event=digit)
+
+    def dtmf_sent(self, digit: str, event_id: str | None, refused: str | None) -> None:
+        """``transport.dtmf.send`` done: ``transport.dtmf.sent``, or the error that says why not."""
+        if refused is not None:
+            self.error(ProtocolError(Code.UNSUPPORTED, refused, param="type", event_id=event_id))
+            return
+        self._emit("transport.dtmf.sent", event=digit, **_echo(event_id))
+
+    def transport_progress(self, kind: str, fields: dict[str, Any]) -> None:
+        """An outbound SIP call's ``transport.ringing``/``answered``/``failed`` (with the session's id)."""
+        self._emit(f"transport.{kind}", session_id=self.id, **fields)
 
     def append_heard(self, audio: bytes, event_id: str | None) -> None:
         """Input audio from the client: the model hears it, or silence as long while input is

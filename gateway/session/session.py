@@ -538,6 +538,14 @@ class RealtimeSession:
         Unix seconds)."""
         self._emit("input_audio_buffer.dtmf_event_received", event=digit, received_at=received_at)
 
+    def dtmf_sent(self, digit: str, event_id: str | None, refused: str | None) -> None:
+        """What became of a ``SendDtmf`` this session asked for (``refused``: why it was not sent).
+        The Realtime dialect asks none."""
+
+    def transport_progress(self, kind: str, fields: dict[str, Any]) -> None:
+        """An outbound call's progress (``ringing``, ``answered``, ``failed``), for a dialect that
+        reports it (GPT-Live's ``transport.*``). The Realtime dialect's REST call waits instead."""
+
     # --- playback (a connection that plays the audio: WebRTC) ---------------------------
 
     def playback(self, kind: str, response_id: str | None, item_id: str | None, audio_end_ms: int) -> None:

@@ -181,6 +181,18 @@ async def test_an_append_naming_no_delegation_of_this_session_is_refused(gw: Run
         assert (error["code"], error["param"]) == ("missing_required_parameter", "delegation_id")
 
 
+async def test_a_key_to_send_is_refused_where_no_sip_call_carries_the_session(gw: RunningGateway) -> None:
+    """``transport.dtmf.send`` goes on a SIP call's RTP (tests/sip/test_sip_live.py); a WebSocket
+    session has none: ``unsupported``, and the session goes on."""
+    async with connect(url(gw)) as c:
+        await started(c)
+        await c.send({"type": "transport.dtmf.send", "event": "5", "event_id": "k"})
+        error = (await c.wait_for("error"))["error"]
+        assert (error["code"], error["param"], error["client_event_id"]) == ("unsupported", "type", "k")
+        await c.send({"type": "session.input_audio.mute", "event_id": "m"})
+        await c.wait_for("session.input_audio.muted")
+
+
 async def test_responses_events_need_responses_delegation(gw: RunningGateway) -> None:
     async with connect(url(gw)) as c:
         await started(c)

@@ -92,6 +92,10 @@ class RtpPeer:
     _seq: int = 0
     _ts: int = 0
     ssrc: int = field(default_factory=lambda: secrets.randbits(32))
+    keys: list[str] = field(default_factory=list)  # RFC 4733 keys the gateway sent (each once, at its end)
+    _key_ends: set[int] = field(default_factory=set)  # timestamps of the keys taken
+    _got_key: asyncio.Event = field(default_factory=asyncio.Event)
+    dtmf_pt: int = 101  # the telephone-event payload type the scenarios' SDP names
     payload_type: int = 0
     opus: OpusPeerCodec | None = None
     srtp_tx: Any = None
@@ -122,6 +126,14 @@ class RtpPeer:
                 self.undecryptable += 1
                 return
         packet = parse_rtp(data)
+        if packet is not None and packet.payload_type == self.dtmf_pt and len(packet.payload) >= 4:
+            # RFC 4733 2.3: event, E bit, volume, duration; a key counts once its end comes.
+            event, ended = packet.payload[0], bool(packet.payload[1] & 0x80)
+            if ended and event < 16 and packet.timestamp not in self._key_ends:
+                self._key_ends.add(packet.timestamp)
+                self.keys.append("0123456789*#ABCD"[event])
+                self._got_key.set()
+            return
         if packet is None or packet.payload_type != self.payload_type:
             return
         if self.remote is None:
@@ -142,6 +154,13 @@ class RtpPeer:
         await asyncio.wait_for(self._got_remote.wait(), timeout)
         assert self.remote is not None
         return self.remote
+
+    async def wait_key(self, timeout: float = 30.0) -> str:
+        """The next key the gateway sent (telephone-events), once its end came."""
+        while not self.keys:
+            self._got_key.clear()
+            await asyncio.wait_for(self._got_key.wait(), timeout)
+        return self.keys.pop(0)
 
     async def wait_answer_audio(self, timeout: float = 120.0) -> None:
         """Until ``loud_needed`` packets of speech-loud audio came back (0.5 s by default)."""
@@ -210,7 +229,7 @@ class Sipp:
         """The session's call id the gateway named in its 200 OK (X-Omni-Call-Id), once received."""
         if not self.messages.exists():
             return None
-        match = re.search(r"X-Omni-Call-Id: (rtc_[0-9a-f]+)", self.messages.read_text(errors="replace"))
+        match = re.search(r"X-Omni-Call-Id: ((?:rtc|live)_[0-9a-f]+)", self.messages.read_text(errors="replace"))
         return match.group(1) if match else None
 
     async def wait_omni_call_id(self, timeout: float = 60.0) -> str:
@@ -229,8 +248,25 @@ class Sipp:
         parts = [p.read_text(errors="replace") for p in (self.log, self.messages) if p.exists()]
         return "\n".join(parts)[-4000:]
 
+    def sip_call_id(self) -> str | None:
+        """The Call-ID of the first INVITE sipp received (a trunk's: the gateway's outbound call)."""
+        if not self.messages.exists():
+            return None
+        match = re.search(r"^INVITE .*?^Call-ID: *(\S+)", self.messages.read_text(errors="replace"), re.M | re.S)
+        return match.group(1) if match else None
+
+    async def wait_invite(self, timeout: float = 30.0) -> None:
+        """Until sipp received an INVITE; its Call-ID is then ``call_id`` (for ``send_info``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (found := self.sip_call_id()) is None:
+            if loop.time() > deadline or self.process.returncode is not None:
+                raise AssertionError("no INVITE reached sipp: " + self.text())
+            await asyncio.sleep(0.05)
+        self.call_id = found
+
     def send_info(self) -> None:
-        """An INFO in sipp's dialog (over UDP): the scenario's cue to hang up."""
+        """An INFO in sipp's dialog (over UDP): the scenario's cue (to hang up, to answer)."""
         info = (
             f"INFO sip:caller@127.0.0.1:{self.port} SIP/2.0\r\n"
             f"Via: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bK{secrets.token_hex(6)}\r\n"

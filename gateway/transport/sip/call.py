@@ -9,6 +9,10 @@ codec's rate in one step);
 the call reports what was played (``output_audio_buffer.started``/``.stopped``) and cuts the
 audio on barge-in, a cancel and ``output_audio_buffer.clear``, as a WebRTC call does. The
 other events have no wire here: a sideband socket (``/v1/realtime?call_id=``) sees them.
+A GPT-Live session's call (its door's dialect) plays ``session.output_audio.delta`` (one
+stream of speech, a new one after each cut) and reports nothing of what it played, as a Live
+WebRTC call; a key its sideband sends (``transport.dtmf.send``) goes on the call's RTP
+(``send_dtmf``).
 
 The call ends on the caller's BYE, on the session's end (a REST hangup, the call length cap:
 then the server sends BYE, ``close``), or at shutdown.
@@ -44,17 +48,25 @@ class SipCall:
     def __init__(self, ringing_id: str, media: RtpMedia, *, on_close: Callable[[SipCall, str], None]) -> None:
         self.ringing_id = ringing_id
         self.call_id = ""  # the session's call id (rtc_...), once it is open
-        self.media = media
         self.door: Door | None = None
         self.ended = False
         self._on_close = on_close
         self._buf = bytearray()
-        self._chunk = 2 * media.rate * CHUNK_MS // 1000
         self._inbox: asyncio.Queue[bytes] = asyncio.Queue(INBOX_CHUNKS)
         self._reader: asyncio.Task[None] | None = None
         self._formats: dict[str, AudioFormat] = {}
         self._decoders: dict[str, tuple[AudioFormat, StreamResampler | None]] = {}
         self.dropped_chunks = 0
+        self._audio_type = AUDIO_DELTA  # the event whose audio plays (the door's dialect's, once started)
+        self._playback = True  # what was played is reported to the session (the door's dialect's)
+        self._cuts = 0  # the audio was cut this many times (GPT-Live's speech: a new stream after each)
+        self.take_media(media)
+
+    def take_media(self, media: RtpMedia) -> None:
+        """The call's RTP (again: an outbound call's, once the answer named the far end and its
+        codec; the media bound before it, never started, is dropped)."""
+        self.media = media
+        self._chunk = 2 * media.rate * CHUNK_MS // 1000
         media.on_audio = self._audio
         media.on_dtmf = self._dtmf
         media.track.on_started = self._started
@@ -62,6 +74,8 @@ class SipCall:
 
     def start(self, door: Door) -> None:
         self.door = door
+        self._audio_type = door.dialect.media_audio
+        self._playback = door.dialect.media_playback
         self._reader = asyncio.get_running_loop().create_task(self._read(door), name=f"sip call {self.call_id}")
 
     # --- the caller ---------------------------------------------------------------------
@@ -94,7 +108,7 @@ class SipCall:
         if event is None:
             return  # a replay or a connection event: nothing of it is heard on a phone line
         kind = event["type"]
-        if kind == AUDIO_DELTA:
+        if kind == self._audio_type:
             self._play(event)
         elif kind == "response.created":
             self._note_format(event["response"])
@@ -119,8 +133,14 @@ class SipCall:
         while len(self._formats) > _MAX_FORMATS:
             del self._formats[next(iter(self._formats))]
 
+    def send_dtmf(self, digit: str, on_sent: Callable[[], None]) -> str | None:
+        """The session's ``SendDtmf``: the key on the call's RTP (None; ``on_sent`` once its end
+        went), or why not."""
+        return self.media.send_dtmf(digit, on_sent)
+
     def _play(self, event: dict[str, Any]) -> None:
-        response_id = event["response_id"]
+        # A GPT-Live delta names no response: its speech is one stream, a new one after each cut.
+        response_id = event.get("response_id") or f"speech{self._cuts}"
         fmt = self._formats.get(response_id)
         if fmt is None and self.door is not None and self.door.host is not None:
             fmt = self.door.host.output_format
@@ -132,7 +152,7 @@ class SipCall:
         pcm = decode_to_pcm16(fmt, bytes(event["delta"]))
         if decoder[1] is not None:
             pcm = decoder[1].process(pcm)
-        self.media.track.feed(pcm, response_id=response_id, item_id=event["item_id"])
+        self.media.track.feed(pcm, response_id=response_id, item_id=event.get("item_id") or "")
 
     def _answer_ended(self, response: dict[str, Any]) -> None:
         response_id = response["id"]
@@ -150,13 +170,15 @@ class SipCall:
         track = self.media.track
         if track.playing is None and not track.queued_ms:
             return
+        self._cuts += 1
         cut = track.clear()
-        if cut is not None and self.door is not None:
+        if cut is not None and self.door is not None and self._playback:
             asyncio.get_running_loop().call_soon(self.door.played, "cleared", cut.response_id, cut.item_id,
                                                  cut.audio_end_ms)  # fmt: skip
 
     def clear_audio(self) -> tuple[str, str, int] | None:
         """The door's ``Media``: ``output_audio_buffer.clear`` cuts the audio now."""
+        self._cuts += 1
         cut = self.media.track.clear()
         return None if cut is None else (cut.response_id, cut.item_id, cut.audio_end_ms)
 
@@ -165,10 +187,11 @@ class SipCall:
             trace = self.door.trace
             if trace is not None and trace.awaiting_socket:
                 trace.played()
-            asyncio.get_running_loop().call_soon(self.door.played, "started", response_id)
+            if self._playback:
+                asyncio.get_running_loop().call_soon(self.door.played, "started", response_id)
 
     def _stopped(self, response_id: str) -> None:
-        if self.door is not None:
+        if self.door is not None and self._playback:
             asyncio.get_running_loop().call_soon(self.door.played, "stopped", response_id)
 
     # --- the end --------------------------------------------------------------------------

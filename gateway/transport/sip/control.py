@@ -9,7 +9,9 @@ or a ``Reject`` (its ``status_code`` is the SIP final response: 486 Busy Here, 6
 ``DefaultAnswer`` is the control used when no webhook is configured: every admitted call is
 answered with the configured default session (``sip_session``). With ``call_webhook_url``
 set, ``WebhookControl`` is OpenAI's call control (the ``realtime.call.incoming`` webhook,
-then ``POST /v1/realtime/calls/{call_id}/accept`` or ``/reject``), written once for every
+then ``POST /v1/realtime/calls/{call_id}/accept`` or ``/reject``; with ``call_webhook_live``
+also GPT-Live's ``live.transport.incoming``, then ``/v1/live/sessions/{id}/accept`` or
+``/reject``: the accept that comes first chooses the dialect), written once for every
 transport that carries a phone call (``gateway/hosting/incoming.py``).
 """
 
@@ -22,9 +24,11 @@ from typing import Any, Protocol
 
 from gateway.hosting.context import HostContext
 from gateway.hosting.incoming import Rejected, Webhook, announce, forget, new_call_id, session_of
+from gateway.protocol.dialects import GA, Dialect
 
 log = logging.getLogger("omni.sip")
 
+_AUTHORIZATION = frozenset({"authorization", "proxy-authorization"})
 RINGING_PREFIX = "sip_"  # a ringing call's id (the session's own call id, rtc_..., comes once it is accepted)
 
 
@@ -40,6 +44,7 @@ class IncomingCall:
     from_uri: str
     to_uri: str
     sip_headers: tuple[tuple[str, str], ...] = field(default=())  # every header of the INVITE, in order
+    srtp: bool = False  # its media is SDES-SRTP (the SDP answer keeps it so)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,8 @@ class Accept:
     principal: str | None = None  # whose session it is (the accepting credential's); None: the default's
     session_id: str | None = None  # the session's id (the one the webhook's call_id names); None: a new one
     model: str | None = None  # the model it serves; None: ``sip_model``
+    dialect: Dialect = GA  # what its session speaks (GPT-Live's: opened with ``session`` as its start settings)
+    call_id: str | None = None  # the id its controls and sideband name it by; None: ``rtc_`` + the session's
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +83,11 @@ class WebhookControl:
 
     async def incoming(self, call: IncomingCall) -> Accept | Reject:
         call_id = new_call_id()
-        data = {"sip_headers": [{"name": name, "value": value} for name, value in call.sip_headers]}
-        waiting = await announce(self.ctx, self.webhook, call_id, data)
+        headers = [{"name": name, "value": value} for name, value in call.sip_headers]
+        # (GPT-Live's names no authorization header: "excluding SIP authorization headers")
+        live = {"type": "sip", "sip_headers": [h for h in headers if h["name"].lower() not in _AUTHORIZATION],
+                "sip_media_security": "srtp" if call.srtp else "rtp"}  # fmt: skip
+        waiting = await announce(self.ctx, self.webhook, call_id, {"sip_headers": headers}, live=live)
         if isinstance(waiting, str):
             log.warning("sip: call %s from %s refused: %s", call.call_id, call.source, waiting)
             return Reject(503, "Service Unavailable")
@@ -91,8 +101,10 @@ class WebhookControl:
                 return Reject(480, "Temporarily Unavailable")
             return Reject(answer.status_code or 603, "Decline" if answer.status_code is None else "Rejected")
         model = answer.session.get("model")
-        return Accept(session=answer.session, principal=answer.grant.principal, session_id=session_of(call_id),
-                      model=model if isinstance(model, str) and model else None)  # fmt: skip
+        return Accept(session=answer.session, principal=answer.grant.principal,
+                      session_id=answer.session_id or session_of(call_id),
+                      model=model if isinstance(model, str) and model else None, dialect=answer.dialect,
+                      call_id=answer.session_id)  # fmt: skip
 
 
 class DefaultAnswer:

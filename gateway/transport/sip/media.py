@@ -10,7 +10,11 @@ dropped, gaps filled with silence up to 1 s; no jitter buffer: a packet that com
 the next one is dropped); telephone-events become key presses (``on_dtmf``). Packets from
 any other address are dropped.
 
-Out: the answer's audio (PCM16 at the codec's rate) goes through the same paced track as a
+Out: a key the session sends (GPT-Live's ``transport.dtmf.send``) goes as RFC 4733
+telephone-events on the payload type the SDP negotiated, beside the audio (same SSRC and
+sequence, protected as it is): ``DTMF_PACKETS`` packets 20 ms apart, then its end three
+times; keys wait their turn, at most ``MAX_KEYS_QUEUED``. The answer's audio (PCM16 at the
+codec's rate) goes through the same paced track as a
 WebRTC call's (``webrtc/audio_out.py``: 20 ms a frame on the wall clock, the ledger of what
 was sent, a cut within a frame), each frame encoded into one RTP packet (then protected).
 Silence is sent between answers, so the trunk's jitter buffer and any NAT on the path stay
@@ -24,15 +28,20 @@ import contextlib
 import logging
 import random
 import socket
+from collections import deque
 from collections.abc import Callable
 
 from gateway.transport.sip.codec import codec_for
-from gateway.transport.sip.rtp import DtmfReceiver, Timeline, build_rtp, parse_rtp
+from gateway.transport.sip.rtp import DtmfReceiver, Timeline, build_dtmf, build_rtp, parse_rtp
 from gateway.transport.sip.sdp import Offer
 from gateway.transport.sip.srtp import Crypto, SrtpContext, answer_key
 from gateway.transport.webrtc.audio_out import AudioOutTrack
 
 log = logging.getLogger("omni.sip")
+
+DTMF_PACKETS = 5  # a key sent lasts 5 packets of 20 ms (100 ms), then its end is sent 3 times
+DTMF_GAP_S = 0.05  # between two keys sent
+MAX_KEYS_QUEUED = 32  # keys waiting to be sent; more: refused
 
 
 class PortsExhausted(RuntimeError):
@@ -116,6 +125,9 @@ class RtpMedia:
         self._latched = False
         self._transport: asyncio.DatagramTransport | None = None
         self._sender: asyncio.Task[None] | None = None
+        self._ts = random.getrandbits(32)  # the last audio timestamp sent (a key's events carry it)
+        self._keys: deque[tuple[str, Callable[[], None] | None]] = deque()
+        self._key_sender: asyncio.Task[None] | None = None
         # counters
         self.packets_in = 0
         self.packets_out = 0
@@ -172,7 +184,8 @@ class RtpMedia:
             if not payload:
                 continue
             self._seq = (self._seq + 1) & 0xFFFF
-            packet = build_rtp(self.offer.payload_type, self._seq, int(frame.pts or 0), self.ssrc, payload,
+            self._ts = int(frame.pts or 0)
+            packet = build_rtp(self.offer.payload_type, self._seq, self._ts, self.ssrc, payload,
                                marker=first)  # fmt: skip
             first = False
             if self.srtp is not None:
@@ -181,8 +194,49 @@ class RtpMedia:
                 self._transport.sendto(packet, self.remote)
                 self.packets_out += 1
 
+    def send_dtmf(self, key: str, on_sent: Callable[[], None] | None = None) -> str | None:
+        """Send ``key`` (one of ``0-9A-D*#``) to the far end as telephone-events (``on_sent``:
+        called once its end is sent); None, or why not."""
+        if self.offer.dtmf_type is None:
+            return "The call's SDP negotiated no telephone-event (RFC 4733): its far end takes no keys."
+        if self._transport is None or self._transport.is_closing():
+            return "The call's media is not running."
+        if len(self._keys) >= MAX_KEYS_QUEUED:
+            return f"{MAX_KEYS_QUEUED} keys are waiting to be sent already; send the next once they are sent."
+        self._keys.append((key, on_sent))
+        if self._key_sender is None or self._key_sender.done():
+            self._key_sender = asyncio.get_running_loop().create_task(self._send_keys(), name=f"sip-dtmf {self.port}")
+        return None
+
+    async def _send_keys(self) -> None:
+        pt = self.offer.dtmf_type
+        assert pt is not None
+        step = self.offer.dtmf_rate * 20 // 1000  # (the telephone-event's clock: the SDP's, 8 or 48 kHz)
+        while self._keys:
+            key, on_sent = self._keys.popleft()
+            ts = self._ts  # (the audio's timestamp now: same SSRC, same timeline)
+            for i in range(1, DTMF_PACKETS + 1):
+                self._send_event(pt, ts, build_dtmf(key, end=False, duration=step * i), marker=i == 1)
+                await asyncio.sleep(0.02)
+            for _ in range(3):  # the end, three times (RFC 4733 2.5.1.4)
+                self._send_event(pt, ts, build_dtmf(key, end=True, duration=step * DTMF_PACKETS))
+            if on_sent is not None:
+                on_sent()
+            await asyncio.sleep(DTMF_GAP_S)
+
+    def _send_event(self, pt: int, ts: int, payload: bytes, *, marker: bool = False) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._seq = (self._seq + 1) & 0xFFFF
+            packet = build_rtp(pt, self._seq, ts, self.ssrc, payload, marker=marker)
+            if self.srtp is not None:
+                packet = self.srtp.protect(packet)
+            self._transport.sendto(packet, self.remote)
+            self.packets_out += 1
+
     async def stop(self) -> None:
         self.track.stop()
+        if self._key_sender is not None:
+            self._key_sender.cancel()
         if self._sender is not None:
             self._sender.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -1,4 +1,22 @@
-"""SIP calls over REST: a transfer (``/refer``, OpenAI's call control) and outbound calls (ours).
+"""SIP calls over REST: a transfer (``/refer``, OpenAI's call control) and outbound calls (ours,
+and GPT-Live's).
+
+**GPT-Live outbound** (``live_dial``: ``POST /v1/live/sessions`` with ``{"session": {...},
+"transport": {"type": "sip", "destination": "+15551234567", "trunk": {"provider_url":
+"sip:203.0.113.5:5060", "auth": {"type": "digest", "username", "password"}, "caller_number":
+"+15550100"}}}``, the OpenAPI document 2.3.0's ``LiveSipTransport``), with an operator key:
+the Live session opens with ``session`` (strict, as on ``POST /v1/live/sessions`` for WebRTC),
+the call is placed, and the answer is ``201 {"session": {"id": "live_..."}, "transport":
+{"type": "sip"}}`` at once, before the callee answers. A sideband attached with that id
+(``/v1/live/sessions/{id}/attach``) hears ``transport.ringing``, ``transport.answered`` (the
+media runs), or ``transport.failed`` (``error.code`` ``sip_call_failed``: the trunk's status,
+or no answer within ``sip_ring_timeout_s``; the session then ends). The destination is an
+E.164 number, as OpenAI's; unlike OpenAI's (``sips:`` only), the trunk is reached over UDP
+(``sip:<IP>[:port]`` of ``sip_allowed_sources``: ``sips:`` is refused, ``unsupported``, TLS
+outbound is not done yet). Refusals (before any call): 400 (``invalid_value``,
+``unknown_parameter``, ``missing_required_parameter``, ``unsupported``, the session's own),
+401, 403 (``forbidden``: not an operator key), 501 ``sip_unavailable``, 503 ``server_busy``
+(draining, ``max_sessions``, no RTP port) or ``store_unavailable``.
 
 **Outbound** (the gateway's extension: OpenAI has it as GPT-Live's ``transport: {type:
 "sip"}``, not built yet): ``POST /v1/realtime/sip/calls`` with an operator key and
@@ -13,7 +31,8 @@ and its hangup and refer work as an inbound call's. Refusals: 400 (``invalid_val
 trunk's SIP status in the message), 504 ``sip_call_failed`` (no answer in time: the gateway
 sent CANCEL).
 
-**Transfer**: ``POST /v1/realtime/calls/{call_id}/refer``.
+**Transfer**: ``POST /v1/realtime/calls/{call_id}/refer`` (GPT-Live's:
+``/v1/live/sessions/{session_id}/refer``, the same, its 404 ``session_not_found``).
 
 Body: ``{"target_uri": "tel:+15551234567" | "sip:agent@pbx.example.com"}``, with the key of the
 call's principal. The gateway sends the trunk a REFER in the call's dialog (RFC 3515) and
@@ -38,7 +57,11 @@ from starlette.routing import Route
 
 from gateway.auth import Authenticator
 from gateway.hosting.context import HostContext
-from gateway.protocol.errors import Code
+from gateway.hosting.door import Door, Sessions
+from gateway.protocol import live_config as lc
+from gateway.protocol.dialects import LIVE
+from gateway.protocol.errors import Code, ProtocolError
+from gateway.settings import Settings
 from gateway.transport.http_body import BodyRefused, capped
 
 MAX_TARGET = 256
@@ -46,6 +69,9 @@ _TARGET = re.compile(r"^(tel:\+?[0-9A-Za-z*#().;=\-]+|sips?:[^\s<>\"]+)$")
 MAX_BODY_BYTES = 16384
 _PROVIDER = re.compile(r"^sip:(\d{1,3}(?:\.\d{1,3}){3})(?::(\d{1,5}))?$")
 _NUMBER = re.compile(r"^\+?[0-9]{1,20}$")
+_E164 = re.compile(r"^\+[1-9][0-9]{1,14}$")
+_LIVE_TRANSPORT_KEYS = frozenset({"type", "destination", "trunk"})
+_LIVE_TRUNK_KEYS = frozenset({"provider_url", "auth", "caller_number"})
 
 
 class SipRestServices(Protocol):
@@ -58,6 +84,17 @@ class SipRestServices(Protocol):
     @property
     def sip(self) -> Any:
         """The SIP server (``server.SipServer``), or None: SIP is off here."""
+
+    @property
+    def sessions(self) -> Sessions: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+    def session_count(self) -> int: ...
 
 
 def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
@@ -72,6 +109,7 @@ class SipCallsEndpoint:
     def routes(self) -> list[Route]:
         return [
             Route("/v1/realtime/calls/{call_id}/refer", self.refer, methods=["POST"]),
+            Route("/v1/live/sessions/{session_id}/refer", self.refer, methods=["POST"]),  # GPT-Live's SIP call
             Route("/v1/realtime/sip/calls", self.dial, methods=["POST"]),
         ]
 
@@ -135,7 +173,8 @@ class SipCallsEndpoint:
         if grant is None:
             self.rt.hosting.metrics.auth_failures.inc()
             return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.")
-        call_id = request.path_params["call_id"]
+        live = "session_id" in request.path_params  # (GPT-Live's: the call is named by its session's id)
+        call_id = request.path_params["session_id" if live else "call_id"]
         try:
             raw = await capped(request, MAX_BODY_BYTES).body()
         except BodyRefused as refused:
@@ -152,6 +191,9 @@ class SipCallsEndpoint:
         dialog = sip.find(call_id) if sip is not None else None
         host = dialog.call.door.host if dialog is not None and dialog.call.door is not None else None
         if dialog is None or host is None or host.principal != grant.principal:
+            if live:
+                return _error(404, Code.SESSION_NOT_FOUND, f"No SIP session {call_id!r} is in progress here.",
+                              "session_id")  # fmt: skip
             return _error(404, Code.CALL_NOT_FOUND, f"No SIP call {call_id!r} is in progress here.", "call_id")
         status = await sip.refer(dialog, target)
         if 200 <= status < 300:
@@ -159,3 +201,116 @@ class SipCallsEndpoint:
         if status == 408:
             return _error(504, Code.CALL_TRANSFER_FAILED, "The trunk did not answer the transfer (REFER) in time.")
         return _error(502, Code.CALL_TRANSFER_FAILED, f"The trunk refused the transfer (REFER): SIP {status}.")
+
+
+async def live_dial(rt: SipRestServices, request: Request, body: Any) -> Response:
+    """GPT-Live's outbound call (``POST /v1/live/sessions``, ``transport.type: "sip"``; the
+    module docstring): the session opened, the call placed, 201 before it is answered."""
+    grant = await rt.auth.authenticate_http(request.headers)
+    if grant is None:
+        rt.hosting.metrics.auth_failures.inc()
+        return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.")
+    if not grant.tenant.admin or grant.minted is not None:
+        return _error(403, Code.FORBIDDEN, "Only an operator key places outbound calls.")
+    sip = rt.sip
+    if sip is None:
+        return _error(501, Code.SIP_UNAVAILABLE, "This gateway has no SIP (sip_port is off).")
+    if rt.draining or rt.session_count() >= rt.settings.max_sessions:
+        return _error(503, Code.SERVER_BUSY, "This replica is shutting down or at its limit of sessions; try "
+                      "again later.")  # fmt: skip
+    try:
+        config, destination, trunk, credentials, caller = _live_sip_request(body, sip)
+        settings = lc.parse_start(config, media=True)
+        if settings.idle_timeout_s is not None or settings.wake_policy is not None:
+            key = "idle_timeout_s" if settings.idle_timeout_s is not None else "wake_policy"
+            raise ProtocolError(Code.UNSUPPORTED, f"'session.{key}': this gateway does not pause an idle SIP "
+                                "session (no session.paused, no wake); leave it out.",
+                                param=f"session.{key}")  # fmt: skip
+    except ProtocolError as err:
+        return _error(400, err.code, err.message, err.param)
+    model = settings.model
+    if not rt.sessions.serves(model):
+        return _error(400, Code.MODEL_NOT_FOUND, f"No model {model!r} is served here; GET /v1/models lists them.",
+                      "session.model")  # fmt: skip
+    if not grant.tenant.allows_model(model):
+        return _error(403, Code.MODEL_NOT_ALLOWED, f"This credential may not use the model {model!r}.",
+                      "session.model")  # fmt: skip
+    call = sip.outbound_call()
+    if call is None:
+        return _error(503, Code.SERVER_BUSY, "No free RTP port for the call (sip_rtp_ports); try again later.")
+    door = Door(rt.hosting, rt.sessions, call, dialect=LIVE, principal=grant.principal, model=model,
+                max_message_bytes=rt.settings.max_message_bytes, media=call)  # fmt: skip
+    refused = await door.open_media(config)
+    if refused is not None or door.host is None:
+        await call.end("its session was refused")
+        why = refused or ProtocolError(Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
+        status = {Code.STORE_UNAVAILABLE: 503, Code.RATE_LIMIT_EXCEEDED: 429}.get(why.code, 400)
+        return _error(status, why.code, why.message, why.param)
+    rt.hosting.metrics.sessions.inc()
+    rt.hosting.metrics.sessions_total.inc()
+    session_id = door.host.id
+    call.call_id = session_id  # (its refer and hangup name it so)
+    rt.hosting.spawn(sip.dial_live(destination, trunk, door, call, caller=caller, credentials=credentials))
+    return JSONResponse({"session": {"id": session_id}, "transport": {"type": "sip"}}, status_code=201,
+                        headers={"Location": f"/v1/live/sessions/{session_id}"})  # fmt: skip
+
+
+def _live_sip_request(body: Any, sip: Any) -> tuple[dict[str, Any], str, tuple[str, int], tuple[str, str], str]:
+    """(session, destination, trunk address, digest credentials, caller number) of a Live SIP
+    create's body; raises ProtocolError naming the field."""
+    if not isinstance(body, dict):
+        raise ProtocolError(Code.INVALID_TYPE, "The body must be a JSON object with 'session' and 'transport'.")
+    for key in body:
+        if key not in ("session", "transport"):
+            raise ProtocolError(Code.UNKNOWN_PARAMETER, f"Unknown parameter: '{key}'.", param=key)
+    session = body.get("session")
+    if session is None:
+        raise ProtocolError(Code.MISSING_FIELD, "Missing required parameter: 'session'.", param="session")
+    if not isinstance(session, dict):
+        raise ProtocolError(Code.INVALID_TYPE, "'session' must be an object.", param="session")
+    transport = body["transport"]
+    _known(transport, _LIVE_TRANSPORT_KEYS, "transport")
+    destination = _required(transport, "destination", "transport")
+    if not isinstance(destination, str) or not _E164.match(destination):
+        raise ProtocolError(Code.INVALID_VALUE, "'transport.destination' must be a phone number in E.164 format "
+                            "(+ and up to 15 digits).", param="transport.destination")  # fmt: skip
+    trunk = _required(transport, "trunk", "transport")
+    _known(trunk, _LIVE_TRUNK_KEYS, "transport.trunk")
+    provider = _required(trunk, "provider_url", "transport.trunk")
+    if isinstance(provider, str) and provider.startswith("sips:"):
+        raise ProtocolError(Code.UNSUPPORTED, "'transport.trunk.provider_url': this gateway reaches trunks over "
+                            "UDP (sip:<IP>[:port]); TLS (sips:) outbound is not done yet.",
+                            param="transport.trunk.provider_url")  # fmt: skip
+    found = _PROVIDER.match(provider) if isinstance(provider, str) else None
+    if found is None or not sip.guard.allows(found.group(1)):
+        raise ProtocolError(Code.INVALID_VALUE, "'transport.trunk.provider_url' must be sip:<IP>[:port] of a trunk "
+                            "in sip_allowed_sources.", param="transport.trunk.provider_url")  # fmt: skip
+    auth = _required(trunk, "auth", "transport.trunk")
+    _known(auth, frozenset({"type", "username", "password"}), "transport.trunk.auth")
+    user, password = auth.get("username"), auth.get("password")
+    if not (auth.get("type") == "digest" and isinstance(user, str) and user.strip() and isinstance(password, str)
+            and len(user.encode()) <= 256 and len(password.encode()) <= 4096
+            and not any(c in user + password for c in "\r\n\0")):  # fmt: skip
+        raise ProtocolError(Code.INVALID_VALUE, "'transport.trunk.auth' must be {\"type\": \"digest\", \"username\" "
+                            "(at most 256 bytes), \"password\" (at most 4096 bytes)}, without CR, LF or NUL.",
+                            param="transport.trunk.auth")  # fmt: skip
+    caller = _required(trunk, "caller_number", "transport.trunk")
+    if not isinstance(caller, str) or not _E164.match(caller):
+        raise ProtocolError(Code.INVALID_VALUE, "'transport.trunk.caller_number' must be a phone number in E.164 "
+                            "format.", param="transport.trunk.caller_number")  # fmt: skip
+    return session, "tel:" + destination, (found.group(1), int(found.group(2) or 5060)), (user, password), caller
+
+
+def _known(value: Any, keys: frozenset[str], param: str) -> None:
+    if not isinstance(value, dict):
+        raise ProtocolError(Code.INVALID_TYPE, f"'{param}' must be an object.", param=param)
+    for key in value:
+        if key not in keys:
+            raise ProtocolError(Code.UNKNOWN_PARAMETER, f"Unknown parameter: '{param}.{key}'.", param=f"{param}.{key}")
+
+
+def _required(value: dict[str, Any], key: str, param: str) -> Any:
+    if key not in value:
+        raise ProtocolError(Code.MISSING_FIELD, f"Missing required parameter: '{param}.{key}'.",
+                            param=f"{param}.{key}")  # fmt: skip
+    return value[key]

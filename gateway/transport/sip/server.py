@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from gateway.hosting.calls import call_id_of
 from gateway.hosting.context import HostContext
 from gateway.hosting.door import Door, Sessions
-from gateway.protocol.dialects import GA
+from gateway.protocol.errors import Code
 from gateway.settings import Settings
 from gateway.transport.sip import digest
 from gateway.transport.sip import message as sipmsg
@@ -342,7 +342,8 @@ class SipServer:
         self.dialogs[msg.call_id] = dialog
         dialog.last_response = self._reply(msg, 180, send, tag=tag)
         incoming = IncomingCall(rid, msg.call_id, source[0], sipmsg.uri_of(msg.get("From") or ""),
-                                sipmsg.uri_of(msg.get("To") or ""), tuple(msg.headers))  # fmt: skip
+                                sipmsg.uri_of(msg.get("To") or ""), tuple(msg.headers),
+                                srtp=offer.crypto is not None)  # fmt: skip
         dialog.decide = self._loop.create_task(self._decide(dialog, incoming), name=f"sip ring {rid}")
 
     def _answer_headers(self, dialog: Dialog) -> tuple[tuple[str, str], ...]:
@@ -405,13 +406,14 @@ class SipServer:
         rt = self.rt
         call = dialog.call
         accepted = accepted or Accept()
-        door = Door(rt.hosting, rt.sessions, call, dialect=GA, principal=accepted.principal or cfg.principal,
-                    model=accepted.model or cfg.model, max_message_bytes=rt.settings.max_message_bytes, media=call,
+        door = Door(rt.hosting, rt.sessions, call, dialect=accepted.dialect,
+                    principal=accepted.principal or cfg.principal, model=accepted.model or cfg.model,
+                    max_message_bytes=rt.settings.max_message_bytes, media=call,
                     session_id=accepted.session_id)  # fmt: skip
         rt.hosting.metrics.sessions.inc()
         rt.hosting.metrics.sessions_total.inc()
         try:
-            opened = await door.open(requested)
+            opened = await door.open_call(requested)
         except Exception:
             log.exception("sip: opening the session of %s failed", call.ringing_id)
             opened = False
@@ -422,7 +424,7 @@ class SipServer:
             rt.hosting.metrics.sessions.dec()
             door.detach()
             return False
-        call.call_id = call_id_of(door.host.id)
+        call.call_id = accepted.call_id or call_id_of(door.host.id)
         await dialog.media.start()
         call.start(door)
         return True
@@ -431,7 +433,9 @@ class SipServer:
         cfg = self.config
         call = dialog.call
         dialog.tasks.append(asyncio.current_task())  # type: ignore[arg-type]
-        if not await self._open(dialog, {**(cfg.session or {}), **(decision.session or {})} or None, decision):
+        # (sip_session is the Realtime dialect's defaults; a Live accept's session is the whole start)
+        defaults = cfg.session if not decision.dialect.media_start else None
+        if not await self._open(dialog, {**(defaults or {}), **(decision.session or {})} or None, decision):
             if dialog.state == "ringing":
                 await self._final(dialog, 503)
             return
@@ -571,18 +575,98 @@ class SipServer:
         and on 200 OK: ACK, and the call's session opens as an answered inbound call's does.
         The answered call's dialog, or the SIP status it failed with (408: no answer in time;
         488: an answer the gateway cannot take; 503: no session, no RTP port)."""
-        assert self._loop is not None and self._udp is not None
         cfg = self.config
-        call_id = f"{secrets.token_hex(12)}@omni-gateway"
-        local_tag = secrets.token_hex(8)
-        host = cfg.advertised_address or (cfg.rtp_host if cfg.rtp_host not in ("0.0.0.0", "::", "") else "127.0.0.1")
-        port = self.bound[1] if self.bound else cfg.port
+        call = self.outbound_call()
+        if call is None:
+            return 503
+        dialog = await self._place(destination, trunk, call, caller=caller, credentials=credentials)
+        if isinstance(dialog, int):
+            return dialog
+        if not await self._open(dialog, {**(cfg.session or {}), **(session or {})} or None):
+            await self._end(dialog, "no session", bye=True, end_session=False)
+            return 503
+        self._answered_outbound(dialog, destination)
+        return dialog
+
+    def outbound_call(self) -> SipCall | None:
+        """A call to place: its RTP bound on ``sip_rtp_ports`` (its media is made once the answer
+        names the far end and the codec: ``_place``); None: no free port."""
+        cfg = self.config
         try:
             sock = bind_rtp(cfg.rtp_host, cfg.rtp_ports)
         except (PortsExhausted, OSError) as exc:
             log.warning("sip: %s", exc)
-            return 503
-        rtp_port = int(sock.getsockname()[1])
+            return None
+        unanswered = RtpMedia(sock, _NO_MEDIA, on_audio=_ignore, on_dtmf=_ignore)  # (never started)
+        return SipCall(ringing_id(), unanswered, on_close=self._session_let_go)
+
+    async def dial_live(self, destination: str, trunk: tuple[str, int], door: Door, call: SipCall, *,
+                        caller: str | None = None, credentials: tuple[str, str] | None = None) -> None:  # fmt: skip
+        """GPT-Live's outbound call (``POST /v1/live/sessions`` with ``transport.type: "sip"``):
+        ``door``'s session is open already (its id is the call's), and hears of the call as
+        it goes, on its sidebands: ``transport.ringing`` (the trunk's 180 or 183),
+        ``transport.answered`` (200 OK: the media runs), or ``transport.failed`` (the SIP
+        status, or no answer in time; the session then ends). A session that ended while the
+        call rang hangs the answered call up (BYE)."""
+        host = door.host
+        assert host is not None and self._loop is not None
+        rang = False
+
+        def ringing() -> None:
+            nonlocal rang
+            if not rang and not host.ended:
+                rang = True
+                host.transport_progress("ringing", {})
+
+        try:
+            dialog = await self._place(destination, trunk, call, caller=caller, credentials=credentials,
+                                       on_ringing=ringing)  # fmt: skip
+        except Exception:
+            log.exception("sip: placing the Live call %s failed", host.id)
+            dialog = 500
+        if isinstance(dialog, int):
+            self.rt.hosting.metrics.sessions.dec()
+            if not host.ended:
+                why = "no answer in time" if dialog == 408 else f"SIP {dialog}"
+                message = f"The call was not answered: {why}."
+                error = {"type": "call_error", "code": Code.SIP_CALL_FAILED, "message": message}
+                host.transport_progress("failed", {"error": error})
+                await host.hang_up()
+            await call.end(f"not answered ({dialog})")
+            return
+        if host.ended or call.ended:
+            await self._end(dialog, "its session ended while it rang", bye=True, end_session=False)
+            return
+        await dialog.media.start()
+        call.start(door)
+        self._answered_outbound(dialog, destination)
+        host.transport_progress("answered", {})
+
+    def _answered_outbound(self, dialog: Dialog, destination: str) -> None:
+        assert self._loop is not None
+        dialog.state = "confirmed"
+        codec = dialog.media.offer.codec
+        log.info("sip call %s: outbound to %s answered (%s)", dialog.call.call_id, destination, codec)
+        self.rt.hosting.metrics.sip_calls.labels("outbound").inc()
+        if self.config.max_call_s > 0:
+            dialog.tasks.append(self._loop.create_task(self._cap_length(dialog)))
+
+    async def _place(self, destination: str, trunk: tuple[str, int], call: SipCall, *, caller: str | None,
+                     credentials: tuple[str, str] | None,
+                     on_ringing: Callable[[], None] | None = None) -> Dialog | int:  # fmt: skip
+        """The INVITE of an outbound call (``call``: its RTP bound, not started), rung until its
+        final answer (``on_ringing``: a 180 or 183 came): the answered call's dialog (ACK sent,
+        the call given its media for the answer's SDP), or the SIP status it failed with (408:
+        no answer in time; 488: an answer the gateway cannot take). The RTP socket is closed on
+        failure."""
+        assert self._loop is not None and self._udp is not None
+        cfg = self.config
+        sock = call.media.sock
+        call_id = f"{secrets.token_hex(12)}@omni-gateway"
+        local_tag = secrets.token_hex(8)
+        host = cfg.advertised_address or (cfg.rtp_host if cfg.rtp_host not in ("0.0.0.0", "::", "") else "127.0.0.1")
+        port = self.bound[1] if self.bound else cfg.port
+        rtp_port = call.media.port
         target = destination if destination.startswith("sip") else f"sip:{destination.removeprefix('tel:')}@{trunk[0]}"
         user = (caller or "omni-gateway").removeprefix("tel:")
         local_party = f"<sip:{user}@{_host_part(host)}>;tag={local_tag}"
@@ -623,7 +707,7 @@ class SipServer:
         try:
             while True:
                 invite = make_invite(cseq, auth)
-                final = await self._ring(invite, send, queue, deadline)
+                final = await self._ring(invite, send, queue, deadline, on_ringing)
                 if final is None:  # nobody answered in time: CANCEL (same branch), then the 487 comes
                     cancel = SipMessage(method="CANCEL", uri=target)
                     for name in ("Via", "Max-Forwards", "From", "To", "Call-ID"):
@@ -665,33 +749,24 @@ class SipServer:
         except SdpError as err:
             log.info("sip: the answer to an outbound call cannot be taken: %s", err)
             send(ack.encode())
-            unused = RtpMedia(sock, _NO_MEDIA, on_audio=_ignore, on_dtmf=_ignore)  # (never started)
-            bye = Dialog(call_id, invite, trunk, send, "UDP", local_tag, remote_uri, unused,
-                         SipCall("", unused, on_close=self._session_let_go), cseq=cseq, local_party=local_party,
-                         remote_party=final.get("To") or "")  # fmt: skip
+            bye = Dialog(call_id, invite, trunk, send, "UDP", local_tag, remote_uri, call.media, call, cseq=cseq,
+                         local_party=local_party, remote_party=final.get("To") or "")  # fmt: skip
             self._send_bye(bye, "no acceptable media")
             sock.close()
             return 488
         media = RtpMedia(sock, answer, on_audio=_ignore, on_dtmf=_ignore, local_crypto=key)
-        dialog = Dialog(call_id, invite, trunk, send, "UDP", local_tag, remote_uri, media,
-                        SipCall(ringing_id(), media, on_close=self._session_let_go), state="answered", cseq=cseq,
-                        local_party=local_party, remote_party=final.get("To") or "", ack=ack.encode())  # fmt: skip
+        call.take_media(media)
+        dialog = Dialog(call_id, invite, trunk, send, "UDP", local_tag, remote_uri, media, call, state="answered",
+                        cseq=cseq, local_party=local_party, remote_party=final.get("To") or "",
+                        ack=ack.encode())  # fmt: skip
         self.dialogs[call_id] = dialog
         send(dialog.ack)
-        if not await self._open(dialog, {**(cfg.session or {}), **(session or {})} or None):
-            await self._end(dialog, "no session", bye=True, end_session=False)
-            return 503
-        dialog.state = "confirmed"
-        log.info("sip call %s: outbound to %s answered (%s)", dialog.call.call_id, destination, answer.codec)
-        self.rt.hosting.metrics.sip_calls.labels("outbound").inc()
-        if cfg.max_call_s > 0:
-            dialog.tasks.append(self._loop.create_task(self._cap_length(dialog)))
         return dialog
 
     async def _ring(self, invite: SipMessage, send: Send, queue: asyncio.Queue[SipMessage],
-                    deadline: float) -> SipMessage | None:  # fmt: skip
+                    deadline: float, on_ringing: Callable[[], None] | None = None) -> SipMessage | None:  # fmt: skip
         """Send ``invite`` (again at T1, 3 T1, ... until any answer) and wait for its final
-        response until ``deadline`` (None: none came)."""
+        response until ``deadline`` (None: none came); ``on_ringing``: called on a 180 or 183."""
         assert self._loop is not None
         out = invite.encode()
         send(out)
@@ -710,6 +785,8 @@ class SipServer:
                     handle.cancel()  # any answer: the INVITE arrived
                 if msg.cseq[0] == cseq and msg.status is not None and msg.status >= 200:
                     return msg
+                if msg.status in (180, 183) and on_ringing is not None:
+                    on_ringing()
         finally:
             for handle in resend:
                 handle.cancel()
@@ -814,6 +891,7 @@ def build_sip_server(services: SipServices, control: CallControl | None = None) 
             raise ValueError("sip_trunk_credentials: give user:password entries, comma separated")
         challenger = digest.Challenger({user: password for user, _, password in pairs})
     if control is None and s.call_webhook_url:
-        webhook = Webhook(s.call_webhook_url, s.call_webhook_secret, s.call_webhook_timeout_s, s.call_accept_timeout_s)
+        webhook = Webhook(s.call_webhook_url, s.call_webhook_secret, s.call_webhook_timeout_s, s.call_accept_timeout_s,
+                          live=s.call_webhook_live)  # fmt: skip
         control = WebhookControl(services.hosting, webhook)
     return SipServer(services, config, guard, control or DefaultAnswer(), challenger)

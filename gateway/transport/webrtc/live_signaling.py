@@ -15,6 +15,8 @@ refusals, before any media, in OpenAI's error shape, the same CORS for pages on 
 allowed origin, the same limits), speaking the Live dialect on its channel, with the
 session's ``client.data_channel`` allow-lists applied there (``protocol/live_channel.py``).
 Its server is attached through ``/v1/live/sessions/{id}/attach`` (``realtime.py``).
+A body whose ``transport.type`` is ``"sip"`` is an outbound phone call instead
+(``transport/sip/rest.py``'s ``live_dial``).
 
 A **re-offer** (the page's, after its call's replica went away: the gateway's resume
 extension, as on ``/v1/realtime/calls``) carries the header ``X-Omni-Resume``
@@ -39,6 +41,7 @@ from gateway.protocol.dialects import LIVE
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.transport.handshake import minted_refusal
 from gateway.transport.http_body import BodyRefused, capped, json_body
+from gateway.transport.sip.rest import live_dial
 from gateway.transport.webrtc.signaling import _RESUME_STATUS, RESUME_HEADER, CallsEndpoint, _error, _resume
 
 _KEYS = ("session", "transport")
@@ -59,12 +62,18 @@ class LiveSessionsEndpoint(CallsEndpoint):
         return await self._with_cors(request, self._fork(request, request.path_params["session_id"]))
 
     async def _create(self, request: Request) -> Response:
+        try:
+            body = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body())
+        except BodyRefused as refused:
+            return refused.response()
+        transport = body.get("transport") if isinstance(body, dict) else None
+        if isinstance(transport, dict) and transport.get("type") == "sip":
+            return await live_dial(self.rt, request, body)  # an outbound SIP call (transport/sip/rest.py)
         checked = await self._caller(request)
         if isinstance(checked, Response):
             return checked
         book, grant = checked
         try:
-            body = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body())
             config, offer = _read(body)
             settings = lc.parse_start(config, media=True)
             if settings.idle_timeout_s is not None or settings.wake_policy is not None:
@@ -72,8 +81,6 @@ class LiveSessionsEndpoint(CallsEndpoint):
                 raise ProtocolError(Code.UNSUPPORTED, f"'session.{key}': this gateway does not pause an idle "
                                     "WebRTC session (no session.paused, no wake); leave it out.",
                                     param=f"session.{key}")  # fmt: skip
-        except BodyRefused as refused:
-            return refused.response()
         except ProtocolError as err:
             return _error(400, err.code, err.message, err.param)
         resume = None

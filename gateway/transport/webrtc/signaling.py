@@ -81,6 +81,10 @@ class CallServices(Services, Protocol):
     def calls(self) -> CallBook | None:
         """The WebRTC calls of this replica; None: WebRTC is off here (setting, or no aiortc)."""
 
+    @property
+    def sip(self) -> Any:
+        """The SIP server, or None (GPT-Live's ``POST /v1/live/sessions`` places SIP calls too)."""
+
     def session_defaults(self, grant: Grant, requested: dict[str, Any] | None) -> tuple[str, dict[str, Any] | None]:
         """The model and session settings a call opens with: the client secret's, with the
         unified form's ``session`` over them (it may not name another model), else that
