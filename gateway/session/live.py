@@ -24,7 +24,13 @@ VAD, responses, seq, epoch, snapshot, journal, resume) with:
   ``session.update`` (delegation and triggers only); ``session.close``
   (``session.closed`` with the final resource and usage, the last event);
 - **usage**: ``session.usage.updated`` every ``USAGE_EVERY_S`` (cumulative
-  whole seconds of the session timeline), and in ``session.closed``.
+  whole seconds of the session timeline), and in ``session.closed``;
+- **paced output**: on a WebSocket the model's audio (answers and fixtures)
+  goes out in real time, at most ``output_lead_ms`` ahead of the client's ear
+  (``PacedOutput``, live_output.py), and a barge-in drops what was not sent,
+  with its transcript. A WebRTC call's track plays the audio in real time
+  itself: its audio goes to the track as made, and a barge-in cuts the track
+  (``CutAudio``).
 
 Delegation, both kinds (the model's built-in ``delegate`` function,
 ``session.delegation.created``, the spoken acknowledgement, the Responses
@@ -62,7 +68,8 @@ from gateway.session.live_delegation import (
     Delegations,
     can_delegate,
 )
-from gateway.session.live_spelling import LiveSpelling
+from gateway.session.live_output import PacedOutput
+from gateway.session.live_spelling import WAKE_PACE, LiveSpelling
 from gateway.session.response import Response
 from gateway.session.session import RealtimeSession
 from gateway.session.turn_taking import Parts, RealtimeTurns
@@ -72,6 +79,7 @@ USAGE_EVERY_S = 15.0  # session.usage.updated this often (as the API was measure
 FIXTURE_CHUNK_MS = 100  # an audio fixture goes out in deltas of this length
 FIXTURE_ACTIVE = "fixture_active"  # a second fixture, or an append the API refuses while one plays
 DELEGATION_NOT_FOUND = "delegation_not_found"  # a delegation_id this session never handed out
+OUTPUT_LEAD_MS = 300  # paced output: at most this far ahead of the client's ear (live_output_lead_ms)
 _WAKE_USAGE, _WAKE_FIXTURE = "usage", "fixture"
 _SAY = "Communicate this to the user now, in your own words: "
 _THINK = "Background context for this conversation (do not read it out): "
@@ -111,10 +119,13 @@ class LiveSession(RealtimeSession):
 
     def __init__(self, *, session_id: str, live: lc.LiveSettings | None = None,
                  wall_clock: Callable[[], float] = time.time, responses_backend: bool | None = None,
+                 output_lead_ms: int = OUTPUT_LEAD_MS, pace_clock: Callable[[], float] = time.monotonic,
                  **kwargs: Any) -> None:  # fmt: skip
         """``responses_backend``: whether the gateway has a Responses backend (False: a session
         with Responses delegation is refused at its start; None: not known here, as for a
-        session restored from its snapshot, whose start was checked where it started)."""
+        session restored from its snapshot, whose start was checked where it started).
+        ``output_lead_ms``: how far a WebSocket session's output may be ahead of the client's
+        ear (``PacedOutput``; 0: not paced); ``pace_clock``: the pacing's clock (seconds)."""
         self._live_turns = LiveTurns()
         super().__init__(session_id=session_id, turn_taking=self._live_turns, **kwargs)
         self.live = live or lc.LiveSettings(model=self.config.model)
@@ -134,6 +145,9 @@ class LiveSession(RealtimeSession):
         self.spelling = spelling
         self._live_turns.answered = self._say_pending
         spelling.on_speech = self._speech_started
+        spelling.clock = pace_clock
+        self.output_lead_ms = output_lead_ms
+        self._fixtures = 0  # audio fixtures played (each one's audio is an answer of its own to the pacing)
         self._live_turns.ended = self._delegated
 
     @property
@@ -219,6 +233,7 @@ class LiveSession(RealtimeSession):
         for raw in () if self.forked else self.live.input:  # (a fork's conversation holds it already)
             role, text = lc.initial_text(raw)
             self._add_context(role, text)
+        self._pace()
         fields: dict[str, Any] = {"session": self.render_config(), **_echo(event_id)}
         if resume_token is not None:
             fields["resume_token"] = resume_token
@@ -228,6 +243,21 @@ class LiveSession(RealtimeSession):
         if self.live.media:  # what the WebRTC frontend's data channel may send and see
             self._emit("info", code=PERMISSIONS_INFO, message=self._policy.describe())
         self.effects.append(Wake(USAGE_EVERY_S, _WAKE_USAGE))
+
+    def _pace(self) -> None:
+        """Paced output where the client plays what it is sent (a WebSocket), not on a WebRTC
+        call (its track plays the audio in real time itself)."""
+        paced = self.output_lead_ms > 0 and not self.live.media
+        spelling = self.spelling
+        if not paced:
+            spelling.output = None
+        elif spelling.output is None or spelling.output.lead_ms != self.output_lead_ms:
+            spelling.output = PacedOutput(lambda: self.config.output_format, self.output_lead_ms)
+
+    @property
+    def output_pending(self) -> bool:
+        """Paced audio waits to go out (a drain waits for it)."""
+        return self.spelling.queued
 
     def _notices(self) -> list[tuple[str, str]]:
         """What the engine does not do of what the session asked (``info``: it goes on)."""
@@ -249,12 +279,18 @@ class LiveSession(RealtimeSession):
         return {"seconds": float(math.floor(self.spelling.timeline_ms() / 1000))}
 
     def wake(self, key: str) -> None:
+        if key == WAKE_PACE:
+            self.spelling.woken()
+            return
         if self.closed or self._delegations.wake(key):
             return
         if key == _WAKE_USAGE:
             self._emit("session.usage.updated", usage=self.usage())
             self.effects.append(Wake(USAGE_EVERY_S, _WAKE_USAGE))
         elif key == _WAKE_FIXTURE and self.fixture is not None:
+            if self.spelling.queued:  # its audio has not all gone out yet (paced, behind its clock)
+                self.effects.append(Wake(FIXTURE_CHUNK_MS / 1000, _WAKE_FIXTURE))
+                return
             played, self.fixture = self.fixture, None
             self._emit("session.output_audio.fixture.played", **_echo(played or None))
             self._say_pending()
@@ -273,6 +309,7 @@ class LiveSession(RealtimeSession):
             return
         self.closed = True
         self.shutdown()
+        self.spelling.drop()  # (what was not sent of an answer is not)
         self._emit("session.closed", reason=reason, session=self.render_config(), usage=self.usage(),
                    **_echo(event_id))  # fmt: skip
 
@@ -341,8 +378,9 @@ class LiveSession(RealtimeSession):
 
     def _speech_started(self) -> None:
         """The caller began to speak: the Live model gives way (barge-in). An answer under way
-        is cancelled by its turn-taking; one already written still plays from a WebRTC call's
-        track: cut there."""
+        is cancelled by its turn-taking; what was not sent of one already written is dropped
+        (paced output), or, on a WebRTC call, cut from the track that plays it."""
+        self.spelling.drop()
         self.effects.append(CutAudio())
 
     # --- appended context ----------------------------------------------------------------
@@ -451,7 +489,10 @@ class LiveSession(RealtimeSession):
                                 param="type")  # fmt: skip
         if self._responses.current is not None:
             self._responses.end_current("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
+        self.spelling.drop()  # (what was not sent of the answer stops too)
         self.fixture = event.event_id or ""
+        self._fixtures += 1
+        rid = f"fixture_{self._fixtures}"
         self._emit("session.output_audio.fixture.playing", **_echo(event.event_id))
         out = self.config.output_format
         resampler = StreamResampler(le.FIXTURE_RATE, out.rate) if out.rate != le.FIXTURE_RATE else None
@@ -461,19 +502,16 @@ class LiveSession(RealtimeSession):
             pcm = audio[at : at + step]
             if resampler is not None:
                 pcm = resampler.process(pcm)
-            self._fixture_delta(out, pcm)
+            self._fixture_delta(rid, out, pcm)
         if resampler is not None:
-            self._fixture_delta(out, resampler.flush())
+            self._fixture_delta(rid, out, resampler.flush())
+        self.spelling.audio_ended(rid)
         seconds = len(audio) / 2 / le.FIXTURE_RATE
         self.effects.append(Wake(seconds, _WAKE_FIXTURE))
 
-    def _fixture_delta(self, fmt: AudioFormat, pcm: bytes) -> None:
-        if not pcm:
-            return
-        data = encode_from_pcm16(fmt, pcm)
-        self.spelling.output_end_ms = max(self.spelling.output_end_ms, float(self.spelling.timeline_ms()))
-        self.spelling.output_end_ms += fmt.duration_ms(len(data))
-        self._emit("session.output_audio.delta", delta=data)
+    def _fixture_delta(self, rid: str, fmt: AudioFormat, pcm: bytes) -> None:
+        if pcm:
+            self.spelling.audio_out(rid, encode_from_pcm16(fmt, pcm))
 
     # --- snapshots -------------------------------------------------------------------------
 
@@ -487,6 +525,7 @@ class LiveSession(RealtimeSession):
             "closed": self.closed,
             "pending_say": self._pending_say,
             "spelling": self.spelling.to_dict(),
+            "output_lead_ms": self.output_lead_ms,
         }
         return state
 
@@ -503,6 +542,8 @@ class LiveSession(RealtimeSession):
         session.closed = live["closed"]
         session._pending_say = [(text, event_id) for text, event_id in live["pending_say"]]
         session.spelling.restore(live["spelling"])
+        session.output_lead_ms = int(live.get("output_lead_ms", OUTPUT_LEAD_MS))
+        session._pace()  # (what was queued on the replica lost is not: see docs/live.md, *Paced output*)
         if live["fixture"] is not None:
             # Its audio went out on the replica that was lost; what it still had to play is not
             # replayed (the fixture's own rule for interrupted playback): it ends here, unsaid.

@@ -27,8 +27,19 @@ INFO = PassthroughEngine().info
 TONE = PassthroughEngine()._chunk  # 20 ms of 24 kHz PCM16
 
 
-def session(config: dict[str, Any] | None = None) -> LiveSession:
-    s = LiveSession(session_id="live_test", config=SessionConfig(model="m"), engine=INFO, vad_factory=None)
+class Clock:
+    """The pacing's clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def session(config: dict[str, Any] | None = None, clock: Clock | None = None) -> LiveSession:
+    s = LiveSession(session_id="live_test", config=SessionConfig(model="m"), engine=INFO, vad_factory=None,
+                    pace_clock=clock or Clock())  # fmt: skip
     s.configure(config or {"model": "gpt-live-1"})
     s.start(resume_token="tok", configured=True, event_id="start")
     return s
@@ -83,7 +94,8 @@ def test_commentary_is_said_after_the_answer_under_way_and_context_is_not_said()
 
 
 def test_a_fixture_interrupts_the_answer_mutes_input_and_ends_on_its_timer() -> None:
-    s = session()
+    clock = Clock()
+    s = session(clock=clock)
     take(s)
     s.handle(le.ContextAppend("c", "commentary", "talking", None))
     _, effects = take(s)
@@ -92,10 +104,19 @@ def test_a_fixture_interrupts_the_answer_mutes_input_and_ends_on_its_timer() -> 
     events, effects = take(s)
     assert Cancel(rid) in effects and Wake(0.5, "fixture") in effects
     assert [e["type"] for e in events][:1] == ["session.output_audio.fixture.playing"]
-    assert sum(len(bytes(e["delta"], "ascii")) > 0 for e in events if e["type"] == "session.output_audio.delta") == 5
+    # Paced: 300 ms (the lead) go at once, in 100 ms deltas; the rest as the client plays it.
+    audio = [e for e in events if e["type"] == "session.output_audio.delta"]
+    assert [len(base64.b64decode(e["delta"])) for e in audio] == [4800] * 3
     assert s.fixture == "f"
     s.handle(ce.AudioAppend(None, TONE))  # heard as silence while it plays
     assert s.input_audio.audio_ms == 20
+    s.wake("fixture")  # (early: its audio has not all gone out) it waits
+    events, effects = take(s)
+    assert not events and Wake(0.1, "fixture") in effects
+    clock.now += 0.2
+    s.wake("pace")
+    events, _ = take(s)
+    assert [len(base64.b64decode(e["delta"])) for e in events] == [4800] * 2
     s.wake("fixture")
     events, _ = take(s)
     assert events[-1] == {**events[-1], "type": "session.output_audio.fixture.played", "client_event_id": "f"}
@@ -215,3 +236,33 @@ def test_every_live_state_event_marks_a_snapshot_that_restores_it() -> None:
     assert restored.closed
     # session.delegation.created: tests/unit/test_live_delegation.py (its own step).
     assert seen == LIVE_STATE_EVENTS - {"session.delegation.created"}, sorted(LIVE_STATE_EVENTS - seen)
+
+
+def test_a_websocket_answer_is_paced_and_a_barge_in_drops_what_was_not_sent() -> None:
+    clock = Clock()
+    s = session(clock=clock)
+    take(s)
+    s.handle(le.ContextAppend("c", "commentary", "talking", None))
+    _, effects = take(s)
+    rid = next(e for e in effects if isinstance(e, StartResponse)).request.request_id
+    s.on_response(rid, TextDelta("one two three four "))
+    s.on_response(rid, AudioDelta(TONE * 50))  # a second, made at once
+    s.on_response(rid, Finished())
+    events, effects = take(s)
+    audio = [e for e in events if e["type"] == "session.output_audio.delta"]
+    said = [e for e in events if e["type"] == "session.output_transcript.delta"]
+    assert sum(len(base64.b64decode(e["delta"])) for e in audio) == 300 * 48  # the lead, not the second
+    assert "".join(e["delta"] for e in said) == "one "  # 30% of its audio: its first word
+    assert said[-1]["end_ms"] - said[0]["start_ms"] == 300
+    wakes = [e.after_s for e in effects if isinstance(e, Wake) and e.key == "pace"]
+    assert wakes == [pytest.approx(0.1)] and s.output_pending  # (a drain waits for it)
+    clock.now += 0.1
+    s.wake("pace")
+    events, _ = take(s)
+    assert [len(base64.b64decode(e["delta"])) for e in events if e["type"] == "session.output_audio.delta"] == [4800]
+    s.spelling.spell("input_audio_buffer.speech_started", {"audio_start_ms": 0, "item_id": "item_u"})  # barge-in
+    assert not s.output_pending
+    clock.now += 5
+    s.wake("pace")
+    events, _ = take(s)
+    assert not [e for e in events if e["type"].startswith("session.output")]  # nothing more of it, nor its words
