@@ -25,6 +25,14 @@ VAD, responses, seq, epoch, snapshot, journal, resume) with:
   (``session.closed`` with the final resource and usage, the last event);
 - **usage**: ``session.usage.updated`` every ``USAGE_EVERY_S`` (cumulative
   whole seconds of the session timeline), and in ``session.closed``;
+- **idle pause and wake** (a WebRTC session's ``wake_policy`` and ``idle_timeout_s``):
+  the model's inference waits, paused, for the caller's first speech (heard by
+  the speech detector at the policy's ``vad_threshold``), which wakes it
+  (``session.resumed``) and is its first turn; ``idle_timeout_s`` of the
+  session timeline with no speech and no output pauses it again
+  (``session.paused``); usage then reports ``active_seconds`` and
+  ``paused_seconds``. While paused nothing is said: commentary and results wait
+  for the wake;
 - **paced output**: on a WebSocket the model's audio (answers and fixtures)
   goes out in real time, at most ``output_lead_ms`` ahead of the client's ear
   (``PacedOutput``, live_output.py), and a barge-in drops what was not sent,
@@ -148,6 +156,12 @@ class LiveSession(RealtimeSession):
         spelling.clock = pace_clock
         self.output_lead_ms = output_lead_ms
         self._fixtures = 0  # audio fixtures played (each one's audio is an answer of its own to the pacing)
+        # Idle pause (a WebRTC session's wake policy): timeline ms of the pause under way (None: active),
+        # of the pauses before it, and of the last speech start or end (what idleness counts from).
+        self.paused_at_ms: float | None = None
+        self.paused_ms = 0.0
+        self._active_ms = 0.0
+        spelling.on_quiet = self._quiet
         self._live_turns.ended = self._delegated
 
     @property
@@ -219,6 +233,10 @@ class LiveSession(RealtimeSession):
             raise ProtocolError(RESPONSES_BACKEND_UNCONFIGURED, "This gateway has no Responses backend to delegate "
                                 "to (its operator sets live_responses_url); use delegation type 'client'.",
                                 param="session.delegation.type")  # fmt: skip
+        if live.wake_policy is not None and self._vad_factory is None:
+            raise ProtocolError(Code.UNSUPPORTED, "'session.wake_policy' needs a speech detector, and this gateway "
+                                "runs none (its operator installs the cpu extra: silero-vad); leave it out.",
+                                param="session.wake_policy")  # fmt: skip
         self.live = live
         self._delegations.settings = live.delegation or lc.Delegation()
         engine = self.engine
@@ -234,6 +252,9 @@ class LiveSession(RealtimeSession):
             role, text = lc.initial_text(raw)
             self._add_context(role, text)
         self._pace()
+        self.paused_at_ms, self.paused_ms = None, 0.0
+        if self.live.wake_policy is not None:  # inference waits for the first wake
+            self._pause(announce=False)
         fields: dict[str, Any] = {"session": self.render_config(), **_echo(event_id)}
         if resume_token is not None:
             fields["resume_token"] = resume_token
@@ -275,8 +296,54 @@ class LiveSession(RealtimeSession):
         return lc.render(self.live, session_id=self.id, expires_at=self.expires_at)
 
     def usage(self) -> dict[str, Any]:
-        """Cumulative billable duration: whole seconds of the session timeline."""
-        return {"seconds": float(math.floor(self.spelling.timeline_ms() / 1000))}
+        """Cumulative billable duration: whole seconds of the session timeline; with a wake policy,
+        the paused and (the rest) active whole seconds of it."""
+        now = self.spelling.timeline_ms()
+        seconds = math.floor(now / 1000)
+        if self.live.wake_policy is None:
+            return {"seconds": float(seconds)}
+        paused = self.paused_ms + (now - self.paused_at_ms if self.paused_at_ms is not None else 0.0)
+        paused_s = min(seconds, math.floor(paused / 1000))
+        return {"seconds": float(seconds), "active_seconds": seconds - paused_s, "paused_seconds": paused_s}
+
+    # --- idle pause and wake (a WebRTC session's wake policy) ------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at_ms is not None
+
+    def _pause(self, *, announce: bool = True) -> None:
+        """Inference pauses: speech at the wake policy's threshold wakes it."""
+        policy = self.live.wake_policy or {}
+        self.paused_at_ms = float(self.spelling.timeline_ms())
+        self._input.set_wake_threshold(float(policy.get("vad_threshold", lc.WAKE_VAD_THRESHOLD)))
+        if announce:
+            self._emit("session.paused")
+
+    def _wake_up(self) -> None:
+        """Speech wakes inference: the speech is the model's next turn."""
+        if self.paused_at_ms is None:
+            return
+        now = float(self.spelling.timeline_ms())
+        self.paused_ms += max(0.0, now - self.paused_at_ms)
+        self.paused_at_ms = None
+        self._active_ms = now
+        self._input.set_wake_threshold(None)
+        self._emit("session.resumed")
+
+    def _quiet(self) -> None:
+        self._active_ms = float(self.spelling.timeline_ms())
+
+    def _check_idle(self) -> None:
+        """``idle_timeout_s`` of the timeline with no speech, no answer and no output: pause."""
+        timeout = self.live.idle_timeout_s
+        if timeout is None or self.paused or self.closed:
+            return
+        if self._responses.answering() or self._input.is_open or self.fixture is not None or self.spelling.queued:
+            return
+        since = max(self._active_ms, self.spelling.output_end_ms)
+        if self._input.audio_ms - since >= timeout * 1000:
+            self._pause()
 
     def wake(self, key: str) -> None:
         if key == WAKE_PACE:
@@ -369,6 +436,7 @@ class LiveSession(RealtimeSession):
         if self.muted or self.fixture is not None:
             audio = self._silent(len(audio))
         self.append_audio(audio, event_id)
+        self._check_idle()
 
     def _silent(self, nbytes: int) -> bytes:
         if self._silence[0] != nbytes:
@@ -382,6 +450,8 @@ class LiveSession(RealtimeSession):
         (paced output), or, on a WebRTC call, cut from the track that plays it."""
         self.spelling.drop()
         self.effects.append(CutAudio())
+        self._active_ms = float(self.spelling.timeline_ms())
+        self._wake_up()
 
     # --- appended context ----------------------------------------------------------------
 
@@ -423,8 +493,9 @@ class LiveSession(RealtimeSession):
     def _say_pending(self) -> None:
         """Speak the commentary waiting, unless an answer or a fixture is under way (it is said
         when that ends: ``LiveTurns.answer_ended`` calls back here)."""
-        if not self._pending_say or self.fixture is not None or self._responses.answering() or self._input.is_open:
-            return  # said once the answer, the fixture or the user's speech under way is over
+        if (not self._pending_say or self.fixture is not None or self._responses.answering() or self._input.is_open
+                or self.paused):  # fmt: skip
+            return  # said once the answer, the fixture or the user's speech under way is over (or at the wake)
         texts = [text for text, _ in self._pending_say]
         event_id = self._pending_say[-1][1]
         self._pending_say.clear()
@@ -475,7 +546,8 @@ class LiveSession(RealtimeSession):
     def acknowledge(self) -> None:
         """A short acknowledgement of a delegation, unless the model, the user or a fixture is
         heard, or a result waits to be said (it would only interrupt, or come late)."""
-        if self.fixture is not None or self._responses.answering() or self._input.is_open or self._pending_say:
+        if (self.fixture is not None or self._responses.answering() or self._input.is_open or self._pending_say
+                or self.paused):  # fmt: skip
             return
         params = ce.ResponseParams(instructions=(self.config.instructions + "\n\n" + ACK_INSTRUCTIONS).strip(),
                                    say=ACK_SAY, tools=())  # fmt: skip
@@ -526,6 +598,9 @@ class LiveSession(RealtimeSession):
             "pending_say": self._pending_say,
             "spelling": self.spelling.to_dict(),
             "output_lead_ms": self.output_lead_ms,
+            "paused_at_ms": self.paused_at_ms,
+            "paused_ms": self.paused_ms,
+            "active_ms": self._active_ms,
         }
         return state
 
@@ -544,6 +619,12 @@ class LiveSession(RealtimeSession):
         session.spelling.restore(live["spelling"])
         session.output_lead_ms = int(live.get("output_lead_ms", OUTPUT_LEAD_MS))
         session._pace()  # (what was queued on the replica lost is not: see docs/live.md, *Paced output*)
+        session.paused_ms = float(live.get("paused_ms", 0.0))
+        session._active_ms = float(live.get("active_ms", 0.0))
+        session.paused_at_ms = live.get("paused_at_ms")
+        if session.paused_at_ms is not None:
+            policy = session.live.wake_policy or {}
+            session._input.set_wake_threshold(float(policy.get("vad_threshold", lc.WAKE_VAD_THRESHOLD)))
         if live["fixture"] is not None:
             # Its audio went out on the replica that was lost; what it still had to play is not
             # replayed (the fixture's own rule for interrupted playback): it ends here, unsaid.

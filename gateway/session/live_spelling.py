@@ -66,6 +66,7 @@ class LiveSpelling:
         self._speech: tuple[str | None, float] | None = None  # (item id, start ms) of speech under way
         self._spans: dict[str, tuple[int, int]] = {}  # item id -> (start, end) ms of the speech it holds
         self.on_speech: Callable[[], None] = lambda: None  # the caller began to speak (the session cuts media)
+        self.on_quiet: Callable[[], None] = lambda: None  # the caller stopped speaking
         self.output: PacedOutput | None = None  # paced output (a WebSocket session's); None: sent as made
         self.clock: Callable[[], float] = time.monotonic  # the pacing's
         self._wake_due = False  # a Wake(WAKE_PACE) is asked for and not yet come
@@ -110,6 +111,7 @@ class LiveSpelling:
             if isinstance(item_id, str):
                 self._spans[item_id] = (int(start), int(fields["audio_end_ms"]))
             self._speech = None
+            self.on_quiet()
         elif type_ == "input_audio_buffer.committed":
             item_id = fields["item_id"]
             if item_id not in self._spans:  # committed without speech bounds: a span ending now

@@ -67,11 +67,6 @@ class LiveSessionsEndpoint(CallsEndpoint):
             body = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body())
             config, offer = _read(body)
             settings = lc.parse_start(config, media=True)
-            if settings.idle_timeout_s is not None or settings.wake_policy is not None:
-                key = "idle_timeout_s" if settings.idle_timeout_s is not None else "wake_policy"
-                raise ProtocolError(Code.UNSUPPORTED, f"'session.{key}': this gateway does not pause an idle "
-                                    "WebRTC session (no session.paused, no wake); leave it out.",
-                                    param=f"session.{key}")  # fmt: skip
         except BodyRefused as refused:
             return refused.response()
         except ProtocolError as err:
