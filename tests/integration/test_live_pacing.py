@@ -10,11 +10,13 @@ checked strictly against ``openai.types.live`` (``Client(live=True)``)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from typing import Any
 
 import pytest
+import websockets
 from support.gateway import Client, connect, run_gateway
 from support.speech import chunks, silence, speak
 
@@ -85,3 +87,31 @@ async def test_a_barge_in_leaves_the_client_at_most_the_lead_of_the_answer() -> 
 
         await c.wait_for(lambda e: "You said" in reply(), timeout=30)
         assert not [e for e in c.events if e["type"] == "error"]
+
+
+async def test_a_drain_waits_for_the_answers_paced_audio_before_handing_the_session_over() -> None:
+    """The engine has made the whole answer (the cascade makes a sentence's audio at once), the
+    gateway is still sending it: the session is not idle until it has gone out, so a drain hands
+    it over (close 1012) only after the client has all of it, with all its transcript."""
+    short = "The staging cluster restarts tonight at nine, one service at a time."
+    async with (
+        run_gateway(Settings(engine="cascade")) as gw,
+        connect(f"ws://127.0.0.1:{gw.port}/v1/live/sessions") as c,
+    ):
+        await c.send({"type": "session.start", "session": {"model": "gpt-live-1"}})
+        await c.wait_for("session.started")
+        await say(c, silence(300))
+        await c.send({"type": "session.commentary.append", "content": short, "delegation_id": None})
+        await c.wait_for("session.output_audio.delta")
+        host = next(iter(gw.runtime.hosts.values()))
+        while host.session.responses.answering():  # (the engine makes it in a moment)
+            await c.recv()
+        assert host.session.output_pending  # made, and not all sent yet
+        drain = asyncio.ensure_future(gw.runtime.drain())
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:
+                await c.recv()
+        await drain
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+        said = "".join(e["delta"] for e in c.events if e["type"] == "session.output_transcript.delta")
+        assert said.strip() == short  # all of it reached the client before the handover

@@ -349,3 +349,14 @@ def test_a_wake_policy_is_refused_without_a_speech_detector_and_idle_timeout_wit
     with pytest.raises(ProtocolError) as err:
         lc.parse_start({"model": "gpt-live-1", "idle_timeout_s": 5}, media=True)
     assert (err.value.code, err.value.param) == ("invalid_value", "session.idle_timeout_s")
+
+
+def test_a_session_keeps_its_lead_on_the_replica_that_restores_it() -> None:
+    s = LiveSession(session_id="live_test", config=SessionConfig(model="m"), engine=INFO, vad_factory=None,
+                    output_lead_ms=150)  # fmt: skip
+    s.configure({"model": "gpt-live-1"})
+    s.start(resume_token="tok", configured=True)
+    state = orjson.loads(orjson.dumps(s.snapshot_state(), default=str))
+    again = restore_kind(state).restore(state, engine=INFO, vad_factory=None)  # (built with the default lead)
+    assert isinstance(again, LiveSession) and again.spelling.output is not None
+    assert again.spelling.output.lead_ms == 150
