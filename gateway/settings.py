@@ -295,6 +295,10 @@ class Settings:
     #   answer; past it the request is dropped: error responses_backend_timeout
     live_responses_max_event_bytes: int = 1 << 20  # one server-sent event of its stream; larger: the
     #   request is dropped, error responses_backend_invalid
+    live_output_lead_ms: int = 300  # a Live session on a WebSocket sends the model's audio in real time,
+    #   at most this far ahead of the client's playback: a barge-in drops the rest, so the client plays at
+    #   most this much of an interrupted answer. 0: not paced (sent as the engine makes it). Set before a
+    #   session starts; a session resumed keeps its own (docs/live.md, "Paced output")
 
     drain_window_s: float = 20.0  # SIGTERM: each session is handed over (its sockets closed with 1012:
     #   reconnect and resume elsewhere) at its first idle moment, paced; at the end of this window every

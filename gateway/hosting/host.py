@@ -470,13 +470,14 @@ class SessionHost:
 
     def idle(self) -> bool:
         """Between answers and turns: handing the session over now cuts nothing (no
-        response running or waiting to start, no user audio buffered, no transcription,
-        MCP listing or Responses backend request under way), and the conversation of a
-        restored session is read."""
+        response running or waiting to start, no output paced out after its answer, no
+        user audio buffered, no transcription, MCP listing or Responses backend request
+        under way), and the conversation of a restored session is read."""
         session = self.session
         responses = session.responses
         return self._head is None and not (
             responses.answering()
+            or session.output_pending
             or responses.out_of_band
             or session.input_audio.is_open
             or self.mcp_tasks

@@ -63,6 +63,7 @@ BUILT_IN_VOICES = (
 MAX_INITIAL_ITEMS = 128  # the API's bound on ``input``: more is invalid_value
 MAX_APPEND_CHARS = 4000  # instructions/thinking/commentary appends (the API: 500 tokens; ~8 characters each)
 MIN_IDLE_TIMEOUT_S, MAX_IDLE_TIMEOUT_S = 1, 3600
+WAKE_VAD_THRESHOLD = 0.5  # wake_policy.vad_threshold's default (the API's)
 
 DECISIONS_UNSUPPORTED = "decisions_unsupported"
 _DECISIONS_MESSAGE = (
@@ -174,6 +175,10 @@ def parse_start(value: Any, *, media: bool = False, param: str = "session") -> L
         )
     if "wake_policy" in cfg:
         changes["wake_policy"] = _wake_policy(cfg["wake_policy"], f"{param}.wake_policy")
+    if changes.get("idle_timeout_s") is not None and changes.get("wake_policy") is None:
+        raise ProtocolError(Code.INVALID_VALUE, f"'{param}.idle_timeout_s' pauses a session with a speech wake "
+                            f"policy (only speech wakes it): set '{param}.wake_policy' too.",
+                            param=f"{param}.idle_timeout_s")  # fmt: skip
     return replace(settings, **changes)
 
 

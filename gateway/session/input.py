@@ -93,6 +93,8 @@ class _OpenInput:
 class InputAudio:
     """See the module docstring."""
 
+    wake_threshold: float | None = None  # speech starts at this (set_wake_threshold); None: the turn detection's
+
     def __init__(
         self,
         log: EventLog,
@@ -238,7 +240,17 @@ class InputAudio:
                 self._vad_resampler = StreamResampler(fmt.rate, VAD_RATE)
             self._vad = self._vad_factory()
             self._detector = make_detector(td, origin_ms=self.audio_ms)
+            if self.wake_threshold is not None:
+                self._detector.threshold = self.wake_threshold
         return resampler
+
+    def set_wake_threshold(self, threshold: float | None) -> None:
+        """Speech starts at ``threshold`` (a paused GPT-Live session's wake policy), or, None, at the
+        turn detection's again."""
+        self.wake_threshold = threshold
+        td = self.config.turn_detection
+        if self._detector is not None and td is not None:
+            self._detector.threshold = threshold if threshold is not None else make_detector(td, 0.0).threshold
 
     def append(self, audio: bytes, event_id: str | None) -> None:
         """``input_audio_buffer.append`` (the hot path): refused with a ProtocolError, or buffered."""

@@ -56,7 +56,10 @@ KINDS: dict[Dialect, SessionKind] = {
     dialects.DUPLEX: SessionKind(DuplexSession, lambda s: {"duplex": DuplexConfig()}, _duplex_defaults),
     # A Live session with Responses delegation needs the gateway's Responses backend.
     dialects.LIVE: SessionKind(
-        LiveSession, lambda s: {"responses_backend": bool(s.live_responses_url)}, _realtime_defaults, id_prefix="live_"
+        LiveSession,
+        lambda s: {"responses_backend": bool(s.live_responses_url), "output_lead_ms": s.live_output_lead_ms},
+        _realtime_defaults,
+        id_prefix="live_",
     ),
 }
 

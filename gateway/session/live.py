@@ -24,7 +24,21 @@ VAD, responses, seq, epoch, snapshot, journal, resume) with:
   ``session.update`` (delegation and triggers only); ``session.close``
   (``session.closed`` with the final resource and usage, the last event);
 - **usage**: ``session.usage.updated`` every ``USAGE_EVERY_S`` (cumulative
-  whole seconds of the session timeline), and in ``session.closed``.
+  whole seconds of the session timeline), and in ``session.closed``;
+- **idle pause and wake** (a WebRTC session's ``wake_policy`` and ``idle_timeout_s``):
+  the model's inference waits, paused, for the caller's first speech (heard by
+  the speech detector at the policy's ``vad_threshold``), which wakes it
+  (``session.resumed``) and is its first turn; ``idle_timeout_s`` of the
+  session timeline with no speech and no output pauses it again
+  (``session.paused``); usage then reports ``active_seconds`` and
+  ``paused_seconds``. While paused nothing is said: commentary and results wait
+  for the wake;
+- **paced output**: on a WebSocket the model's audio (answers and fixtures)
+  goes out in real time, at most ``output_lead_ms`` ahead of the client's ear
+  (``PacedOutput``, live_output.py), and a barge-in drops what was not sent,
+  with its transcript. A WebRTC call's track plays the audio in real time
+  itself: its audio goes to the track as made, and a barge-in cuts the track
+  (``CutAudio``).
 
 Delegation, both kinds (the model's built-in ``delegate`` function,
 ``session.delegation.created``, the spoken acknowledgement, the Responses
@@ -62,7 +76,8 @@ from gateway.session.live_delegation import (
     Delegations,
     can_delegate,
 )
-from gateway.session.live_spelling import LiveSpelling
+from gateway.session.live_output import PacedOutput
+from gateway.session.live_spelling import WAKE_PACE, LiveSpelling
 from gateway.session.response import Response
 from gateway.session.session import RealtimeSession
 from gateway.session.turn_taking import Parts, RealtimeTurns
@@ -72,6 +87,7 @@ USAGE_EVERY_S = 15.0  # session.usage.updated this often (as the API was measure
 FIXTURE_CHUNK_MS = 100  # an audio fixture goes out in deltas of this length
 FIXTURE_ACTIVE = "fixture_active"  # a second fixture, or an append the API refuses while one plays
 DELEGATION_NOT_FOUND = "delegation_not_found"  # a delegation_id this session never handed out
+OUTPUT_LEAD_MS = 300  # paced output: at most this far ahead of the client's ear (live_output_lead_ms)
 _WAKE_USAGE, _WAKE_FIXTURE = "usage", "fixture"
 _SAY = "Communicate this to the user now, in your own words: "
 _THINK = "Background context for this conversation (do not read it out): "
@@ -111,10 +127,13 @@ class LiveSession(RealtimeSession):
 
     def __init__(self, *, session_id: str, live: lc.LiveSettings | None = None,
                  wall_clock: Callable[[], float] = time.time, responses_backend: bool | None = None,
+                 output_lead_ms: int = OUTPUT_LEAD_MS, pace_clock: Callable[[], float] = time.monotonic,
                  **kwargs: Any) -> None:  # fmt: skip
         """``responses_backend``: whether the gateway has a Responses backend (False: a session
         with Responses delegation is refused at its start; None: not known here, as for a
-        session restored from its snapshot, whose start was checked where it started)."""
+        session restored from its snapshot, whose start was checked where it started).
+        ``output_lead_ms``: how far a WebSocket session's output may be ahead of the client's
+        ear (``PacedOutput``; 0: not paced); ``pace_clock``: the pacing's clock (seconds)."""
         self._live_turns = LiveTurns()
         super().__init__(session_id=session_id, turn_taking=self._live_turns, **kwargs)
         self.live = live or lc.LiveSettings(model=self.config.model)
@@ -134,6 +153,15 @@ class LiveSession(RealtimeSession):
         self.spelling = spelling
         self._live_turns.answered = self._say_pending
         spelling.on_speech = self._speech_started
+        spelling.clock = pace_clock
+        self.output_lead_ms = output_lead_ms
+        self._fixtures = 0  # audio fixtures played (each one's audio is an answer of its own to the pacing)
+        # Idle pause (a WebRTC session's wake policy): timeline ms of the pause under way (None: active),
+        # of the pauses before it, and of the last speech start or end (what idleness counts from).
+        self.paused_at_ms: float | None = None
+        self.paused_ms = 0.0
+        self._active_ms = 0.0
+        spelling.on_quiet = self._quiet
         self._live_turns.ended = self._delegated
 
     @property
@@ -205,6 +233,10 @@ class LiveSession(RealtimeSession):
             raise ProtocolError(RESPONSES_BACKEND_UNCONFIGURED, "This gateway has no Responses backend to delegate "
                                 "to (its operator sets live_responses_url); use delegation type 'client'.",
                                 param="session.delegation.type")  # fmt: skip
+        if live.wake_policy is not None and self._vad_factory is None:
+            raise ProtocolError(Code.UNSUPPORTED, "'session.wake_policy' needs a speech detector, and this gateway "
+                                "runs none (its operator installs the cpu extra: silero-vad); leave it out.",
+                                param="session.wake_policy")  # fmt: skip
         self.live = live
         self._delegations.settings = live.delegation or lc.Delegation()
         engine = self.engine
@@ -219,6 +251,10 @@ class LiveSession(RealtimeSession):
         for raw in () if self.forked else self.live.input:  # (a fork's conversation holds it already)
             role, text = lc.initial_text(raw)
             self._add_context(role, text)
+        self._pace()
+        self.paused_at_ms, self.paused_ms = None, 0.0
+        if self.live.wake_policy is not None:  # inference waits for the first wake
+            self._pause(announce=False)
         fields: dict[str, Any] = {"session": self.render_config(), **_echo(event_id)}
         if resume_token is not None:
             fields["resume_token"] = resume_token
@@ -228,6 +264,21 @@ class LiveSession(RealtimeSession):
         if self.live.media:  # what the WebRTC frontend's data channel may send and see
             self._emit("info", code=PERMISSIONS_INFO, message=self._policy.describe())
         self.effects.append(Wake(USAGE_EVERY_S, _WAKE_USAGE))
+
+    def _pace(self) -> None:
+        """Paced output where the client plays what it is sent (a WebSocket), not on a WebRTC
+        call (its track plays the audio in real time itself)."""
+        paced = self.output_lead_ms > 0 and not self.live.media
+        spelling = self.spelling
+        if not paced:
+            spelling.output = None
+        elif spelling.output is None or spelling.output.lead_ms != self.output_lead_ms:
+            spelling.output = PacedOutput(lambda: self.config.output_format, self.output_lead_ms)
+
+    @property
+    def output_pending(self) -> bool:
+        """Paced audio waits to go out (a drain waits for it)."""
+        return self.spelling.queued
 
     def _notices(self) -> list[tuple[str, str]]:
         """What the engine does not do of what the session asked (``info``: it goes on)."""
@@ -245,16 +296,68 @@ class LiveSession(RealtimeSession):
         return lc.render(self.live, session_id=self.id, expires_at=self.expires_at)
 
     def usage(self) -> dict[str, Any]:
-        """Cumulative billable duration: whole seconds of the session timeline."""
-        return {"seconds": float(math.floor(self.spelling.timeline_ms() / 1000))}
+        """Cumulative billable duration: whole seconds of the session timeline; with a wake policy,
+        the paused and (the rest) active whole seconds of it."""
+        now = self.spelling.timeline_ms()
+        seconds = math.floor(now / 1000)
+        if self.live.wake_policy is None:
+            return {"seconds": float(seconds)}
+        paused = self.paused_ms + (now - self.paused_at_ms if self.paused_at_ms is not None else 0.0)
+        paused_s = min(seconds, math.floor(paused / 1000))
+        return {"seconds": float(seconds), "active_seconds": seconds - paused_s, "paused_seconds": paused_s}
+
+    # --- idle pause and wake (a WebRTC session's wake policy) ------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at_ms is not None
+
+    def _pause(self, *, announce: bool = True) -> None:
+        """Inference pauses: speech at the wake policy's threshold wakes it."""
+        policy = self.live.wake_policy or {}
+        self.paused_at_ms = float(self.spelling.timeline_ms())
+        self._input.set_wake_threshold(float(policy.get("vad_threshold", lc.WAKE_VAD_THRESHOLD)))
+        if announce:
+            self._emit("session.paused")
+
+    def _wake_up(self) -> None:
+        """Speech wakes inference: the speech is the model's next turn."""
+        if self.paused_at_ms is None:
+            return
+        now = float(self.spelling.timeline_ms())
+        self.paused_ms += max(0.0, now - self.paused_at_ms)
+        self.paused_at_ms = None
+        self._active_ms = now
+        self._input.set_wake_threshold(None)
+        self._emit("session.resumed")
+
+    def _quiet(self) -> None:
+        self._active_ms = float(self.spelling.timeline_ms())
+
+    def _check_idle(self) -> None:
+        """``idle_timeout_s`` of the timeline with no speech, no answer and no output: pause."""
+        timeout = self.live.idle_timeout_s
+        if timeout is None or self.paused or self.closed:
+            return
+        if self._responses.answering() or self._input.is_open or self.fixture is not None or self.spelling.queued:
+            return
+        since = max(self._active_ms, self.spelling.output_end_ms)
+        if self._input.audio_ms - since >= timeout * 1000:
+            self._pause()
 
     def wake(self, key: str) -> None:
+        if key == WAKE_PACE:
+            self.spelling.woken()
+            return
         if self.closed or self._delegations.wake(key):
             return
         if key == _WAKE_USAGE:
             self._emit("session.usage.updated", usage=self.usage())
             self.effects.append(Wake(USAGE_EVERY_S, _WAKE_USAGE))
         elif key == _WAKE_FIXTURE and self.fixture is not None:
+            if self.spelling.queued:  # its audio has not all gone out yet (paced, behind its clock)
+                self.effects.append(Wake(FIXTURE_CHUNK_MS / 1000, _WAKE_FIXTURE))
+                return
             played, self.fixture = self.fixture, None
             self._emit("session.output_audio.fixture.played", **_echo(played or None))
             self._say_pending()
@@ -273,6 +376,7 @@ class LiveSession(RealtimeSession):
             return
         self.closed = True
         self.shutdown()
+        self.spelling.drop()  # (what was not sent of an answer is not)
         self._emit("session.closed", reason=reason, session=self.render_config(), usage=self.usage(),
                    **_echo(event_id))  # fmt: skip
 
@@ -346,6 +450,7 @@ class LiveSession(RealtimeSession):
         if self.muted or self.fixture is not None:
             audio = self._silent(len(audio))
         self.append_audio(audio, event_id)
+        self._check_idle()
 
     def _silent(self, nbytes: int) -> bytes:
         if self._silence[0] != nbytes:
@@ -355,9 +460,12 @@ class LiveSession(RealtimeSession):
 
     def _speech_started(self) -> None:
         """The caller began to speak: the Live model gives way (barge-in). An answer under way
-        is cancelled by its turn-taking; one already written still plays from a WebRTC call's
-        track: cut there."""
+        is cancelled by its turn-taking; what was not sent of one already written is dropped
+        (paced output), or, on a WebRTC call, cut from the track that plays it."""
+        self.spelling.drop()
         self.effects.append(CutAudio())
+        self._active_ms = float(self.spelling.timeline_ms())
+        self._wake_up()
 
     # --- appended context ----------------------------------------------------------------
 
@@ -399,8 +507,9 @@ class LiveSession(RealtimeSession):
     def _say_pending(self) -> None:
         """Speak the commentary waiting, unless an answer or a fixture is under way (it is said
         when that ends: ``LiveTurns.answer_ended`` calls back here)."""
-        if not self._pending_say or self.fixture is not None or self._responses.answering() or self._input.is_open:
-            return  # said once the answer, the fixture or the user's speech under way is over
+        if (not self._pending_say or self.fixture is not None or self._responses.answering() or self._input.is_open
+                or self.paused):  # fmt: skip
+            return  # said once the answer, the fixture or the user's speech under way is over (or at the wake)
         texts = [text for text, _ in self._pending_say]
         event_id = self._pending_say[-1][1]
         self._pending_say.clear()
@@ -451,7 +560,8 @@ class LiveSession(RealtimeSession):
     def acknowledge(self) -> None:
         """A short acknowledgement of a delegation, unless the model, the user or a fixture is
         heard, or a result waits to be said (it would only interrupt, or come late)."""
-        if self.fixture is not None or self._responses.answering() or self._input.is_open or self._pending_say:
+        if (self.fixture is not None or self._responses.answering() or self._input.is_open or self._pending_say
+                or self.paused):  # fmt: skip
             return
         params = ce.ResponseParams(instructions=(self.config.instructions + "\n\n" + ACK_INSTRUCTIONS).strip(),
                                    say=ACK_SAY, tools=())  # fmt: skip
@@ -465,7 +575,10 @@ class LiveSession(RealtimeSession):
                                 param="type")  # fmt: skip
         if self._responses.current is not None:
             self._responses.end_current("cancelled", {"type": "cancelled", "reason": "client_cancelled"}, cancel=True)
+        self.spelling.drop()  # (what was not sent of the answer stops too)
         self.fixture = event.event_id or ""
+        self._fixtures += 1
+        rid = f"fixture_{self._fixtures}"
         self._emit("session.output_audio.fixture.playing", **_echo(event.event_id))
         out = self.config.output_format
         resampler = StreamResampler(le.FIXTURE_RATE, out.rate) if out.rate != le.FIXTURE_RATE else None
@@ -475,19 +588,16 @@ class LiveSession(RealtimeSession):
             pcm = audio[at : at + step]
             if resampler is not None:
                 pcm = resampler.process(pcm)
-            self._fixture_delta(out, pcm)
+            self._fixture_delta(rid, out, pcm)
         if resampler is not None:
-            self._fixture_delta(out, resampler.flush())
+            self._fixture_delta(rid, out, resampler.flush())
+        self.spelling.audio_ended(rid)
         seconds = len(audio) / 2 / le.FIXTURE_RATE
         self.effects.append(Wake(seconds, _WAKE_FIXTURE))
 
-    def _fixture_delta(self, fmt: AudioFormat, pcm: bytes) -> None:
-        if not pcm:
-            return
-        data = encode_from_pcm16(fmt, pcm)
-        self.spelling.output_end_ms = max(self.spelling.output_end_ms, float(self.spelling.timeline_ms()))
-        self.spelling.output_end_ms += fmt.duration_ms(len(data))
-        self._emit("session.output_audio.delta", delta=data)
+    def _fixture_delta(self, rid: str, fmt: AudioFormat, pcm: bytes) -> None:
+        if pcm:
+            self.spelling.audio_out(rid, encode_from_pcm16(fmt, pcm))
 
     # --- snapshots -------------------------------------------------------------------------
 
@@ -501,6 +611,10 @@ class LiveSession(RealtimeSession):
             "closed": self.closed,
             "pending_say": self._pending_say,
             "spelling": self.spelling.to_dict(),
+            "output_lead_ms": self.output_lead_ms,
+            "paused_at_ms": self.paused_at_ms,
+            "paused_ms": self.paused_ms,
+            "active_ms": self._active_ms,
         }
         return state
 
@@ -517,6 +631,14 @@ class LiveSession(RealtimeSession):
         session.closed = live["closed"]
         session._pending_say = [(text, event_id) for text, event_id in live["pending_say"]]
         session.spelling.restore(live["spelling"])
+        session.output_lead_ms = int(live.get("output_lead_ms", OUTPUT_LEAD_MS))
+        session._pace()  # (what was queued on the replica lost is not: see docs/live.md, *Paced output*)
+        session.paused_ms = float(live.get("paused_ms", 0.0))
+        session._active_ms = float(live.get("active_ms", 0.0))
+        session.paused_at_ms = live.get("paused_at_ms")
+        if session.paused_at_ms is not None:
+            policy = session.live.wake_policy or {}
+            session._input.set_wake_threshold(float(policy.get("vad_threshold", lc.WAKE_VAD_THRESHOLD)))
         if live["fixture"] is not None:
             # Its audio went out on the replica that was lost; what it still had to play is not
             # replayed (the fixture's own rule for interrupted playback): it ends here, unsaid.

@@ -5,12 +5,15 @@ and the context is append-only. Of what the parts emit (the Realtime API's
 events), ``LiveSpelling.spell`` writes:
 
 - ``response.output_audio.delta`` as ``session.output_audio.delta`` (``delta``);
+  on a WebSocket, paced to real time (``PacedOutput``, live_output.py: at most
+  its lead ahead of the client's ear; a barge-in drops what was not sent);
 - ``response.output_audio_transcript.delta`` as ``session.output_transcript.delta``
   with ``start_ms``/``end_ms``, where on the session timeline the words are
   spoken: the text is held until the audio that follows it is sent, then goes
-  out after that audio, spanning it (what is left when the answer ends goes out
-  then); a text answer's ``response.output_text.delta`` goes out at once, its
-  span empty at the timeline's now;
+  out after that audio, spanning it (paced: in proportion to that audio, as it
+  is sent; what is left when the answer ends goes out then, unless a barge-in
+  dropped its audio); a text answer's ``response.output_text.delta`` goes out
+  at once, its span empty at the timeline's now;
 - ``conversation.item.input_audio_transcription.delta`` as
   ``session.input_transcript.delta``, spanning the speech it transcribes
   (server VAD's ``speech_started`` to ``speech_stopped``; while the speech goes
@@ -29,17 +32,22 @@ the previous answer's audio, and each delta moves its end.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from gateway.audio.codecs import AudioFormat
 from gateway.protocol import live_events as le
 from gateway.protocol.errors import ProtocolError
+from gateway.session.effects import Wake
 from gateway.session.events import EventLog
 from gateway.session.input import InputAudio
+from gateway.session.live_output import Out, PacedOutput
 
 # The Live session's own events (and errors) go out as they are.
 _OWN = ("session.", "error", "info", "response.event", "transport.")
+WAKE_PACE = "pace"  # the session's Wake key: paced output may go on
+_MIN_WAKE_S = 0.005  # (a wake sooner than this waits this long)
 
 
 class LiveSpelling:
@@ -58,6 +66,10 @@ class LiveSpelling:
         self._speech: tuple[str | None, float] | None = None  # (item id, start ms) of speech under way
         self._spans: dict[str, tuple[int, int]] = {}  # item id -> (start, end) ms of the speech it holds
         self.on_speech: Callable[[], None] = lambda: None  # the caller began to speak (the session cuts media)
+        self.on_quiet: Callable[[], None] = lambda: None  # the caller stopped speaking
+        self.output: PacedOutput | None = None  # paced output (a WebSocket session's); None: sent as made
+        self.clock: Callable[[], float] = time.monotonic  # the pacing's
+        self._wake_due = False  # a Wake(WAKE_PACE) is asked for and not yet come
 
     def timeline_ms(self) -> int:
         """Now, on the session timeline (see the module docstring)."""
@@ -68,7 +80,10 @@ class LiveSpelling:
         if type_ == "response.output_audio.delta":
             self._audio(fields)
         elif type_ == "response.output_audio_transcript.delta":
-            self._held.setdefault(fields["response_id"], []).append(fields["delta"])
+            if self.output is not None:
+                self.output.text(fields["response_id"], fields["delta"])
+            else:
+                self._held.setdefault(fields["response_id"], []).append(fields["delta"])
         elif type_ == "response.output_text.delta":
             self._said(fields["response_id"], fields["delta"])
         elif type_ == "conversation.item.input_audio_transcription.delta":
@@ -96,6 +111,7 @@ class LiveSpelling:
             if isinstance(item_id, str):
                 self._spans[item_id] = (int(start), int(fields["audio_end_ms"]))
             self._speech = None
+            self.on_quiet()
         elif type_ == "input_audio_buffer.committed":
             item_id = fields["item_id"]
             if item_id not in self._spans:  # committed without speech bounds: a span ending now
@@ -105,11 +121,15 @@ class LiveSpelling:
             self._spans.pop(fields["item_id"], None)
         elif type_ in ("response.output_audio_transcript.done", "response.done"):
             rid = fields["response_id"] if type_ != "response.done" else fields["response"]["id"]
+            if self.output is not None:
+                if self.output.knows(rid):  # (what is left goes out after the answer's audio)
+                    self._send(self.output.end(rid))
+                elif type_ == "response.done":
+                    self._ended(rid)
+                return
             self._flush_said(rid)
             if type_ == "response.done":
-                self._said_ms.pop(rid, None)
-                if self._answer == rid:
-                    self._answer = None
+                self._ended(rid)
 
     def _span(self, item_id: str) -> tuple[int, int]:
         """Where the speech ``item_id`` holds is on the timeline (so far, if it goes on)."""
@@ -123,15 +143,76 @@ class LiveSpelling:
         return now, now
 
     def _audio(self, fields: dict[str, Any]) -> None:
-        rid = fields["response_id"]
+        self.audio_out(fields["response_id"], fields["delta"])
+
+    def audio_out(self, rid: str, delta: bytes) -> None:
+        """Audio of the answer (or audio fixture) ``rid``: sent now, or paced."""
+        if self.output is not None:
+            self.output.feed(rid, delta)
+            self.pace()
+            return
+        self._sent_audio(rid, delta)
+        self._flush_said(rid)
+
+    def audio_ended(self, rid: str) -> None:
+        """An audio fixture ``rid`` has all its audio (an answer ends with its ``response.done``)."""
+        if self.output is not None:
+            self._send(self.output.end(rid))
+        else:
+            self._ended(rid)
+
+    def _sent_audio(self, rid: str, delta: bytes) -> None:
         if self._answer != rid:  # an answer's first audio: it starts where the timeline is now
             self._answer = rid
             self.output_end_ms = float(self.timeline_ms())
             self._said_ms[rid] = self.output_end_ms
-        delta = fields["delta"]
         self.output_end_ms += self._duration_ms(len(delta))
         self._write("session.output_audio.delta", {"delta": delta})
-        self._flush_said(rid)
+
+    def _ended(self, rid: str) -> None:
+        self._said_ms.pop(rid, None)
+        if self._answer == rid:
+            self._answer = None
+
+    # --- paced output (a WebSocket session's: live_output.py) ---------------------------
+
+    def pace(self) -> None:
+        """Send what is due now, and ask to be woken when more may go."""
+        output = self.output
+        if output is None:
+            return
+        now = self.clock()
+        self._send(output.due(now))
+        wait = output.wait_s(now)
+        if wait is not None and not self._wake_due:
+            self._wake_due = True
+            self._log.effects.append(Wake(max(wait, _MIN_WAKE_S), WAKE_PACE))
+
+    def woken(self) -> None:
+        """The ``Wake(WAKE_PACE)`` asked for is due."""
+        self._wake_due = False
+        self.pace()
+
+    def drop(self) -> None:
+        """A barge-in (or the session's end): what was not sent is not, nor its transcript."""
+        if self.output is not None:
+            for rid in self.output.drop():
+                self._ended(rid)
+
+    @property
+    def queued(self) -> bool:
+        return self.output is not None and self.output.queued
+
+    def _send(self, out: list[Out]) -> None:
+        for kind, rid, value in out:
+            if kind == "audio":
+                assert isinstance(value, bytes)
+                self._sent_audio(rid, value)
+            elif kind == "text":
+                assert isinstance(value, str)
+                self._said(rid, value)
+            else:
+                self._ended(rid)
 
     def _flush_said(self, rid: str) -> None:
         """The transcript held for ``rid``, spanning the audio sent since the last went out."""

@@ -232,6 +232,11 @@ class RealtimeSession:
         raise ProtocolError(Code.UNSUPPORTED, "Sessions of this dialect cannot be forked.")
 
     @property
+    def output_pending(self) -> bool:
+        """Output waits to go out after its answer ended (a dialect that paces it: GPT-Live's)."""
+        return False
+
+    @property
     def idle_timeout_s(self) -> float | None:
         """How long the session may go without a client event before it expires (the door
         keeps the clock and calls ``expire_idle``); None: no idle timeout."""

@@ -35,6 +35,7 @@ NOT_SENT = {
     "video": "the kind of a video host",
     "marin": "GPT-Live's default voice",
     "delegate": "the name of the function the Live model delegates with",
+    "pace": "the Wake key of GPT-Live's paced output (gateway/session/live_spelling.py)",
 }
 
 

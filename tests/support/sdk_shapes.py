@@ -185,14 +185,15 @@ def check_live_event(event: dict[str, Any], *, sideband: bool = False, extension
     ``openai.types.live.ServerEvent`` on a primary connection, ``ConnectServerEvent`` on a
     sideband; no key the models do not declare, but the gateway's ``LIVE_EXTENSION_FIELDS``."""
     kind = event.get("type")
-    if kind in EXTENSION_EVENTS:
+    wake = kind in ("session.paused", "session.resumed") and "session_id" not in event  # (a Live WebRTC wake's)
+    if kind in EXTENSION_EVENTS and not wake:
         if not extensions:
             raise ShapeError(f"{kind}: a gateway extension event sent to a client that did not opt in")
         missing = EXTENSION_EVENTS[kind] - event.keys()
         if missing or not isinstance(event.get("event_id"), str):
             raise ShapeError(f"{kind}: missing {sorted(missing) or ['event_id']}: {event}")
         return
-    adapter = _LIVE_SIDEBAND if sideband else _LIVE
+    adapter = _LIVE_SIDEBAND if sideband or wake else _LIVE  # (a wake's events: the ConnectServerEvent union)
     try:
         parsed = adapter.validate_python(event, strict=True)
     except pydantic.ValidationError as exc:

@@ -7,8 +7,11 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import numpy as np
 import orjson
+import pydantic
 import pytest
+from openai.types.live import ConnectServerEvent
 
 from gateway.protocol import client_events as ce
 from gateway.protocol import live_config as lc
@@ -24,11 +27,23 @@ from orchestrator.engine import AudioDelta, Finished, TextDelta
 from orchestrator.engines.passthrough import PassthroughEngine
 
 INFO = PassthroughEngine().info
+ConnectServerEvent = pydantic.TypeAdapter(ConnectServerEvent)
 TONE = PassthroughEngine()._chunk  # 20 ms of 24 kHz PCM16
 
 
-def session(config: dict[str, Any] | None = None) -> LiveSession:
-    s = LiveSession(session_id="live_test", config=SessionConfig(model="m"), engine=INFO, vad_factory=None)
+class Clock:
+    """The pacing's clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def session(config: dict[str, Any] | None = None, clock: Clock | None = None) -> LiveSession:
+    s = LiveSession(session_id="live_test", config=SessionConfig(model="m"), engine=INFO, vad_factory=None,
+                    pace_clock=clock or Clock())  # fmt: skip
     s.configure(config or {"model": "gpt-live-1"})
     s.start(resume_token="tok", configured=True, event_id="start")
     return s
@@ -83,7 +98,8 @@ def test_commentary_is_said_after_the_answer_under_way_and_context_is_not_said()
 
 
 def test_a_fixture_interrupts_the_answer_mutes_input_and_ends_on_its_timer() -> None:
-    s = session()
+    clock = Clock()
+    s = session(clock=clock)
     take(s)
     s.handle(le.ContextAppend("c", "commentary", "talking", None))
     _, effects = take(s)
@@ -92,10 +108,19 @@ def test_a_fixture_interrupts_the_answer_mutes_input_and_ends_on_its_timer() -> 
     events, effects = take(s)
     assert Cancel(rid) in effects and Wake(0.5, "fixture") in effects
     assert [e["type"] for e in events][:1] == ["session.output_audio.fixture.playing"]
-    assert sum(len(bytes(e["delta"], "ascii")) > 0 for e in events if e["type"] == "session.output_audio.delta") == 5
+    # Paced: 300 ms (the lead) go at once, in 100 ms deltas; the rest as the client plays it.
+    audio = [e for e in events if e["type"] == "session.output_audio.delta"]
+    assert [len(base64.b64decode(e["delta"])) for e in audio] == [4800] * 3
     assert s.fixture == "f"
     s.handle(ce.AudioAppend(None, TONE))  # heard as silence while it plays
     assert s.input_audio.audio_ms == 20
+    s.wake("fixture")  # (early: its audio has not all gone out) it waits
+    events, effects = take(s)
+    assert not events and Wake(0.1, "fixture") in effects
+    clock.now += 0.2
+    s.wake("pace")
+    events, _ = take(s)
+    assert [len(base64.b64decode(e["delta"])) for e in events] == [4800] * 2
     s.wake("fixture")
     events, _ = take(s)
     assert events[-1] == {**events[-1], "type": "session.output_audio.fixture.played", "client_event_id": "f"}
@@ -215,3 +240,123 @@ def test_every_live_state_event_marks_a_snapshot_that_restores_it() -> None:
     assert restored.closed
     # session.delegation.created: tests/unit/test_live_delegation.py (its own step).
     assert seen == LIVE_STATE_EVENTS - {"session.delegation.created"}, sorted(LIVE_STATE_EVENTS - seen)
+
+
+def test_a_websocket_answer_is_paced_and_a_barge_in_drops_what_was_not_sent() -> None:
+    clock = Clock()
+    s = session(clock=clock)
+    take(s)
+    s.handle(le.ContextAppend("c", "commentary", "talking", None))
+    _, effects = take(s)
+    rid = next(e for e in effects if isinstance(e, StartResponse)).request.request_id
+    s.on_response(rid, TextDelta("one two three four "))
+    s.on_response(rid, AudioDelta(TONE * 50))  # a second, made at once
+    s.on_response(rid, Finished())
+    events, effects = take(s)
+    audio = [e for e in events if e["type"] == "session.output_audio.delta"]
+    said = [e for e in events if e["type"] == "session.output_transcript.delta"]
+    assert sum(len(base64.b64decode(e["delta"])) for e in audio) == 300 * 48  # the lead, not the second
+    assert "".join(e["delta"] for e in said) == "one "  # 30% of its audio: its first word
+    assert said[-1]["end_ms"] - said[0]["start_ms"] == 300
+    wakes = [e.after_s for e in effects if isinstance(e, Wake) and e.key == "pace"]
+    assert wakes == [pytest.approx(0.1)] and s.output_pending  # (a drain waits for it)
+    clock.now += 0.1
+    s.wake("pace")
+    events, _ = take(s)
+    assert [len(base64.b64decode(e["delta"])) for e in events if e["type"] == "session.output_audio.delta"] == [4800]
+    s.spelling.spell("input_audio_buffer.speech_started", {"audio_start_ms": 0, "item_id": "item_u"})  # barge-in
+    assert not s.output_pending
+    clock.now += 5
+    s.wake("pace")
+    events, _ = take(s)
+    assert not [e for e in events if e["type"].startswith("session.output")]  # nothing more of it, nor its words
+
+
+class LevelVad:
+    """A speech detector by loudness with graded probabilities (rms / 10,000, at most 1): a
+    stand-in where the test is about the wake threshold, not detection."""
+
+    FRAME = 512
+
+    def __init__(self) -> None:
+        self._rest = b""
+
+    def process(self, pcm16_16k: bytes) -> list[float]:
+        data = self._rest + pcm16_16k
+        n = len(data) // (2 * self.FRAME)
+        self._rest = data[n * 2 * self.FRAME :]
+        frames = np.frombuffer(data[: n * 2 * self.FRAME], "<i2").astype(np.float64).reshape(n, self.FRAME)
+        return [min(1.0, float(rms) / 10_000) for rms in np.sqrt((frames**2).mean(axis=1))]
+
+    def reset(self) -> None:
+        self._rest = b""
+
+
+def tone(ms: int, amplitude: float) -> bytes:
+    t = np.arange(24 * ms) / 24000
+    return (amplitude * np.sin(2 * np.pi * 440 * t)).astype("<i2").tobytes()
+
+
+def hear(s: LiveSession, pcm: bytes) -> None:
+    for at in range(0, len(pcm), 960):  # 20 ms appends
+        s.handle(ce.AudioAppend(None, pcm[at : at + 960]))
+
+
+def test_a_wake_policy_pauses_inference_until_speech_and_again_when_idle() -> None:
+    s = LiveSession(session_id="live_test", config=SessionConfig(model="m"), engine=INFO, vad_factory=LevelVad)
+    s.configure({"model": "gpt-live-1", "idle_timeout_s": 1, "wake_policy": {"type": "speech", "vad_threshold": 0.8}},
+                media=True)  # fmt: skip
+    s.start(resume_token="tok", configured=True)
+    take(s)
+    assert s.paused  # the first wake is speech's
+    hear(s, tone(1000, 0))
+    s.handle(le.ContextAppend("c", "commentary", "later", None))  # nothing is said while paused
+    hear(s, tone(600, 8485))  # speech at 0.6: under the policy's 0.8, no wake
+    events, effects = take(s)
+    assert s.paused and not [e for e in effects if isinstance(e, StartResponse)]
+    assert "session.resumed" not in [e["type"] for e in events]
+    hear(s, tone(600, 20_000) + tone(800, 0))  # clear speech: it wakes inference and is the model's turn
+    events, effects = take(s)
+    types = [e["type"] for e in events]
+    assert not s.paused and types.count("session.resumed") == 1
+    for e in events:
+        if e["type"] in ("session.resumed", "session.paused"):
+            ConnectServerEvent.validate_python(e)  # (a Live WebRTC session's events: the SDK's shapes)
+    rid = next(e for e in effects if isinstance(e, StartResponse)).request.request_id
+    s.on_response(rid, AudioDelta(TONE))
+    s.on_response(rid, Finished())
+    _, effects = take(s)
+    assert any(isinstance(e, StartResponse) for e in effects)  # the commentary waited for the wake
+    said = next(e for e in effects if isinstance(e, StartResponse)).request.request_id
+    s.on_response(said, Finished())
+    hear(s, tone(900, 0))  # under a second idle: still active
+    assert not s.paused
+    hear(s, tone(200, 0))
+    events, _ = take(s)
+    assert s.paused and [e["type"] for e in events].count("session.paused") == 1
+    usage = s.usage()
+    assert usage["active_seconds"] + usage["paused_seconds"] == usage["seconds"] and usage["paused_seconds"] >= 1
+    state = orjson.loads(orjson.dumps(s.snapshot_state(), default=str))
+    again = restore_kind(state).restore(state, engine=INFO, vad_factory=LevelVad)
+    assert isinstance(again, LiveSession) and again.paused and again.usage() == usage
+
+
+def test_a_wake_policy_is_refused_without_a_speech_detector_and_idle_timeout_without_a_policy() -> None:
+    s = LiveSession(session_id="live_test", config=SessionConfig(model="m"), engine=INFO, vad_factory=None)
+    with pytest.raises(ProtocolError) as err:
+        s.configure({"model": "gpt-live-1", "wake_policy": {"type": "speech"}}, media=True)
+    assert (err.value.code, err.value.param) == ("unsupported", "session.wake_policy")
+    with pytest.raises(ProtocolError) as err:
+        lc.parse_start({"model": "gpt-live-1", "idle_timeout_s": 5}, media=True)
+    assert (err.value.code, err.value.param) == ("invalid_value", "session.idle_timeout_s")
+
+
+def test_a_session_keeps_its_lead_on_the_replica_that_restores_it() -> None:
+    s = LiveSession(session_id="live_test", config=SessionConfig(model="m"), engine=INFO, vad_factory=None,
+                    output_lead_ms=150)  # fmt: skip
+    s.configure({"model": "gpt-live-1"})
+    s.start(resume_token="tok", configured=True)
+    state = orjson.loads(orjson.dumps(s.snapshot_state(), default=str))
+    again = restore_kind(state).restore(state, engine=INFO, vad_factory=None)  # (built with the default lead)
+    assert isinstance(again, LiveSession) and again.spelling.output is not None
+    assert again.spelling.output.lead_ms == 150

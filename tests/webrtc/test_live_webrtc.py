@@ -265,7 +265,9 @@ async def test_a_live_webrtc_session_is_refused_before_any_media() -> None:
                  "unknown_parameter"),
                 ({"session": {}, "transport": webrtc}, AUTH, 400, "missing_required_parameter"),
                 ({"session": {"model": "gpt-live-1", "idle_timeout_s": 30}, "transport": webrtc}, AUTH, 400,
-                 "unsupported"),
+                 "invalid_value"),  # (it pauses a session with a wake policy: none here)
+                ({"session": {"model": "gpt-live-1", "wake_policy": {"type": "speech"}}, "transport": webrtc}, AUTH,
+                 400, "unsupported"),  # (this gateway runs no speech detector: nothing would wake it)
                 ({"session": {"model": "gpt-live-1"}, "transport": {"type": "websocket", "sdp": offer}}, AUTH, 400,
                  "invalid_value"),
                 ({"session": {"model": "gpt-live-1"}}, AUTH, 400, "missing_required_parameter"),
@@ -425,6 +427,29 @@ async def test_speech_over_a_written_answer_cuts_the_calls_track(tmp_path: Path)
             # The second utterance is answered: its audio plays as a new stream.
             await wait_for(lambda: call.track.response_sent_ms(f"speech{call._cuts}") > 500, "the next answer", 120)
             assert call.track.response_sent_ms(stream) == cut_at  # what was cut went no further
+
+
+async def test_a_wake_policy_session_waits_for_speech_and_pauses_when_idle(tmp_path: Path) -> None:
+    """``wake_policy`` and ``idle_timeout_s`` on the embedded default engine: the call's first
+    speech wakes inference (``session.resumed``) and is answered; a second of the call's
+    silence after the answer pauses it (``session.paused``); the usage reports both."""
+    pcm = silence(1500) + await speak("what is your name") + silence(6000)
+    wav = write_wav(tmp_path / "said.wav", pcm, 24_000)
+    session = {"model": "gpt-live-1", "wake_policy": {"type": "speech", "vad_threshold": 0.5}, "idle_timeout_s": 1}
+    async with run_gateway(settings()) as gw, live_call(gw, session, wav=wav) as page:
+        await page.wait_for("session.started")
+        await page.wait_for("session.resumed")
+        await page.wait_for("session.output_transcript.delta")
+        await page.wait_for("session.paused")
+        types = page.types()
+        assert types.count("session.resumed") == 1 and types.count("session.paused") == 1
+        assert types.index("session.resumed") < types.index("session.input_transcript.delta")
+        assert types.index("session.output_transcript.delta") < types.index("session.paused")
+        page.send({"type": "session.close", "event_id": "bye"})
+        closed = await page.wait_for("session.closed")
+        usage = closed["usage"]
+        assert usage["active_seconds"] + usage["paused_seconds"] == usage["seconds"]
+        assert usage["paused_seconds"] >= 1 and usage["active_seconds"] >= 1  # (before the wake, after the pause)
 
 
 async def test_client_secrets_and_origins_hold_as_on_the_other_routes() -> None:

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from gateway.audio.pacing import LeadClock
+
 CHUNK_MS = 100  # the answer's audio per media message, each followed by a mark
 LEAD_MS = 300  # at most this much audio sent beyond what the caller's ear has reached (by the clock)
 MIN_CHUNK_MS = 20  # a shorter chunk waits for more audio, unless its answer has ended
@@ -92,7 +94,7 @@ class Playout:
         self._ended: set[str] = set()
         self._cut: OrderedDict[str, None] = OrderedDict()  # cleared responses: late audio is dropped
         self._started: set[str] = set()  # responses whose first chunk went out
-        self._ear_at = 0.0  # when the caller will have heard all that was sent (clock seconds)
+        self._ear = LeadClock(lead_ms)  # when the caller will have heard all that was sent
         self._marks = 0
         self.chunks_sent = 0
 
@@ -130,20 +132,19 @@ class Playout:
 
     def ahead_ms(self, now: float) -> float:
         """How far what was sent is ahead of the caller's ear, by the clock."""
-        return max(0.0, (self._ear_at - now) * 1000)
+        return self._ear.ahead_ms(now)
 
     def due(self, now: float) -> list[Chunk]:
         """The chunks to send now (none while ``LEAD_MS`` is taken up)."""
         out: list[Chunk] = []
         while self._queue:
-            if self.ahead_ms(now) + self.chunk_ms > self.lead_ms:
+            if not self._ear.room(now, self.chunk_ms):
                 break
             chunk = self._take()
             if chunk is None:
                 break
             out.append(chunk)
-            ms = len(chunk.audio) / self.bytes_per_ms
-            self._ear_at = max(self._ear_at, now) + ms / 1000
+            self._ear.sent(now, len(chunk.audio) / self.bytes_per_ms)
         return out
 
     def next_at(self, now: float) -> float | None:
@@ -153,7 +154,7 @@ class Playout:
         head = self._queue[0]
         if len(head.audio) < self.min_chunk_ms * self.bytes_per_ms and head.response_id not in self._ended:
             return None  # waits for more audio (feed or end_response)
-        return now + max(0.0, self.ahead_ms(now) + self.chunk_ms - self.lead_ms) / 1000
+        return now + self._ear.wait_s(now, self.chunk_ms)
 
     def _take(self) -> Chunk | None:
         head = self._queue[0]
@@ -220,7 +221,7 @@ class Playout:
             self._cut.popitem(last=False)
         self._queue.clear()
         self._pending.clear()
-        self._ear_at = 0.0
+        self._ear.reset()
         if target is None:
             return None
         return Cut(target[0], target[1], self.played_ms(target[1]), int(dropped))

@@ -76,11 +76,6 @@ class LiveSessionsEndpoint(CallsEndpoint):
         try:
             config, offer = _read(body)
             settings = lc.parse_start(config, media=True)
-            if settings.idle_timeout_s is not None or settings.wake_policy is not None:
-                key = "idle_timeout_s" if settings.idle_timeout_s is not None else "wake_policy"
-                raise ProtocolError(Code.UNSUPPORTED, f"'session.{key}': this gateway does not pause an idle "
-                                    "WebRTC session (no session.paused, no wake); leave it out.",
-                                    param=f"session.{key}")  # fmt: skip
         except ProtocolError as err:
             return _error(400, err.code, err.message, err.param)
         resume = None
