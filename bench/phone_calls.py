@@ -2,10 +2,11 @@
 
 The gateway is a process of its own (``python -m gateway serve``, the passthrough engine: a
 tone of ``--answer-s`` per turn, so that what is measured is the bridge, not a model), its
-CPU read with psutil. The carriers are Twilio simulators (``tests/support/twilio_sim.py``,
-written from Twilio's documents) in this process, on ``/v1/telephony/twilio``: each holds one
-call, μ-law 8 kHz both ways, 20 ms ``media`` messages at real time, marks echoed as the
-answer's audio plays in real time from its buffer.
+CPU read with psutil. The carriers are simulators (``tests/support/twilio_sim.py``, written
+from each carrier's documents) in this process, Twilio's by default on ``/v1/telephony/twilio``
+(``--carrier`` picks another: telnyx, plivo, vonage, exotel): each holds one call, μ-law 8 kHz
+both ways (Vonage: binary PCM16 at 16 kHz; Exotel: PCM16 at 8 kHz), the caller's audio at
+real time, marks echoed as the answer's audio plays in real time from its buffer.
 
 1. **Calls per core.** N calls at once for ``--duration`` s; each caller's voice loops a
    spoken sentence (eSpeak NG) then quiet over ``--cycle-s``, the calls staggered; the
@@ -17,12 +18,14 @@ answer's audio plays in real time from its buffer.
    ``response.create`` (server VAD off), to the first audio of the answer at the client: over
    a plain WebSocket session in PCM 24 kHz and in μ-law 8 kHz (the first
    ``response.output_audio.delta``), and over a phone call (sent on the call's sideband; the
-   first ``media`` message at the carrier). Phone minus WebSocket-in-μ-law is what the bridge
-   adds (the pacer, the carrier's JSON); μ-law minus PCM is what the conversion to 8 kHz costs
-   on any path (the resampler's filter delay).
+   first ``media`` message at the carrier). Phone minus WebSocket in the session's format
+   (μ-law; PCM 24 kHz for Vonage and Exotel, whose call converts to the carrier's rate) is
+   what the bridge adds (the pacer, the carrier's messages); μ-law minus PCM is what the
+   conversion to 8 kHz costs on any path (the resampler's filter delay).
 
     python bench/phone_calls.py                      # N=8 for 20 s, then 20 latency trials: ~1 min
     python bench/phone_calls.py --calls 32 --duration 30 --latency-trials 0
+    python bench/phone_calls.py --carrier vonage
 
 Only 127.0.0.1; the gateway is ended on exit, error or Ctrl-C. Figures: bench/README.md.
 """
@@ -54,7 +57,16 @@ sys.path.insert(0, str(ROOT / "tests"))  # the carrier simulator (tests/support/
 sys.path.insert(0, str(ROOT))
 
 from support.speech import silence, speak  # noqa: E402
-from support.twilio_sim import TwilioCall, mulaw  # noqa: E402
+from support.twilio_sim import ExotelCall, PlivoCall, TelnyxCall, TwilioCall, VonageCall, alaw, mulaw, pcm16  # noqa: E402
+
+# --carrier: its simulator, how it encodes the caller's voice, at what rate, whether its session is G.711
+CARRIERS: dict[str, tuple[type[TwilioCall], Any, int, bool]] = {
+    "twilio": (TwilioCall, mulaw, 8000, True),
+    "telnyx": (TelnyxCall, alaw, 8000, True),
+    "plivo": (PlivoCall, mulaw, 8000, True),
+    "vonage": (VonageCall, pcm16, 16000, False),
+    "exotel": (ExotelCall, pcm16, 8000, False),
+}
 
 MODEL = "bench-passthrough"
 NO_VAD = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
@@ -117,15 +129,16 @@ async def mint(http: httpx.AsyncClient, gw: Gateway, session: dict[str, Any] | N
     return str(res.json()["value"])
 
 
-async def load(gw: Gateway, n: int, duration: float, cycle_s: float, warmup: float) -> dict[str, Any]:
-    sentence = mulaw(await speak("what is your name", 8000))
-    quiet_ms = max(200, int(cycle_s * 1000) - len(sentence) // 8)
-    loop_audio = sentence + mulaw(silence(quiet_ms, 8000))
+async def load(gw: Gateway, carrier: str, n: int, duration: float, cycle_s: float, warmup: float) -> dict[str, Any]:
+    simulator, encode, rate, _ = CARRIERS[carrier]
+    speech = await speak("what is your name", rate)  # (PCM16)
+    quiet_ms = max(200, int(cycle_s * 1000) - len(speech) * 1000 // (2 * rate))
+    loop_audio = encode(speech) + encode(silence(quiet_ms, rate))
     calls: list[TwilioCall] = []
     async with httpx.AsyncClient(timeout=30) as http:
         for i in range(n):
-            call = TwilioCall(f"ws://127.0.0.1:{gw.port}/v1/telephony/twilio", await mint(http, gw),
-                              stream_sid=f"MZ{i:032d}", call_sid=f"CA{i:032d}")  # fmt: skip
+            call = simulator(f"ws://127.0.0.1:{gw.port}/v1/telephony/{carrier}", await mint(http, gw),
+                             stream_sid=f"MZ{i:032d}", call_sid=f"CA{i:032d}")  # fmt: skip
             await call.connect()
             calls.append(call)
 
@@ -179,9 +192,10 @@ async def first_ws_audio(gw: Gateway, session: dict[str, Any]) -> float:
     raise RuntimeError("the session ended before its answer's audio")
 
 
-async def first_phone_audio(gw: Gateway, http: httpx.AsyncClient) -> float:
-    call = TwilioCall(f"ws://127.0.0.1:{gw.port}/v1/telephony/twilio", await mint(http, gw, NO_VAD),
-                      call_sid="CA" + os.urandom(16).hex())  # fmt: skip
+async def first_phone_audio(gw: Gateway, http: httpx.AsyncClient, carrier: str) -> float:
+    simulator = CARRIERS[carrier][0]
+    call = simulator(f"ws://127.0.0.1:{gw.port}/v1/telephony/{carrier}", await mint(http, gw, NO_VAD),
+                     call_sid="CA" + os.urandom(16).hex())  # fmt: skip
     await call.connect()
     try:
         call_id = None
@@ -196,10 +210,10 @@ async def first_phone_audio(gw: Gateway, http: httpx.AsyncClient) -> float:
             sent = time.monotonic()
             await sideband.send('{"type": "response.create"}')
             for _ in range(30_000):  # (polled every ms, at most 30 s: the arrival time is the simulator's)
-                if any(m.get("event") == "media" for m in call.received):
+                if any(m.get("event") == call.media_event for m in call.received):
                     break
                 await asyncio.sleep(0.001)
-            first = next((i for i, m in enumerate(call.received) if m.get("event") == "media"), None)
+            first = next((i for i, m in enumerate(call.received) if m.get("event") == call.media_event), None)
             if first is None:
                 raise RuntimeError(
                     f"no answer audio reached the phone call; it got {[m.get('event') for m in call.received][:5]}"
@@ -218,13 +232,13 @@ def _call_id_from_log(gw: Gateway, call_sid: str) -> str | None:
     return None
 
 
-async def latency(gw: Gateway, trials: int) -> dict[str, Any]:
+async def latency(gw: Gateway, carrier: str, trials: int) -> dict[str, Any]:
     legs: dict[str, list[float]] = {"websocket_pcm_ms": [], "websocket_mulaw_ms": [], "phone_ms": []}
     async with httpx.AsyncClient(timeout=30) as http:
         for i in range(trials):
             runs = [("websocket_pcm_ms", lambda: first_ws_audio(gw, NO_VAD)),
                     ("websocket_mulaw_ms", lambda: first_ws_audio(gw, MULAW_OUT)),
-                    ("phone_ms", lambda: first_phone_audio(gw, http))]  # fmt: skip
+                    ("phone_ms", lambda: first_phone_audio(gw, http, carrier))]  # fmt: skip
             for name, run in runs[i % 3 :] + runs[: i % 3]:  # (the order rotates)
                 legs[name].append(await run())
 
@@ -233,7 +247,8 @@ async def latency(gw: Gateway, trials: int) -> dict[str, Any]:
         return {"n": len(xs), "p50": round(statistics.median(xs), 1), "max": round(xs[-1], 1)}
 
     out: dict[str, Any] = {name: stats(xs) for name, xs in legs.items()}
-    out["added_p50_ms"] = round(out["phone_ms"]["p50"] - out["websocket_mulaw_ms"]["p50"], 1)
+    same = "websocket_mulaw_ms" if CARRIERS[carrier][3] else "websocket_pcm_ms"  # (the session's format)
+    out["added_p50_ms"] = round(out["phone_ms"]["p50"] - out[same]["p50"], 1)
     return out
 
 
@@ -243,18 +258,19 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     try:
         gw.wait_ready()
         if args.calls:
-            figures["load"] = await load(gw, args.calls, args.duration, args.cycle_s, args.warmup)
+            figures["load"] = await load(gw, args.carrier, args.calls, args.duration, args.cycle_s, args.warmup)
             ld = figures["load"]
-            print(f"{ld['calls']} calls (μ-law, paced): gateway {ld['gateway_cores']:.3f} cores -> "
+            print(f"{ld['calls']} {args.carrier} calls (paced): gateway {ld['gateway_cores']:.3f} cores -> "
                   f"{ld['calls_per_core']} calls per core ({ld['core_share_per_call_pct']} % of a core per call); "
                   f"answer audio heard {ld['answer_audio_heard_s']} s, at most {ld['max_buffered_ms']} ms waited "
                   f"in a carrier's buffer, {ld['marks_echoed']} marks echoed")  # fmt: skip
         if args.latency_trials:
-            figures["latency"] = lat = await latency(gw, args.latency_trials)
+            figures["latency"] = lat = await latency(gw, args.carrier, args.latency_trials)
             print(f"response.create -> first answer audio, p50 over {lat['phone_ms']['n']} trials: WebSocket "
                   f"(PCM 24 kHz) {lat['websocket_pcm_ms']['p50']} ms, WebSocket (μ-law 8 kHz) "
-                  f"{lat['websocket_mulaw_ms']['p50']} ms, phone call {lat['phone_ms']['p50']} ms; the bridge adds "
-                  f"{lat['added_p50_ms']} ms (p50) to the WebSocket path in the same format")  # fmt: skip
+                  f"{lat['websocket_mulaw_ms']['p50']} ms, {args.carrier} call {lat['phone_ms']['p50']} ms; "
+                  f"the bridge adds {lat['added_p50_ms']} ms (p50) to the WebSocket path in the session's "
+                  "format")  # fmt: skip
     finally:
         gw.stop()
     return figures
@@ -262,6 +278,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--carrier", choices=sorted(CARRIERS), default="twilio", help="whose media stream the calls use")
     p.add_argument("--calls", type=int, default=8, help="calls at once (0: no load phase)")
     p.add_argument("--duration", type=float, default=20.0, help="the measured window, s")
     p.add_argument("--warmup", type=float, default=3.0)

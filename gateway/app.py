@@ -15,7 +15,7 @@ from gateway import logs
 from gateway.http import HttpApi, token_refused
 from gateway.jwt_auth import TokenRefused
 from gateway.protocol.dialects import DUPLEX, LIVE
-from gateway.protocol.telephony import PLIVO, TELNYX, TWILIO
+from gateway.protocol.telephony import EXOTEL, PLIVO, TELNYX, TWILIO, VONAGE
 from gateway.runtime import Runtime
 from gateway.session.session import VadStream
 from gateway.settings import Settings
@@ -47,6 +47,8 @@ def create_app(
         settings.jwt_secret,
         settings.live_responses_api_key,
         settings.twilio_auth_token,
+        settings.vonage_websocket_authorization,
+        settings.exotel_basic_auth,
         settings.call_webhook_secret,
     ):
         logs.register_secret(secret)
@@ -94,6 +96,13 @@ def create_app(
             ),
             WebSocketRoute("/v1/telephony/telnyx", TelephonyEndpoint(rt, TELNYX)),  # Telnyx Media Streaming
             WebSocketRoute("/v1/telephony/plivo", TelephonyEndpoint(rt, PLIVO)),  # Plivo Audio Streams
+            WebSocketRoute(  # Vonage Voice API WebSockets (binary L16)
+                "/v1/telephony/vonage",
+                TelephonyEndpoint(rt, VONAGE, signing_key=settings.vonage_websocket_authorization),
+            ),
+            WebSocketRoute(  # Exotel's Voicebot applet
+                "/v1/telephony/exotel", TelephonyEndpoint(rt, EXOTEL, signing_key=settings.exotel_basic_auth)
+            ),
             # The browser demo and SDK, last so that it never shadows the API.
             Mount("/", StaticFiles(directory=WEB_DEMO, html=True, check_dir=False), name="web_demo"),
         ],

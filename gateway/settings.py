@@ -211,6 +211,14 @@ class Settings:
     twilio_auth_token: str | None = None  # the Twilio account's Auth Token: a stream's upgrade without
     #   an X-Twilio-Signature that signs it with this key is refused (HTTP 403 signature_invalid), before
     #   any audio. None: not checked (the client secret in the stream's parameters is still required)
+    vonage_websocket_authorization: str | None = None  # the NCCO websocket endpoint's authorization: the
+    #   value of type custom (the Authorization header, whole), or the account's signature secret for type
+    #   vonage (Bearer and a JWT HS256 under it, issued at most 300 s before): an upgrade to
+    #   /v1/telephony/vonage without either is refused (HTTP 403 signature_invalid). None: not checked
+    #   (the client secret is still required)
+    exotel_basic_auth: str | None = None  # KEY:TOKEN of the Exotel applet URL's Basic Auth: an upgrade to
+    #   /v1/telephony/exotel without Authorization: Basic base64(KEY:TOKEN) is refused (HTTP 403
+    #   signature_invalid). None: not checked (the client secret is still required)
     call_webhook_url: str | None = None  # an incoming stream without a client secret, and every SIP call,
     #   is announced here (POST realtime.call.incoming) and waits for /v1/realtime/calls/{call_id}/accept
     #   or /reject. None: such a stream is refused (close 4001); a SIP call is answered by sip_session
@@ -355,8 +363,9 @@ def _convert(name: str, raw: str, current: Any) -> Any:
     if name in ("upstream_api_key", "engine_model", "video_model", "models", "replica_id", "keys_file",
                 "jwt_secret", "jwt_jwks", "jwt_issuer", "jwt_audience", "otel_traces_endpoint",
                 "webrtc_ice_servers", "webrtc_udp_ports", "live_responses_url", "live_responses_api_key",
-                "twilio_auth_token", "call_webhook_url", "call_webhook_secret", "sip_rtp_ports",
-                "sip_advertised_address", "sip_tls_cert", "sip_tls_key", "sip_session", "sip_model"):  # fmt: skip
+                "twilio_auth_token", "vonage_websocket_authorization", "exotel_basic_auth", "call_webhook_url",
+                "call_webhook_secret", "sip_rtp_ports", "sip_advertised_address", "sip_tls_cert", "sip_tls_key",
+                "sip_session", "sip_model"):  # fmt: skip
         return raw or None
     if name == "auth_required":
         return parse_bool(raw)

@@ -12,7 +12,10 @@ drop what is buffered).
 A codec turns a carrier's message into the events below and the gateway's
 output into the carrier's messages; it keeps no state and touches no socket
 (``gateway/transport/telephony/`` is the I/O). Each carrier is ONE object
-(``TWILIO``): the transport asks it, never a carrier's name.
+(``TWILIO``): the transport asks it, never a carrier's name. A message a codec
+writes is text (``bytes`` of JSON) or ``Binary`` (a carrier that takes raw audio
+frames: Vonage); a message it reads is the socket's text (``str``) or binary
+(``bytes``) frame.
 
 Twilio's documents: "Media Streams - WebSocket Messages" (the messages) and
 "Webhooks security" (``X-Twilio-Signature``: base64 of HMAC-SHA1, keyed with the
@@ -27,10 +30,12 @@ import base64
 import binascii
 import hashlib
 import hmac
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import jwt
 import orjson
 
 from gateway.audio.codecs import AudioFormat
@@ -38,8 +43,12 @@ from gateway.audio.codecs import AudioFormat
 DTMF_KEYS = frozenset("0123456789*#ABCD")
 PCMU_8K = AudioFormat("pcmu", 8000)  # G.711 μ-law at 8 kHz: every carrier's default
 PCMA_8K = AudioFormat("pcma", 8000)
+L16_8K = AudioFormat("pcm16", 8000)  # linear PCM16 mono, little-endian (Vonage, Exotel)
+L16_16K = AudioFormat("pcm16", 16000)
 MAX_PARAMETERS = 99  # Twilio's <Parameter> limit per stream: more in a start is refused
 MAX_PARAMETER_CHARS = 4096  # one custom parameter's name or value
+VONAGE_JWT_MAX_AGE_S = 300  # a Vonage-signed upgrade's JWT issued longer ago than this: refused (403)
+VONAGE_JWT_LEEWAY_S = 60  # ... or issued this far in the future (clock skew)
 
 
 class CarrierMessageError(ValueError):
@@ -91,6 +100,16 @@ class StreamStop:
 CarrierEvent = Connected | StreamStart | MediaIn | DtmfIn | MarkIn | StreamStop
 
 
+@dataclass(frozen=True, slots=True)
+class Binary:
+    """A binary WebSocket message to the carrier (raw audio); a codec's ``bytes`` are a text message."""
+
+    data: bytes
+
+
+Outgoing = bytes | Binary
+
+
 class Carrier(Protocol):
     """One carrier's media stream protocol (pure): what the transport asks of it."""
 
@@ -110,9 +129,23 @@ class Carrier(Protocol):
     def reorders(self) -> bool:
         """The carrier may deliver the caller's audio out of order (``MediaIn.chunk`` orders it)."""
 
+    @property
+    def signing_key_setting(self) -> str:
+        """The setting that holds the key ``signed`` checks, and what it signs (the refusal's message)."""
+
     def decode(self, message: str | bytes) -> CarrierEvent | None: ...
 
-    def media(self, stream_id: str, audio: bytes) -> bytes: ...
+    @property
+    def frame_ms(self) -> int:
+        """The carrier takes audio in whole frames of this many ms (the call pads the end of an
+        answer with silence); 0: any length."""
+
+    @property
+    def message_per_frame(self) -> bool:
+        """Each ``frame_ms`` of audio is a message of its own (else a message carries whole frames)."""
+
+    def media(self, stream_id: str, audio: bytes) -> Outgoing:
+        """The message that carries ``audio`` (the start's format) to the caller."""
 
     def mark(self, stream_id: str, name: str) -> bytes: ...
 
@@ -201,6 +234,11 @@ class TwilioCodec:
     name: str = "twilio"  # for logs and metrics: never compared
     audio: AudioFormat = PCMU_8K  # what the gateway sends back (Twilio takes only this)
     signature_header: str | None = "x-twilio-signature"
+    signing_key_setting: str = (
+        "twilio_auth_token: the URL the carrier requested (wss://, Host, path and query) is what it signs"
+    )
+    frame_ms: int = 0  # (any length)
+    message_per_frame: bool = False
     secret_parameter: str = "client_secret"  # the <Parameter> of the stream that carries the client secret
     reorders: bool = False  # (a WebSocket over TCP: in order)
 
@@ -234,7 +272,7 @@ class TwilioCodec:
             return StreamStop()
         return None  # an event of a later protocol version: ignored, as Twilio asks
 
-    def media(self, stream_id: str, audio: bytes) -> bytes:
+    def media(self, stream_id: str, audio: bytes) -> Outgoing:
         payload = base64.b64encode(audio).decode("ascii")
         return orjson.dumps({"event": "media", "streamSid": stream_id, "media": {"payload": payload}})
 
@@ -279,6 +317,9 @@ class TelnyxCodec:
 
     name: str = "telnyx"
     signature_header: str | None = None
+    signing_key_setting: str = ""
+    frame_ms: int = 0
+    message_per_frame: bool = False
     secret_parameter: str = "client_secret"  # a <Parameter> (TeXML) or custom_parameters entry
     reorders: bool = True
 
@@ -317,7 +358,7 @@ class TelnyxCodec:
             return StreamStop()
         return None  # (error, and what a later version adds)
 
-    def media(self, stream_id: str, audio: bytes) -> bytes:
+    def media(self, stream_id: str, audio: bytes) -> Outgoing:
         return orjson.dumps({"event": "media", "media": {"payload": base64.b64encode(audio).decode("ascii")}})
 
     def mark(self, stream_id: str, name: str) -> bytes:
@@ -356,6 +397,9 @@ class PlivoCodec:
 
     name: str = "plivo"
     signature_header: str | None = None
+    signing_key_setting: str = ""
+    frame_ms: int = 0
+    message_per_frame: bool = False
     secret_parameter: str = "client_secret"
     reorders: bool = False
 
@@ -390,7 +434,7 @@ class PlivoCodec:
             return StreamStop()
         return None  # (clearedAudio, and what a later version adds)
 
-    def media(self, stream_id: str, audio: bytes) -> bytes:
+    def media(self, stream_id: str, audio: bytes) -> Outgoing:
         payload = base64.b64encode(audio).decode("ascii")
         return orjson.dumps({"event": "playAudio", "media": {"contentType": "audio/x-mulaw", "sampleRate": 8000,
                                                              "payload": payload}})  # fmt: skip
@@ -406,3 +450,187 @@ class PlivoCodec:
 
 
 PLIVO = PlivoCodec()
+
+
+def _digit(value: Any) -> DtmfIn:
+    if not isinstance(value, str) or value not in DTMF_KEYS:
+        raise CarrierMessageError(f"dtmf digit {str(value)[:8]!r} is not a key (0-9, *, #, A-D)")
+    return DtmfIn(value)
+
+
+def _authorized(expected: str, header: str | None) -> bool:
+    """Whether the upgrade's ``Authorization`` header is ``expected`` (compared in constant time)."""
+    return bool(header) and hmac.compare_digest(expected.encode(), (header or "").encode())
+
+
+_L16_RATES = {8000: L16_8K, 16000: L16_16K}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class VonageCodec:
+    """Vonage Voice API WebSockets (the NCCO ``connect`` action's ``websocket`` endpoint,
+    bidirectional). The first message is text: ``{"event": "websocket:connected",
+    "content-type": "audio/l16;rate=16000"}`` (or ``rate=8000``) with the NCCO endpoint's
+    ``headers`` beside it, at the top level: they carry the client secret (``client_secret``)
+    and whatever else the NCCO passes (``uuid``: the call's, when it passes it). Then the
+    caller's audio as binary messages of raw linear PCM16 (signed, little-endian, mono; 20 ms:
+    640 bytes at 16 kHz, 320 at 8 kHz); text events: ``websocket:dtmf`` (``digit``),
+    ``websocket:notify`` (the echo of a ``notify``, once the audio sent before it has played:
+    the mark), ``websocket:cleared``. The gateway sends binary messages of 20 ms of the same
+    format, ``{"action": "notify", "payload": {"name": ...}}`` after each chunk and
+    ``{"action": "clear"}`` on barge-in. The upgrade carries the ``Authorization`` header the
+    NCCO endpoint's ``authorization`` sets: its ``value`` (type ``custom``), or ``Bearer`` and
+    the JWT Vonage signs its webhooks with (type ``vonage``: HS256 under the account's
+    signature secret). With ``vonage_websocket_authorization`` set (the value, or the
+    signature secret), the header must be one of these."""
+
+    name: str = "vonage"
+    signature_header: str | None = "authorization"
+    signing_key_setting: str = (
+        "vonage_websocket_authorization: the NCCO endpoint's authorization, the value of type custom, or a fresh "
+        "JWT of type vonage signed with it as the account's signature secret"
+    )
+    secret_parameter: str = "client_secret"  # a key of the NCCO endpoint's headers
+    reorders: bool = False
+    frame_ms: int = 20  # Vonage takes 20 ms frames (640 bytes at 16 kHz), one binary message each
+    message_per_frame: bool = True
+
+    def decode(self, message: str | bytes) -> CarrierEvent | None:
+        if isinstance(message, (bytes, bytearray, memoryview)):  # a binary message: the caller's audio
+            audio = bytes(message)
+            if len(audio) % 2:
+                raise CarrierMessageError(f"a binary message of {len(audio)} bytes is not whole PCM16 samples")
+            return MediaIn(audio, None)
+        d = _json_object(message)
+        kind = d.get("event")
+        if kind == "websocket:notify":
+            payload = d.get("payload")
+            if not isinstance(payload, dict):
+                raise CarrierMessageError("'payload' must be an object")
+            return MarkIn(_str(payload, "name"))
+        if kind == "websocket:dtmf":
+            raw = d.get("dtmf")
+            return _digit(raw.get("digit") if isinstance(raw, dict) else d.get("digit"))
+        if kind == "websocket:connected":
+            content_type = str(d.get("content-type", "")).replace(" ", "").lower()
+            codec, _, rate = content_type.partition(";rate=")
+            fmt = _L16_RATES.get(_int(rate, "content-type rate")) if codec == "audio/l16" and rate else None
+            if fmt is None:
+                raise CarrierMessageError(f"content-type {content_type[:64]!r}: only audio/l16;rate=16000 or "
+                                          "audio/l16;rate=8000 is taken")  # fmt: skip
+            headers = {k: v for k, v in d.items() if k not in ("event", "content-type") and isinstance(v, str)}
+            parameters = _parameters(headers)
+            call = parameters.get("uuid") or parameters.get("call_uuid") or ""
+            return StreamStart(stream_id=call, call_id=call, account_id="", audio=fmt, channels=1,
+                               parameters=parameters)  # fmt: skip
+        return None  # (websocket:cleared, websocket:media:..., and what a later version adds)
+
+    def media(self, stream_id: str, audio: bytes) -> Outgoing:
+        return Binary(audio)
+
+    def mark(self, stream_id: str, name: str) -> bytes:
+        return orjson.dumps({"action": "notify", "payload": {"name": name}})
+
+    def clear(self, stream_id: str) -> bytes:
+        return orjson.dumps({"action": "clear"})
+
+    def signed(self, key: str, urls: list[str], header: str | None) -> bool:
+        """``header`` is ``key`` (the endpoint's ``authorization`` of type ``custom``: its value), or
+        ``Bearer`` and a JWT signed HS256 with ``key`` (type ``vonage``: the JWT of Vonage's signed
+        webhooks, under the account's signature secret), issued at most ``VONAGE_JWT_MAX_AGE_S`` ago.
+        Either takes knowing the key."""
+        if _authorized(key, header):
+            return True
+        token = (header or "").removeprefix("Bearer ")
+        if token == header or token.count(".") != 2:
+            return False
+        try:
+            claims = jwt.decode(token, key, algorithms=["HS256"], options={"require": ["iat"]})
+        except jwt.PyJWTError:
+            return False
+        age = time.time() - float(claims["iat"])
+        return -VONAGE_JWT_LEEWAY_S <= age <= VONAGE_JWT_MAX_AGE_S
+
+
+VONAGE = VonageCodec()
+
+
+_EXOTEL_LINEAR = frozenset({"audio/x-raw", "raw/slin", "slin", "audio/l16"})  # 16-bit linear PCM, as written
+
+
+def _exotel_format(raw: Mapping[str, Any]) -> AudioFormat:
+    encoding = str(raw.get("encoding", "")).lower()
+    rate = _int(raw.get("sample_rate"), "media_format.sample_rate")
+    bits = raw.get("bit_rate")
+    if encoding in _EXOTEL_LINEAR and rate in (8000, 16000, 24000) and (bits is None or str(bits) == "16"):
+        return AudioFormat("pcm16", rate)
+    raise CarrierMessageError(f"media_format {encoding[:32]!r} {rate} Hz: only 16-bit linear PCM (audio/x-raw) at "
+                              "8000, 16000 or 24000 Hz is taken")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ExotelCodec:
+    """Exotel's Voicebot applet (bidirectional AgentStream): ``connected``, then ``start``
+    (``stream_sid``, ``call_sid``, ``account_sid``, ``custom_parameters``: the query parameters
+    of the applet's URL, ``media_format``: ``audio/x-raw``, 16-bit linear PCM at 8000 Hz by
+    default, 16000 or 24000 where the applet asks), ``media`` (base64 ``payload``, ``chunk``,
+    ``timestamp``; about 100 ms each), ``dtmf``, ``mark`` (the echo of one the gateway sent, once
+    the audio before it has played) and ``stop``. The gateway sends ``media`` (a whole number of
+    20 ms: Exotel asks for multiples of 320 bytes), ``mark`` and ``clear``. Exotel's upgrade is
+    authenticated by IP allow-listing or Basic Auth in the applet's URL
+    (``wss://KEY:TOKEN@host/...``: ``Authorization: Basic base64(KEY:TOKEN)``): with
+    ``exotel_basic_auth`` (``KEY:TOKEN``) set, the header must be that."""
+
+    name: str = "exotel"
+    signature_header: str | None = "authorization"
+    signing_key_setting: str = "exotel_basic_auth: the KEY:TOKEN of the applet URL's Basic Auth"
+    secret_parameter: str = "client_secret"  # a query parameter of the applet's URL (custom_parameters)
+    reorders: bool = False
+    frame_ms: int = 20  # (320 bytes at 8 kHz: Exotel's multiple)
+    message_per_frame: bool = False
+
+    def decode(self, message: str | bytes) -> CarrierEvent | None:
+        d = _json_object(message)
+        kind = d.get("event")
+        if kind == "media":
+            return _media_in(_obj(d, "media"))
+        if kind == "mark":
+            return MarkIn(_str(_obj(d, "mark"), "name"))
+        if kind == "dtmf":
+            return _digit(_obj(d, "dtmf").get("digit"))
+        if kind == "start":
+            start = _obj(d, "start")
+            return StreamStart(
+                stream_id=str(start.get("stream_sid") or d.get("stream_sid") or ""),
+                call_id=_str(start, "call_sid"),
+                account_id=str(start.get("account_sid") or ""),
+                audio=_exotel_format(_obj(start, "media_format")),
+                channels=1,
+                parameters=_parameters(start.get("custom_parameters")),
+            )
+        if kind == "connected":
+            return Connected()
+        if kind == "stop":
+            return StreamStop()
+        return None
+
+    def media(self, stream_id: str, audio: bytes) -> Outgoing:
+        payload = base64.b64encode(audio).decode("ascii")
+        return orjson.dumps({"event": "media", "stream_sid": stream_id, "media": {"payload": payload}})
+
+    def mark(self, stream_id: str, name: str) -> bytes:
+        return orjson.dumps({"event": "mark", "stream_sid": stream_id, "mark": {"name": name}})
+
+    def clear(self, stream_id: str) -> bytes:
+        return orjson.dumps({"event": "clear", "stream_sid": stream_id})
+
+    @staticmethod
+    def authorization(key_and_token: str) -> str:
+        """The ``Authorization`` header of an applet URL with ``KEY:TOKEN@`` in it."""
+        return "Basic " + base64.b64encode(key_and_token.encode()).decode("ascii")
+
+    def signed(self, key: str, urls: list[str], header: str | None) -> bool:
+        return _authorized(self.authorization(key), header)
+
+
+EXOTEL = ExotelCodec()

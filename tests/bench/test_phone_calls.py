@@ -14,13 +14,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_calls_are_answered_and_the_latency_of_each_path_is_sampled(tmp_path: Path) -> None:
+@pytest.mark.parametrize("carrier", ["twilio", "vonage", "exotel"])
+def test_calls_are_answered_and_the_latency_of_each_path_is_sampled(carrier: str, tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
-    cmd = [sys.executable, "bench/phone_calls.py", "--calls", "2", "--duration", "6", "--warmup", "3",
-           "--cycle-s", "4", "--latency-trials", "3", "--json", str(out)]  # fmt: skip
+    cmd = [sys.executable, "bench/phone_calls.py", "--carrier", carrier, "--calls", "2", "--duration", "6",
+           "--warmup", "3", "--cycle-s", "4", "--latency-trials", "3", "--json", str(out)]  # fmt: skip
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "calls per core" in run.stdout and "the bridge adds" in run.stdout

@@ -1,6 +1,8 @@
 """Phone calls through carriers' media streams, end to end: Twilio Media Streams
-(``/v1/telephony/twilio``, μ-law) and Telnyx Media Streaming (``/v1/telephony/telnyx``,
-A-law, its media delivered out of order).
+(``/v1/telephony/twilio``, μ-law), Telnyx Media Streaming (``/v1/telephony/telnyx``,
+A-law, its media delivered out of order), Plivo Audio Streams (μ-law), Vonage's Voice API
+WebSockets (``/v1/telephony/vonage``, binary linear PCM16 at 16 kHz) and Exotel's Voicebot
+applet (``/v1/telephony/exotel``, linear PCM16 at 8 kHz in base64).
 
 The carrier is a simulator of ``tests/support/twilio_sim.py`` (written from each carrier's
 documents: their clouds cannot run here), over a real loopback WebSocket; the gateway is
@@ -22,8 +24,19 @@ import pytest
 import websockets
 from support.gateway import RunningGateway, connect, run_gateway
 from support.speech import silence, speak
-from support.twilio_sim import PlivoCall, TelnyxCall, TwilioCall, alaw, mulaw
+from support.twilio_sim import (
+    ExotelCall,
+    PlivoCall,
+    TelnyxCall,
+    TwilioCall,
+    VonageCall,
+    alaw,
+    mulaw,
+    pcm16,
+    vonage_jwt,
+)
 
+from gateway.audio.codecs import AudioFormat, Codec
 from gateway.hosting.calls import call_id_of
 from gateway.hosting.host import SessionHost
 from gateway.settings import Settings
@@ -37,6 +50,7 @@ pytestmark = pytest.mark.timeout(120)
 
 TAIL = " ".join(["I am still talking about this and that, so you can interrupt me."] * 4)
 TOKEN = "twilio-test-auth-token"
+VONAGE_SECRET = "vonage-test-signature-secret-of-32-bytes"
 
 
 class WrittenAtOnceThinker:
@@ -86,19 +100,21 @@ def twilio_url(gw: RunningGateway) -> str:
     return f"ws://127.0.0.1:{gw.port}/v1/telephony/twilio"
 
 
-# (carrier path, its simulator, how it encodes the caller's voice, the session's format)
-CARRIERS = {
-    "twilio": ("twilio", TwilioCall, mulaw, "pcmu"),
-    "telnyx": ("telnyx", TelnyxCall, alaw, "pcma"),
-    "plivo": ("plivo", PlivoCall, mulaw, "pcmu"),
+# (carrier path, its simulator, how it encodes the caller's voice, at what rate, the session's format)
+CARRIERS: dict[str, tuple[str, type[TwilioCall], Callable[[bytes], bytes], int, tuple[Codec, int]]] = {
+    "twilio": ("twilio", TwilioCall, mulaw, 8000, ("pcmu", 8000)),
+    "telnyx": ("telnyx", TelnyxCall, alaw, 8000, ("pcma", 8000)),
+    "plivo": ("plivo", PlivoCall, mulaw, 8000, ("pcmu", 8000)),
+    "vonage": ("vonage", VonageCall, pcm16, 16000, ("pcm16", 24000)),
+    "exotel": ("exotel", ExotelCall, pcm16, 8000, ("pcm16", 24000)),
 }
 
 
 @pytest.mark.parametrize("carrier", sorted(CARRIERS))
 async def test_a_spoken_call_answer_marks_barge_in_dtmf_and_stop(carrier: str) -> None:
-    path, simulator, encode, codec = CARRIERS[carrier]
-    utterance = encode(await speak("what is your name", 8000))
-    quiet = encode(silence(100, 8000))
+    path, simulator, encode, rate, session_format = CARRIERS[carrier]
+    utterance = encode(await speak("what is your name", rate))
+    quiet = encode(silence(100, rate))
     engine = CascadeEngine(thinker=WrittenAtOnceThinker())
     async with run_gateway(Settings(engine="cascade", video_engine="none"), engine=engine) as gw:
         secret = await mint(gw)
@@ -107,7 +123,9 @@ async def test_a_spoken_call_answer_marks_barge_in_dtmf_and_stop(carrier: str) -
         await wait_for(lambda: phone_host(gw) is not None, "the call's session")
         host = phone_host(gw)
         assert host is not None
-        assert host.session.config.input_format.codec == codec and host.output_format.codec == codec
+        # The session's audio is the carrier's G.711, both ways, or for linear PCM at 16 or 8 kHz the
+        # session's linear PCM (24 kHz: the only rate of audio/pcm in the Realtime API's schema).
+        assert host.session.config.input_format == host.output_format == AudioFormat(*session_format)
         assert host.session.config.instructions == "Answer the phone."  # the secret's session
         async with connect(gw.url + f"?call_id={call_id_of(host.id)}") as sideband:
             events = sideband.events
@@ -158,6 +176,11 @@ async def test_a_spoken_call_answer_marks_barge_in_dtmf_and_stop(carrier: str) -
                 phone = next(d.media for d in host.doors if isinstance(d.media, PhoneCall))
                 if carrier == "telnyx":
                     assert phone.reorder is not None and phone.reorder.dropped == phone.reorder.skipped == 0
+                # Vonage took the answer in binary messages of 20 ms each, Exotel in multiples of 320 bytes.
+                if isinstance(call, VonageCall):
+                    assert call.frame_sizes == {640}
+                if isinstance(call, ExotelCall):
+                    assert call.odd_media == 0
                 # A key press reaches the session and its sideband.
                 await call.dtmf("5")
                 await wait_for(lambda: first("input_audio_buffer.dtmf_event_received") is not None, "the key")
@@ -175,7 +198,7 @@ async def test_a_spoken_call_answer_marks_barge_in_dtmf_and_stop(carrier: str) -
 
 @pytest.mark.parametrize("carrier", sorted(CARRIERS))
 async def test_a_bad_client_secret_is_refused_before_any_audio(carrier: str) -> None:
-    path, simulator, _, _ = CARRIERS[carrier]
+    path, simulator, _, _, _ = CARRIERS[carrier]
     url = f"ws://127.0.0.1:{{}}/v1/telephony/{path}"
     async with run_gateway(Settings(engine="cascade", video_engine="none")) as gw:
         for secret in ("ek_not-a-secret", None, "sk-an-api-key"):
@@ -220,6 +243,41 @@ async def test_with_the_auth_token_set_a_stream_without_a_valid_signature_is_ref
         assert res.status_code == 200, res.text
         await asyncio.wait_for(call.closed.wait(), 10)
         assert call.close_code == 1000 and host.ended
+        await call.close()
+
+
+@pytest.mark.parametrize("carrier", ["vonage", "exotel"])
+async def test_with_the_carriers_authorization_set_an_upgrade_without_it_is_refused(carrier: str) -> None:
+    """Vonage: the Authorization header the NCCO endpoint's ``authorization`` sets (type vonage);
+    Exotel: the Basic Auth of the applet's URL (``wss://KEY:TOKEN@host/...``)."""
+    if carrier == "vonage":  # (type vonage: the JWT of Vonage's signed webhooks, under the signature secret)
+        settings = Settings(engine="cascade", video_engine="none", vonage_websocket_authorization=VONAGE_SECRET)
+        now = int(time.time())
+        good: dict[str, Any] = {"authorization": "Bearer " + vonage_jwt(VONAGE_SECRET, now)}
+        other = "another account's signature secret, 32 bytes"
+        bad: list[dict[str, Any]] = [
+            {},
+            {"authorization": "Bearer " + vonage_jwt(other, now)},
+            {"authorization": "Bearer " + vonage_jwt(VONAGE_SECRET, now - 3600)},  # (stale)
+            {"authorization": "Bearer not-a-jwt"},
+        ]
+    else:
+        settings = Settings(engine="cascade", video_engine="none", exotel_basic_auth="key:token")
+        good, bad = {"basic_auth": "key:token"}, [{}, {"basic_auth": "key:other"}, {"basic_auth": "other:token"}]
+    path, simulator, _, _, _ = CARRIERS[carrier]
+    async with run_gateway(settings) as gw:
+        url = f"ws://127.0.0.1:{gw.port}/v1/telephony/{path}"
+        for headers in bad:
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                await simulator(url, "ek_x", **headers).connect()
+            assert refused.value.response.status_code == 403
+            assert b"signature_invalid" in refused.value.response.body
+        call = simulator(url, await mint(gw), **good)
+        await call.connect()
+        await wait_for(lambda: phone_host(gw) is not None, "the authorized call's session")
+        await call.stop()
+        await asyncio.wait_for(call.closed.wait(), 10)
+        assert call.close_code == 1000
         await call.close()
 
 

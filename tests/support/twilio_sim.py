@@ -1,4 +1,6 @@
-"""A Twilio Media Streams simulator, written from Twilio's public documents.
+"""A Twilio Media Streams simulator, written from Twilio's public documents (and, below it,
+Telnyx's, Plivo's, Vonage's and Exotel's, each from its own, as subclasses that spell their
+carrier's messages).
 
 What it follows ("Media Streams - WebSocket Messages", "TwiML <Stream>", "Webhooks
 security"), and nothing of the gateway:
@@ -29,12 +31,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import jwt
 import numpy as np
 import orjson
 import websockets
 
-FRAME_BYTES = 160  # 20 ms of μ-law at 8 kHz
-FRAME_S = 0.02
+FRAME_S = 0.02  # the earpiece plays 20 ms at a time
 
 
 def mulaw(pcm16: bytes) -> bytes:
@@ -83,20 +85,30 @@ class TwilioCall:
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     close_code: int | None = None
 
-    async def connect(self, *, start: bool = True) -> None:
+    bytes_per_ms = 8  # the stream's audio (μ-law 8 kHz), both ways
+    send_ms = 20  # the caller's audio per media message
+
+    def upgrade_headers(self) -> dict[str, str]:
         headers = {}
         if self.auth_token is not None or self.signature is not None:
             headers["X-Twilio-Signature"] = self.signature or twilio_signature(self.auth_token or "", self.url)
-        self._ws = await websockets.connect(self.url, additional_headers=headers, max_size=None, compression=None,
-                                            open_timeout=10, close_timeout=1)  # fmt: skip
+        return headers
+
+    async def connect(self, *, start: bool = True) -> None:
+        self._ws = await websockets.connect(self.url, additional_headers=self.upgrade_headers(), max_size=None,
+                                            compression=None, open_timeout=10, close_timeout=1)  # fmt: skip
         self._tasks = [asyncio.get_running_loop().create_task(self._receive()),
                        asyncio.get_running_loop().create_task(self._play())]  # fmt: skip
         connected = self.connected_message()
         if connected is not None:
             await self._send(connected, numbered=False)
         if start:
-            parameters = {"client_secret": self.client_secret} if self.client_secret is not None else {}
-            await self._send(self.start_message(parameters))
+            message = self.start_message(self.parameters())
+            if message is not None:
+                await self._send(message)
+
+    def parameters(self) -> dict[str, str]:
+        return {"client_secret": self.client_secret} if self.client_secret is not None else {}
 
     # --- the carrier's spelling (Twilio's; a subclass spells another carrier's) ---
 
@@ -123,7 +135,7 @@ class TwilioCall:
         for name in marks:
             await self._echo(name)
 
-    def start_message(self, parameters: dict[str, str]) -> dict[str, Any]:
+    def start_message(self, parameters: dict[str, str]) -> dict[str, Any] | None:
         return {"event": "start", "start": {
             "streamSid": self.stream_sid, "accountSid": self.account_sid, "callSid": self.call_sid,
             "tracks": ["inbound"], "customParameters": parameters,
@@ -153,27 +165,23 @@ class TwilioCall:
         with contextlib.suppress(websockets.ConnectionClosed):
             await self._ws.send(orjson.dumps(message).decode())
 
+    async def send_media(self, chunk: int, frame: bytes) -> None:
+        payload = base64.b64encode(frame).decode()
+        media = {"track": "inbound", "chunk": str(chunk), "timestamp": str(chunk * self.send_ms), "payload": payload}
+        await self._send({"event": "media", "media": media})
+
     async def speak(self, audio: bytes) -> float:
-        """Send the caller's μ-law audio as 20 ms media messages at real time; when it began."""
+        """Send the caller's audio (the stream's format) as media messages of ``send_ms`` at real
+        time; when it began."""
         began = time.monotonic()
         t0 = asyncio.get_running_loop().time()
         base = self.media_sent
-        frames = [audio[i : i + FRAME_BYTES] for i in range(0, len(audio), FRAME_BYTES)]
+        size = self.send_ms * self.bytes_per_ms
+        frames = [audio[i : i + size] for i in range(0, len(audio), size)]
         self.media_sent += len(frames)
         for n, (chunk, frame) in enumerate(self.media_order(frames)):
-            payload = base64.b64encode(frame).decode()
-            await self._send(
-                {
-                    "event": "media",
-                    "media": {
-                        "track": "inbound",
-                        "chunk": str(base + chunk),
-                        "timestamp": str((base + chunk) * 20),
-                        "payload": payload,
-                    },
-                }
-            )
-            delay = t0 + (n + 1) * FRAME_S - asyncio.get_running_loop().time()
+            await self.send_media(base + chunk, frame)
+            delay = t0 + (n + 1) * self.send_ms / 1000 - asyncio.get_running_loop().time()
             if delay > 0:
                 await asyncio.sleep(delay)
             if self.closed.is_set():
@@ -197,7 +205,7 @@ class TwilioCall:
     async def _receive(self) -> None:
         try:
             async for raw in self._ws:
-                message = orjson.loads(raw)
+                message = self.parse(raw)
                 self.received.append(message)
                 self.arrivals.append(time.monotonic())
                 kind, value = self.classify(message)
@@ -219,9 +227,14 @@ class TwilioCall:
                 self.close_code = self._ws.close_code
             self.closed.set()
 
+    def parse(self, raw: str | bytes) -> dict[str, Any]:
+        """A message from the gateway, as a dict with its ``event``."""
+        message: dict[str, Any] = orjson.loads(raw)
+        return message
+
     @property
     def buffered_ms(self) -> float:
-        return sum(len(v) for k, v in self._queue if k == "audio") / 8
+        return sum(len(v) for k, v in self._queue if k == "audio") / self.bytes_per_ms
 
     def _echo_marks(self) -> None:
         while self._queue and self._queue[0][0] == "mark":
@@ -242,12 +255,13 @@ class TwilioCall:
             if loop.time() - next_at > 0.2:
                 next_at = loop.time()  # (a stalled loop: the line resumes, as a jitter buffer would)
             frame = bytearray()
-            while self._queue and len(frame) < FRAME_BYTES:
+            frame_bytes = round(FRAME_S * 1000) * self.bytes_per_ms
+            while self._queue and len(frame) < frame_bytes:
                 kind, value = self._queue[0]
                 if kind == "mark":
                     break
                 assert isinstance(value, bytearray)
-                take = value[: FRAME_BYTES - len(frame)]
+                take = value[: frame_bytes - len(frame)]
                 frame += take
                 del value[: len(take)]
                 if not value:
@@ -257,7 +271,7 @@ class TwilioCall:
             self._echo_marks()
 
     def heard_ms(self) -> float:
-        return sum(len(h.audio) for h in self.heard) / 8
+        return sum(len(h.audio) for h in self.heard) / self.bytes_per_ms
 
 
 def alaw(pcm16: bytes) -> bytes:
@@ -367,3 +381,159 @@ class PlivoCall(TwilioCall):
     async def cleared(self, marks: list[str]) -> None:
         """Plivo: the queue is emptied and ``clearedAudio`` says so."""
         await self._send({"event": "clearedAudio"})
+
+
+def vonage_jwt(signature_secret: str, iat: int) -> str:
+    """The JWT Vonage signs its webhooks with (and a websocket endpoint's ``authorization`` of type
+    ``vonage`` sends): HS256 under the account's signature secret, with ``iat`` and ``jti``."""
+    claims = {
+        "iat": iat,
+        "jti": f"jti-{iat}",
+        "iss": "Vonage",
+        "application_id": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0",
+    }
+    return jwt.encode(claims, signature_secret, algorithm="HS256")
+
+
+def pcm16(audio: bytes) -> bytes:
+    """The caller's voice as linear PCM16 (Vonage's and Exotel's audio): as it is."""
+    return audio
+
+
+@dataclass
+class VonageCall(TwilioCall):
+    """Vonage Voice API WebSockets, from Vonage's "WebSockets" guide and NCCO reference (the
+    ``connect`` action's ``websocket`` endpoint): the upgrade carries the ``Authorization``
+    header the endpoint's ``authorization`` sets (``type`` custom: its ``value``); the first
+    message is text, ``websocket:connected`` with the ``content-type`` (``audio/l16;rate=16000``)
+    and the endpoint's ``headers`` at its top level (the client secret, the call's ``uuid``);
+    then the caller's audio as binary messages of 20 ms of linear PCM16 (640 bytes), and
+    ``websocket:dtmf`` text events. The server's binary messages are played from a buffer at
+    real time (each must be 20 ms: 640 bytes); a ``notify`` action is answered with
+    ``websocket:notify`` (its ``payload``) once the audio before it has played; ``clear``
+    empties the buffer and is answered ``websocket:cleared``. The call ends with the
+    socket's close (Vonage sends no stop message)."""
+
+    authorization: str | None = None  # the Authorization header the NCCO endpoint sets
+    rate: int = 16000
+    stream_sid: str = ""
+    call_sid: str = "aaaaaaaa-bbbb-cccc-dddd-0123456789ab"
+
+    def __post_init__(self) -> None:
+        self.bytes_per_ms = self.rate * 2 // 1000
+        self.frame_sizes: set[int] = set()  # the sizes of the gateway's binary messages
+
+    def upgrade_headers(self) -> dict[str, str]:
+        return {"Authorization": self.authorization} if self.authorization is not None else {}
+
+    def connected_message(self) -> dict[str, Any]:
+        return {"event": "websocket:connected", "content-type": f"audio/l16;rate={self.rate}",
+                "uuid": self.call_sid, **self.parameters()}  # fmt: skip
+
+    def start_message(self, parameters: dict[str, str]) -> dict[str, Any] | None:
+        return None  # (the connected message says it all)
+
+    def numbered(self, message: dict[str, Any], seq: int) -> dict[str, Any]:
+        return message  # (Vonage numbers nothing)
+
+    async def send_media(self, chunk: int, frame: bytes) -> None:
+        with contextlib.suppress(websockets.ConnectionClosed):
+            await self._ws.send(frame)
+
+    def dtmf_message(self, digit: str) -> dict[str, Any]:
+        return {"event": "websocket:dtmf", "digit": digit, "duration": 260}
+
+    async def stop(self) -> None:
+        """The caller hangs up: Vonage closes the socket."""
+        await self._ws.close(1000)
+
+    def parse(self, raw: str | bytes) -> dict[str, Any]:
+        if isinstance(raw, bytes):
+            self.frame_sizes.add(len(raw))
+            return {"event": "media", "audio": raw}
+        message: dict[str, Any] = orjson.loads(raw)
+        return {"event": message.get("action"), **message}
+
+    def classify(self, message: dict[str, Any]) -> tuple[str, Any]:
+        kind = message.get("event")
+        if kind == "media":
+            return "audio", message["audio"]
+        if kind == "notify":
+            return "mark", message["payload"]["name"]
+        return str(kind), None
+
+    def mark_echo(self, name: str) -> dict[str, Any]:
+        return {"event": "websocket:notify", "payload": {"name": name}}
+
+    async def cleared(self, marks: list[str]) -> None:
+        await self._send({"event": "websocket:cleared"})
+
+
+@dataclass
+class ExotelCall(TwilioCall):
+    """Exotel's Voicebot applet (bidirectional AgentStream), from Exotel's "WebSocket protocol"
+    and "Working with the Stream and Voicebot Applet": the applet URL's query parameters (the
+    client secret) come back as the ``start``'s ``custom_parameters``; Basic Auth in the URL
+    (``KEY:TOKEN@``) is the upgrade's ``Authorization: Basic``; ``connected``, ``start``
+    (``stream_sid``, ``call_sid``, ``media_format`` audio/x-raw 16-bit at 8000 Hz), ``media``
+    of about 100 ms of base64 PCM16 (``chunk``, ``timestamp``), ``dtmf``, ``stop``. The
+    server's ``media`` must be multiples of 320 bytes; its ``mark`` is echoed once the audio
+    before it has played; ``clear`` empties the buffer (Exotel documents no answer to it)."""
+
+    basic_auth: str | None = None  # KEY:TOKEN in the applet's URL
+    stream_sid: str = "b3f1e2d4c5a6978812345678abcdef01"
+    call_sid: str = "8e7d6c5b4a39281706f5e4d3c2b1a0f9"
+    account_sid: str = "exotelaccount1"
+    bytes_per_ms = 16  # linear PCM16 at 8 kHz
+    send_ms = 100
+
+    def __post_init__(self) -> None:
+        self.odd_media = 0  # the gateway's media whose size is not a multiple of 320 bytes
+        if self.client_secret is not None:  # a query parameter of the applet's URL (and custom_parameters)
+            self.url += ("&" if "?" in self.url else "?") + "client_secret=" + self.client_secret
+
+    def upgrade_headers(self) -> dict[str, str]:
+        if self.basic_auth is None:
+            return {}
+        return {"Authorization": "Basic " + base64.b64encode(self.basic_auth.encode()).decode()}
+
+    def connected_message(self) -> dict[str, Any]:
+        return {"event": "connected"}
+
+    def start_message(self, parameters: dict[str, str]) -> dict[str, Any]:
+        return {"event": "start", "start": {
+            "stream_sid": self.stream_sid, "call_sid": self.call_sid, "account_sid": self.account_sid,
+            "from": "+919876543210", "to": "+918047491899", "custom_parameters": parameters,
+            "media_format": {"encoding": "audio/x-raw", "sample_rate": "8000", "bit_rate": "16"},
+        }}  # fmt: skip
+
+    def numbered(self, message: dict[str, Any], seq: int) -> dict[str, Any]:
+        return {**message, "sequence_number": str(seq), "stream_sid": self.stream_sid}
+
+    async def send_media(self, chunk: int, frame: bytes) -> None:
+        payload = base64.b64encode(frame).decode()
+        await self._send({"event": "media", "media": {"chunk": str(chunk), "timestamp": str(chunk * self.send_ms),
+                                                      "payload": payload}})  # fmt: skip
+
+    def dtmf_message(self, digit: str) -> dict[str, Any]:
+        return {"event": "dtmf", "dtmf": {"digit": digit, "duration": "100"}}
+
+    def stop_message(self) -> dict[str, Any]:
+        return {"event": "stop", "stop": {"call_sid": self.call_sid, "account_sid": self.account_sid,
+                                          "reason": "callended"}}  # fmt: skip
+
+    def classify(self, message: dict[str, Any]) -> tuple[str, Any]:
+        kind = message.get("event")
+        if kind == "media":
+            audio = base64.b64decode(message["media"]["payload"])
+            self.odd_media += len(audio) % 320 != 0
+            return "audio", audio
+        if kind == "mark":
+            return "mark", message["mark"]["name"]
+        return str(kind), None
+
+    def mark_echo(self, name: str) -> dict[str, Any]:
+        return {"event": "mark", "mark": {"name": name}}
+
+    async def cleared(self, marks: list[str]) -> None:
+        """Exotel empties its buffer; it documents no answer."""

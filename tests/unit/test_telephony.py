@@ -252,3 +252,115 @@ def test_plivo_and_telnyx_messages_decode_as_their_documents_show_them() -> None
         "media_format": {"encoding": "PCMA", "sample_rate": 8000, "channels": 1}}}))  # fmt: skip
     assert isinstance(start, StreamStart) and start.audio.codec == "pcma" and start.stream_id == "st"
     assert orjson.loads(TELNYX.clear("st")) == {"event": "clear"}
+
+
+def test_vonage_messages_decode_as_its_documents_show_them() -> None:
+    from gateway.protocol.telephony import L16_8K, L16_16K, VONAGE, Binary
+
+    start = VONAGE.decode('{"event":"websocket:connected","content-type":"audio/l16;rate=16000",'
+                          '"client_secret":"ek_1","uuid":"u-1","language":"en-GB","n":3}')  # fmt: skip
+    assert isinstance(start, StreamStart) and start.audio == L16_16K and start.call_id == "u-1"
+    assert start.parameters == {"client_secret": "ek_1", "uuid": "u-1", "language": "en-GB"}  # (strings only)
+    start = VONAGE.decode('{"event":"websocket:connected","content-type":"audio/l16;rate=8000"}')
+    assert isinstance(start, StreamStart) and start.audio == L16_8K
+    assert VONAGE.decode(b"\x01\x00" * 320) == MediaIn(b"\x01\x00" * 320, None)  # a binary message: audio
+    assert VONAGE.decode('{"event":"websocket:dtmf","digit":"7","duration":260}') == DtmfIn("7")
+    assert VONAGE.decode('{"event":"websocket:notify","payload":{"name":"12"}}') == MarkIn("12")
+    assert VONAGE.decode('{"event":"websocket:cleared"}') is None
+    assert VONAGE.media("", b"\x00\x01") == Binary(b"\x00\x01")
+    assert orjson.loads(VONAGE.mark("", "3")) == {"action": "notify", "payload": {"name": "3"}}
+    assert orjson.loads(VONAGE.clear("")) == {"action": "clear"}
+    for bad in ('{"event":"websocket:connected","content-type":"audio/l16;rate=24000"}',
+                '{"event":"websocket:connected","content-type":"audio/pcmu"}', b"\x00\x00\x00",
+                '{"event":"websocket:dtmf","digit":"x"}', '{"event":"websocket:notify","payload":"3"}'):  # fmt: skip
+        with pytest.raises(CarrierMessageError):
+            VONAGE.decode(bad)
+    assert VONAGE.signed("Bearer s3cret", [], "Bearer s3cret")
+    assert not VONAGE.signed("Bearer s3cret", [], "Bearer other") and not VONAGE.signed("Bearer s3cret", [], None)
+
+
+def test_exotel_messages_decode_as_its_documents_show_them() -> None:
+    from gateway.protocol.telephony import EXOTEL, L16_8K, L16_16K
+
+    start = EXOTEL.decode(orjson.dumps({"event": "start", "sequence_number": "1", "stream_sid": "MZ1", "start": {
+        "stream_sid": "MZ1", "call_sid": "CA1", "account_sid": "AC1", "from": "+919876543210",
+        "to": "+918047491899", "custom_parameters": {"client_secret": "ek_1"},
+        "media_format": {"encoding": "audio/x-raw", "sample_rate": "8000", "bit_rate": "16"}}}))  # fmt: skip
+    assert isinstance(start, StreamStart) and start.audio == L16_8K
+    assert (start.stream_id, start.call_id, start.account_id) == ("MZ1", "CA1", "AC1")
+    assert start.parameters == {"client_secret": "ek_1"}
+    start = EXOTEL.decode('{"event":"start","start":{"call_sid":"c","stream_sid":"s","media_format":'
+                          '{"encoding":"audio/x-raw","sample_rate":"16000","bit_rate":"16"}}}')  # fmt: skip
+    assert isinstance(start, StreamStart) and start.audio == L16_16K
+    payload = base64.b64encode(b"\x00\x01" * 800).decode()
+    media = EXOTEL.decode(orjson.dumps({"event": "media", "sequence_number": "3", "stream_sid": "MZ1",
+                                        "media": {"chunk": "2", "timestamp": "200", "payload": payload}}))  # fmt: skip
+    assert media == MediaIn(b"\x00\x01" * 800, 2)
+    assert EXOTEL.decode('{"event":"dtmf","stream_sid":"s","dtmf":{"digit":"5","duration":"100"}}') == DtmfIn("5")
+    assert EXOTEL.decode('{"event":"mark","stream_sid":"s","mark":{"name":"9"}}') == MarkIn("9")
+    assert isinstance(EXOTEL.decode('{"event":"connected"}'), Connected)
+    assert isinstance(EXOTEL.decode('{"event":"stop","stop":{"call_sid":"c","reason":"callended"}}'), StreamStop)
+    out = EXOTEL.media("MZ1", b"\x00\x01")
+    payload = base64.b64encode(b"\x00\x01").decode()
+    assert isinstance(out, bytes)
+    assert orjson.loads(out) == {"event": "media", "stream_sid": "MZ1", "media": {"payload": payload}}
+    assert orjson.loads(EXOTEL.mark("MZ1", "4")) == {"event": "mark", "stream_sid": "MZ1", "mark": {"name": "4"}}
+    assert orjson.loads(EXOTEL.clear("MZ1")) == {"event": "clear", "stream_sid": "MZ1"}
+    for encoding, bits in (("audio/x-raw", "8"), ("audio/x-mulaw", "8")):  # (μ-law: 800 bytes per 100 ms chunk,
+        with pytest.raises(CarrierMessageError):  # not the multiple of 320 bytes Exotel asks for)
+            EXOTEL.decode(orjson.dumps({"event": "start", "start": {"call_sid": "c", "media_format": {
+                "encoding": encoding, "sample_rate": "8000", "bit_rate": bits}}}))  # fmt: skip
+    auth = "Basic " + base64.b64encode(b"key:token").decode()
+    assert EXOTEL.signed("key:token", [], auth) and not EXOTEL.signed("key:token", [], "Basic a2V5Om90aGVy")
+
+
+def test_a_linear_pcm_carrier_is_a_linear_pcm_session() -> None:
+    from gateway.protocol.telephony import L16_16K
+
+    session = phone_session(None, L16_16K)
+    assert session["audio"]["input"]["format"] == session["audio"]["output"]["format"] == {"type": "audio/pcm"}
+
+
+async def test_the_answer_goes_to_a_carrier_in_its_whole_frames() -> None:
+    """Vonage: one binary message per 20 ms (640 bytes at 16 kHz); Exotel: one message of whole
+    20 ms (multiples of 320 bytes at 8 kHz); the end of an answer padded with silence."""
+    from gateway.protocol.telephony import EXOTEL, L16_8K, L16_16K, TWILIO, VONAGE, Binary
+    from gateway.transport.outbox import Outbox
+    from gateway.transport.telephony.call import PhoneCall
+
+    async def send(message: dict[str, object]) -> None:
+        pass
+
+    vonage = PhoneCall(VONAGE, "", "u-1", Outbox(send, 1 << 20, 5.0), L16_16K)
+    frames = vonage._media(b"\x01\x02" * 1700)  # 106.25 ms
+    assert [len(f.data) for f in frames if isinstance(f, Binary)] == [640] * 6
+    assert frames[-1] == Binary(b"\x01\x02" * (1700 - 5 * 320) + b"\x00\x00" * (6 * 320 - 1700))
+    exotel = PhoneCall(EXOTEL, "MZ1", "CA1", Outbox(send, 1 << 20, 5.0), L16_8K)
+    (message,) = exotel._media(b"\x01\x02" * 850)
+    assert isinstance(message, bytes)
+    assert len(base64.b64decode(orjson.loads(message)["media"]["payload"])) == 1920  # 6 x 320
+    twilio = PhoneCall(TWILIO, "MZ1", "CA1", Outbox(send, 1 << 20, 5.0), PCMU_8K)
+    (message,) = twilio._media(b"\xff" * 801)
+    assert isinstance(message, bytes) and len(base64.b64decode(orjson.loads(message)["media"]["payload"])) == 801
+
+
+def test_a_vonage_upgrade_is_authorized_by_the_custom_value_or_a_fresh_jwt_under_the_secret() -> None:
+    import time
+
+    import jwt
+
+    from gateway.protocol.telephony import VONAGE, VONAGE_JWT_MAX_AGE_S
+
+    def token(key: str, iat: float, alg: str = "HS256") -> str:
+        return "Bearer " + jwt.encode({"iat": int(iat), "jti": "j", "iss": "Vonage"}, key, algorithm=alg)
+
+    now = time.time()
+    secret = "a signature secret of 64 bytes or more (HS512 asks for as much) 0123456789"
+    assert VONAGE.signed(secret, [], token(secret, now))
+    assert VONAGE.signed(secret, [], token(secret, now - VONAGE_JWT_MAX_AGE_S + 30))
+    assert not VONAGE.signed(secret, [], token(secret, now - VONAGE_JWT_MAX_AGE_S - 30))  # stale
+    assert not VONAGE.signed(secret, [], token(secret, now + 3600))  # from the future
+    assert not VONAGE.signed(secret, [], token("another signature secret, 32 bytes or more", now))
+    assert not VONAGE.signed(secret, [], token(secret, now, "HS512"))  # (HS256 only)
+    assert not VONAGE.signed(secret, [], "Bearer " + jwt.encode({"jti": "j"}, secret, algorithm="HS256"))
+    assert not VONAGE.signed(secret, [], secret + "2") and not VONAGE.signed(secret, [], "Bearer " + secret)

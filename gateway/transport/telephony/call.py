@@ -33,7 +33,7 @@ from gateway.hosting.door import Door
 from gateway.protocol.errors import CloseCode, Code
 from gateway.protocol.server_events import AUDIO_DELTA
 from gateway.protocol.session_config import parse_ga_format
-from gateway.protocol.telephony import Carrier, DtmfIn, MarkIn, MediaIn, StreamStop
+from gateway.protocol.telephony import Binary, Carrier, DtmfIn, MarkIn, MediaIn, Outgoing, StreamStop
 from gateway.transport.outbox import Outbox, SlowConsumer
 from gateway.transport.telephony.playout import Cut, Playout
 from gateway.transport.telephony.reorder import Reorder
@@ -44,6 +44,7 @@ _AUDIO_DELTA_JSON = b'"response.output_audio.delta"'
 _SPEECH_STARTED = "input_audio_buffer.speech_started"
 _CUT = frozenset({"cancelled", "failed"})  # an answer that ends so has its audio cut at once
 _MAX_FORMATS = 16  # responses whose output format is remembered
+_SILENCE = {"pcm16": b"\x00\x00", "pcmu": b"\xff", "pcma": b"\xd5"}  # one sample of silence
 
 
 class PhoneCall:
@@ -59,7 +60,9 @@ class PhoneCall:
         self.outbox = outbox
         self.fmt = fmt  # the carrier's audio, both ways (its start said which)
         self.reorder = Reorder() if codec.reorders else None
-        self.playout = Playout(self.fmt.rate * 2 // 1000 if self.fmt.codec == "pcm16" else self.fmt.rate // 1000)
+        self.playout = Playout(self.fmt.rate * self.fmt.bytes_per_sample // 1000)
+        # The carrier's frame (codec.frame_ms of its audio), in bytes: 0, any length.
+        self._frame = codec.frame_ms * self.fmt.rate * self.fmt.bytes_per_sample // 1000
         self.door: Door | None = None
         self.ended = False
         self.clears = 0  # clear messages sent (barge-in, cancel, output_audio_buffer.clear)
@@ -200,7 +203,8 @@ class PhoneCall:
         while not self.ended:
             now = self._clock()
             for chunk in self.playout.due(now):
-                self._write(self.codec.media(self.stream_id, chunk.audio))
+                for message in self._media(chunk.audio):
+                    self._write(message)
                 self._write(self.codec.mark(self.stream_id, chunk.mark))
                 if chunk.first and door is not None:
                     trace = door.trace
@@ -215,11 +219,29 @@ class PhoneCall:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(0.0, at - self._clock()))
 
-    def _write(self, message: bytes) -> None:
+    def _media(self, audio: bytes) -> list[Outgoing]:
+        """The carrier's messages for one chunk: its audio padded with silence to a whole number
+        of the carrier's frames (the last chunk of an answer; at most one frame of silence), one
+        message per frame where the carrier takes them so (``codec.frame_ms``)."""
+        frame = self._frame
+        if not frame:
+            return [self.codec.media(self.stream_id, audio)]
+        short = -len(audio) % frame
+        if short:
+            silence = _SILENCE[self.fmt.codec]
+            audio += silence * (short // len(silence))
+        if not self.codec.message_per_frame:
+            return [self.codec.media(self.stream_id, audio)]
+        return [self.codec.media(self.stream_id, audio[i : i + frame]) for i in range(0, len(audio), frame)]
+
+    def _write(self, message: Outgoing) -> None:
         if self.ended:
             return
         try:
-            self.outbox.put_text(message)
+            if isinstance(message, Binary):
+                self.outbox.put_bytes(message.data)
+            else:
+                self.outbox.put_text(message)
         except SlowConsumer as exc:
             log.warning("call %s: the carrier does not keep up, hanging up: %s", self.call_sid, exc)
             self.outbox.abort(CloseCode.SLOW_CONSUMER, Code.SLOW_CONSUMER)

@@ -1,4 +1,5 @@
-"""``/v1/telephony/twilio``: a carrier's media stream, the socket's I/O.
+"""``/v1/telephony/{carrier}``: a carrier's media stream, the socket's I/O (Twilio's here; the
+other carriers' differ only as their codec object says: ``gateway/protocol/telephony.py``).
 
 The carrier dials it from its call instructions (Twilio's TwiML
 ``<Connect><Stream url="wss://HOST/v1/telephony/twilio"><Parameter name="client_secret"
@@ -15,8 +16,9 @@ value="ek_..."/></Stream></Connect>``). In order, before any audio:
    secret opens the session it was minted for (model, instructions, voice, turn
    detection), with the carrier's format as its input and output audio format, so that
    the session converts the caller's audio once to what the engine takes, and the
-   engine's once to the carrier's. Then the replica's and the tenant's limits, as on
-   every socket (1013, 4029).
+   engine's once to the carrier's (a carrier's linear PCM at 8 or 16 kHz: the session's
+   ``audio/pcm`` at 24 kHz, to and from which the call converts in one step). Then the
+   replica's and the tenant's limits, as on every socket (1013, 4029).
 3. The call (``call.py``) until the carrier's ``stop``, a hangup, or the socket's end.
 """
 
@@ -55,7 +57,11 @@ log = logging.getLogger("omni.telephony")
 
 START_TIMEOUT_S = 10.0  # from the upgrade to the carrier's start message; later: close 4001
 MAX_EARLY_MESSAGES = 4  # messages before start (connected, ...); more: close 4001
-_SESSION_FORMATS = {"pcmu": "audio/pcmu", "pcma": "audio/pcma"}  # the carrier's audio as a session format
+# The carrier's audio as a session format: G.711 as it is (the session converts it once to the engine's
+# rate); linear PCM at 8 or 16 kHz as the session's linear PCM, which is 24 kHz (the Realtime API's
+# schema has audio/pcm at no other rate, and a sideband is sent the session's format): the call
+# converts the caller's audio to it in one step (``door.receive_pcm``) and the answer from it in one.
+_SESSION_FORMATS = {"pcmu": "audio/pcmu", "pcma": "audio/pcma", "pcm16": "audio/pcm"}
 _PRIVATE_HEADERS = frozenset({"authorization", "cookie", "sec-websocket-key"})  # never sent to the webhook
 
 
@@ -127,7 +133,7 @@ class TelephonyEndpoint:
             refusal = UpgradeRefusal(
                 403, Code.SIGNATURE_INVALID,
                 f"The {header} header does not sign this request with the carrier's key "
-                "(twilio_auth_token): the URL the carrier requested (wss://, Host, path and query) is what it signs.",
+                f"({self.codec.signing_key_setting}).",
                 CloseCode.FORBIDDEN,
             )  # fmt: skip
         if refusal is not None:
