@@ -6,13 +6,18 @@
    - ``decode``: aiortc's ``OpusDecoder`` on the caller's packets (20 ms, 48 kHz, encoded
      beforehand by aiortc's ``OpusEncoder``, so as a stereo 96 kb/s stream: heavier than a
      browser's mono ~32 kb/s);
-   - ``inbound``: ``InboundAudio`` (downmix, soxr to ``--rate``, 20 ms chunks);
-   - ``compose``: ``AudioOutTrack`` handing out frames (fake clock, no sleeping);
+   - ``inbound``: ``InboundAudio`` (downmix to mono, 20 ms chunks at Opus's 48 kHz: no resampling);
+   - ``to engine``: the session's one conversion of those chunks to the engine's ``--rate``
+     (``audio.convert.Converter``, as ``session/input.py`` runs it);
+   - ``to track``: the call's one conversion of the engine's 24 kHz answer to the track's
+     48 kHz (``Converter``, as ``webrtc/call.py`` runs it, in 20 ms deltas);
+   - ``compose``: ``AudioOutTrack`` handing out frames at 48 kHz (fake clock, no sleeping);
    - ``encode speech`` / ``encode silence``: aiortc's ``OpusEncoder`` on those frames
-     (it resamples 24 kHz mono to 48 kHz stereo with libswresample, then libopus at 96 kb/s).
+     (libswresample only doubles the channel, the rate is Opus's already; then libopus at 96 kb/s).
 
-   A call costs decode + inbound + compose + encode (speech while the answer plays,
-   silence between answers): the "calls per core" lines divide one second by that.
+   A call costs decode + inbound + to engine + compose + encode, and to track while the answer
+   plays (speech while the answer plays, silence between answers): the "calls per core"
+   lines divide one second by that.
 
 2. **Full stack** (``--calls N``): N real calls on this machine's addresses. The callers
    (aiortc, in a subprocess, so their CPU is not charged) play a quiet tone with a loud
@@ -21,7 +26,7 @@
    full duplex: the worst case. Printed: the gateway process's CPU per call-second (SRTP,
    RTP, SCTP, asyncio and the executor threads aiortc encodes in included), the pacing
    (late frames, stalls) and the burst latencies: caller hand-out -> gateway chunk
-   (``in``: network, aiortc's receive jitter buffer, decode, resampling hold-back) and
+   (``in``: network, aiortc's receive jitter buffer, decode) and
    gateway hand-out -> caller decode (``out``: its mirror; the caller's jitter buffer is
    aiortc's here, a browser's own instead in real life).
 
@@ -53,8 +58,11 @@ from aiortc.jitterbuffer import JitterFrame  # noqa: E402
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack  # noqa: E402
 from av import AudioFrame  # noqa: E402
 
+from gateway.audio.codecs import AudioFormat  # noqa: E402
+from gateway.audio.convert import Converter  # noqa: E402
 from gateway.transport.webrtc.audio_in import AudioIn, InboundAudio  # noqa: E402
 from gateway.transport.webrtc.audio_out import AudioOutTrack  # noqa: E402
+from gateway.transport.webrtc.call import TRACK_RATE  # noqa: E402
 from gateway.transport.webrtc.config import WebRTCConfig  # noqa: E402
 from gateway.transport.webrtc.peer import PeerFactory  # noqa: E402
 
@@ -100,11 +108,24 @@ def codec_path(seconds: float, rate: int) -> dict[str, float]:
     decoded = [cast(AudioFrame, f) for p in packets for f in decoder.decode(p)]
     out["decode"] = time.process_time() - t0
 
-    inbound = InboundAudio(rate)
+    inbound = InboundAudio()
     t0 = time.process_time()
-    for decoded_frame in decoded:
-        inbound.push(decoded_frame)
+    chunks = [chunk for decoded_frame in decoded for chunk in inbound.push(decoded_frame)]
     out["inbound"] = time.process_time() - t0
+
+    to_engine = Converter(chunks[0][1], AudioFormat("pcm16", rate))
+    t0 = time.process_time()
+    for pcm, _ in chunks:
+        to_engine.process(pcm)
+    out["to engine"] = time.process_time() - t0
+
+    answer = speechlike(seconds, OUT_RATE).tobytes()
+    step = OUT_RATE * 2 // 50
+    deltas = [answer[i : i + step] for i in range(0, len(answer), step)]
+    to_track = Converter(AudioFormat("pcm16", OUT_RATE), AudioFormat("pcm16", TRACK_RATE))
+    t0 = time.process_time()
+    answer_at_track = b"".join(to_track.process(d) for d in deltas) + to_track.flush()
+    out["to track"] = time.process_time() - t0
 
     now = [0.0]
 
@@ -112,9 +133,9 @@ def codec_path(seconds: float, rate: int) -> dict[str, float]:
         now[0] += s
 
     for name, fill in (("speech", True), ("silence", False)):
-        track = AudioOutTrack(OUT_RATE, clock=lambda: now[0], sleep=no_sleep)
+        track = AudioOutTrack(TRACK_RATE, clock=lambda: now[0], sleep=no_sleep)
         if fill:
-            track.feed(speechlike(seconds, OUT_RATE).tobytes(), response_id="r", item_id="i")
+            track.feed(answer_at_track, response_id="r", item_id="i")
         count = int(seconds * 50)
         loop = asyncio.new_event_loop()
         t0 = time.process_time()
@@ -234,11 +255,11 @@ class Seat:
         self.pc.on("track", self._track)
 
     def _track(self, track: MediaStreamTrack) -> None:
-        def chunk(pcm: bytes) -> None:
+        def chunk(pcm: bytes, fmt: AudioFormat) -> None:
             x = np.frombuffer(pcm, dtype="<i2").astype(float)
             self.levels.append((time.monotonic(), float(np.sqrt(np.mean(x**2)))))
 
-        AudioIn(track, self.rate, chunk).start()
+        AudioIn(track, chunk).start()
 
 
 async def full_stack(n: int, duration: float, rate: int, silent: bool = False) -> dict[str, Any]:
@@ -309,8 +330,8 @@ def main() -> None:
     print(f"codec path, ms of CPU per call-second (one thread; {args.seconds:.0f} s of audio, in at {args.rate} Hz):")
     for name, ms in cost.items():
         print(f"  {name:16s} {ms:6.2f}")
-    base = cost["decode"] + cost["inbound"]
-    speaking = base + cost["compose speech"] + cost["encode speech"]
+    base = cost["decode"] + cost["inbound"] + cost["to engine"]
+    speaking = base + cost["to track"] + cost["compose speech"] + cost["encode speech"]
     listening = base + cost["compose silence"] + cost["encode silence"]
     print(f"  a call while the answer plays:   {speaking:6.2f} ms/s -> {1000 / speaking:5.0f} calls per core")
     print(f"  a call between answers:          {listening:6.2f} ms/s -> {1000 / listening:5.0f} calls per core")

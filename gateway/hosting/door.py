@@ -6,8 +6,11 @@ sends, as it arrives, in order:
 
 - ``receive(text)``: a JSON text message in the connection's dialect;
 - ``receive_frame(data)``: a binary frame (``omni-binary.v1`` input audio);
-- ``receive_audio(audio)`` / ``receive_pcm(pcm, rate)``: input audio already decoded (a
-  WebRTC track): it counts against the tenant's input audio, not its messages.
+- ``receive_audio(audio, fmt)``: a media transport's input audio (a WebRTC track, a
+  phone's or a SIP trunk's G.711), in the transport's own format ``fmt``: the session
+  converts it to what the engine takes in one step (``audio/convert.py``), never through
+  the session's client-visible input format. It counts against the tenant's input audio,
+  not its messages.
 
 Each returns None once the message is handled, or an awaitable that the
 transport awaits before it hands in the next message: the message waits for
@@ -31,8 +34,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal, Protocol
 
-from gateway.audio.codecs import AudioFormat, encode_from_pcm16
-from gateway.audio.resample import StreamResampler
+from gateway.audio.codecs import AudioFormat
 from gateway.hosting.context import HostContext
 from gateway.hosting.delivery import Delivery
 from gateway.hosting.host import SessionHost
@@ -185,7 +187,6 @@ class Door:
         self.source = source  # a stored session the session opened here carries on (a fork), or None
         self.minted = minted  # a client secret's binding: what its sessions carry, the only ones it resumes
         self.sideband = False  # joined a session beside its connection (``join``)
-        self._pcm: tuple[int, AudioFormat, StreamResampler | None] | None = None  # receive_pcm's conversion
         self.host: SessionHost | None = None
         self.opened = False  # a session was opened or resumed through this door
         self.resumed = False  # the client sent session.resume: it speaks the gateway's extensions
@@ -231,22 +232,12 @@ class Door:
     def receive_frame(self, data: bytes) -> Pending:
         return self._take(data, "frame")
 
-    def receive_audio(self, audio: bytes) -> Pending:
-        return self._take(audio, "audio")
-
-    def receive_pcm(self, pcm: bytes, rate: int) -> Pending:
-        """Mono PCM16 at ``rate`` (a decoded track), taken as audio in the session's input format."""
-        host = self.host
-        if host is None:
+    def receive_audio(self, audio: bytes, fmt: AudioFormat) -> Pending:
+        """A media transport's input audio in its own format ``fmt`` (converted once, by the
+        session's input, to what the engine takes); dropped while no session is behind the door."""
+        if self.host is None:
             return None
-        fmt = host.input_format
-        if self._pcm is None or self._pcm[0] != rate or self._pcm[1] != fmt:
-            resampler = StreamResampler(rate, fmt.rate) if rate != fmt.rate else None
-            self._pcm = (rate, fmt, resampler)
-        resampler = self._pcm[2]
-        if resampler is not None:
-            pcm = resampler.process(pcm)
-        return self._take(pcm if fmt.codec == "pcm16" else encode_from_pcm16(fmt, pcm), "audio")
+        return self._take((audio, fmt), "audio")
 
     def played(self, kind: str, response_id: str | None, item_id: str | None = None, audio_end_ms: int = 0) -> None:
         """What the connection played (``SessionHost.playback``): a media connection's report."""
@@ -291,16 +282,18 @@ class Door:
             if kind == "text":
                 pending = self._text(host, message)
             else:
-                audio = message
+                fmt: AudioFormat | None = None  # a frame's: the session's input format
                 if kind == "frame":
                     self._check_size(len(message))
                     audio = decode_input_frame(message)
+                else:
+                    audio, fmt = message
                 if seat is not None:
-                    seat.audio_in(host.input_ms(len(audio)), None)
+                    seat.audio_in(host.input_ms(len(audio), fmt), None)
                 (self._binary_counter if kind == "frame" else self._track_counter).inc()
                 self._client_events += 1
                 self._audio_refused = False
-                host.receive_audio(audio)
+                host.receive_audio(audio, fmt)
         except NeedBudget as need:
             return self._after_budget(need, message, kind)  # paid: taken again without paying
         except ce.AckError as err:

@@ -300,14 +300,16 @@ class SessionHost:
             self._internal_error()
         self.flush()
 
-    def receive_audio(self, audio: bytes) -> None:
-        """Input audio in the session's input format (a binary frame, a decoded track)."""
+    def receive_audio(self, audio: bytes, fmt: AudioFormat | None = None) -> None:
+        """Input audio in the session's input format (a binary frame), or in ``fmt``, a media
+        transport's own (a call's track, a phone's µ-law): the session converts it to the
+        engine's format, once."""
         if self.drained:
             return
         if self.sidebands:
-            self._reflect(audio)
+            self._reflect(audio, fmt or self.input_format)
         try:
-            self.session.append_input(audio)
+            self.session.append_input(audio, fmt)
         except ProtocolError as err:
             self.session.error(err)
         except Exception:
@@ -315,7 +317,7 @@ class SessionHost:
             self._internal_error()
         self.flush()
 
-    def _reflect(self, audio: bytes) -> None:
+    def _reflect(self, audio: bytes, fmt: AudioFormat) -> None:
         """The call's input audio (its track: only a WebRTC session has sidebands), to the sidebands,
         where the dialect reflects it (``reflect.py``)."""
         encode = self.session.dialect.reflect
@@ -324,7 +326,7 @@ class SessionHost:
         if self._reflector is None:
             self._reflector = Reflector(encode)
         with contextlib.suppress(ProtocolError, ValueError):  # (audio the session refuses: its error says why)
-            self._reflector.reflect(audio, self.input_format, [d.delivery for d in self.sidebands])
+            self._reflector.reflect(audio, fmt, [d.delivery for d in self.sidebands])
 
     def refuse(self, err: ProtocolError) -> None:
         """A client message refused before it reached the session (it did not decode,
@@ -403,9 +405,10 @@ class SessionHost:
     def output_format(self) -> AudioFormat:
         return self.session.config.output_format
 
-    def input_ms(self, nbytes: int) -> float:
-        """How long ``nbytes`` of the session's input audio last (what the tenant's input limit counts)."""
-        return self.session.config.input_format.duration_ms(nbytes)
+    def input_ms(self, nbytes: int, fmt: AudioFormat | None = None) -> float:
+        """How long ``nbytes`` of input audio last, in ``fmt`` (None: the session's input format):
+        what the tenant's input limit counts."""
+        return (fmt or self.session.config.input_format).duration_ms(nbytes)
 
     # --- events and effects --------------------------------------------------------
 

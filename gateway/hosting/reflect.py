@@ -8,28 +8,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from gateway.audio.codecs import AudioFormat, decode_to_pcm16
-from gateway.audio.resample import StreamResampler
+from gateway.audio.codecs import AudioFormat
+from gateway.audio.convert import Converter
 from gateway.hosting.delivery import Delivery
 
 REFLECTED_RATE = 24_000
+_REFLECTED = AudioFormat("pcm16", REFLECTED_RATE)
 
 
 class Reflector:
-    """One session's reflection (the resampler keeps its state from chunk to chunk)."""
+    """One session's reflection (the converter keeps its state from chunk to chunk)."""
 
     def __init__(self, encode: Callable[[bytes], bytes]) -> None:
         self.encode = encode
-        self._resampler: tuple[AudioFormat, StreamResampler | None] | None = None
+        self._converter: Converter | None = None
 
     def reflect(self, audio: bytes, fmt: AudioFormat, to: Iterable[Delivery]) -> None:
-        """``audio`` (in the session's input format ``fmt``) to every delivery of ``to``."""
-        pcm = audio if fmt.codec == "pcm16" else decode_to_pcm16(fmt, audio)
-        if self._resampler is None or self._resampler[0] != fmt:
-            self._resampler = (fmt, StreamResampler(fmt.rate, REFLECTED_RATE) if fmt.rate != REFLECTED_RATE else None)
-        resampler = self._resampler[1]
-        if resampler is not None:
-            pcm = resampler.process(pcm)
+        """``audio`` (in ``fmt``: the call's, as it reached the session) to every delivery of ``to``."""
+        converter = self._converter
+        if converter is None or converter.src != fmt:
+            converter = self._converter = Converter(fmt, _REFLECTED)
+        pcm = converter.process(audio)
         if not pcm:
             return
         data = self.encode(pcm)

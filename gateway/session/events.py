@@ -23,6 +23,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gateway.audio.codecs import AudioFormat
 from gateway.protocol.errors import ProtocolError
 from gateway.session.conversation import Item
 from gateway.session.effects import Effect
@@ -71,6 +72,17 @@ STATE_EVENTS = REALTIME_STATE_EVENTS | LIVE_STATE_EVENTS
 READ_ONLY_EVENTS = frozenset({"conversation.item.retrieved"})
 
 
+class AudioEvent(dict[str, Any]):
+    """An event that carries audio (its ``delta``, in the client's format), with ``source``:
+    the same audio as the engine gave it (PCM16 and its format). A media transport converts
+    ``source`` to what it plays, once, instead of decoding the client's format again
+    (``audio/convert.py``). It encodes, is journaled and is replayed as the plain event."""
+
+    __slots__ = ("source",)
+
+    source: tuple[bytes, AudioFormat]
+
+
 class Spelling(Protocol):
     """A dialect's step between the parts and the log: it receives every event the
     parts emit and writes (``EventLog.write``) what its clients are sent instead:
@@ -101,6 +113,8 @@ class EventLog:
         self.spell: Spelling | None = None  # the dialect's, if it spells events its own way
         self._item_changed = item_changed
         self._state_changed = state_changed
+        self._source: tuple[bytes, AudioFormat] | None = None  # emit_audio's, for the event that carries it
+        self._source_of: object = None  # (the delta it goes with: that very object)
 
     def emit(self, type_: str, **fields: Any) -> None:
         """The event ``type_``, through the dialect's spelling if it has one."""
@@ -112,16 +126,40 @@ class EventLog:
         self.seq += 1
         event = {"type": type_, "event_id": f"event_{self.id_base}{self.seq:x}", **fields}
         event["server_event_seq"] = self.seq
+        if self._source is not None:
+            event = self._with_source(event)
         self.events.append(event)
         if not type_.endswith(".delta") and type_ not in QUIET:
             self._state_changed()  # every other event reflects a state change worth a snapshot
             self._note_items(type_, fields)
+
+    def emit_audio(self, type_: str, source: tuple[bytes, AudioFormat], **fields: Any) -> None:
+        """An audio event (``fields["delta"]``, in the client's format), with the same audio as
+        the engine gave it (``source``): the event written now with that very delta (a spelling
+        may rename it) is an ``AudioEvent``. A spelling that holds or re-cuts the delta (a Live
+        WebSocket's pacing) writes plain events: a media transport converts their delta then."""
+        self._source, self._source_of = source, fields.get("delta")
+        try:
+            self.emit(type_, **fields)
+        finally:
+            self._source = self._source_of = None
+
+    def _with_source(self, event: dict[str, Any]) -> dict[str, Any]:
+        delta = event.get("delta")
+        if not delta or delta is not self._source_of:
+            return event  # (an event around the audio delta: a transcript's, an earlier delta held)
+        out = AudioEvent(event)
+        out.source = self._source  # type: ignore[assignment]  # (not None: the caller checked)
+        self._source = self._source_of = None
+        return out
 
     def write(self, type_: str, fields: dict[str, Any]) -> None:
         """Append the event as it is sent (what a spelling calls)."""
         self.seq += 1
         event = {"type": type_, "event_id": f"event_{self.id_base}{self.seq:x}", **fields}
         event["server_event_seq"] = self.seq
+        if self._source is not None:
+            event = self._with_source(event)
         self.events.append(event)
         if not type_.endswith(".delta") and type_ not in QUIET:
             self._state_changed()

@@ -1,7 +1,9 @@
 """Input audio (Sans-I/O): the uncommitted buffer, server VAD turns, and transcription.
 
-Audio flows as it arrives: decoded from the session format, resampled to the
-engine's rate and streamed into a transcription request (vLLM's
+Audio flows as it arrives: converted once (``audio.convert.Converter``) from the
+format it came in (the session's input format for a client's appends, the transport's
+own for a media transport's audio) to the engine's, and streamed into a transcription
+request (vLLM's
 streaming-input shape: the first chunk starts it, commit ends it). With server
 VAD the request opens when speech starts (with ``prefix_padding_ms`` of audio
 before it) and is committed when speech stops.
@@ -24,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.audio.codecs import decode_to_pcm16
-from gateway.audio.resample import StreamResampler
+from gateway.audio.codecs import AudioFormat
+from gateway.audio.convert import Converter, engine_format
 from gateway.protocol import client_events as ce
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import SessionConfig, TurnDetection
@@ -184,13 +186,11 @@ class InputAudio:
     def transcribe_item(self, item: Item, audio: bytes) -> None:
         """Transcribe ``audio`` (in the session's input format) of an item the client
         created, as one request (the item's transcript follows)."""
-        fmt = self.config.input_format
         request_id = f"input_{item.id}"
-        pcm = decode_to_pcm16(fmt, audio)
-        resampler = StreamResampler(fmt.rate, self._engine.input_sample_rate)
+        converter = Converter(self.config.input_format, engine_format(self._engine.input_sample_rate))
         effects = self._effects
         effects.append(StartTranscription(self.transcription_request(request_id)))
-        effects.append(Feed(request_id, AudioChunk(resampler.process(pcm) + resampler.flush())))
+        effects.append(Feed(request_id, AudioChunk(converter.process(audio) + converter.flush())))
         effects.append(EndInput(request_id))
         self._committed[request_id] = item.id
         item.pending_transcription = True
@@ -223,26 +223,34 @@ class InputAudio:
     # --- input audio --------------------------------------------------------
 
     def _reset_stream(self) -> None:
-        # What streaming input needs (resamplers, the VAD stream, the turn detector)
+        # What streaming input needs (converters, the VAD stream, the turn detector)
         # is built by the first append, so an idle session holds none of it.
-        self._engine_resampler: StreamResampler | None = None
-        self._vad_resampler: StreamResampler | None = None
+        self._engine_converter: Converter | None = None
+        self._vad_converter: Converter | None = None
         self._vad: VadStream | None = None
         self._detector: TurnDetector | None = None
         self._manual = self.config.turn_detection is None or self._vad_factory is None
 
-    def _prepare_input(self) -> StreamResampler:
-        fmt = self.config.input_format
-        resampler = self._engine_resampler = StreamResampler(fmt.rate, self._engine.input_sample_rate)
+    def _prepare_input(self, fmt: AudioFormat) -> Converter:
+        """The one conversion of audio in ``fmt`` to the engine's format (and, beside it, not
+        after it, to the speech detector's, when the engine takes another rate)."""
+        old = self._engine_converter
+        if old is not None and self._input is not None:
+            self._feed_input(old.flush())  # (the audio changed format mid-turn: nothing held is lost)
+        converter = self._engine_converter = Converter(fmt, engine_format(self._engine.input_sample_rate))
         td = self.config.turn_detection
-        if self._vad is None and not self._manual and td is not None and self._vad_factory is not None:
-            if self._engine.input_sample_rate != VAD_RATE:
-                self._vad_resampler = StreamResampler(fmt.rate, VAD_RATE)
-            self._vad = self._vad_factory()
-            self._detector = make_detector(td, origin_ms=self.audio_ms)
-            if self.wake_threshold is not None:
-                self._detector.threshold = self.wake_threshold
-        return resampler
+        if not self._manual and td is not None and self._vad_factory is not None:
+            vad = self._vad_converter
+            if self._engine.input_sample_rate == VAD_RATE:
+                self._vad_converter = None  # the detector hears what the engine takes
+            elif vad is None or vad.src != fmt:  # (else the detector's stream goes on, turn after turn)
+                self._vad_converter = Converter(fmt, engine_format(VAD_RATE))
+            if self._vad is None:
+                self._vad = self._vad_factory()
+                self._detector = make_detector(td, origin_ms=self.audio_ms)
+                if self.wake_threshold is not None:
+                    self._detector.threshold = self.wake_threshold
+        return converter
 
     def set_wake_threshold(self, threshold: float | None) -> None:
         """Speech starts at ``threshold`` (a paused GPT-Live session's wake policy), or, None, at the
@@ -252,9 +260,11 @@ class InputAudio:
         if self._detector is not None and td is not None:
             self._detector.threshold = threshold if threshold is not None else make_detector(td, 0.0).threshold
 
-    def append(self, audio: bytes, event_id: str | None) -> None:
-        """``input_audio_buffer.append`` (the hot path): refused with a ProtocolError, or buffered."""
-        fmt = self.config.input_format
+    def append(self, audio: bytes, event_id: str | None, fmt: AudioFormat | None = None) -> None:
+        """``input_audio_buffer.append`` (the hot path): refused with a ProtocolError, or
+        buffered. ``fmt``: the audio's format when it is not the session's input format (a
+        media transport's own: converted from it to the engine's, once)."""
+        fmt = fmt or self.config.input_format
         if len(audio) % fmt.bytes_per_sample:
             raise ProtocolError(
                 Code.INVALID_AUDIO,
@@ -279,23 +289,25 @@ class InputAudio:
             )
         if not audio:
             return
-        pcm = decode_to_pcm16(fmt, audio)
-        engine_pcm = (self._engine_resampler or self._prepare_input()).process(pcm)
+        converter = self._engine_converter
+        if converter is None or converter.src != fmt:
+            converter = self._prepare_input(fmt)
+        engine_pcm = converter.process(audio)
         start_ms = self.audio_ms
         self.audio_ms += duration
         if manual:
             self._buffer_ms += duration
             self._feed_input(engine_pcm)
             return
-        self._append_with_vad(pcm, engine_pcm, start_ms, duration, event_id)
+        self._append_with_vad(audio, engine_pcm, start_ms, duration, event_id)
 
     def _append_with_vad(
-        self, pcm: bytes, engine_pcm: bytes, start_ms: float, duration: float, event_id: str | None
+        self, audio: bytes, engine_pcm: bytes, start_ms: float, duration: float, event_id: str | None
     ) -> None:
         assert self._vad is not None and self._detector is not None
         td = self.config.turn_detection
         assert td is not None
-        vad_pcm = engine_pcm if self._vad_resampler is None else self._vad_resampler.process(pcm)
+        vad_pcm = engine_pcm if self._vad_converter is None else self._vad_converter.process(audio)
         events = self._detector.process(self._vad.process(vad_pcm))
         if self._input is None:
             self._prefix.append((duration, engine_pcm))
@@ -393,7 +405,7 @@ class InputAudio:
             if inp is not None:
                 self.drop()
             return False
-        tail = self._engine_resampler.flush() if self._engine_resampler else b""
+        tail = self._engine_converter.flush() if self._engine_converter else b""
         if tail:
             self._effects.append(Feed(inp.request_id, AudioChunk(tail)))
         self._effects.append(EndInput(inp.request_id))
@@ -410,7 +422,7 @@ class InputAudio:
             self._committed[inp.request_id] = item.id
             if inp.held and self.config.transcription is not None and not self._engine.revises_transcripts:
                 self._transcription_delta(item.id, "".join(inp.held))
-        self._engine_resampler = None  # the next append starts a fresh stream
+        self._engine_converter = None  # the next append starts a fresh stream
         return True
 
     def drop(self) -> None:

@@ -57,7 +57,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.audio.codecs import AudioFormat, encode_from_pcm16
-from gateway.audio.resample import StreamResampler
+from gateway.audio.convert import Converter, engine_format
 from gateway.protocol import client_events as ce
 from gateway.protocol import live_config as lc
 from gateway.protocol import live_events as le
@@ -147,7 +147,7 @@ class LiveSession(RealtimeSession):
         self.forked = False  # a fork of a stored session: its opening event carries the fork's overrides
         self._pending_say: list[tuple[str, str | None]] = []  # commentary to speak once the answer ends
         self._wall_clock = wall_clock
-        self._silence: tuple[int, bytes] = (0, b"")
+        self._silence: tuple[tuple[int, AudioFormat] | None, bytes] = (None, b"")
         spelling = self._live_turns.spelling_step
         assert spelling is not None
         self.spelling = spelling
@@ -192,8 +192,8 @@ class LiveSession(RealtimeSession):
     def channel_policy(self) -> ChannelPolicy:
         return self._policy
 
-    def append_input(self, audio: bytes) -> None:
-        self.append_heard(audio, None)  # (muted, or under a fixture: the model hears silence)
+    def append_input(self, audio: bytes, fmt: AudioFormat | None = None) -> None:
+        self.append_heard(audio, None, fmt)  # (muted, or under a fixture: the model hears silence)
 
     # --- stored sessions: kept after their close, forked, recorded ------------------------
 
@@ -436,26 +436,26 @@ class LiveSession(RealtimeSession):
         """An outbound SIP call's ``transport.ringing``/``answered``/``failed`` (with the session's id)."""
         self._emit(f"transport.{kind}", session_id=self.id, **fields)
 
-    def append_heard(self, audio: bytes, event_id: str | None) -> None:
-        """Input audio from the client: the model hears it, or silence as long while input is
-        muted or an audio fixture plays (its timeline goes on either way). With no speech
-        detector here the model takes no turn of its own: the audio moves the timeline only."""
+    def append_heard(self, audio: bytes, event_id: str | None, fmt: AudioFormat | None = None) -> None:
+        """Input audio from the client (in ``fmt``, a media transport's own; None: the session's
+        input format): the model hears it, or silence as long while input is muted or an audio
+        fixture plays (its timeline goes on either way). With no speech detector here the
+        model takes no turn of its own: the audio moves the timeline only."""
+        fmt = fmt or self.config.input_format
         if self._vad_factory is None:
-            fmt = self.config.input_format
             if len(audio) % fmt.bytes_per_sample:
                 raise ProtocolError(Code.INVALID_AUDIO, f"Audio length {len(audio)} is not a whole number of "
                                     f"{fmt.codec} samples.", param="audio")  # fmt: skip
             self.audio_ms += fmt.duration_ms(len(audio))
             return
         if self.muted or self.fixture is not None:
-            audio = self._silent(len(audio))
-        self.append_audio(audio, event_id)
+            audio = self._silent(len(audio), fmt)
+        self.append_audio(audio, event_id, fmt)
         self._check_idle()
 
-    def _silent(self, nbytes: int) -> bytes:
-        if self._silence[0] != nbytes:
-            fmt = self.config.input_format
-            self._silence = (nbytes, encode_from_pcm16(fmt, bytes(nbytes // fmt.bytes_per_sample * 2)))
+    def _silent(self, nbytes: int, fmt: AudioFormat) -> bytes:
+        if self._silence[0] != (nbytes, fmt):
+            self._silence = ((nbytes, fmt), encode_from_pcm16(fmt, bytes(nbytes // fmt.bytes_per_sample * 2)))
         return self._silence[1]
 
     def _speech_started(self) -> None:
@@ -581,23 +581,20 @@ class LiveSession(RealtimeSession):
         rid = f"fixture_{self._fixtures}"
         self._emit("session.output_audio.fixture.playing", **_echo(event.event_id))
         out = self.config.output_format
-        resampler = StreamResampler(le.FIXTURE_RATE, out.rate) if out.rate != le.FIXTURE_RATE else None
+        converter = Converter(engine_format(le.FIXTURE_RATE), out)
         step = le.FIXTURE_RATE * FIXTURE_CHUNK_MS // 1000 * 2
         audio = event.audio
         for at in range(0, len(audio), step):
             pcm = audio[at : at + step]
-            if resampler is not None:
-                pcm = resampler.process(pcm)
-            self._fixture_delta(rid, out, pcm)
-        if resampler is not None:
-            self._fixture_delta(rid, out, resampler.flush())
+            self._fixture_delta(rid, converter.process(pcm))
+        self._fixture_delta(rid, converter.flush())
         self.spelling.audio_ended(rid)
         seconds = len(audio) / 2 / le.FIXTURE_RATE
         self.effects.append(Wake(seconds, _WAKE_FIXTURE))
 
-    def _fixture_delta(self, rid: str, fmt: AudioFormat, pcm: bytes) -> None:
-        if pcm:
-            self.spelling.audio_out(rid, encode_from_pcm16(fmt, pcm))
+    def _fixture_delta(self, rid: str, data: bytes) -> None:
+        if data:
+            self.spelling.audio_out(rid, data)
 
     # --- snapshots -------------------------------------------------------------------------
 

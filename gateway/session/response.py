@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.audio.codecs import AudioFormat
-from gateway.audio.resample import StreamResampler
+from gateway.audio.convert import Converter
 from gateway.protocol.session_config import beta_format, ga_format
 from gateway.session.conversation import Item, Part
 from gateway.session.mcp import McpTool
@@ -67,7 +67,7 @@ class Response:
     voice: str
     max_output_tokens: int | None
     metadata: dict[str, Any] | None
-    resampler: StreamResampler
+    converter: Converter  # the engine's audio to ``output_format`` (the deltas' audio), in one step
     awaiting: set[str]  # items whose transcript the engine still waits for
     instructions: str | None = None  # the response's own override, kept to re-issue it
     event_id: str | None = None  # the response.create that asked for it (echoed in its errors)
@@ -91,6 +91,7 @@ class Response:
     ran: bool = False  # an MCP call ran (or was declined) this round: another round follows
     engine_done: bool = False  # this round's engine request finished
     finish_reason: str = "stop"
+    source: bytearray = field(default_factory=bytearray)  # the engine's audio the deltas do not carry yet
 
     def index_of(self, item: Item) -> int:
         outputs = self.outputs

@@ -47,8 +47,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
-from gateway.audio.codecs import encode_from_pcm16
-from gateway.audio.resample import StreamResampler
+from gateway.audio.convert import Converter, engine_format
 from gateway.protocol import client_events as ce
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.protocol.session_config import (
@@ -265,7 +264,7 @@ class Responses:
             voice=voice,
             max_output_tokens=max_tokens,
             metadata=params.metadata,
-            resampler=StreamResampler(self._engine.output_sample_rate, out_fmt.rate),
+            converter=Converter(engine_format(self._engine.output_sample_rate), out_fmt),
             awaiting=awaiting,
             instructions=params.instructions,
             event_id=event_id,
@@ -414,13 +413,16 @@ class Responses:
                 return
         if isinstance(output, AudioDelta):
             if "audio" in resp.modalities:
-                pcm = resp.resampler.process(output.pcm)
-                if pcm:
+                converter = resp.converter
+                data = converter.process(output.pcm)
+                if not converter.identity:
+                    resp.source += output.pcm  # (carried by the next delta: the converter holds some back)
+                if data:
                     part = resp.part
                     message = resp.message
                     if part is None or message is None or message.status != "in_progress":  # (a call finished it)
                         part = self._open_message(resp)
-                    self._audio_delta(resp, part, pcm)
+                    self._audio_delta(resp, part, data)
         elif isinstance(output, TextDelta):
             if output.text:
                 part = resp.part
@@ -433,7 +435,7 @@ class Responses:
         elif isinstance(output, Finished):
             message = resp.message
             if "audio" in resp.modalities and resp.part is not None and message and message.status == "in_progress":
-                self._audio_delta(resp, resp.part, resp.resampler.flush())
+                self._audio_delta(resp, resp.part, resp.converter.flush())
             resp.usage = output.usage if resp.usage is None else _sum(resp.usage, output.usage)
             resp.finish_reason = output.reason
             resp.engine_done = True
@@ -482,14 +484,21 @@ class Responses:
             part.text = (part.text or "") + text
             self._emit("response.output_text.delta", **where, delta=text)
 
-    def _audio_delta(self, resp: Response, part: Part, pcm: bytes) -> None:
-        if not pcm or resp.message is None:
+    def _audio_delta(self, resp: Response, part: Part, data: bytes) -> None:
+        """``data``: the engine's audio in the response's output format. The event carries the
+        engine's own audio beside it (``AudioEvent.source``), for a media transport to convert once."""
+        if not data or resp.message is None:
             return
-        data = encode_from_pcm16(resp.output_format, pcm)
         ms = resp.output_format.duration_ms(len(data))
         part.audio_ms += ms
         self.audio_out_ms += ms
-        self._emit("response.output_audio.delta", **self._where(resp, resp.message), delta=data)
+        if resp.converter.identity:
+            source = data
+        else:
+            source = bytes(resp.source)
+            resp.source.clear()
+        self._log.emit_audio("response.output_audio.delta", (source, resp.converter.src),
+                             **self._where(resp, resp.message), delta=data)  # fmt: skip
 
     def _call_delta(self, resp: Response, delta: ToolCallDelta) -> None:
         item = resp.calls.get(delta.index)

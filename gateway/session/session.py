@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gateway.audio.codecs import AudioFormat
 from gateway.protocol import client_events as ce
 from gateway.protocol.dialects import BETA, GA, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
@@ -60,7 +61,8 @@ class RealtimeSession:
     """See the module docstring."""
 
     # The hot paths and the engine's callbacks: the parts' methods, bound in __init__.
-    append_audio: Callable[[bytes, str | None], None]  # input_audio_buffer.append (raises ProtocolError)
+    # input_audio_buffer.append (raises ProtocolError); the audio's format when not the session's
+    append_audio: Callable[[bytes, str | None, AudioFormat | None], None]
     on_response: Callable[[str, EngineOutput], None]  # (request id, output) of a response
     on_response_failed: Callable[[str, str, str], None]  # (request id, code, message)
     on_transcription: Callable[[str, EngineOutput], None]
@@ -306,9 +308,11 @@ class RealtimeSession:
         has none, everything passes."""
         return None
 
-    def append_input(self, audio: bytes) -> None:
-        """Input audio a media transport decoded (a call's track) or a binary frame carried."""
-        self.append_audio(audio, None)
+    def append_input(self, audio: bytes, fmt: AudioFormat | None = None) -> None:
+        """Input audio a binary frame carried (in the session's input format) or a media
+        transport handed in (a call's track, in ``fmt``: the transport's own format, converted
+        once to the engine's)."""
+        self.append_audio(audio, None, fmt)
 
     def wake(self, key: str) -> None:
         """A ``Wake`` effect this session asked for is due (the Realtime API asks for none)."""
@@ -343,7 +347,7 @@ class RealtimeSession:
         try:
             match event:
                 case ce.AudioAppend():
-                    self.append_audio(event.audio, event.event_id)
+                    self.append_audio(event.audio, event.event_id, None)
                 case ce.SessionUpdate():
                     self._session_update(event)
                 case ce.TranscriptionSessionUpdate():

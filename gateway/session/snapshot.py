@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from gateway.audio.codecs import AudioFormat
-from gateway.audio.resample import StreamResampler
+from gateway.audio.convert import Converter, engine_format
 from gateway.protocol.image_size import image_size
 from gateway.protocol.session_config import SessionConfig, Transcription, TurnDetection
 from gateway.session.conversation import Conversation, Item, Marks, Part
@@ -177,7 +177,7 @@ def response_from_dict(r: dict[str, Any], conversation: Conversation, engine_rat
         voice=r["voice"],
         max_output_tokens=r["max_output_tokens"],
         metadata=r["metadata"],
-        resampler=StreamResampler(engine_rate, fmt.rate),
+        converter=Converter(engine_format(engine_rate), fmt),
         awaiting=set(),
         instructions=r["instructions"],
     )

@@ -49,7 +49,7 @@ def emitted() -> set[str]:
     """Every server event type the session code emits."""
     names: set[str] = set()
     for path in SESSION_SOURCES:
-        names |= set(re.findall(r'(?<![A-Za-z0-9])_?emit\(\s*"([a-z_.]+)"', path.read_text()))
+        names |= set(re.findall(r'(?<![A-Za-z0-9])_?emit(?:_audio)?\(\s*"([a-z_.]+)"', path.read_text()))
     return names
 
 

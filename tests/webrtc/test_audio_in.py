@@ -1,5 +1,6 @@
-"""Decoded frames -> mono PCM16 chunks at the session's rate (the Sans-I/O half of audio_in;
-the real Opus track: test_loopback.py)."""
+"""Decoded frames -> mono PCM16 chunks at the frames' own rate, never resampled (the Sans-I/O
+half of audio_in; the session converts them to the engine's rate in one step:
+tests/unit/test_one_conversion.py; the real Opus track: test_loopback.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 from av import AudioFrame
 
+from gateway.audio.codecs import AudioFormat
 from gateway.transport.webrtc.audio_in import InboundAudio
 
 
@@ -42,28 +44,30 @@ def dominant_hz(pcm: bytes, rate: int) -> float:
 
 def run(inbound: InboundAudio, frames: list[AudioFrame]) -> tuple[list[bytes], bytes]:
     chunks = [c for f in frames for c in inbound.push(f)]
-    return chunks, inbound.flush()
+    tail = inbound.flush()
+    assert all(fmt == inbound.format for _, fmt in chunks + tail)
+    return [c for c, _ in chunks], b"".join(c for c, _ in tail)
 
 
-def test_stereo_48k_becomes_mono_16k_in_20_ms_chunks() -> None:
-    inbound = InboundAudio(16000)
+def test_stereo_48k_becomes_mono_48k_in_20_ms_chunks_unresampled() -> None:
+    inbound = InboundAudio()
     frames = [frame(tone(440, 960, 960 * i), tone(440, 960, 960 * i), pts=960 * i) for i in range(50)]
     chunks, tail = run(inbound, frames)
-    assert chunks and all(len(c) == 640 for c in chunks)  # 20 ms at 16 kHz
-    total = len(b"".join(chunks) + tail) // 2
-    assert abs(total - 16000) <= 16  # one second in, one second out (soxr releases its tail on flush)
-    assert dominant_hz(b"".join(chunks), 16000) == pytest.approx(440, abs=2)
+    assert inbound.format == AudioFormat("pcm16", 48000)
+    assert len(chunks) == 50 and all(len(c) == 1920 for c in chunks) and tail == b""  # 20 ms at 48 kHz
+    # Identical channels: the mono stream is the left channel, sample for sample (nothing resampled).
+    assert b"".join(chunks) == tone(440, 960 * 50).astype("<i2").tobytes()
     assert inbound.gaps_filled_ms == 0
 
 
 def test_channels_are_averaged() -> None:
-    inbound = InboundAudio(48000)
+    inbound = InboundAudio()
     chunks, _ = run(inbound, [frame(np.full(960, 1000), np.full(960, 3000), pts=0)])
     assert np.frombuffer(chunks[0], dtype="<i2").tolist() == [2000] * 960
 
 
 def test_a_hole_in_the_timestamps_is_filled_with_silence() -> None:
-    inbound = InboundAudio(48000)
+    inbound = InboundAudio()
     ones = np.full(960, 1000)
     frames = [frame(ones, ones, pts=0), frame(ones, ones, pts=960), frame(ones, ones, pts=960 * 5)]  # 3 frames lost
     chunks, _ = run(inbound, frames)
@@ -74,17 +78,17 @@ def test_a_hole_in_the_timestamps_is_filled_with_silence() -> None:
 
 
 def test_a_long_silence_is_capped_and_old_frames_fill_nothing() -> None:
-    inbound = InboundAudio(48000, max_gap_ms=100)
+    inbound = InboundAudio(max_gap_ms=100)
     ones = np.full(960, 1000)
     chunks, _ = run(inbound, [frame(ones, pts=0), frame(ones, pts=48000 * 30)])  # 30 s later
     assert len(b"".join(chunks)) // 2 == 960 * 2 + 4800  # at most 100 ms of fill
-    late = InboundAudio(48000)
+    late = InboundAudio()
     chunks, _ = run(late, [frame(ones, pts=9600), frame(ones, pts=0)])  # reordered: nothing to fill
     assert len(b"".join(chunks)) // 2 == 1920 and late.gaps_filled_ms == 0
 
 
 def test_the_rtp_timestamp_may_wrap() -> None:
-    inbound = InboundAudio(48000)
+    inbound = InboundAudio()
     ones = np.full(960, 1000)
     start = (1 << 32) - 960
     chunks, _ = run(inbound, [frame(ones, pts=start), frame(ones, pts=0), frame(ones, pts=960)])
@@ -93,26 +97,30 @@ def test_the_rtp_timestamp_may_wrap() -> None:
 
 @pytest.mark.parametrize("fmt", ["fltp", "s32"])
 def test_other_sample_formats(fmt: str) -> None:
-    inbound = InboundAudio(24000)
+    inbound = InboundAudio()
     frames = [frame(tone(1000, 960, 960 * i), tone(1000, 960, 960 * i), pts=960 * i, fmt=fmt) for i in range(25)]
     chunks, _ = run(inbound, frames)
-    assert all(len(c) == 960 for c in chunks)
+    assert len(chunks) == 25 and all(len(c) == 1920 for c in chunks)
     pcm = b"".join(chunks)
-    assert dominant_hz(pcm, 24000) == pytest.approx(1000, abs=3)
+    assert dominant_hz(pcm, 48000) == pytest.approx(1000, abs=3)
     rms = float(np.sqrt(np.mean(np.frombuffer(pcm, dtype="<i2").astype(float) ** 2)))
     assert rms == pytest.approx(8000 / np.sqrt(2), rel=0.05)
 
 
 def test_a_change_of_source_rate_is_followed() -> None:
-    inbound = InboundAudio(16000)
-    first = [frame(tone(440, 960, 960 * i), pts=960 * i) for i in range(10)]
+    inbound = InboundAudio()
+    first = [frame(tone(440, 900, 900 * i), pts=900 * i) for i in range(10)]  # 18.75 ms frames: a part left
     second = [frame(tone(440, 480, 480 * i, rate=24000), pts=480 * i, rate=24000) for i in range(10)]
-    chunks, tail = run(inbound, first + second)
-    assert abs(len(b"".join(chunks) + tail) // 2 - 6400) <= 16
+    out = [c for f in first + second for c in inbound.push(f)] + inbound.flush()
+    at_48k = [c for c, fmt in out if fmt == AudioFormat("pcm16", 48000)]
+    at_24k = [c for c, fmt in out if fmt == AudioFormat("pcm16", 24000)]
+    assert len(at_48k) + len(at_24k) == len(out)
+    assert len(b"".join(at_48k)) == 2 * 9000 and len(b"".join(at_24k)) == 2 * 4800  # nothing lost, nothing added
+    assert len(at_48k[-1]) < 1920  # what was left at the old rate went out before the new rate's audio
 
 
 def test_bad_rates() -> None:
     with pytest.raises(ValueError):
-        InboundAudio(0)
+        InboundAudio(chunk_ms=0)
     with pytest.raises(ValueError):
-        InboundAudio(22050, chunk_ms=7)
+        InboundAudio(chunk_ms=7).push(frame(np.zeros(441, dtype=np.int16), pts=0, rate=22050))

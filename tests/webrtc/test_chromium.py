@@ -110,7 +110,7 @@ async def test_chromium_holds_a_call_with_the_media_layer(page: Any) -> None:
 
     pc = factory.create()
     chunks: list[bytes] = []
-    pc.on("track", lambda track: AudioIn(track, 16000, chunks.append).start())
+    pc.on("track", lambda track: AudioIn(track, lambda chunk, fmt: chunks.append(chunk)).start())
     events: list[dict[str, Any]] = []
     channel = EventChannel(lambda text: events.append(orjson.loads(text)), max_message_size=summary.max_message_size)
     pc.on("datachannel", channel.accept)
@@ -138,11 +138,11 @@ async def test_chromium_holds_a_call_with_the_media_layer(page: Any) -> None:
             "event_id": "event_1",
         }
 
-        # the fake microphone's speech reaches the gateway as 16 kHz PCM16
+        # the fake microphone's speech reaches the gateway as PCM16 at Opus's 48 kHz (unconverted)
         speech16 = np.frombuffer(page.speech, dtype="<i2")[::3].tobytes()
         want = len(speech16) // 640 + 40
         await wait_for(lambda: len(chunks) >= want, "the spoken sentence from Chromium's microphone")
-        sent, got = envelope(speech16, 16000), envelope(b"".join(chunks), 16000)
+        sent, got = envelope(speech16, 16000), envelope(b"".join(chunks), 48000)
         # Chromium's fake device loops the file from when getUserMedia opened it: the call
         # hears it from some point on, so the envelopes are compared at their best alignment.
         assert aligned_correlation(sent, got) > 0.8

@@ -33,13 +33,15 @@ from rtc_support import (
     write_wav,
 )
 
+from gateway.audio.codecs import AudioFormat
 from gateway.transport.webrtc.audio_in import AudioIn
 from gateway.transport.webrtc.audio_out import AudioOutTrack
 from gateway.transport.webrtc.datachannel import EventChannel, MessageTooLarge
 from gateway.transport.webrtc.peer import PeerFactory, host_candidate_ports, tune_receive_buffer
 from gateway.transport.webrtc.sdp import OFFER_NO_AUDIO, OfferError, check_offer
 
-RATE_IN = 16000  # what the session's engine takes (the cascade's VAD/STT rate)
+RATE_IN = 16000  # the speech sample's rate (the cascade's VAD/STT rate)
+TRACK_IN = AudioFormat("pcm16", 48000)  # what the call's track hands the door: Opus's own rate, unconverted
 
 
 def host_candidates(sdp: str) -> list[tuple[str, int]]:
@@ -68,13 +70,18 @@ class Gateway:
         self.pc: RTCPeerConnection = factory.create()
         self.out = out if out is not None else AudioOutTrack(24000)
         self.chunks: list[bytes] = []
+        self.formats: set[AudioFormat] = set()
         self.audio_in: AudioIn | None = None
         self.pc.on("track", self._track)
 
     def _track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":
-            self.audio_in = AudioIn(track, RATE_IN, self.chunks.append)
+            self.audio_in = AudioIn(track, self._chunk)
             self.audio_in.start()
+
+    def _chunk(self, chunk: bytes, fmt: AudioFormat) -> None:
+        self.formats.add(fmt)
+        self.chunks.append(chunk)
 
     async def answer(self, offer: str) -> str:
         check_offer(offer)
@@ -117,7 +124,7 @@ async def test_a_call_stays_on_loopback(factory: PeerFactory) -> None:
         await gateway.close()
 
 
-async def test_the_callers_opus_track_arrives_as_pcm16_at_the_engines_rate(
+async def test_the_callers_opus_track_arrives_as_mono_pcm16_at_its_own_rate(
     factory: PeerFactory, tmp_path: Path
 ) -> None:
     rate = 48000
@@ -129,7 +136,8 @@ async def test_the_callers_opus_track_arrives_as_pcm16_at_the_engines_rate(
     gateway, browser = await call(factory, wav=wav)
     try:
         await wait_for(lambda: len(gateway.chunks) >= 110, "2.2 s of the caller's audio")
-        assert all(len(c) == 640 for c in gateway.chunks)  # 20 ms of 16 kHz mono PCM16
+        assert gateway.formats == {TRACK_IN}  # (the session converts it to the engine's rate, once)
+        assert all(len(c) == 1920 for c in gateway.chunks)  # 20 ms of 48 kHz mono PCM16
         loud = [i for i, c in enumerate(gateway.chunks) if rms(c) > 1000]
         # two loud runs of ~30 chunks each, in order: the 440 Hz then the 1200 Hz tone
         runs: list[list[int]] = []
@@ -143,8 +151,8 @@ async def test_the_callers_opus_track_arrives_as_pcm16_at_the_engines_rate(
         assert [abs(len(r) - 30) <= 3 for r in runs] == [True, True]
         first = b"".join(gateway.chunks[runs[0][2] : runs[0][-2]])
         second = b"".join(gateway.chunks[runs[1][2] : runs[1][-2]])
-        assert dominant_hz(first, RATE_IN) == pytest.approx(440, abs=10)
-        assert dominant_hz(second, RATE_IN) == pytest.approx(1200, abs=10)
+        assert dominant_hz(first, TRACK_IN.rate) == pytest.approx(440, abs=10)
+        assert dominant_hz(second, TRACK_IN.rate) == pytest.approx(1200, abs=10)
         assert rms(first) == pytest.approx(8000 / np.sqrt(2), rel=0.3)  # Opus keeps the level
     finally:
         await browser.close()
@@ -160,7 +168,7 @@ async def test_speech_survives_the_round_trip(factory: PeerFactory, tmp_path: Pa
     try:
         want = len(speech) // 640 + 20
         await wait_for(lambda: len(gateway.chunks) >= want, "the whole sentence")
-        sent, got = envelope(speech, RATE_IN), envelope(b"".join(gateway.chunks), RATE_IN)
+        sent, got = envelope(speech, RATE_IN), envelope(b"".join(gateway.chunks), TRACK_IN.rate)
         assert aligned_correlation(sent, got, min_overlap=1.0) > 0.9  # the loudness envelopes match
         loud = got[got > 0.1 * sent.max()]
         assert 0.5 < loud.mean() / sent[sent > 0.1 * sent.max()].mean() < 2  # and about as loud

@@ -47,7 +47,7 @@ async def test_a_peer_that_vanishes_is_detected_within_the_timeout(factory: Peer
     )
     pc = factory.create()
     chunks: list[bytes] = []
-    pc.on("track", lambda track: AudioIn(track, 16000, chunks.append).start())
+    pc.on("track", lambda track: AudioIn(track, lambda chunk, fmt: chunks.append(chunk)).start())
     dead: list[str] = []
     try:
         assert proc.stdout is not None and proc.stdin is not None

@@ -1,11 +1,11 @@
 """One answered SIP call: its RTP behind a door, the media-carrying ``Peer`` of a session.
 
 The caller's audio (G.711 or Opus, decoded to PCM16 at the codec's rate: 8 or 48 kHz) is handed
-to the door 20 ms at a time (``Door.receive_pcm``: the door converts it to the session's input
-format, in one step); a key press
+to the door 20 ms at a time with its format (``Door.receive_audio``: the session converts it to
+what the engine takes, in one step, never through the session's input format); a key press
 (RFC 4733) becomes ``Door.dtmf``. Of what the session says, the answers' audio is played on
-the call's paced RTP track (decoded from the session's output format and resampled to the
-codec's rate in one step);
+the call's paced RTP track (converted once from the engine's own audio, which each audio event
+carries, to PCM16 at the codec's rate: ``audio.convert.OutputConverters``);
 the call reports what was played (``output_audio_buffer.started``/``.stopped``) and cuts the
 audio on barge-in, a cancel and ``output_audio_buffer.clear``, as a WebRTC call does. The
 other events have no wire here: a sideband socket (``/v1/realtime?call_id=``) sees them.
@@ -26,8 +26,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from gateway.audio.codecs import AudioFormat, decode_to_pcm16
-from gateway.audio.resample import StreamResampler
+from gateway.audio.codecs import AudioFormat
+from gateway.audio.convert import OutputConverters
 from gateway.hosting.door import Door
 from gateway.protocol.server_events import AUDIO_DELTA
 from gateway.protocol.session_config import parse_ga_format
@@ -55,7 +55,7 @@ class SipCall:
         self._inbox: asyncio.Queue[bytes] = asyncio.Queue(INBOX_CHUNKS)
         self._reader: asyncio.Task[None] | None = None
         self._formats: dict[str, AudioFormat] = {}
-        self._decoders: dict[str, tuple[AudioFormat, StreamResampler | None]] = {}
+        self._item_ids: dict[str, str] = {}  # response id -> the item its audio plays (the converter's tail)
         self.dropped_chunks = 0
         self._audio_type = AUDIO_DELTA  # the event whose audio plays (the door's dialect's, once started)
         self._playback = True  # what was played is reported to the session (the door's dialect's)
@@ -67,6 +67,8 @@ class SipCall:
         codec; the media bound before it, never started, is dropped)."""
         self.media = media
         self._chunk = 2 * media.rate * CHUNK_MS // 1000
+        self._format = AudioFormat("pcm16", media.rate)  # what the door is handed, and what the track takes
+        self._out = OutputConverters(self._format)  # the answers' audio to the track's, once
         media.on_audio = self._audio
         media.on_dtmf = self._dtmf
         media.track.on_started = self._started
@@ -93,7 +95,7 @@ class SipCall:
     async def _read(self, door: Door) -> None:
         while True:
             chunk = await self._inbox.get()
-            pending = door.receive_pcm(chunk, self.media.rate)
+            pending = door.receive_audio(chunk, self._format)
             if pending is not None:
                 await pending
 
@@ -145,21 +147,23 @@ class SipCall:
         if fmt is None and self.door is not None and self.door.host is not None:
             fmt = self.door.host.output_format
         fmt = fmt or AudioFormat("pcm16", 24_000)
-        decoder = self._decoders.get(response_id)
-        if decoder is None or decoder[0] != fmt:
-            rate = self.media.rate
-            decoder = self._decoders[response_id] = (fmt, StreamResampler(fmt.rate, rate) if fmt.rate != rate else None)
-        pcm = decode_to_pcm16(fmt, bytes(event["delta"]))
-        if decoder[1] is not None:
-            pcm = decoder[1].process(pcm)
-        self.media.track.feed(pcm, response_id=response_id, item_id=event.get("item_id") or "")
+        item_id = event.get("item_id") or ""
+        pcm = self._out.convert(response_id, bytes(event["delta"]), fmt, event)
+        self.media.track.feed(pcm, response_id=response_id, item_id=item_id)
+        if response_id not in self._item_ids:
+            self._item_ids[response_id] = item_id
+            while len(self._item_ids) > _MAX_FORMATS:
+                del self._item_ids[next(iter(self._item_ids))]
 
     def _answer_ended(self, response: dict[str, Any]) -> None:
         response_id = response["id"]
-        self._decoders.pop(response_id, None)  # (a resampler's last few samples are not worth a frame)
+        tail = self._out.end(response_id)
+        item_id = self._item_ids.pop(response_id, None)
         if response.get("status") in _CUT:
             self._cut()
             return
+        if tail and item_id is not None:
+            self.media.track.feed(tail, response_id=response_id, item_id=item_id)  # (what the converter held)
         self.media.track.end_response(response_id)
 
     def _speech_started(self) -> None:
@@ -206,5 +210,6 @@ class SipCall:
             self._reader.cancel()
         if self.door is not None:
             self.door.detach()
+        self._out.clear()
         with contextlib.suppress(Exception):
             await self.media.stop()

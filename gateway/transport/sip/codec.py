@@ -5,8 +5,8 @@ Opus (RFC 7587: ``opus/48000/2``, a 48 kHz RTP clock) is libopus through PyAV, w
 webrtc extra already brings for aiortc: decoded to mono at 48 kHz (a stereo sender is mixed
 down by libopus), encoded as mono 20 ms frames (RFC 7587 lets a sender send mono on the
 ``/2`` format; ``stereo=0`` in our fmtp says we want mono back). Either way the PCM is handed
-on at the codec's rate, and the door converts it to the session's format in one step
-(``Door.receive_pcm``), as the session's answers are resampled to it in one step (``call.py``).
+on at the codec's rate, and the session converts it to what the engine takes in one step
+(``Door.receive_audio``), as the engine's answers are converted to it in one step (``call.py``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
 """One phone call through a carrier's media stream: the ``Peer`` (and ``Media``) of its session.
 
 What the caller says arrives as the carrier's ``media`` messages: handed to the door as
-the session's input audio, as it comes (in the carrier's format, which the session was
-opened with: the session converts it, once, to what the engine takes). A key press
+the session's input audio, as it comes, in the carrier's format (``Door.receive_audio``: the
+session converts it, once, to what the engine takes, whatever its input format says). A key press
 (``dtmf``) becomes the session's ``input_audio_buffer.dtmf_event_received``.
 
 What the session says: its answers' audio (already in the carrier's format: the session
-converted the engine's output, once) is paced out by ``Playout`` (``playout.py``: at most
-``LEAD_MS`` ahead of the caller's ear, a ``mark`` after each chunk); every other event is
+converted the engine's output, once; if a sideband asked for another format, converted once
+from the engine's audio the event carries, ``audio.convert.OutputConverters``) is paced out
+by ``Playout`` (``playout.py``: at most ``LEAD_MS`` ahead of the caller's ear, a ``mark``
+after each chunk); every other event is
 the session's and its sidebands' business, not the carrier's. Because the gateway knows
 what was played (the marks' echoes), it does what a WebRTC call does: on the caller's
 speech over an answer (server VAD's ``speech_started``, with ``interrupt_response``), on
@@ -27,8 +29,8 @@ from typing import Any
 
 import orjson
 
-from gateway.audio.codecs import AudioFormat, decode_to_pcm16, encode_from_pcm16
-from gateway.audio.resample import StreamResampler
+from gateway.audio.codecs import AudioFormat
+from gateway.audio.convert import OutputConverters
 from gateway.hosting.door import Door
 from gateway.protocol.errors import CloseCode, Code
 from gateway.protocol.server_events import AUDIO_DELTA
@@ -71,7 +73,7 @@ class PhoneCall:
         self._wake = asyncio.Event()
         self._pacer: asyncio.Task[None] | None = None
         self._formats: dict[str, AudioFormat] = {}  # response id -> its audio format (response.created)
-        self._converters: dict[str, tuple[AudioFormat, StreamResampler | None]] = {}
+        self._out = OutputConverters(fmt)  # the answers' audio to the carrier's format (if it is not already)
 
     def start(self, door: Door) -> None:
         self.door = door
@@ -103,12 +105,7 @@ class PhoneCall:
         return None
 
     def _audio_in(self, door: Door, audio: bytes) -> Any:
-        host = door.host
-        if host is None:
-            return None
-        if host.input_format == self.fmt:
-            return door.receive_audio(audio)  # the session converts it, once
-        return door.receive_pcm(decode_to_pcm16(self.fmt, audio), self.fmt.rate)  # (a sideband changed it)
+        return door.receive_audio(audio, self.fmt)  # the session converts it, once
 
     # --- the Peer: what the session says ------------------------------------------------
 
@@ -152,20 +149,13 @@ class PhoneCall:
         fmt = self._formats.get(response_id)
         if fmt is None and self.door is not None and self.door.host is not None:
             fmt = self.door.host.output_format
-        audio = bytes(event["delta"])
-        if fmt is not None and fmt != self.fmt:  # (a sideband asked for another format: converted here)
-            conv = self._converters.get(response_id)
-            if conv is None or conv[0] != fmt:
-                resampler = StreamResampler(fmt.rate, self.fmt.rate) if fmt.rate != self.fmt.rate else None
-                conv = self._converters[response_id] = (fmt, resampler)
-            pcm = decode_to_pcm16(fmt, audio)
-            audio = encode_from_pcm16(self.fmt, conv[1].process(pcm) if conv[1] is not None else pcm)
+        audio = self._out.convert(response_id, bytes(event["delta"]), fmt or self.fmt, event)
         self.playout.feed(audio, response_id=response_id, item_id=event["item_id"])
         self._wake.set()
 
     def _answer_ended(self, response: dict[str, Any]) -> None:
         response_id = response["id"]
-        self._converters.pop(response_id, None)
+        self._out.end(response_id)  # (what a converter still held: a few ms, not worth a chunk)
         if response.get("status") in _CUT:
             playing = self.playout.playing
             if playing is not None and playing[0] == response_id:
@@ -261,6 +251,7 @@ class PhoneCall:
             self._pacer.cancel()
         if self.door is not None:
             self.door.detach()
+        self._out.clear()
         if code is not None:
             self.outbox.close(code, reason[:120])
 

@@ -57,10 +57,11 @@ log = logging.getLogger("omni.telephony")
 
 START_TIMEOUT_S = 10.0  # from the upgrade to the carrier's start message; later: close 4001
 MAX_EARLY_MESSAGES = 4  # messages before start (connected, ...); more: close 4001
-# The carrier's audio as a session format: G.711 as it is (the session converts it once to the engine's
-# rate); linear PCM at 8 or 16 kHz as the session's linear PCM, which is 24 kHz (the Realtime API's
-# schema has audio/pcm at no other rate, and a sideband is sent the session's format): the call
-# converts the caller's audio to it in one step (``door.receive_pcm``) and the answer from it in one.
+# The carrier's audio as a session format, what its clients are shown: G.711 as it is; linear PCM at 8
+# or 16 kHz as the session's linear PCM, which is 24 kHz (the Realtime API's schema has audio/pcm at no
+# other rate, and a sideband is sent the session's format). Either way the call hands the door the
+# carrier's own audio (``door.receive_audio``: converted once to the engine's rate) and converts the
+# engine's own audio once to the carrier's (``audio.convert.OutputConverters``).
 _SESSION_FORMATS = {"pcmu": "audio/pcmu", "pcma": "audio/pcma", "pcm16": "audio/pcm"}
 _PRIVATE_HEADERS = frozenset({"authorization", "cookie", "sec-websocket-key"})  # never sent to the webhook
 

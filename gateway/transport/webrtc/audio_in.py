@@ -1,5 +1,7 @@
 """The caller's microphone: aiortc's decoded Opus frames (48 kHz, stereo as Opus is
-negotiated) turned into mono PCM16 at the rate the session's engine takes, in 20 ms chunks.
+negotiated) turned into mono PCM16 at their own rate, in 20 ms chunks. Nothing is resampled
+here: the door hands each chunk, with its format, to the session, whose input converts it to
+what the engine takes in one step (``audio/convert.py``).
 
 ``InboundAudio`` is the Sans-I/O part (frame in, chunks out), ``AudioIn`` the pump that reads
 the remote track and hands the chunks to a callback.
@@ -21,64 +23,66 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, AudioResampler
 
-from gateway.audio.resample import StreamResampler
+from gateway.audio.codecs import AudioFormat
 
 CHUNK_MS = 20
 _RTP_WRAP = 1 << 32
 
 
-class InboundAudio:
-    """Decoded audio frames in, mono PCM16 chunks of ``chunk_ms`` at ``rate`` out."""
+Chunk = tuple[bytes, AudioFormat]  # mono PCM16 and its format (the frames' rate)
 
-    def __init__(self, rate: int, *, chunk_ms: int = CHUNK_MS, max_gap_ms: int = 1000) -> None:
-        if rate <= 0 or rate * chunk_ms % 1000:
-            raise ValueError("rate must hold a whole number of samples per chunk")
-        self.rate = rate
-        self.chunk_bytes = 2 * rate * chunk_ms // 1000
+
+class InboundAudio:
+    """Decoded audio frames in, mono PCM16 chunks of ``chunk_ms`` at the frames' own rate out."""
+
+    def __init__(self, *, chunk_ms: int = CHUNK_MS, max_gap_ms: int = 1000) -> None:
+        if chunk_ms <= 0:
+            raise ValueError("chunk_ms must be positive")
+        self.chunk_ms = chunk_ms
         self.max_gap_ms = max_gap_ms
-        self._resampler: StreamResampler | None = None
-        self._fallback: AudioResampler | None = None  # for sample formats numpy is not taught here
-        self._src_rate = 0
+        self.format: AudioFormat | None = None  # of the chunks (None: no frame yet)
+        self.chunk_bytes = 0
+        self._fallback: AudioResampler | None = None  # for sample formats numpy is not taught here (no rate change)
         self._buf = bytearray()
         self._next_pts: int | None = None  # the RTP timestamp the next frame should carry
         # counters
         self.frames = 0
         self.gaps_filled_ms = 0.0
 
-    def push(self, frame: AudioFrame) -> list[bytes]:
-        """One decoded frame; returns the whole chunks now ready (maybe none)."""
+    def push(self, frame: AudioFrame) -> list[Chunk]:
+        """One decoded frame; returns the whole chunks now ready (maybe none). A change of
+        the frames' rate first hands out what was left at the old rate (a short chunk)."""
         self.frames += 1
         rate = frame.sample_rate
-        if rate != self._src_rate:
-            if self._resampler is not None:
-                self._buf += self._resampler.flush()
-            self._resampler = StreamResampler(rate, self.rate)
-            self._src_rate = rate
+        chunks: list[Chunk] = []
+        if self.format is None or rate != self.format.rate:
+            chunks += self.flush()
+            if rate <= 0 or rate * self.chunk_ms % 1000:
+                raise ValueError(f"a {rate} Hz frame holds no whole number of samples per {self.chunk_ms} ms")
+            self.format = AudioFormat("pcm16", rate)
+            self.chunk_bytes = 2 * rate * self.chunk_ms // 1000
             self._next_pts = None
         mono = self._mono(frame)
         gap = self._gap_samples(frame, len(mono))
-        assert self._resampler is not None
         if gap:
             self.gaps_filled_ms += gap * 1000 / rate
-            self._buf += self._resampler.process(bytes(2 * gap))
-        self._buf += self._resampler.process(mono.tobytes())
-        return self._take()
+            self._buf += bytes(2 * gap)
+        self._buf += mono.tobytes()
+        return chunks + self._take()
 
-    def flush(self) -> bytes:
-        """The end of the stream: whatever is left (less than a chunk, the filter's tail)."""
-        if self._resampler is not None:
-            self._buf += self._resampler.flush()
-            self._resampler = None
-            self._src_rate = 0
+    def flush(self) -> list[Chunk]:
+        """The end of the stream: whatever is left (less than a chunk)."""
         out, self._buf = bytes(self._buf), bytearray()
-        return out
+        return [(out, self.format)] if out and self.format is not None else []
 
-    def _take(self) -> list[bytes]:
+    def _take(self) -> list[Chunk]:
         n = self.chunk_bytes
         count = len(self._buf) // n
         if not count:
             return []
-        chunks = [bytes(self._buf[i * n : (i + 1) * n]) for i in range(count)]
+        fmt = self.format
+        assert fmt is not None
+        chunks = [(bytes(self._buf[i * n : (i + 1) * n]), fmt) for i in range(count)]
         del self._buf[: count * n]
         return chunks
 
@@ -115,15 +119,14 @@ class InboundAudio:
 
 
 class AudioIn:
-    """Reads the remote audio track until it ends; every chunk goes to ``on_chunk`` (a plain
-    function or a coroutine function; awaited before the next frame is read, so a slow
-    consumer slows the reading rather than piling chunks up)."""
+    """Reads the remote audio track until it ends; every chunk goes to ``on_chunk`` with its
+    format (a plain function or a coroutine function; awaited before the next frame is read,
+    so a slow consumer slows the reading rather than piling chunks up)."""
 
     def __init__(
         self,
         track: MediaStreamTrack,
-        rate: int,
-        on_chunk: Callable[[bytes], Awaitable[None] | None],
+        on_chunk: Callable[[bytes, AudioFormat], Awaitable[None] | None],
         *,
         chunk_ms: int = CHUNK_MS,
         on_end: Callable[[], None] | None = None,
@@ -131,7 +134,7 @@ class AudioIn:
         if track.kind != "audio":
             raise ValueError("AudioIn reads an audio track")
         self.track = track
-        self.inbound = InboundAudio(rate, chunk_ms=chunk_ms)
+        self.inbound = InboundAudio(chunk_ms=chunk_ms)
         self.on_chunk = on_chunk
         self.on_end = on_end
         self.chunks = 0
@@ -153,18 +156,17 @@ class AudioIn:
                 if not isinstance(frame, AudioFrame):
                     continue
                 self.last_frame_at = time.monotonic()
-                for chunk in self.inbound.push(frame):
-                    await self._deliver(chunk)
-            tail = self.inbound.flush()
-            if tail:
-                await self._deliver(tail)
+                for chunk, fmt in self.inbound.push(frame):
+                    await self._deliver(chunk, fmt)
+            for chunk, fmt in self.inbound.flush():
+                await self._deliver(chunk, fmt)
         finally:
             if self.on_end is not None:
                 self.on_end()
 
-    async def _deliver(self, chunk: bytes) -> None:
+    async def _deliver(self, chunk: bytes, fmt: AudioFormat) -> None:
         self.chunks += 1
-        result = self.on_chunk(chunk)
+        result = self.on_chunk(chunk, fmt)
         if inspect.isawaitable(result):
             await result
 

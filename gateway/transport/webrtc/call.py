@@ -2,11 +2,13 @@
 
 What the browser sends comes in two ways: JSON events on the ``oai-events`` data channel
 (handed to the door as a WebSocket's text messages are, in order) and the microphone as
-an Opus track (decoded, resampled and handed to the door as the session's input audio,
-20 ms at a time). What the session says goes out the same two ways: every event but the
-answers' audio on the data channel, exactly as on a WebSocket; the audio deltas, decoded
-from the session's output format, into the outgoing track, which paces them at 20 ms on
-the wall clock and keeps the ledger of what was sent.
+an Opus track (decoded, and handed to the door 20 ms at a time at Opus's own 48 kHz: the
+session converts it to what the engine takes in one step). What the session says goes out
+the same two ways: every event but the answers' audio on the data channel, exactly as on a
+WebSocket; the answers' audio, converted once from the engine's (``AudioEvent.source``) to
+the track's 48 kHz, into the outgoing track, which paces it at 20 ms on the wall clock and
+keeps the ledger of what was sent. The session's client-visible audio formats are never on
+this path (docs/architecture.md, *The audio path*).
 
 Because the gateway plays the audio, it knows what the caller heard (to the 20 ms
 frame): it reports ``output_audio_buffer.started`` / ``.stopped`` (the track's first
@@ -32,8 +34,8 @@ from typing import Any
 import orjson
 from aiortc import MediaStreamTrack, RTCPeerConnection
 
-from gateway.audio.codecs import AudioFormat, decode_to_pcm16
-from gateway.audio.resample import StreamResampler
+from gateway.audio.codecs import AudioFormat
+from gateway.audio.convert import OutputConverters
 from gateway.hosting.door import Door
 from gateway.protocol.dialects import GA, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
@@ -45,7 +47,10 @@ from gateway.transport.webrtc.peer import PeerFactory, PeerWatchdog
 
 log = logging.getLogger("omni.webrtc")
 
-TRACK_RATE = 24_000  # the answer's track and the microphone's chunks (the GA default formats' rate)
+# The answer's track: Opus's own rate, so that aiortc's encoder changes only the channels
+# (mono to stereo) and the one conversion of the engine's audio is the gateway's.
+TRACK_RATE = 48_000
+_TRACK = AudioFormat("pcm16", TRACK_RATE)
 _SPEECH_STARTED = "input_audio_buffer.speech_started"
 _CUT = frozenset({"cancelled", "failed"})  # an answer that ends so has its audio cut at once
 _MAX_FORMATS = 16  # responses whose output format is remembered (a response.create may set its own)
@@ -88,7 +93,8 @@ class Call:
         self._audio_in: AudioIn | None = None
         self._watchdog = PeerWatchdog.for_config(self.pc, self._dead, factory.config)
         self._formats: dict[str, AudioFormat] = {}  # response id -> its audio format (response.created)
-        self._decoders: dict[str, tuple[AudioFormat, StreamResampler | None]] = {}
+        self._out = OutputConverters(_TRACK)  # the answers' audio to the track's format, once
+        self._item_ids: dict[str, str] = {}  # response id -> the item its audio plays (the converter's tail)
         self._cuts = 0  # the audio was cut this many times (GPT-Live's speech: a new stream after each)
         self.pc.on("datachannel", self.channel.accept)
         self.pc.on("track", self._track)
@@ -124,12 +130,12 @@ class Call:
     def _track(self, track: MediaStreamTrack) -> None:
         if track.kind != "audio" or self._audio_in is not None:
             return  # a video track (the offer's, answered inactive) carries nothing for us
-        self._audio_in = AudioIn(track, TRACK_RATE, self._chunk)
+        self._audio_in = AudioIn(track, self._chunk)
         self._audio_in.start()
 
-    def _chunk(self, pcm: bytes) -> Any:
+    def _chunk(self, pcm: bytes, fmt: AudioFormat) -> Any:
         door = self.door
-        return door.receive_pcm(pcm, TRACK_RATE) if door is not None else None
+        return door.receive_audio(pcm, fmt) if door is not None else None
 
     # --- the Peer: what the session says ----------------------------------------------
 
@@ -197,21 +203,18 @@ class Call:
         fmt = self._formats.get(response_id)
         if fmt is None and self.door is not None and self.door.host is not None:
             fmt = self.door.host.output_format
-        fmt = fmt or AudioFormat("pcm16", TRACK_RATE)
-        audio = bytes(event["delta"])
-        if fmt.codec != "pcm16" or fmt.rate != TRACK_RATE:
-            decoder = self._decoders.get(response_id)
-            if decoder is None or decoder[0] != fmt:
-                decoder = self._decoders[response_id] = (
-                    fmt, StreamResampler(fmt.rate, TRACK_RATE) if fmt.rate != TRACK_RATE else None,
-                )  # fmt: skip
-            pcm = decode_to_pcm16(fmt, audio)
-            audio = decoder[1].process(pcm) if decoder[1] is not None else pcm
+        fmt = fmt or AudioFormat("pcm16", 24_000)
+        audio = self._out.convert(response_id, bytes(event["delta"]), fmt, event)
         self.track.feed(audio, response_id=response_id, item_id=event.get("item_id", ""))
+        if response_id not in self._item_ids:
+            self._item_ids[response_id] = event.get("item_id", "")
+            while len(self._item_ids) > _MAX_FORMATS:
+                del self._item_ids[next(iter(self._item_ids))]
 
     def _answer_ended(self, response: dict[str, Any]) -> None:
         response_id = response["id"]
-        self._decoders.pop(response_id, None)
+        tail = self._out.end(response_id)
+        item_id = self._item_ids.pop(response_id, None)
         if response.get("status") in _CUT:
             playing = self.track.playing
             queued = self.track.queued_ms
@@ -223,6 +226,8 @@ class Call:
                         self.door.played, "cleared", cut.response_id, cut.item_id, cut.audio_end_ms
                     )
                 return
+        if tail and item_id is not None:
+            self.track.feed(tail, response_id=response_id, item_id=item_id)  # (what the converter held)
         self.track.end_response(response_id)  # stopped once its last frame has gone
 
     def _speech_started(self) -> None:
@@ -282,6 +287,7 @@ class Call:
             self.door.detach()
         self.channel.close()
         self.track.stop()
+        self._out.clear()
         with contextlib.suppress(Exception):
             if self._audio_in is not None:
                 await self._audio_in.stop()
