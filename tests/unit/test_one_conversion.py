@@ -32,7 +32,7 @@ from gateway.audio.codecs import AudioFormat, ulaw_encode
 from gateway.audio.convert import Converter
 from gateway.hosting.door import Door, Pending
 from gateway.protocol.dialects import GA
-from gateway.protocol.telephony import PCMU_8K, TWILIO, MediaIn
+from gateway.protocol.telephony import PCMU_8K, TWILIO, VONAGE, MediaIn
 from gateway.runtime import Runtime
 from gateway.session.events import AudioEvent
 from gateway.settings import Settings
@@ -283,6 +283,27 @@ async def test_a_phone_callers_mulaw_reaches_the_engine_in_one_conversion_whatev
     assert stages.resamplers == [(8000, 16000)] and stages.encodes == 0
     assert near(heard, once(chunks, PCMU_8K, ENGINE_IN))
     call.end("test over", code=None)  # (the door detached: the runtime's close waits for no call)
+
+
+async def test_a_vonage_callers_16_khz_reaches_a_16_khz_engine_unconverted(rt: Runtime, stages: Stages) -> None:
+    """Linear PCM at 16 kHz: the session shows its clients audio/pcm at 24 kHz (the Realtime
+    schema's only rate), yet the caller's audio reaches the 16 kHz engine as it came, with no
+    resampling at all (before: 16 -> 24 kHz in the call, 24 -> 16 kHz in the session)."""
+    client = Client()
+    outbox = Outbox(lambda *a: asyncio.sleep(0), max_bytes=1 << 20)
+    linear16 = AudioFormat("pcm16", 16000)
+    call = PhoneCall(VONAGE, "v1", "v1", outbox, linear16)
+    door = await session(rt, client, input_format=PCM24, output_format=PCM24, media=call)
+    call.door = door
+    pcm = signal(16000, 16000).tobytes()
+    chunks = [pcm[640 * i : 640 * (i + 1)] for i in range(50)]
+    stages.reset()
+    for chunk in chunks:
+        await hand(call.handle(MediaIn(chunk, None)))
+    heard = await committed(rt, door, 1000)
+    assert stages.resamplers == [] and stages.encodes == 0
+    assert heard == pcm  # byte for byte: nothing was converted
+    call.end("test over", code=None)
 
 
 # --- out: what the call plays ----------------------------------------------------------------
