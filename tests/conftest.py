@@ -5,11 +5,12 @@ that no test depends on which ``conftest`` module Python resolves.
 Under pytest-xdist (CI: ``-n 3 --dist loadgroup``, see pyproject.toml) tests that share
 something costly run on one worker, in the order collected: every test of the session's
 one AsyncLLM (``vllm_engine``: ~30 s to start; the ``vllm_last`` tests that kill it come
-last); every local-cluster test (one cluster at a time); every Chromium test; every
-benchmark test; and the tests of a module that uses a module-scoped fixture (a fresh venv,
-an MCP server) together. Those groups are handed out first, the longest first, so that
-they run while the rest spreads over the other workers. Without xdist the marks change
-nothing.
+last); every Chromium test; every benchmark test; and the tests of a module that uses a
+module-scoped fixture (a local cluster, a fresh venv, an MCP server) together. A local
+cluster is a module's: each cluster module is a group of its own, and a worker runs at most
+one cluster at a time (one group of all of them took 16 min on one worker, as long as the
+whole run). The groups are handed out before the tests that stand alone, so that the
+latter fill in the workers at the end. Without xdist the marks change nothing.
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ __all__ = ["Client", "RunningGateway", "connect", "free_port", "run_gateway"]
 
 SHARED_SCOPES = ("module", "package", "class")  # a fixture of these scopes is set up once per worker that runs it
 # Run one at a time, each on one worker: the session's AsyncLLM (too costly to start on every
-# worker), a local cluster (three replicas, nginx and Redis), a Chromium, and the benchmarks
-# the tests run (each loads the machine by design and reads what it gets back).
-HEAVY_FIXTURES = {"vllm_engine": "vllm", "cluster": "cluster"}
+# worker), a Chromium, and the benchmarks the tests run (each loads the machine by design and
+# reads what it gets back). A local cluster (three replicas, nginx and Redis, on free ports and
+# a run directory of their own) is a module-scoped fixture: its module is its group.
+HEAVY_FIXTURES = {"vllm_engine": "vllm"}
 HEAVY_MARKS = {"browser": "browser"}
-HEAVY_FOLDERS = {"tests/cluster/": "cluster", "tests/deploy/test_local_cluster.py": "cluster", "tests/bench/": "bench"}
-# The order the groups are handed out in: the longest first.
-GROUP_ORDER = ("vllm", "cluster", "browser", "bench")
+HEAVY_FOLDERS = {"tests/bench/": "bench"}
+# The order of the groups in the collection: the longest first. (pytest-xdist hands the units
+# of work out by their number of tests, most first, keeping the collection's order between
+# equals: every group goes before the tests that stand alone, which fill in at the end.)
+GROUP_ORDER = ("vllm", "browser", "bench")
 
 
 def shared_group(item: pytest.Item) -> str | None:
