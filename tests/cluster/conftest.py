@@ -131,6 +131,20 @@ class Harness:
         """GET ``path`` on replica ``index`` directly (not through nginx); None if nothing answers."""
         return await asyncio.to_thread(http_status, self.cluster.replicas[index].port, path, 1.0)
 
+    async def wait_ready(self, timeout_s: float = 15.0) -> None:
+        """Until every replica's /readyz says 200. After a Redis restart a replica refuses new
+        sessions (store_unavailable, /readyz 503) until its next probe finds Redis back
+        (redis_probe_interval_s, 1 s): a test that opens sessions waits for that state."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        for replica in self.cluster.replicas:
+            while (code := await self.status(replica.index, "/readyz")) != 200:
+                if loop.time() > deadline:
+                    raise AssertionError(f"{replica.name} not ready after {timeout_s}s (/readyz: {code})")
+                if not replica.alive:  # (one a previous test drained has exited meanwhile)
+                    await self.cluster.astart_replica(replica.index)
+                await asyncio.sleep(0.05)
+
     async def ensure_all_up(self) -> None:
         """Restart every replica that is not running (a previous test may have killed it)."""
         for replica in self.cluster.replicas:
@@ -150,6 +164,7 @@ async def harness(cluster: Cluster) -> AsyncIterator[Harness]:
     clients = redis_clients(cluster.redis_url)
     h = Harness(cluster, clients.redis)
     await h.ensure_all_up()
+    await h.wait_ready()  # (a previous test may have restarted Redis just now)
     try:
         yield h
     finally:

@@ -851,6 +851,7 @@ async def test_resume_works_after_a_redis_restart(harness: Harness) -> None:
     """Sessions opened after the restart whose socket drops mid-answer resume at the first attempt,
     nothing lost or duplicated."""
     await harness.cluster.arestart_redis()
+    await harness.wait_ready()  # the replicas have seen Redis back: sessions open again
     for drop_at in (10, 20, 30):
         async with asyncio.timeout(60):
             run = await drop_once(harness, drop_at)
