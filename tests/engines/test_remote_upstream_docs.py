@@ -82,6 +82,10 @@ async def test_the_engine_speaks_the_duplex_dialect_an_upstream_advertises() -> 
         assert session["extra_body"] == {"auto_response": False} and session["turn_detection"] is None
         assert session["input_audio_format"] == "pcm16" and session["sample_rate_hz"] == 24000
         assert "type" not in session and session["modalities"] == ["audio", "text"]
+        for _ in range(500):  # the acks are sent; the upstream reads them in a task of its own
+            if up.seen.acks:
+                break
+            await asyncio.sleep(0.02)
         assert up.seen.acks and up.seen.acks == sorted(up.seen.acks)  # the upstream's seqs, acknowledged
         # The session was cleaned (items deleted) and is lent to the next request.
         for _ in range(100):
