@@ -433,6 +433,17 @@ class SipServer:
             if isinstance(admitted, int):
                 return admitted
             call.seat = admitted
+        try:
+            return await self._open_admitted(dialog, requested, accepted, grant)
+        finally:
+            if call.ended and call.seat is not None:
+                await call.seat.close()  # (it ended while its session opened: SipCall.end ran before its seat came)
+
+    async def _open_admitted(self, dialog: Dialog, requested: dict[str, Any] | None, accepted: Accept,
+                             grant: Grant) -> int | None:  # fmt: skip
+        cfg = self.config
+        rt = self.rt
+        call = dialog.call
         door = Door(rt.hosting, rt.sessions, call, dialect=accepted.dialect,
                     principal=accepted.principal or grant.principal, model=accepted.model or cfg.model,
                     max_message_bytes=rt.settings.max_message_bytes,
