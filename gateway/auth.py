@@ -219,6 +219,11 @@ class Authenticator:
         self._operator = Tenant(limits=defaults, admin=True)  # api_keys, and everyone when auth is off
         self._anonymous = Grant("anonymous", tenant=self._operator)
 
+    def operator(self, principal: str) -> Grant:
+        """A grant of the operator's tenant (``api_keys``') for ``principal``: a session the
+        gateway opens by itself (a SIP call the default session answers) is admitted as one."""
+        return Grant(principal, tenant=self._operator)
+
     def _check_key(self, value: str) -> Grant | None:
         candidate = value.encode()
         # Compare against every key so timing does not reveal which one matched.

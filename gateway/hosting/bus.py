@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import orjson
 
+from gateway.hosting.ask import answer_ask, answered
 from gateway.hosting.calls import Links
 from gateway.hosting.context import HostContext
 from gateway.hosting.host import SessionHost
@@ -16,7 +17,8 @@ async def listen_bus(ctx: HostContext) -> None:
     ``interaction``: a video interaction POSTed to another replica; ``hangup`` and
     ``sideband.*``: a WebRTC call's, ``calls.py``), to the sideband socket it names
     (``link``: what the call's replica sends back), or to the phone call it names
-    (``call.accept``, ``call.reject``: ``incoming.py``). A message for a
+    (``call.accept``, ``call.reject``: ``incoming.py``), or to the requests asked of and
+    answered by an owner (``ask``, ``answer``: ``ask.py``). A message for a
     session not served here (any more) is dropped: its sender learns nothing, as for
     a replica that died."""
     sub = await ctx.store.subscribe(replica_channel(ctx.replica_id))
@@ -27,6 +29,13 @@ async def listen_bus(ctx: HostContext) -> None:
             except orjson.JSONDecodeError:
                 continue
             if not isinstance(body, dict):
+                continue
+            kind = body.get("type")
+            if kind == "ask":
+                ctx.spawn(answer_ask(ctx, body))  # a request of a session served here (ask.py)
+                continue
+            if kind == "answer":
+                answered(ctx, body)  # the owner's answer to a request of this replica's
                 continue
             host = ctx.hosts.get(body.get("session_id", ""))
             if isinstance(host, SessionHost) and str(body.get("type", "")).startswith("sideband."):

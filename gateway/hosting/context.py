@@ -10,7 +10,7 @@ replicas send about its session. Both know a host only as ``Hosted``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -88,6 +88,11 @@ class HostContext:
     links: dict[str, Linked] = field(default_factory=dict)
     # Phone calls here waiting for the backend's accept or reject, by call id (incoming.py).
     incoming: dict[str, Linked] = field(default_factory=dict)
+    # Requests another replica asked of the sessions served here, answered by the transport that
+    # registered their kind (ask.py; ``sip.refer``: the SIP server's), and this replica's own
+    # requests waiting for their owner's answer, by ref.
+    answerers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = field(default_factory=dict)
+    asks: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
     # Fire-and-forget tasks (trims, commits before a release, re-acquires), kept
     # referenced until done.
     background: set[asyncio.Task[Any]] = field(default_factory=set)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import re
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -40,15 +41,16 @@ async def until(condition: Any, what: str, timeout: float = 30) -> None:
         await asyncio.sleep(0.02)
 
 
-@pytest.fixture
-async def replicas() -> AsyncIterator[tuple[RunningGateway, RunningGateway, Receiver]]:
+@contextlib.asynccontextmanager
+async def two_replicas(**extra: Any) -> AsyncIterator[tuple[RunningGateway, RunningGateway, Receiver]]:
+    """Replica A (with SIP) and replica B (without) on one loopback redis-server, and the webhook."""
     if not REDIS_BINARY:
         pytest.skip("redis-server is not installed")
     async with receiver(SECRET) as hooks:
         with RedisServer() as server:
             base = Settings(engine="passthrough", redis_url=server.url, api_keys=("k",), video_engine="none",
                             webrtc=False, call_webhook_url=hooks.url, call_webhook_secret=SECRET,
-                            call_accept_timeout_s=3.0)  # fmt: skip
+                            call_accept_timeout_s=3.0, **extra)  # fmt: skip
             engine = PassthroughEngine(audio_chunks=5, paced=False)
             async with (
                 run_gateway(replace(base, replica_id="ra", sip_port=free_port()), engine=engine,
@@ -56,6 +58,12 @@ async def replicas() -> AsyncIterator[tuple[RunningGateway, RunningGateway, Rece
                 run_gateway(replace(base, replica_id="rb"), engine=engine, vad_factory=None) as b,
             ):  # fmt: skip
                 yield a, b, hooks
+
+
+@pytest.fixture
+async def replicas() -> AsyncIterator[tuple[RunningGateway, RunningGateway, Receiver]]:
+    async with two_replicas() as found:
+        yield found
 
 
 async def post(gw: RunningGateway, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
@@ -128,3 +136,65 @@ async def test_a_reject_s_status_code_is_the_sip_final_response_and_no_answer_is
         assert a.runtime.session_count() == 0
     finally:
         uac.close()
+
+
+async def test_a_refer_taken_on_another_replica_is_relayed_to_the_call_s_and_answers_what_the_trunk_said(
+    replicas: tuple[RunningGateway, RunningGateway, Receiver],
+) -> None:
+    a, b, hooks = replicas  # (B has no SIP at all: only A holds the call)
+    uac = await SipUac.open(a.runtime.settings.sip_port)
+    try:
+        uac.invite()
+        await until(lambda: hooks.received, "the webhook")
+        call_id = hooks.received[0].body["data"]["call_id"]
+        assert (await post(b, f"/v1/realtime/calls/{call_id}/accept", {})).status_code == 200
+        status, message = await uac.response()
+        assert status == 200
+        uac.ack(_tag(message))
+        unknown = await post(b, "/v1/realtime/calls/rtc_0000/refer", {"target_uri": "tel:+15551234567"})
+        assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "call_id_not_found")
+
+        refused = asyncio.create_task(post(b, f"/v1/realtime/calls/{call_id}/refer", {"target_uri": "tel:+15550001"}))
+        refer = await uac.request_in("REFER")  # sent by A, in the call's dialog
+        assert "Refer-To: <tel:+15550001>" in refer
+        uac.respond(refer, 603, "Decline")
+        answer = await refused
+        assert answer.status_code == 502, answer.text
+        assert answer.json()["error"]["code"] == "call_transfer_failed" and "603" in answer.json()["error"]["message"]
+
+        taken = asyncio.create_task(post(b, f"/v1/realtime/calls/{call_id}/refer", {"target_uri": "sip:agent@pbx"}))
+        refer = await uac.request_in("REFER")
+        while "Refer-To: <sip:agent@pbx>" not in refer:  # (the first one's retransmissions, sent before its answer)
+            refer = await uac.request_in("REFER")
+        uac.respond(refer, 202, "Accepted")
+        answer = await taken
+        assert (answer.status_code, answer.json()) == (200, {})
+        assert not a.runtime.hosting.asks and not b.runtime.hosting.asks  # nothing left waiting
+    finally:
+        uac.close()
+
+
+async def test_a_live_refer_taken_on_another_replica_is_relayed_to_the_call_s() -> None:
+    async with two_replicas(call_webhook_live=True) as (a, b, hooks):
+        uac = await SipUac.open(a.runtime.settings.sip_port)
+        try:
+            uac.invite()
+            await until(lambda: len(hooks.received) == 2, "both announcements")
+            (live,) = [h.body for h in hooks.received if h.body["type"] == "live.transport.incoming"]
+            session_id = live["data"]["session_id"]
+            accepted = await post(b, f"/v1/live/sessions/{session_id}/accept",
+                                  {"session": {"type": "live", "model": "gpt-live-1"}})  # fmt: skip
+            assert accepted.status_code == 200, accepted.text
+            status, message = await uac.response()
+            assert status == 200
+            uac.ack(_tag(message))
+            unknown = await post(b, "/v1/live/sessions/live_0000/refer", {"target_uri": "tel:+15551234567"})
+            assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "session_not_found")
+            taken = asyncio.create_task(post(b, f"/v1/live/sessions/{session_id}/refer", {"target_uri": "tel:+1555"}))
+            refer = await uac.request_in("REFER")
+            assert "Refer-To: <tel:+1555>" in refer
+            uac.respond(refer, 202, "Accepted")
+            answer = await taken
+            assert (answer.status_code, answer.json()) == (200, {})
+        finally:
+            uac.close()

@@ -400,6 +400,13 @@ class SipUac:
     def ack(self, to_tag: str | None) -> None:
         self.request("ACK", to_tag=to_tag)
 
+    def respond(self, request: str, status: int, reason: str) -> None:
+        """Answer a request the gateway sent us (its Via, From, To, Call-ID and CSeq copied)."""
+        copied = [line for line in request.split("\r\n")
+                  if line.split(":", 1)[0].lower() in ("via", "from", "to", "call-id", "cseq")]  # fmt: skip
+        head = "".join(f"{line}\r\n" for line in copied)
+        self.transport.sendto(f"SIP/2.0 {status} {reason}\r\n{head}Content-Length: 0\r\n\r\n".encode(), self.gateway)
+
     def nothing_waiting(self) -> bool:
         return self.proto.inbox.empty()
 

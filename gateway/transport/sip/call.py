@@ -31,6 +31,7 @@ from gateway.audio.convert import OutputConverters
 from gateway.hosting.door import Door
 from gateway.protocol.server_events import AUDIO_DELTA
 from gateway.protocol.session_config import parse_ga_format
+from gateway.quotas import Seat
 from gateway.transport.sip.media import RtpMedia
 
 log = logging.getLogger("omni.sip")
@@ -49,6 +50,7 @@ class SipCall:
         self.ringing_id = ringing_id
         self.call_id = ""  # the session's call id (rtc_...), once it is open
         self.door: Door | None = None
+        self.seat: Seat | None = None  # its share of its tenant's limits (gateway/quotas.py): released as it ends
         self.ended = False
         self._on_close = on_close
         self._buf = bytearray()
@@ -213,3 +215,5 @@ class SipCall:
         self._out.clear()
         with contextlib.suppress(Exception):
             await self.media.stop()
+        if self.seat is not None:
+            await self.seat.close()  # (its tenant's session count: one less)

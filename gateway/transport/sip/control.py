@@ -5,6 +5,9 @@ through, its SDP can be answered), while the call rings (180 Ringing, at most
 ``sip_ring_timeout_s``: then 480 Temporarily Unavailable). The answer is an ``Accept`` (the
 call is answered 200 OK and a session opens, with ``session`` settings over the default ones)
 or a ``Reject`` (its ``status_code`` is the SIP final response: 486 Busy Here, 603 Decline...).
+An accepted call is then admitted against its tenant's session limits (the accepting
+credential's, ``Accept.grant``; the default session's: the operator's), as a socket is: over
+one, 486 Busy Here (``server.admit``).
 
 ``DefaultAnswer`` is the control used when no webhook is configured: every admitted call is
 answered with the configured default session (``sip_session``). With ``call_webhook_url``
@@ -22,6 +25,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gateway.auth import Grant
 from gateway.hosting.context import HostContext
 from gateway.hosting.incoming import Rejected, Webhook, announce, forget, new_call_id, session_of
 from gateway.protocol.dialects import GA, Dialect
@@ -29,6 +33,8 @@ from gateway.protocol.dialects import GA, Dialect
 log = logging.getLogger("omni.sip")
 
 _AUTHORIZATION = frozenset({"authorization", "proxy-authorization"})
+REFER_TIMEOUT_S = 8.0  # the trunk's answer to a REFER; none: the REST refer is told 504
+REFER_ASK = "sip.refer"  # a /refer relayed to the replica holding the call (gateway/hosting/ask.py)
 RINGING_PREFIX = "sip_"  # a ringing call's id (the session's own call id, rtc_..., comes once it is accepted)
 
 
@@ -55,6 +61,7 @@ class Accept:
     model: str | None = None  # the model it serves; None: ``sip_model``
     dialect: Dialect = GA  # what its session speaks (GPT-Live's: opened with ``session`` as its start settings)
     call_id: str | None = None  # the id its controls and sideband name it by; None: ``rtc_`` + the session's
+    grant: Grant | None = None  # the accepting credential: its tenant's limits admit the call; None: the default's
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +111,7 @@ class WebhookControl:
         return Accept(session=answer.session, principal=answer.grant.principal,
                       session_id=answer.session_id or session_of(call_id),
                       model=model if isinstance(model, str) and model else None, dialect=answer.dialect,
-                      call_id=answer.session_id)  # fmt: skip
+                      call_id=answer.session_id, grant=answer.grant)  # fmt: skip
 
 
 class DefaultAnswer:

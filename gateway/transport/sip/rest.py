@@ -15,7 +15,7 @@ E.164 number, as OpenAI's; unlike OpenAI's (``sips:`` only), the trunk is reache
 (``sip:<IP>[:port]`` of ``sip_allowed_sources``: ``sips:`` is refused, ``unsupported``, TLS
 outbound is not done yet). Refusals (before any call): 400 (``invalid_value``,
 ``unknown_parameter``, ``missing_required_parameter``, ``unsupported``, the session's own),
-401, 403 (``forbidden``: not an operator key), 501 ``sip_unavailable``, 503 ``server_busy``
+401, 403 (``forbidden``: not an operator key), 429 ``rate_limit_exceeded``, 501 ``sip_unavailable``, 503 ``server_busy``
 (draining, ``max_sessions``, no RTP port) or ``store_unavailable``.
 
 **Outbound** (the gateway's extension: OpenAI has it as GPT-Live's ``transport: {type:
@@ -27,7 +27,7 @@ outbound is not done yet). Refusals (before any call): 400 (``invalid_value``,
 rings (at most ``sip_ring_timeout_s``) and answers ``200 {"call_id": "rtc_...", "status":
 "answered", "codec": "PCMU"}``: the session is open, its sideband joins with that call id,
 and its hangup and refer work as an inbound call's. Refusals: 400 (``invalid_value``), 401, 403
-(``forbidden``: not an operator key), 501 ``sip_unavailable``, 502 ``sip_call_failed`` (the
+(``forbidden``: not an operator key), 429 ``rate_limit_exceeded``, 501 ``sip_unavailable``, 502 ``sip_call_failed`` (the
 trunk's SIP status in the message), 504 ``sip_call_failed`` (no answer in time: the gateway
 sent CANCEL).
 
@@ -39,10 +39,17 @@ call's principal. The gateway sends the trunk a REFER in the call's dialog (RFC 
 answers with what the trunk said: ``200 {}`` once it accepted the transfer (202); the call is
 hung up (BYE) when the trunk's NOTIFY says the target answered. Refusals: 400
 ``invalid_value`` (``target_uri`` not a ``tel:``, ``sip:`` or ``sips:`` URI of at most 256
-characters), 401, 404 ``call_id_not_found`` (no SIP call of that id answered on this replica,
-or another principal's), 502 ``call_transfer_failed`` (the trunk refused the REFER: its status
-in the message), 504 ``call_transfer_failed`` (the trunk did not answer in 8 s). A call held
-by another replica is not reached from here yet (404).
+characters), 401, 404 ``call_id_not_found`` (no SIP call of that id answered on any replica, or
+another principal's), 502 ``call_transfer_failed`` (the trunk refused the REFER: its status
+in the message), 504 ``call_transfer_failed`` (the trunk did not answer in 8 s), 503
+``store_unavailable``. A call held by another replica is asked of it over the bus
+(``gateway/hosting/ask.py``, the ``sip.refer`` the SIP server answers there): this replica
+answers what the trunk answered there, or 504 when no answer came within
+``REFER_TIMEOUT_S + RELAY_GRACE_S``.
+
+**Tenant limits**: every outbound call is admitted against its key's tenant's session limits
+before anything is sent (as a socket, ``admit_seat``): over one, 429 ``rate_limit_exceeded``;
+the seat is given back when the call ends (``SipCall.seat``).
 """
 
 from __future__ import annotations
@@ -55,18 +62,24 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.auth import Authenticator
+from gateway.auth import Authenticator, Grant
+from gateway.hosting.ask import NoOwner, ask_owner
+from gateway.hosting.calls import session_id_of
 from gateway.hosting.context import HostContext
 from gateway.hosting.door import Door, Sessions
 from gateway.protocol import live_config as lc
 from gateway.protocol.dialects import LIVE
 from gateway.protocol.errors import Code, ProtocolError
+from gateway.quotas import AdmissionUnavailable, ConnectRefusal, Quotas, Seat
 from gateway.settings import Settings
+from gateway.store.base import StoreError
 from gateway.transport.http_body import BodyRefused, capped
+from gateway.transport.sip.control import REFER_ASK, REFER_TIMEOUT_S
 
 MAX_TARGET = 256
 _TARGET = re.compile(r"^(tel:\+?[0-9A-Za-z*#().;=\-]+|sips?:[^\s<>\"]+)$")
 MAX_BODY_BYTES = 16384
+RELAY_GRACE_S = 2.0  # a refer relayed to another replica waits for its answer this long beyond the trunk's
 _PROVIDER = re.compile(r"^sip:(\d{1,3}(?:\.\d{1,3}){3})(?::(\d{1,5}))?$")
 _NUMBER = re.compile(r"^\+?[0-9]{1,20}$")
 _E164 = re.compile(r"^\+[1-9][0-9]{1,14}$")
@@ -95,6 +108,9 @@ class SipRestServices(Protocol):
     def draining(self) -> bool: ...
 
     def session_count(self) -> int: ...
+
+    @property
+    def quotas(self) -> Quotas: ...
 
 
 def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
@@ -161,8 +177,11 @@ class SipCallsEndpoint:
         session = body.get("session")
         if session is not None and not isinstance(session, dict):
             return _error(400, Code.INVALID_TYPE, "'session' must be a JSON object of session settings.", "session")
+        seat = await _admit(self.rt, grant)
+        if isinstance(seat, Response):
+            return seat
         result = await sip.dial(destination, (found.group(1), int(found.group(2) or 5060)), caller=caller,
-                                session=session, credentials=credentials)  # fmt: skip
+                                session=session, credentials=credentials, seat=seat)  # fmt: skip
         if isinstance(result, int):
             status = 504 if result == 408 else 502
             return _error(status, Code.SIP_CALL_FAILED, f"The call was not answered: SIP {result}.")
@@ -188,19 +207,39 @@ class SipCallsEndpoint:
             return _error(400, Code.INVALID_VALUE, "'target_uri' must be a tel:, sip: or sips: URI of at most "
                           f"{MAX_TARGET} characters.", "target_uri")  # fmt: skip
         sip = self.rt.sip
-        dialog = sip.find(call_id) if sip is not None else None
-        host = dialog.call.door.host if dialog is not None and dialog.call.door is not None else None
-        if dialog is None or host is None or host.principal != grant.principal:
+        status = await sip.transfer(call_id, target, grant.principal) if sip is not None else None
+        if status is None:  # not held here: asked of the replica that holds it (gateway/hosting/ask.py)
+            try:
+                status = await self._refer_elsewhere(call_id, target, grant.principal, live=live)
+            except StoreError:
+                return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
+        if status is None:
             if live:
-                return _error(404, Code.SESSION_NOT_FOUND, f"No SIP session {call_id!r} is in progress here.",
+                return _error(404, Code.SESSION_NOT_FOUND, f"No SIP session {call_id!r} is in progress.",
                               "session_id")  # fmt: skip
-            return _error(404, Code.CALL_NOT_FOUND, f"No SIP call {call_id!r} is in progress here.", "call_id")
-        status = await sip.refer(dialog, target)
+            return _error(404, Code.CALL_NOT_FOUND, f"No SIP call {call_id!r} is in progress.", "call_id")
         if 200 <= status < 300:
             return JSONResponse({})
         if status == 408:
             return _error(504, Code.CALL_TRANSFER_FAILED, "The trunk did not answer the transfer (REFER) in time.")
         return _error(502, Code.CALL_TRANSFER_FAILED, f"The trunk refused the transfer (REFER): SIP {status}.")
+
+    async def _refer_elsewhere(self, call_id: str, target: str, principal: str, *, live: bool) -> int | None:
+        """The trunk's status for a transfer of a call another replica holds (408: neither the
+        trunk nor that replica answered in time), or None: no replica holds such a call of
+        ``principal``'s. Raises StoreError."""
+        session_id = call_id if live else session_id_of(call_id)  # (a Live call's id is its session's)
+        if session_id is None:
+            return None
+        fields = {"call_id": call_id, "target_uri": target, "principal": principal}
+        try:
+            answer = await ask_owner(self.rt.hosting, session_id, REFER_ASK, fields, REFER_TIMEOUT_S + RELAY_GRACE_S)
+        except NoOwner:
+            return None
+        except TimeoutError:
+            return 408
+        status = answer.get("status")
+        return status if answer.get("found") and isinstance(status, int) else None
 
 
 async def live_dial(rt: SipRestServices, request: Request, body: Any) -> Response:
@@ -235,11 +274,16 @@ async def live_dial(rt: SipRestServices, request: Request, body: Any) -> Respons
     if not grant.tenant.allows_model(model):
         return _error(403, Code.MODEL_NOT_ALLOWED, f"This credential may not use the model {model!r}.",
                       "session.model")  # fmt: skip
+    seat = await _admit(rt, grant)
+    if isinstance(seat, Response):
+        return seat
     call = sip.outbound_call()
     if call is None:
+        await seat.close()
         return _error(503, Code.SERVER_BUSY, "No free RTP port for the call (sip_rtp_ports); try again later.")
+    call.seat = seat  # (given back when the call ends, answered or not)
     door = Door(rt.hosting, rt.sessions, call, dialect=LIVE, principal=grant.principal, model=model,
-                max_message_bytes=rt.settings.max_message_bytes, media=call)  # fmt: skip
+                max_message_bytes=rt.settings.max_message_bytes, seat=seat, media=call)  # fmt: skip
     refused = await door.open_media(config)
     if refused is not None or door.host is None:
         await call.end("its session was refused")
@@ -253,6 +297,19 @@ async def live_dial(rt: SipRestServices, request: Request, body: Any) -> Respons
     rt.hosting.spawn(sip.dial_live(destination, trunk, door, call, caller=caller, credentials=credentials))
     return JSONResponse({"session": {"id": session_id}, "transport": {"type": "sip"}}, status_code=201,
                         headers={"Location": f"/v1/live/sessions/{session_id}"})  # fmt: skip
+
+
+async def _admit(rt: SipRestServices, grant: Grant) -> Seat | Response:
+    """An outbound call's seat under its tenant's limits (as a socket's, ``admit_seat``), or the
+    refusal: 429 ``rate_limit_exceeded`` (``max_sessions``, ``session_starts_per_min``), 503
+    ``store_unavailable``."""
+    try:
+        admitted = await rt.quotas.admit(grant)
+    except AdmissionUnavailable:
+        return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
+    if isinstance(admitted, ConnectRefusal):
+        return _error(429, admitted.code, admitted.message)
+    return admitted
 
 
 def _live_sip_request(body: Any, sip: Any) -> tuple[dict[str, Any], str, tuple[str, int], tuple[str, str], str]:

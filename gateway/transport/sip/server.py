@@ -34,15 +34,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gateway.auth import Authenticator, Grant
 from gateway.hosting.calls import call_id_of
 from gateway.hosting.context import HostContext
 from gateway.hosting.door import Door, Sessions
 from gateway.protocol.errors import Code
+from gateway.quotas import AdmissionUnavailable, ConnectRefusal, Quotas, Seat
 from gateway.settings import Settings
 from gateway.transport.sip import digest
 from gateway.transport.sip import message as sipmsg
 from gateway.transport.sip.call import SipCall
-from gateway.transport.sip.control import Accept, CallControl, IncomingCall, Reject, ringing_id
+from gateway.transport.sip.control import (
+    REFER_ASK,
+    REFER_TIMEOUT_S,
+    Accept,
+    CallControl,
+    IncomingCall,
+    Reject,
+    ringing_id,
+)
 from gateway.transport.sip.guard import Guard
 from gateway.transport.sip.media import PortsExhausted, RtpMedia, bind_rtp, parse_port_range
 from gateway.transport.sip.message import SipMessage, SipParseError, response_to
@@ -52,7 +62,6 @@ from gateway.transport.sip.srtp import offer_key
 log = logging.getLogger("omni.sip")
 
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY"
-REFER_TIMEOUT_S = 8.0  # the trunk's answer to a REFER; none: the REST refer is told 504
 T1 = 0.5
 T2 = 4.0
 TIMER_H = 64 * T1  # no ACK for a 200 OK this long: the call is hung up
@@ -85,6 +94,12 @@ class SipServices(Protocol):
 
     def session_count(self) -> int: ...
 
+    @property
+    def quotas(self) -> Quotas: ...
+
+    @property
+    def auth(self) -> Authenticator: ...
+
 
 Send = Callable[[bytes], None]
 
@@ -98,7 +113,7 @@ class SipConfig:
     rtp_ports: tuple[int, int] | None
     ring_timeout_s: float
     max_call_s: float
-    principal: str
+    grant: Grant  # whose a call the default session answers is (the operator's, api_keys' first)
     model: str
     session: dict[str, Any] | None
     tls_port: int = 0  # 0: no TLS listener
@@ -161,6 +176,7 @@ class SipServer:
         loop = self._loop = asyncio.get_running_loop()
         cfg = self.config
         server = self
+        self.rt.hosting.answerers[REFER_ASK] = self._refer_asked  # a /refer taken on another replica
 
         class Udp(asyncio.DatagramProtocol):
             def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
@@ -222,6 +238,8 @@ class SipServer:
             writer.close()
 
     async def close(self) -> None:
+        if self.rt.hosting.answerers.get(REFER_ASK) == self._refer_asked:
+            del self.rt.hosting.answerers[REFER_ASK]
         for dialog in list(self.dialogs.values()):
             await self._hang_up(dialog, "shutdown")
         for handles in self._byes.values():
@@ -399,17 +417,37 @@ class SipServer:
         if self.dialogs.get(dialog.sip_call_id) is dialog:
             del self.dialogs[dialog.sip_call_id]
 
-    async def _open(self, dialog: Dialog, requested: dict[str, Any] | None, accepted: Accept | None = None) -> bool:
+    async def _open(self, dialog: Dialog, requested: dict[str, Any] | None,
+                    accepted: Accept | None = None) -> int | None:  # fmt: skip
         """The call's session, opened through a door (``accepted``: for whom, on which model and
-        with which id, where the control said); its media started. False: none opened."""
+        with which id, where the control said), admitted against its tenant's limits; its media
+        started. None: opened; else the SIP status it was refused with (486: its tenant is at
+        its limit of sessions; 503: otherwise)."""
         cfg = self.config
         rt = self.rt
         call = dialog.call
         accepted = accepted or Accept()
+        grant = accepted.grant or cfg.grant
+        if call.seat is None:  # (an outbound call's was taken by its request)
+            admitted = await admit(rt.quotas, grant, call.ringing_id)
+            if isinstance(admitted, int):
+                return admitted
+            call.seat = admitted
+        try:
+            return await self._open_admitted(dialog, requested, accepted, grant)
+        finally:
+            if call.ended and call.seat is not None:
+                await call.seat.close()  # (it ended while its session opened: SipCall.end ran before its seat came)
+
+    async def _open_admitted(self, dialog: Dialog, requested: dict[str, Any] | None, accepted: Accept,
+                             grant: Grant) -> int | None:  # fmt: skip
+        cfg = self.config
+        rt = self.rt
+        call = dialog.call
         door = Door(rt.hosting, rt.sessions, call, dialect=accepted.dialect,
-                    principal=accepted.principal or cfg.principal, model=accepted.model or cfg.model,
-                    max_message_bytes=rt.settings.max_message_bytes, media=call,
-                    session_id=accepted.session_id)  # fmt: skip
+                    principal=accepted.principal or grant.principal, model=accepted.model or cfg.model,
+                    max_message_bytes=rt.settings.max_message_bytes,
+                    seat=call.seat, media=call, session_id=accepted.session_id)  # fmt: skip
         rt.hosting.metrics.sessions.inc()
         rt.hosting.metrics.sessions_total.inc()
         try:
@@ -419,15 +457,15 @@ class SipServer:
             opened = False
         if not opened or door.host is None:
             rt.hosting.metrics.sessions.dec()
-            return False
+            return 503
         if dialog.state == "ended":  # cancelled while the session opened
             rt.hosting.metrics.sessions.dec()
             door.detach()
-            return False
+            return 503
         call.call_id = accepted.call_id or call_id_of(door.host.id)
         await dialog.media.start()
         call.start(door)
-        return True
+        return None
 
     async def _accept(self, dialog: Dialog, decision: Accept) -> None:
         cfg = self.config
@@ -435,9 +473,10 @@ class SipServer:
         dialog.tasks.append(asyncio.current_task())  # type: ignore[arg-type]
         # (sip_session is the Realtime dialect's defaults; a Live accept's session is the whole start)
         defaults = cfg.session if not decision.dialect.media_start else None
-        if not await self._open(dialog, {**(defaults or {}), **(decision.session or {})} or None, decision):
+        refused = await self._open(dialog, {**(defaults or {}), **(decision.session or {})} or None, decision)
+        if refused is not None:
             if dialog.state == "ringing":
-                await self._final(dialog, 503)
+                await self._final(dialog, refused)
             return
         if dialog.state != "ringing":
             return
@@ -568,21 +607,26 @@ class SipServer:
 
     async def dial(self, destination: str, trunk: tuple[str, int], *, caller: str | None = None,
                    session: dict[str, Any] | None = None,
-                   credentials: tuple[str, str] | None = None) -> Dialog | int:  # fmt: skip
+                   credentials: tuple[str, str] | None = None, seat: Seat | None = None) -> Dialog | int:  # fmt: skip
         """Call ``destination`` (a ``sip:``/``tel:`` URI) through the trunk at ``trunk`` (UDP):
         INVITE with the gateway's offer (answering one digest challenge, 401 or 407, with
         ``credentials``: (user, password)), rings at most ``sip_ring_timeout_s`` (then CANCEL),
         and on 200 OK: ACK, and the call's session opens as an answered inbound call's does.
         The answered call's dialog, or the SIP status it failed with (408: no answer in time;
-        488: an answer the gateway cannot take; 503: no session, no RTP port)."""
+        488: an answer the gateway cannot take; 503: no session, no RTP port). ``seat``: the
+        call's admission under its tenant's limits, released when it ends (or fails)."""
         cfg = self.config
         call = self.outbound_call()
         if call is None:
+            if seat is not None:
+                await seat.close()
             return 503
+        call.seat = seat
         dialog = await self._place(destination, trunk, call, caller=caller, credentials=credentials)
         if isinstance(dialog, int):
+            await call.end(f"not answered ({dialog})")  # (its seat given back)
             return dialog
-        if not await self._open(dialog, {**(cfg.session or {}), **(session or {})} or None):
+        if await self._open(dialog, {**(cfg.session or {}), **(session or {})} or None) is not None:
             await self._end(dialog, "no session", bye=True, end_session=False)
             return 503
         self._answered_outbound(dialog, destination)
@@ -793,6 +837,24 @@ class SipServer:
 
     # --- transfer (REFER, RFC 3515) -------------------------------------------------------------
 
+    async def transfer(self, call_id: str, target_uri: str, principal: str) -> int | None:
+        """``/refer`` of the call ``call_id`` held here, for ``principal``: the trunk's status
+        (``refer``), or None: no such call answered here (or another principal's)."""
+        dialog = self.find(call_id)
+        host = dialog.call.door.host if dialog is not None and dialog.call.door is not None else None
+        if dialog is None or host is None or host.principal != principal:
+            return None
+        return await self.refer(dialog, target_uri)
+
+    async def _refer_asked(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Another replica's ``/refer`` of a call held here (``gateway/hosting/ask.py``): the
+        trunk's status, or ``found: false``."""
+        call_id, target, principal = body.get("call_id"), body.get("target_uri"), body.get("principal")
+        if not (isinstance(call_id, str) and isinstance(target, str) and isinstance(principal, str)):
+            return {"found": False}
+        status = await self.transfer(call_id, target, principal)
+        return {"found": False} if status is None else {"found": True, "status": status}
+
     def find(self, call_id: str) -> Dialog | None:
         """The answered call whose session's call id is ``call_id`` (rtc_...), on this replica."""
         return next((d for d in self.dialogs.values() if d.call.call_id == call_id and d.state in
@@ -842,6 +904,22 @@ class SipServer:
 _NO_MEDIA = Offer("127.0.0.1", 9, 0, None, 20)
 
 
+async def admit(quotas: Quotas, grant: Grant, call: str) -> Seat | int:
+    """A call's seat under its tenant's limits (as a socket's, ``admit_seat``), or the SIP status
+    it is refused with: 486 Busy Here (the tenant is at ``max_sessions`` or
+    ``session_starts_per_min``: RFC 3261 21.4.24, the callee cannot take another call), 503
+    Service Unavailable (the store cannot say)."""
+    try:
+        admitted = await quotas.admit(grant)
+    except AdmissionUnavailable as exc:
+        log.warning("sip: call %s refused: the store cannot admit it (%s)", call, exc)
+        return 503
+    if isinstance(admitted, ConnectRefusal):
+        log.info("sip: call %s refused (486): %s", call, admitted.message)
+        return 486
+    return admitted
+
+
 def _ignore(_: Any) -> None:
     pass
 
@@ -878,7 +956,8 @@ def build_sip_server(services: SipServices, control: CallControl | None = None) 
     config = SipConfig(
         host=s.host, port=s.sip_port, rtp_host=s.host, advertised_address=s.sip_advertised_address,
         rtp_ports=parse_port_range(s.sip_rtp_ports), ring_timeout_s=s.sip_ring_timeout_s,
-        max_call_s=s.sip_max_call_s, principal=principal_of_key(s.api_keys[0]) if s.api_keys else "anonymous",
+        max_call_s=s.sip_max_call_s,
+        grant=services.auth.operator(principal_of_key(s.api_keys[0]) if s.api_keys else "anonymous"),
         model=s.sip_model or s.model, session=session, tls_port=s.sip_tls_port, tls=tls,
         outbound_srtp=s.sip_outbound_srtp,
     )  # fmt: skip
