@@ -314,7 +314,8 @@ class TelephonyEndpoint:
         metrics.sessions_total.inc()
         try:
             if not await door.open_call(settings):
-                call.end("no session", code=None)
+                # (a refused Realtime session closed the stream already; a Live one's refusal says nothing)
+                call.end("no session", code=CloseCode.TRY_AGAIN_LATER)
                 await settle(writer, 1.0)
                 return
             assert door.host is not None
