@@ -311,7 +311,7 @@ class HttpApi:
         except StoreError:
             return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
         if not delivered:
-            return _error(404, Code.SESSION_NOT_FOUND, f"No SIP session {session_id!r} is waiting for an answer.",
+            return _error(404, Code.SESSION_NOT_FOUND, f"No incoming call {session_id!r} is waiting for an answer.",
                           "session_id")  # fmt: skip
         return JSONResponse({})
 

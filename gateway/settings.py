@@ -228,9 +228,10 @@ class Settings:
     #   other than 2xx: the call is refused (close 4001)
     call_accept_timeout_s: float = 30.0  # how long an announced call waits for accept or reject; past it the
     #   call is refused (close 4001) and a late accept or reject answers 404 call_id_not_found
-    call_webhook_live: bool = False  # a SIP call is also announced as GPT-Live's live.transport.incoming
-    #   (session_id live_...): the first accept, /v1/realtime/calls/{call_id}/accept or
-    #   /v1/live/sessions/{session_id}/accept, chooses the dialect; the other then answers 404
+    call_webhook_live: bool = False  # an announced call (SIP, or a carrier's stream) is also announced as
+    #   GPT-Live's live.transport.incoming (session_id live_...): the first accept,
+    #   /v1/realtime/calls/{call_id}/accept or /v1/live/sessions/{session_id}/accept, chooses the
+    #   dialect; the other then answers 404
 
     # --- SIP trunks (gateway/transport/sip/; docs/telephony-sip.md; needs the webrtc extra's av) ---
     sip_port: int = 0  # SIP on UDP and TCP at ``host``:sip_port; 0: off (nothing listens)

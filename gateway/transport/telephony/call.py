@@ -16,6 +16,14 @@ speech over an answer (server VAD's ``speech_started``, with ``interrupt_respons
 a cancelled answer and on ``output_audio_buffer.clear`` it sends ``clear``, and the
 session cancels the turn and truncates the item at the audio actually played
 (``conversation.item.truncated``, ``output_audio_buffer.cleared``).
+
+A GPT-Live session's call (its door's dialect, accepted on ``/v1/live/sessions/{id}/accept``)
+plays ``session.output_audio.delta`` (the dialect's ``media_audio``: one stream of speech
+with no end, a new one after each cut, so what comes goes, however short), paced and marked
+the same way, and reports nothing of what it played (``media_playback``: Live has no items
+to truncate); on the caller's speech the Live session stops its answer and cuts the call's
+audio (``CutAudio``: ``clear_audio``), which sends ``clear``. A key press becomes
+``transport.dtmf.received`` on its sidebands.
 """
 
 from __future__ import annotations
@@ -42,7 +50,6 @@ from gateway.transport.telephony.reorder import Reorder
 
 log = logging.getLogger("omni.telephony")
 
-_AUDIO_DELTA_JSON = b'"response.output_audio.delta"'
 _SPEECH_STARTED = "input_audio_buffer.speech_started"
 _CUT = frozenset({"cancelled", "failed"})  # an answer that ends so has its audio cut at once
 _MAX_FORMATS = 16  # responses whose output format is remembered
@@ -74,9 +81,16 @@ class PhoneCall:
         self._pacer: asyncio.Task[None] | None = None
         self._formats: dict[str, AudioFormat] = {}  # response id -> its audio format (response.created)
         self._out = OutputConverters(fmt)  # the answers' audio to the carrier's format (if it is not already)
+        self._audio_type = AUDIO_DELTA  # the event whose audio plays (the door's dialect's, once started)
+        self._audio_json = _quoted(AUDIO_DELTA)
+        self._playback = True  # what was played is reported to the session (the door's dialect's)
+        self._cuts = 0  # the audio was cut this many times (GPT-Live's speech: a new stream after each)
 
     def start(self, door: Door) -> None:
         self.door = door
+        self._audio_type = door.dialect.media_audio
+        self._audio_json = _quoted(self._audio_type)
+        self._playback = door.dialect.media_playback
         self._pacer = self._loop.create_task(self._pace(), name=f"phone call {self.call_sid}")
 
     # --- what the caller sends ---------------------------------------------------------
@@ -94,7 +108,7 @@ class PhoneCall:
             return _all(waits) if waits else None
         if isinstance(event, MarkIn):
             echoed = self.playout.echoed(event.name)
-            if echoed is not None and echoed[1]:
+            if echoed is not None and echoed[1] and self._playback:
                 self._loop.call_soon(door.played, "stopped", echoed[0])
             return None
         if isinstance(event, DtmfIn):
@@ -111,12 +125,12 @@ class PhoneCall:
 
     def send(self, data: bytes, event: dict[str, Any] | None = None) -> None:
         if event is None:
-            if _AUDIO_DELTA_JSON not in data[:64]:
+            if self._audio_json not in data[:64]:
                 return  # (a replayed or connection event: nothing the carrier plays)
             event = orjson.loads(data)
             event["delta"] = base64.b64decode(event["delta"])
         kind = event["type"]
-        if kind == AUDIO_DELTA:
+        if kind == self._audio_type:
             self._play(event)
         elif kind == "response.created":
             self._note_format(event["response"])
@@ -145,12 +159,15 @@ class PhoneCall:
             del self._formats[next(iter(self._formats))]
 
     def _play(self, event: dict[str, Any]) -> None:
-        response_id = event["response_id"]
+        # A GPT-Live delta names no response: its speech is one stream, a new one after each cut.
+        response_id = event.get("response_id") or f"speech{self._cuts}"
         fmt = self._formats.get(response_id)
         if fmt is None and self.door is not None and self.door.host is not None:
             fmt = self.door.host.output_format
         audio = self._out.convert(response_id, bytes(event["delta"]), fmt or self.fmt, event)
-        self.playout.feed(audio, response_id=response_id, item_id=event["item_id"])
+        self.playout.feed(audio, response_id=response_id, item_id=event.get("item_id") or "")
+        if not self._playback:  # (a stream that never ends: a short piece need not wait for more)
+            self.playout.end_response(response_id)
         self._wake.set()
 
     def _answer_ended(self, response: dict[str, Any]) -> None:
@@ -174,12 +191,13 @@ class PhoneCall:
 
     def _cut_now(self) -> None:
         cut = self._clear()
-        if cut is not None and self.door is not None:
+        if cut is not None and self.door is not None and self._playback:
             # Deferred to the next loop turn: the session is in the middle of a flush.
             self._loop.call_soon(self.door.played, "cleared", cut.response_id, cut.item_id, cut.audio_end_ms)
 
     def _clear(self) -> Cut | None:
         cut = self.playout.clear()
+        self._cuts += 1
         if cut is not None:
             self.clears += 1
             self._write(self.codec.clear(self.stream_id))
@@ -200,7 +218,8 @@ class PhoneCall:
                     trace = door.trace
                     if trace is not None and trace.awaiting_socket:
                         trace.played()  # a traced turn ends when its first audio goes to the carrier
-                    self._loop.call_soon(door.played, "started", chunk.response_id)
+                    if self._playback:
+                        self._loop.call_soon(door.played, "started", chunk.response_id)
             at = self.playout.next_at(self._clock())
             self._wake.clear()
             if at is None:
@@ -254,6 +273,11 @@ class PhoneCall:
         self._out.clear()
         if code is not None:
             self.outbox.close(code, reason[:120])
+
+
+def _quoted(event_type: str) -> bytes:
+    """How an event's type reads in its JSON (a replayed delta's, found without decoding the rest)."""
+    return b'"' + event_type.encode() + b'"'
 
 
 async def _all(waits: list[Any]) -> None:

@@ -19,6 +19,13 @@ value="ek_..."/></Stream></Connect>``). In order, before any audio:
    engine's once to the carrier's (a carrier's linear PCM at 8 or 16 kHz: the session's
    ``audio/pcm`` at 24 kHz, to and from which the call converts in one step). Then the
    replica's and the tenant's limits, as on every socket (1013, 4029).
+   A stream without a client secret, with ``call_webhook_url`` set, is announced instead
+   (``realtime.call.incoming``; with ``call_webhook_live`` also GPT-Live's
+   ``live.transport.incoming``, ``type`` the carrier's name) and opens the session the
+   first accept names (``gateway/hosting/incoming.py``): a Realtime one, with the carrier's
+   format, or a GPT-Live one (``/v1/live/sessions/{id}/accept``: its ``session`` is the
+   start settings; its format PCM16 at 24 kHz, a media session's), in the
+   accept's dialect (``Door.open_call``, as a SIP call's).
 3. The call (``call.py``) until the carrier's ``stop``, a hangup, or the socket's end.
 """
 
@@ -33,10 +40,9 @@ from urllib.parse import parse_qs
 
 from gateway.audio.codecs import AudioFormat
 from gateway.auth import CredentialsUnavailable, Grant
-from gateway.hosting.calls import call_id_of
 from gateway.hosting.door import Door, Sessions
 from gateway.hosting.incoming import Rejected, Webhook, announce, forget, new_call_id, session_of
-from gateway.protocol.dialects import GA
+from gateway.protocol.dialects import GA, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.telephony import Carrier, CarrierMessageError, StreamStart, StreamStop
 from gateway.quotas import AdmissionUnavailable, ConnectRefusal
@@ -71,6 +77,8 @@ class _Accepted:
     call_id: str
     grant: Grant
     session: dict[str, Any]
+    dialect: Dialect  # the accept endpoint's: Realtime, or GPT-Live's (``/v1/live/sessions/{id}/accept``)
+    session_id: str  # the session's id: ``sess_`` (Realtime) or ``live_`` (Live) + the call id's suffix
 
 
 class TelephonyServices(Services, Protocol):
@@ -183,13 +191,15 @@ class TelephonyEndpoint:
         )
         webhook = self._webhook()
         session_id: str | None = None
+        dialect = GA
         requested: dict[str, Any] | None
         if not secret and webhook is not None:  # announced to the operator's backend, which accepts it
             accepted = await self._announce(scope, receive, start, webhook)
             if isinstance(accepted, tuple):
                 await self._close(send, *accepted)
                 return
-            grant, requested, session_id = accepted.grant, accepted.session, session_of(accepted.call_id)
+            grant, requested, session_id = accepted.grant, accepted.session, accepted.session_id
+            dialect = accepted.dialect
         else:
             try:
                 found = await rt.auth.client_secret(secret)
@@ -209,7 +219,10 @@ class TelephonyEndpoint:
             await self._close(send, refusal[2], refusal[0])
             return
         try:
-            model, settings = rt.session_defaults(grant, phone_session(requested, start.audio))
+            if dialect.media_start:  # GPT-Live's accept: its ``session`` (checked there) is the start settings
+                model, settings = str((requested or {}).get("model", "")), requested
+            else:
+                model, settings = rt.session_defaults(grant, phone_session(requested, start.audio))
         except ProtocolError as err:
             await self._close(send, CloseCode.FORBIDDEN, err.code)
             return
@@ -225,7 +238,7 @@ class TelephonyEndpoint:
             await self._close(send, CloseCode.RATE_LIMITED, seat.code)
             return
         try:
-            await self._run(receive, send, start, grant, model, settings, seat, session_id)
+            await self._run(receive, send, start, grant, model, settings, seat, session_id, dialect)
         finally:
             await seat.close()
 
@@ -233,7 +246,8 @@ class TelephonyEndpoint:
         s = self.runtime.settings
         if not s.call_webhook_url:
             return None
-        return Webhook(s.call_webhook_url, s.call_webhook_secret, s.call_webhook_timeout_s, s.call_accept_timeout_s)
+        return Webhook(s.call_webhook_url, s.call_webhook_secret, s.call_webhook_timeout_s, s.call_accept_timeout_s,
+                       live=s.call_webhook_live)  # fmt: skip
 
     async def _announce(
         self, scope: dict[str, Any], receive: Any, start: StreamStart, webhook: Webhook
@@ -245,7 +259,11 @@ class TelephonyEndpoint:
         headers = [{"name": k, "value": v} for k, v in request_headers(scope).items() if k not in _PRIVATE_HEADERS]
         data = {"carrier": self.codec.name, "carrier_call_id": start.call_id, "stream_id": start.stream_id,
                 "account_id": start.account_id, "parameters": start.parameters, "headers": headers}  # fmt: skip
-        incoming = await announce(rt.hosting, webhook, call_id, data)
+        # With call_webhook_live, also GPT-Live's live.transport.incoming (the SIP call's announcement,
+        # written once: incoming.py), its ``type`` the carrier's name (the gateway's: OpenAI's is "sip" only)
+        # and no SIP headers (a stream has no INVITE: the upgrade's headers are in ``headers``).
+        live = {"type": self.codec.name, "sip_headers": [], **data}
+        incoming = await announce(rt.hosting, webhook, call_id, data, live=live)
         if isinstance(incoming, str):
             log.warning("%s call %s refused: %s", self.codec.name, start.call_id, incoming)
             return CloseCode.UNAUTHORIZED, Code.UNAUTHORIZED
@@ -266,7 +284,8 @@ class TelephonyEndpoint:
             log.info("call %s refused: %s", call_id, answer.reason)
             timed_out = answer.reason != "rejected"
             return (CloseCode.UNAUTHORIZED, Code.UNAUTHORIZED) if timed_out else (CloseCode.NORMAL, "rejected")
-        return _Accepted(call_id, answer.grant, answer.session)
+        return _Accepted(call_id, answer.grant, answer.session, answer.dialect,
+                         answer.session_id or session_of(call_id))  # fmt: skip
 
     async def _until_stop(self, receive: Any) -> None:
         """Read and drop the carrier's messages until its stop or the socket's end."""
@@ -280,12 +299,13 @@ class TelephonyEndpoint:
                     return
 
     async def _run(self, receive: Any, send: Any, start: StreamStart, grant: Any, model: str,
-                   settings: dict[str, Any] | None, seat: Any, session_id: str | None) -> None:  # fmt: skip
+                   settings: dict[str, Any] | None, seat: Any, session_id: str | None,
+                   dialect: Dialect) -> None:  # fmt: skip
         rt = self.runtime
         outbox = Outbox(send, rt.settings.outbound_queue_bytes, rt.settings.outbound_stall_s)
         writer = asyncio.get_running_loop().create_task(outbox.run())
         call = PhoneCall(self.codec, start.stream_id, start.call_id, outbox, start.audio)
-        door = Door(rt.hosting, rt.sessions, call, dialect=GA, principal=grant.principal, model=model,
+        door = Door(rt.hosting, rt.sessions, call, dialect=dialect, principal=grant.principal, model=model,
                     max_message_bytes=rt.settings.max_message_bytes, seat=seat, media=call,
                     minted=grant.minted.binding() if grant.minted is not None else None,
                     session_id=session_id)  # fmt: skip
@@ -293,13 +313,14 @@ class TelephonyEndpoint:
         metrics.sessions.inc()
         metrics.sessions_total.inc()
         try:
-            if not await door.open(settings):
-                call.end("no session", code=None)
+            if not await door.open_call(settings):
+                # (a refused Realtime session closed the stream already; a Live one's refusal says nothing)
+                call.end("no session", code=CloseCode.TRY_AGAIN_LATER)
                 await settle(writer, 1.0)
                 return
             assert door.host is not None
-            log.info("%s call %s (stream %s) is call %s, session %s", self.codec.name, start.call_id, start.stream_id,
-                     call_id_of(door.host.id), door.host.id)  # fmt: skip
+            log.info("%s call %s (stream %s) is session %s", self.codec.name, start.call_id, start.stream_id,
+                     door.host.id)  # fmt: skip
             call.start(door)
             await self._read(receive, call)
         finally:
