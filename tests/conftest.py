@@ -2,7 +2,7 @@
 (``support.gateway``: run_gateway, connect, Client), not in conftest files, so
 that no test depends on which ``conftest`` module Python resolves.
 
-Under pytest-xdist (CI: ``-n 3 --dist loadgroup``, see pyproject.toml) tests that share
+Under pytest-xdist (CI: ``-n 4 --dist loadgroup``, see pyproject.toml) tests that share
 something costly run on one worker, in the order collected: every test of the session's
 one AsyncLLM (``vllm_engine``: ~30 s to start; the ``vllm_last`` tests that kill it come
 last); every Chromium test; every benchmark test; and the tests of a module that uses a
