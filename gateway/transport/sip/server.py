@@ -18,7 +18,8 @@ What it does with each request (RFC 3261, the parts a UAS answering calls needs)
   else: 405.
 
 The call is bounded by ``sip_max_call_s`` (then BYE). When the session lets the call go (a REST
-hangup, the session closed) the gateway sends BYE.
+hangup, the session closed) the gateway sends BYE. An outbound call's INVITE transaction is
+``uac.py``'s; once answered, its dialog is held here as an inbound call's.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from gateway.hosting.door import Door, Sessions
 from gateway.protocol.errors import Code
 from gateway.quotas import AdmissionUnavailable, ConnectRefusal, Quotas, Seat
 from gateway.settings import Settings
-from gateway.transport.sip import digest
+from gateway.transport.sip import digest, uac
 from gateway.transport.sip import message as sipmsg
 from gateway.transport.sip.call import SipCall
 from gateway.transport.sip.control import (
@@ -58,11 +59,10 @@ from gateway.transport.sip.media import PortsExhausted, RtpMedia, bind_rtp, pars
 from gateway.transport.sip.message import SipMessage, SipParseError, response_to
 from gateway.transport.sip.sdp import Offer, SdpError, build_answer, build_offer, parse_answer, parse_offer
 from gateway.transport.sip.srtp import offer_key
+from gateway.transport.sip.uac import ALLOW, T1, host_part
 
 log = logging.getLogger("omni.sip")
 
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY"
-T1 = 0.5
 T2 = 4.0
 TIMER_H = 64 * T1  # no ACK for a 200 OK this long: the call is hung up
 CALL_ID_HEADER = "X-Omni-Call-Id"  # the 200 OK names the session's call id (rtc_...): sideband and hangup use it
@@ -368,7 +368,7 @@ class SipServer:
         host, port = self._advertised(dialog), self._port(dialog)
         transport = {"TCP": ";transport=tcp", "TLS": ";transport=tls"}.get(dialog.transport, "")
         return (
-            ("Contact", f"<sip:omni-gateway@{_host_part(host)}:{port}{transport}>"),
+            ("Contact", f"<sip:omni-gateway@{host_part(host)}:{port}{transport}>"),
             ("Allow", ALLOW),
             (CALL_ID_HEADER, dialog.call.call_id),
             ("Content-Type", "application/sdp"),
@@ -584,7 +584,7 @@ class SipServer:
         host = self._advertised(dialog)
         port = self._port(dialog)
         req = SipMessage(method=method, uri=dialog.remote_uri)
-        req.add("Via", f"SIP/2.0/{dialog.transport} {_host_part(host)}:{port};branch=z9hG4bK{secrets.token_hex(8)}")
+        req.add("Via", f"SIP/2.0/{dialog.transport} {host_part(host)}:{port};branch=z9hG4bK{secrets.token_hex(8)}")
         req.add("Max-Forwards", "70")
         req.add("From", dialog.local_party or f"{invite.get('To')};tag={dialog.local_tag}")
         req.add("To", dialog.remote_party or invite.get("From") or "")
@@ -698,142 +698,57 @@ class SipServer:
     async def _place(self, destination: str, trunk: tuple[str, int], call: SipCall, *, caller: str | None,
                      credentials: tuple[str, str] | None,
                      on_ringing: Callable[[], None] | None = None) -> Dialog | int:  # fmt: skip
-        """The INVITE of an outbound call (``call``: its RTP bound, not started), rung until its
-        final answer (``on_ringing``: a 180 or 183 came): the answered call's dialog (ACK sent,
-        the call given its media for the answer's SDP), or the SIP status it failed with (408:
-        no answer in time; 488: an answer the gateway cannot take). The RTP socket is closed on
-        failure."""
-        assert self._loop is not None and self._udp is not None
+        """The INVITE of an outbound call (``call``: its RTP bound, not started; the transaction:
+        ``uac.invite``), rung until its final answer (``on_ringing``: a 180 or 183 came): the
+        answered call's dialog (ACK sent, the call given its media for the answer's SDP), or the
+        SIP status it failed with (408: no answer in time; 488: an answer the gateway cannot
+        take). The RTP socket is closed on failure."""
         cfg = self.config
         sock = call.media.sock
-        call_id = f"{secrets.token_hex(12)}@omni-gateway"
-        local_tag = secrets.token_hex(8)
         host = cfg.advertised_address or (cfg.rtp_host if cfg.rtp_host not in ("0.0.0.0", "::", "") else "127.0.0.1")
         port = self.bound[1] if self.bound else cfg.port
-        rtp_port = call.media.port
         target = destination if destination.startswith("sip") else f"sip:{destination.removeprefix('tel:')}@{trunk[0]}"
         user = (caller or "omni-gateway").removeprefix("tel:")
-        local_party = f"<sip:{user}@{_host_part(host)}>;tag={local_tag}"
+        local_tag = secrets.token_hex(8)
         key = offer_key() if cfg.outbound_srtp else None
-        offer = build_offer(address=host, port=rtp_port, session_id=int(time.time()), crypto=key)
+        out = uac.Outgoing(
+            target=target, call_id=f"{secrets.token_hex(12)}@omni-gateway",
+            local_party=f"<sip:{user}@{uac.host_part(host)}>;tag={local_tag}", contact=f"{uac.host_part(host)}:{port}",
+            sdp=build_offer(address=host, port=call.media.port, session_id=int(time.time()), crypto=key),
+        )  # fmt: skip
 
         def send(data: bytes) -> None:
             self._sendto(data, trunk)
 
-        def make_invite(cseq: int, auth: tuple[str, str] | None) -> SipMessage:
-            invite = SipMessage(method="INVITE", uri=target)
-            invite.add("Via", f"SIP/2.0/UDP {_host_part(host)}:{port};branch=z9hG4bK{secrets.token_hex(8)}")
-            invite.add("Max-Forwards", "70")
-            invite.add("From", local_party)
-            invite.add("To", f"<{target}>")
-            invite.add("Call-ID", call_id)
-            invite.add("CSeq", f"{cseq} INVITE")
-            invite.add("Contact", f"<sip:omni-gateway@{_host_part(host)}:{port}>")
-            invite.add("Allow", ALLOW)
-            if auth is not None:
-                invite.add(*auth)
-            invite.add("Content-Type", "application/sdp")
-            invite.body = offer
-            return invite
-
-        def ack_failure(invite: SipMessage, final: SipMessage, cseq: int) -> None:
-            ack = SipMessage(method="ACK", uri=target)  # hop-by-hop: the INVITE's branch
-            for name in ("Via", "Max-Forwards", "From", "Call-ID"):
-                ack.add(name, invite.get(name) or "")
-            ack.add("To", final.get("To") or "")
-            ack.add("CSeq", f"{cseq} ACK")
-            send(ack.encode())
-
-        queue: asyncio.Queue[SipMessage] = asyncio.Queue()
-        self._dialing[call_id] = queue
-        deadline = self._loop.time() + cfg.ring_timeout_s
-        cseq, auth = 1, None
+        answers: asyncio.Queue[SipMessage] = asyncio.Queue()  # the listener routes the trunk's answers here
+        self._dialing[out.call_id] = answers
         try:
-            while True:
-                invite = make_invite(cseq, auth)
-                final = await self._ring(invite, send, queue, deadline, on_ringing)
-                if final is None:  # nobody answered in time: CANCEL (same branch), then the 487 comes
-                    cancel = SipMessage(method="CANCEL", uri=target)
-                    for name in ("Via", "Max-Forwards", "From", "To", "Call-ID"):
-                        cancel.add(name, invite.get(name) or "")
-                    cancel.add("CSeq", f"{cseq} CANCEL")
-                    send(cancel.encode())
-                    sock.close()
-                    return 408
-                if final.status in (401, 407) and credentials is not None and auth is None:
-                    ack_failure(invite, final, cseq)
-                    proxy = final.status == 407
-                    challenge = final.get("Proxy-Authenticate" if proxy else "WWW-Authenticate") or ""
-                    value = digest.answer(challenge, username=credentials[0], password=credentials[1],
-                                          method="INVITE", uri=target)  # fmt: skip
-                    if value is None:
-                        sock.close()
-                        return final.status or 401
-                    auth = ("Proxy-Authorization" if proxy else "Authorization", value)
-                    cseq += 1
-                    continue
-                break
+            placed = await uac.invite(out, send, answers, ring_timeout_s=cfg.ring_timeout_s, credentials=credentials,
+                                      on_ringing=on_ringing)  # fmt: skip
         finally:
-            self._dialing.pop(call_id, None)
-        if (final.status or 500) >= 300:
-            ack_failure(invite, final, cseq)
+            self._dialing.pop(out.call_id, None)
+        if isinstance(placed, int):
             sock.close()
-            return final.status or 500
-        contact = final.get("Contact")
-        remote_uri = sipmsg.uri_of(contact) if contact else target
-        ack = SipMessage(method="ACK", uri=remote_uri)
-        ack.add("Via", f"SIP/2.0/UDP {_host_part(host)}:{port};branch=z9hG4bK{secrets.token_hex(8)}")
-        ack.add("Max-Forwards", "70")
-        ack.add("From", local_party)
-        ack.add("To", final.get("To") or "")
-        ack.add("Call-ID", call_id)
-        ack.add("CSeq", f"{cseq} ACK")
+            return placed
+        remote_party = placed.final.get("To") or ""
         try:
-            answer = parse_answer(final.body, key)
+            answer = parse_answer(placed.final.body, key)
         except SdpError as err:
             log.info("sip: the answer to an outbound call cannot be taken: %s", err)
-            send(ack.encode())
-            bye = Dialog(call_id, invite, trunk, send, "UDP", local_tag, remote_uri, call.media, call, cseq=cseq,
-                         local_party=local_party, remote_party=final.get("To") or "")  # fmt: skip
+            send(placed.ack.encode())
+            bye = Dialog(out.call_id, placed.invite, trunk, send, "UDP", local_tag, placed.remote_uri, call.media, call,
+                         cseq=placed.cseq, local_party=out.local_party, remote_party=remote_party)  # fmt: skip
             self._send_bye(bye, "no acceptable media")
             sock.close()
             return 488
         media = RtpMedia(sock, answer, on_audio=_ignore, on_dtmf=_ignore, local_crypto=key)
         call.take_media(media)
-        dialog = Dialog(call_id, invite, trunk, send, "UDP", local_tag, remote_uri, media, call, state="answered",
-                        cseq=cseq, local_party=local_party, remote_party=final.get("To") or "",
-                        ack=ack.encode())  # fmt: skip
-        self.dialogs[call_id] = dialog
+        dialog = Dialog(out.call_id, placed.invite, trunk, send, "UDP", local_tag, placed.remote_uri, media, call,
+                        state="answered", cseq=placed.cseq, local_party=out.local_party, remote_party=remote_party,
+                        ack=placed.ack.encode())  # fmt: skip
+        self.dialogs[out.call_id] = dialog
         send(dialog.ack)
         return dialog
-
-    async def _ring(self, invite: SipMessage, send: Send, queue: asyncio.Queue[SipMessage],
-                    deadline: float, on_ringing: Callable[[], None] | None = None) -> SipMessage | None:  # fmt: skip
-        """Send ``invite`` (again at T1, 3 T1, ... until any answer) and wait for its final
-        response until ``deadline`` (None: none came); ``on_ringing``: called on a 180 or 183."""
-        assert self._loop is not None
-        out = invite.encode()
-        send(out)
-        resend = [self._loop.call_later(d, send, out) for d in (T1, 3 * T1, 7 * T1, 15 * T1)]
-        cseq = invite.cseq[0]
-        try:
-            while True:
-                left = deadline - self._loop.time()
-                if left <= 0:
-                    return None
-                try:
-                    msg = await asyncio.wait_for(queue.get(), left)
-                except TimeoutError:
-                    return None
-                for handle in resend:
-                    handle.cancel()  # any answer: the INVITE arrived
-                if msg.cseq[0] == cseq and msg.status is not None and msg.status >= 200:
-                    return msg
-                if msg.status in (180, 183) and on_ringing is not None:
-                    on_ringing()
-        finally:
-            for handle in resend:
-                handle.cancel()
 
     # --- transfer (REFER, RFC 3515) -------------------------------------------------------------
 
@@ -868,7 +783,7 @@ class SipServer:
         future: asyncio.Future[int] = self._loop.create_future()
         self._refers[dialog.sip_call_id] = future
         host = self._advertised(dialog)
-        contact = f"<sip:omni-gateway@{_host_part(host)}:{self._port(dialog)}>"
+        contact = f"<sip:omni-gateway@{host_part(host)}:{self._port(dialog)}>"
         out = self._in_dialog(dialog, "REFER", ("Contact", contact), ("Refer-To", f"<{target_uri}>"),
                               ("Referred-By", contact))  # fmt: skip
         handles = []
@@ -922,10 +837,6 @@ async def admit(quotas: Quotas, grant: Grant, call: str) -> Seat | int:
 
 def _ignore(_: Any) -> None:
     pass
-
-
-def _host_part(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
 
 
 def build_sip_server(services: SipServices, control: CallControl | None = None) -> SipServer:
