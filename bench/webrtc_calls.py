@@ -339,7 +339,7 @@ class Caller:
         self.window: Counter[str] = Counter()
         self.recording = False
         self.errors: list[str] = []
-        self.said: list[str] = []  # the answers' transcripts (the first few)
+        self.said: list[str] = []  # the answers' transcripts (the first few that said something)
         self.turn_ends = turn_ends  # every call's speech_stopped arrivals (a stall hits every call)
         self.channel.on("message", self._message)
 
@@ -358,8 +358,8 @@ class Caller:
             self.turn_ends.append(t)
         elif kind == "error" and len(self.errors) < 5:
             self.errors.append(str(event.get("error", {}).get("message", event)))
-        elif kind == "response.output_audio_transcript.done" and len(self.said) < 3:
-            self.said.append(str(event.get("transcript", "")))
+        elif kind == "response.output_audio_transcript.done" and len(self.said) < 3 and event.get("transcript"):
+            self.said.append(str(event["transcript"]))  # (an answer cut before its first word says nothing)
         if self.probe is not None:
             self.probe.event(kind, t)
 

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from gateway.hosting.context import HostContext
-from gateway.store.base import replica_channel
+from gateway.store.base import StoreError, replica_channel
 
 log = logging.getLogger("omni.ask")
 
@@ -29,16 +29,24 @@ class NoOwner(Exception):
     """No replica serves the session (or none was listening): nothing was asked."""
 
 
+class AskUnavailable(Exception):
+    """The store could not carry the question (down or failing): ask again shortly."""
+
+
 async def ask_owner(ctx: HostContext, session_id: str, kind: str, fields: dict[str, Any],
                     timeout_s: float) -> dict[str, Any]:  # fmt: skip
     """``kind`` with ``fields``, answered by the replica serving ``session_id``: its answer.
-    Raises NoOwner, TimeoutError (no answer within ``timeout_s``), StoreError."""
+    Raises NoOwner, TimeoutError (no answer within ``timeout_s``), AskUnavailable (the store)."""
     ref = secrets.token_hex(8)
     future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
     ctx.asks[ref] = future
     message = {**fields, "type": "ask", "kind": kind, "ref": ref, "reply_to": ctx.replica_id, "session_id": session_id}
     try:
-        if not await ctx.store.send_to_owner(session_id, orjson.dumps(message)):
+        try:
+            sent = await ctx.store.send_to_owner(session_id, orjson.dumps(message))
+        except StoreError as exc:
+            raise AskUnavailable(str(exc)) from exc
+        if not sent:
             raise NoOwner(session_id)
         return await asyncio.wait_for(future, timeout_s)
     finally:

@@ -63,7 +63,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.auth import Authenticator, Grant
-from gateway.hosting.ask import NoOwner, ask_owner
+from gateway.hosting.ask import AskUnavailable, NoOwner, ask_owner
 from gateway.hosting.calls import session_id_of
 from gateway.hosting.context import HostContext
 from gateway.hosting.door import Door, Sessions
@@ -72,7 +72,6 @@ from gateway.protocol.dialects import LIVE
 from gateway.protocol.errors import Code, ProtocolError
 from gateway.quotas import AdmissionUnavailable, ConnectRefusal, Quotas, Seat
 from gateway.settings import Settings
-from gateway.store.base import StoreError
 from gateway.transport.http_body import BodyRefused, capped
 from gateway.transport.sip.control import REFER_ASK, REFER_TIMEOUT_S
 
@@ -211,7 +210,7 @@ class SipCallsEndpoint:
         if status is None:  # not held here: asked of the replica that holds it (gateway/hosting/ask.py)
             try:
                 status = await self._refer_elsewhere(call_id, target, grant.principal, live=live)
-            except StoreError:
+            except AskUnavailable:
                 return _error(503, Code.STORE_UNAVAILABLE, "Session state is unavailable; try again shortly.")
         if status is None:
             if live:
@@ -227,7 +226,7 @@ class SipCallsEndpoint:
     async def _refer_elsewhere(self, call_id: str, target: str, principal: str, *, live: bool) -> int | None:
         """The trunk's status for a transfer of a call another replica holds (408: neither the
         trunk nor that replica answered in time), or None: no replica holds such a call of
-        ``principal``'s. Raises StoreError."""
+        ``principal``'s. Raises AskUnavailable (the store)."""
         session_id = call_id if live else session_id_of(call_id)  # (a Live call's id is its session's)
         if session_id is None:
             return None

@@ -40,8 +40,9 @@ from urllib.parse import parse_qs
 
 from gateway.audio.codecs import AudioFormat
 from gateway.auth import CredentialsUnavailable, Grant
+from gateway.hosting.calls import call_id_of
 from gateway.hosting.door import Door, Sessions
-from gateway.hosting.incoming import Rejected, Webhook, announce, forget, new_call_id, session_of
+from gateway.hosting.incoming import Rejected, Webhook, announce, call_of_live, forget, new_call_id, session_of
 from gateway.protocol.dialects import GA, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.telephony import Carrier, CarrierMessageError, StreamStart, StreamStop
@@ -319,8 +320,9 @@ class TelephonyEndpoint:
                 await settle(writer, 1.0)
                 return
             assert door.host is not None
-            log.info("%s call %s (stream %s) is session %s", self.codec.name, start.call_id, start.stream_id,
-                     door.host.id)  # fmt: skip
+            # (the call id in the log is how a backend without the webhook finds the call's sideband)
+            log.info("%s call %s (stream %s) is call %s, session %s", self.codec.name, start.call_id, start.stream_id,
+                     call_of_live(door.host.id) or call_id_of(door.host.id), door.host.id)  # fmt: skip
             call.start(door)
             await self._read(receive, call)
         finally:
