@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -22,6 +23,7 @@ from typing import Any
 from gateway.allocator import ALLOCATOR
 from gateway.auth import Authenticator, Grant
 from gateway.hosting.bus import listen_bus
+from gateway.hosting.claim import FLUSH_ASK, flush_asked
 from gateway.hosting.context import Closable, HostContext
 from gateway.hosting.host import SessionHost
 from gateway.hosting.leases import renew_leases
@@ -268,6 +270,8 @@ class Runtime:
         self.store_watch = StoreWatch(self.hosting, interval_s=settings.redis_probe_interval_s,
                                       restore_window_s=settings.lease_ttl_s)  # fmt: skip
         self.hosting.watch = self.store_watch
+        # A resume on another replica asks this one to commit a session's journal first (claim.py).
+        self.hosting.answerers[FLUSH_ASK] = functools.partial(flush_asked, self.hosting)
         health = self.store.health
         health.listeners.append(lambda h: self.metrics.store_up.set(1 if h.up else 0))
         health.on_refused = self.metrics.store_calls_refused.inc

@@ -34,16 +34,21 @@ class AskUnavailable(Exception):
 
 
 async def ask_owner(ctx: HostContext, session_id: str, kind: str, fields: dict[str, Any],
-                    timeout_s: float) -> dict[str, Any]:  # fmt: skip
-    """``kind`` with ``fields``, answered by the replica serving ``session_id``: its answer.
-    Raises NoOwner, TimeoutError (no answer within ``timeout_s``), AskUnavailable (the store)."""
+                    timeout_s: float, *, owner: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """``kind`` with ``fields``, answered by the replica serving ``session_id`` (``owner``: that
+    replica, known already: the store is not asked): its answer. Raises NoOwner, TimeoutError (no
+    answer within ``timeout_s``), AskUnavailable (the store)."""
     ref = secrets.token_hex(8)
     future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
     ctx.asks[ref] = future
     message = {**fields, "type": "ask", "kind": kind, "ref": ref, "reply_to": ctx.replica_id, "session_id": session_id}
     try:
         try:
-            sent = await ctx.store.send_to_owner(session_id, orjson.dumps(message))
+            data = orjson.dumps(message)
+            if owner is not None:
+                sent = await ctx.store.publish(replica_channel(owner), data) > 0
+            else:
+                sent = await ctx.store.send_to_owner(session_id, data)
         except StoreError as exc:
             raise AskUnavailable(str(exc)) from exc
         if not sent:

@@ -7,27 +7,33 @@
   falls between the replay and the live stream.
 - It runs elsewhere, or ran on a replica that died: the snapshot's head is loaded
   (not the item records: the conversation is read once the resume is answered,
-  ``SessionHost.load_conversation``), the resume admitted, the lease taken (which
-  fences the old owner's writes; the old owner is also told on its bus channel to
-  stop at once), the journal read, and the session restored here.
+  ``SessionHost.load_conversation``), the resume admitted, a live old owner asked to
+  commit what it appended (``FLUSH_ASK``, waited for at most ``TAKEOVER_FLUSH_WAIT_S``),
+  the lease taken (which fences the old owner's writes; the old owner is also told on its
+  bus channel to stop at once), the journal read, and the session restored here.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from gateway.hosting.ask import AskUnavailable, NoOwner, ask_owner
 from gateway.hosting.context import HostContext
 from gateway.hosting.host import SessionHost
 from gateway.hosting.takeover import Held, Refusal, admit, top_seq
 from gateway.protocol import client_events as ce
 from gateway.session import snapshot
 from gateway.session.session import RealtimeSession
-from gateway.store.base import JournalRead, StateQuota, StoreUnavailable, replica_channel
+from gateway.store.base import JournalRead, StateQuota, StoreError, StoreUnavailable, replica_channel
 from orchestrator.orchestrator import Orchestrator
+
+FLUSH_ASK = "session.flush"  # (ask.py) a resuming replica asks the live owner to commit first
+TAKEOVER_FLUSH_WAIT_S = 0.5  # the longest a resume waits for it; past it, the old owner is fenced as it is
 
 # Rebuilds a session from its snapshot state on this replica; raises ProtocolError
 # (model_not_found) when its model is not served here.
@@ -90,6 +96,8 @@ async def claim(
     assert state is not None and found is not None
     session, orchestrator = restore(state)
     previous = await ctx.store.owner_of(sid)
+    if previous is not None and previous.owner != ctx.replica_id:
+        await _flushed_by(ctx, sid, previous.owner)
     fence = await ctx.store.acquire(sid, ctx.replica_id, ctx.lease_ttl_ms, quota=quota)
     if previous is not None and previous.owner != ctx.replica_id:
         # The old owner may be alive (a dropped socket): tell it to stop now, on its
@@ -106,6 +114,29 @@ async def claim(
     )  # fmt: skip
     return Claim(host, found, recovered=True, _read=read, _after=last,
                  reason="drained" if state.get("ended_by") == "drain" else "replica_lost")  # fmt: skip
+
+
+async def _flushed_by(ctx: HostContext, sid: str, owner: str) -> None:
+    """Before fencing a live owner (a dropped socket: the session goes on there), ask it to
+    commit what it has appended. It sends deltas before their commit, so its client may hold
+    events the journal has not yet: without this, a client that reconnects faster than the
+    owner's next flush (a busy machine) is ahead of what the resume reads, and gets a resync
+    instead of its replay. A dead owner is not listening (asked of nobody: at once); a
+    stalled one is not waited for past ``TAKEOVER_FLUSH_WAIT_S``."""
+    with contextlib.suppress(NoOwner, TimeoutError, AskUnavailable):
+        await ask_owner(ctx, sid, FLUSH_ASK, {}, TAKEOVER_FLUSH_WAIT_S, owner=owner)
+
+
+async def flush_asked(ctx: HostContext, body: dict[str, Any]) -> dict[str, Any]:
+    """On the owner: another replica takes the session over; commit what was appended first."""
+    host = ctx.hosts.get(str(body.get("session_id", "")))
+    if not isinstance(host, SessionHost) or host.ended:
+        return {"found": False}
+    try:
+        await host.writer.flush()
+    except StoreError:
+        return {"found": True, "flushed": False}
+    return {"found": True, "flushed": True}
 
 
 def realtime_head(head: bytes | None) -> dict[str, Any] | None:

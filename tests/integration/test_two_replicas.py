@@ -230,3 +230,41 @@ async def test_a_conversation_the_store_cannot_give_after_the_answer_means_resum
         await c.send({"type": "conversation.item.retrieve", "item_id": "item_4"})
         got = await c.wait_for("conversation.item.retrieved")
         assert got["item"]["content"][0]["text"] == "message 4"
+
+
+async def test_a_dropped_socket_resumed_on_another_replica_replays_what_its_owner_had_not_committed() -> None:
+    """Its owner sends deltas before their commit (one flush per ``journal_flush_ms`` while
+    busy), so a client that reconnects elsewhere faster than the owner's next flush holds
+    events the journal has not yet: issue 34's resync instead of replay on a busy machine. The
+    resuming replica asks the live owner to commit first (claim.py, ``FLUSH_ASK``): a replay,
+    never a resync. Here the owner flushes at most every 30 s while it answers, so without the
+    ask the client is ahead of the journal every time."""
+    if not REDIS_BINARY:
+        pytest.skip("redis-server is not installed")
+    with RedisServer() as server:
+        base = Settings(engine="passthrough", redis_url=server.url, api_keys=("k",), video_engine="none")
+        async with (
+            run_gateway(
+                replace(base, replica_id="ra", journal_flush_ms=30_000),
+                engine=PassthroughEngine(audio_chunks=200),
+                vad_factory=None,
+            ) as a,  # fmt: skip
+            run_gateway(
+                replace(base, replica_id="rb"), engine=PassthroughEngine(audio_chunks=5), vad_factory=None
+            ) as b,
+        ):
+            async with connect(a.url, headers=KEY) as c:
+                created = await c.wait_for("session.created")
+                await c.send({"type": "response.create"})
+                await c.wait_for(lambda e: e["type"] == "response.output_audio.delta" and e["server_event_seq"] > 20)
+                last = c.events[-1]["server_event_seq"]
+            async with connect(b.url, headers=KEY) as c2:
+                await c2.wait_for("session.created")
+                sid, token = created["session"]["id"], created["resume_token"]
+                await c2.send({"type": "session.resume", "session_id": sid, "resume_token": token,
+                               "last_received_server_event_seq": last})  # fmt: skip
+                answer = await c2.wait_for(
+                    lambda e: e["type"] in ("session.resumed", "session.resync_required", "error")
+                )
+                assert answer["type"] == "session.resumed", answer
+                assert answer["replay_from"] == last + 1, answer  # (what the owner made since: replayed)
