@@ -7,9 +7,9 @@
   falls between the replay and the live stream.
 - It runs elsewhere, or ran on a replica that died: the snapshot's head is loaded
   (not the item records: the conversation is read once the resume is answered,
-  ``SessionHost.load_conversation``), the resume admitted, a live old owner asked to
-  commit what it appended (``FLUSH_ASK``, waited for at most ``TAKEOVER_FLUSH_WAIT_S``),
-  the lease taken (which fences the old owner's writes; the old owner is also told on its
+  ``SessionHost.load_conversation``; a live old owner asked first to commit what it
+  appended: ``FLUSH_ASK``, waited for at most ``TAKEOVER_FLUSH_WAIT_S``), the resume
+  admitted, the lease taken (which fences the old owner's writes; the old owner is also told on its
   bus channel to stop at once), the journal read, and the session restored here.
 """
 
@@ -84,6 +84,11 @@ async def claim(
         held = Held(host.token_hash, host.principal, host.session.seq, live=True, minted=host.minted)
         _raise(admit(held, event, principal, minted), event)
         return Claim(host, held, recovered=False, _read=None, _after=last)
+    previous = await ctx.store.owner_of(sid)
+    if previous is not None and previous.owner != ctx.replica_id:
+        # Before the snapshot is read: what the old owner commits now is in both the state
+        # restored here and the journal replayed (read between them, the two would disagree).
+        await _flushed_by(ctx, sid, previous.owner)
     # The snapshot's head only: what admitting and answering the resume need. The
     # conversation is read once the resume is answered (SessionHost.load_conversation).
     state = realtime_head(await ctx.store.load_snapshot(sid))
@@ -95,9 +100,6 @@ async def claim(
     _raise(admit(found, event, principal, minted), event)
     assert state is not None and found is not None
     session, orchestrator = restore(state)
-    previous = await ctx.store.owner_of(sid)
-    if previous is not None and previous.owner != ctx.replica_id:
-        await _flushed_by(ctx, sid, previous.owner)
     fence = await ctx.store.acquire(sid, ctx.replica_id, ctx.lease_ttl_ms, quota=quota)
     if previous is not None and previous.owner != ctx.replica_id:
         # The old owner may be alive (a dropped socket): tell it to stop now, on its
