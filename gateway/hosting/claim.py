@@ -10,7 +10,8 @@
   ``SessionHost.load_conversation``; a live old owner asked first to commit what it
   appended: ``FLUSH_ASK``, waited for at most ``TAKEOVER_FLUSH_WAIT_S``), the resume
   admitted, the lease taken (which fences the old owner's writes; the old owner is also told on its
-  bus channel to stop at once), the journal read, and the session restored here.
+  bus channel to stop at once), the head read again if the old owner may have committed
+  since, the journal read, and the session restored here.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ async def claim(
         await _flushed_by(ctx, sid, previous.owner)
     # The snapshot's head only: what admitting and answering the resume need. The
     # conversation is read once the resume is answered (SessionHost.load_conversation).
-    state = realtime_head(await ctx.store.load_snapshot(sid))
+    head = await ctx.store.load_snapshot(sid)
+    state = realtime_head(head)
     if state is None and ctx.watch is not None and await ctx.watch.restoring():
         # The store came back a moment ago (maybe empty): the replica serving the session
         # may not have written it back yet. Not a final session_not_found: resume again.
@@ -99,9 +101,16 @@ async def claim(
     found = Held.from_snapshot(state) if state is not None else None
     _raise(admit(found, event, principal, minted), event)
     assert state is not None and found is not None
-    session, orchestrator = restore(state)
+    session, orchestrator = restore(state)  # (before the fence: a model not served here is refused first)
     fence = await ctx.store.acquire(sid, ctx.replica_id, ctx.lease_ttl_ms, quota=quota)
     if previous is not None and previous.owner != ctx.replica_id:
+        # A live old owner may have committed between that read and the fence (its periodic
+        # flush): the journal read below would have it and the state restored not (a finished
+        # answer ended again as cut). After the fence nobody writes: read the head once more.
+        again = await ctx.store.load_snapshot(sid)
+        if again != head and (fresher := realtime_head(again)) is not None:
+            state, found = fresher, Held.from_snapshot(fresher)
+            session, orchestrator = restore(state)
         # The old owner may be alive (a dropped socket): tell it to stop now, on its
         # own channel (the lease already names us). Fencing stops its writes anyway.
         stop = orjson.dumps({"type": "replaced", "session_id": sid})

@@ -918,8 +918,9 @@ async def raw_resume(h: Harness, url: str, session_id: str, token: str, last_seq
                                   open_timeout=10, compression=None, max_size=None)  # fmt: skip
     try:
         async with asyncio.timeout(10):
-            while orjson.loads(await ws.recv())["type"] != "session.created":
-                pass
+            while (first := orjson.loads(await ws.recv()))["type"] != "session.created":
+                if first["type"] == "error":  # refused at connect (store_unavailable: a coded refusal too)
+                    return first, ws
             resume = {"type": "session.resume", "session_id": session_id, "resume_token": token,
                       "last_received_server_event_seq": last_seq}  # fmt: skip
             await ws.send(orjson.dumps(resume).decode())
@@ -1011,9 +1012,16 @@ async def test_resume_of_a_session_whose_journal_was_lost_gets_resync_or_a_code(
         assert loop.time() < deadline, "the owner never took the lease again after the Redis restart"
         await asyncio.sleep(0.1)
     other = (owner + 1) % harness.replicas
-    answer_event, ws = await raw_resume(harness, cluster.replicas[other].url, sid, token, last)
-    if ws is not None:
-        await ws.close()
+    # Until its own probe sees Redis back (redis_probe_interval_s), the other replica refuses
+    # with store_unavailable, to be retried; then it must answer the resume itself.
+    deadline = loop.time() + 30
+    while True:
+        answer_event, ws = await raw_resume(harness, cluster.replicas[other].url, sid, token, last)
+        if ws is not None:
+            await ws.close()
+        if answer_event.get("error", {}).get("code") != "store_unavailable" or loop.time() > deadline:
+            break
+        await asyncio.sleep(0.5)
     assert answer_event["type"] in ("session.resync_required", "session.resumed", "error"), (
         f"r{other} did not answer the resume: {answer_event}"
     )

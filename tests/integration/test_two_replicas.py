@@ -268,3 +268,58 @@ async def test_a_dropped_socket_resumed_on_another_replica_replays_what_its_owne
                 )
                 assert answer["type"] == "session.resumed", answer
                 assert answer["replay_from"] == last + 1, answer  # (what the owner made since: replayed)
+
+
+async def test_a_commit_by_the_old_owner_between_the_snapshot_read_and_the_fence_is_not_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 34: the live old owner's periodic flush can land after the resuming replica read
+    the snapshot and before its lease fences the owner. The journal (read after the fence) has
+    that commit; the state restored must have it too, or an answer that finished there is
+    believed running and ended once more as cut (response.done incomplete after the completed
+    one). Here the owner flushes only when asked, and the test makes that flush land exactly
+    in the window."""
+    if not REDIS_BINARY:
+        pytest.skip("redis-server is not installed")
+    with RedisServer() as server:
+        base = Settings(engine="passthrough", redis_url=server.url, api_keys=("k",), video_engine="none")
+        async with (
+            run_gateway(
+                replace(base, replica_id="ra", journal_flush_ms=30_000),
+                engine=PassthroughEngine(audio_chunks=40),  # paced: 0.8 s of answer
+                vad_factory=None,
+            ) as a,  # fmt: skip
+            run_gateway(
+                replace(base, replica_id="rb"), engine=PassthroughEngine(audio_chunks=5), vad_factory=None
+            ) as b,
+        ):
+            async with connect(a.url, headers=KEY) as c:
+                created = await c.wait_for("session.created")
+                await c.send({"type": "response.create"})
+                await c.wait_for(lambda e: e["type"] == "response.output_audio.delta")
+                last = c.events[-1]["server_event_seq"]
+            sid, token = created["session"]["id"], created["resume_token"]
+            store, real = b.runtime.store, b.runtime.store.load_snapshot
+            raced: list[bool] = []
+
+            async def read_then_owner_commits(session_id: str) -> bytes | None:
+                head = await real(session_id)
+                if session_id == sid and not raced:  # the first read: the one admitting the resume
+                    owner = a.runtime.hosting.hosts[sid]
+                    async with asyncio.timeout(20):
+                        while owner.session.active_response_id is not None:  # noqa: ASYNC110 (the answer ends)
+                            await asyncio.sleep(0.02)
+                    await owner.writer.flush()  # its periodic flush, landing in the window
+                    raced.append(True)
+                return head
+
+            monkeypatch.setattr(store, "load_snapshot", read_then_owner_commits)
+            async with connect(b.url, headers=KEY) as c2:
+                resumed = await _resumed(c2, sid, token, last)
+                assert raced, "the owner's commit was not placed in the window"
+                await c2.send({"type": "response.create"})
+                after = resumed["replay_to"]
+                second = await c2.wait_for(lambda e: e["type"] == "response.done" and e["server_event_seq"] > after)
+                dones = [e["response"] for e in c2.events if e["type"] == "response.done"]
+                assert [d["status"] for d in dones] == ["completed", "completed"], dones
+                assert dones[0]["id"] != second["response"]["id"]
