@@ -102,10 +102,23 @@ class HttpApi:
             return _error(403, Code.FORBIDDEN, f"{what}: this credential is not an operator's (an operator key is).")
         return None
 
-    async def models(self, request: Request) -> Response:
+    async def _grant(self, request: Request, doing: str) -> Grant | Response:
+        """The request's credential, or the 401 that says what ``doing`` needs."""
         grant = await self.rt.auth.authenticate_http(request.headers)
         if grant is None:
-            return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.")
+            self.rt.metrics.auth_failures.inc()
+            return _error(401, Code.UNAUTHORIZED, f"{doing} needs 'Authorization: Bearer <API key>'.")
+        return grant
+
+    async def _body(self, request: Request) -> Any:
+        """The request's JSON body (empty: ``{}``), read within ``max_http_body_bytes``; raises
+        BodyRefused (413 past the cap, 400 not JSON: ``BodyRefused.response``)."""
+        return json_body(await capped(request, self.rt.settings.max_http_body_bytes).body(), empty={})
+
+    async def models(self, request: Request) -> Response:
+        grant = await self._grant(request, "Listing the models")
+        if isinstance(grant, Response):
+            return grant
         health = self.rt.engine_health()
         data = []
         for spec in self.rt.router.named():
@@ -130,10 +143,9 @@ class HttpApi:
     async def live_content(self, request: Request) -> Response:
         """GPT-Live's ``GET /v1/live/sessions/{id}/content``: a stored session's recording
         (``gateway/session/live_recording.py``), for the credential that created it."""
-        grant = await self.rt.auth.authenticate_http(request.headers)
-        if grant is None:
-            self.rt.metrics.auth_failures.inc()
-            return _error(401, Code.UNAUTHORIZED, "Downloading a recording needs 'Authorization: Bearer <API key>'.")
+        grant = await self._grant(request, "Downloading a recording")
+        if isinstance(grant, Response):
+            return grant
         try:
             content, media_type = await recording(self.rt.hosting, request.path_params["session_id"], grant.principal)
         except ProtocolError as err:
@@ -143,12 +155,11 @@ class HttpApi:
         return Response(content, media_type=media_type)
 
     async def client_secrets(self, request: Request) -> Response:
-        grant = await self.rt.auth.authenticate_http(request.headers)
-        if grant is None:
-            self.rt.metrics.auth_failures.inc()
-            return _error(401, Code.UNAUTHORIZED, "Minting a client secret needs 'Authorization: Bearer <API key>'.")
+        grant = await self._grant(request, "Minting a client secret")
+        if isinstance(grant, Response):
+            return grant
         try:
-            body: Any = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body(), empty={})
+            body: Any = await self._body(request)
         except BodyRefused as refused:
             return refused.response()
         if not isinstance(body, dict):
@@ -232,12 +243,11 @@ class HttpApi:
     async def call_accept(self, request: Request) -> Response:
         """An announced call (``realtime.call.incoming``) is accepted with a session configuration:
         its session opens with it, for this credential, on the replica that holds the call."""
-        grant = await self.rt.auth.authenticate_http(request.headers)
-        if grant is None:
-            self.rt.metrics.auth_failures.inc()
-            return _error(401, Code.UNAUTHORIZED, "Accepting a call needs 'Authorization: Bearer <API key>'.")
+        grant = await self._grant(request, "Accepting a call")
+        if isinstance(grant, Response):
+            return grant
         try:
-            body: Any = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body(), empty={})
+            body: Any = await self._body(request)
         except BodyRefused as refused:
             return refused.response()
         if not isinstance(body, dict):
@@ -259,12 +269,11 @@ class HttpApi:
         """GPT-Live's accept of a call announced as ``live.transport.incoming``
         (``SessionAcceptParams``: ``{"session": {"type": "live", "model", ...}}``, strict): the
         call's session opens in the Live dialect, with ``session`` as its start settings."""
-        grant = await self.rt.auth.authenticate_http(request.headers)
-        if grant is None:
-            self.rt.metrics.auth_failures.inc()
-            return _error(401, Code.UNAUTHORIZED, "Accepting a call needs 'Authorization: Bearer <API key>'.")
+        grant = await self._grant(request, "Accepting a call")
+        if isinstance(grant, Response):
+            return grant
         try:
-            body: Any = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body(), empty={})
+            body: Any = await self._body(request)
             config = _live_accept(body)
         except BodyRefused as refused:
             return refused.response()
@@ -283,12 +292,11 @@ class HttpApi:
 
     async def live_reject(self, request: Request) -> Response:
         """GPT-Live's reject (``SessionRejectParams``: ``status_code`` required, the SIP final response)."""
-        grant = await self.rt.auth.authenticate_http(request.headers)
-        if grant is None:
-            self.rt.metrics.auth_failures.inc()
-            return _error(401, Code.UNAUTHORIZED, "Rejecting a call needs 'Authorization: Bearer <API key>'.")
+        grant = await self._grant(request, "Rejecting a call")
+        if isinstance(grant, Response):
+            return grant
         try:
-            body: Any = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body(), empty={})
+            body: Any = await self._body(request)
         except BodyRefused as refused:
             return refused.response()
         if not isinstance(body, dict):
@@ -299,9 +307,8 @@ class HttpApi:
         status = body.get("status_code")
         if status is None:
             return _error(400, Code.MISSING_FIELD, "Missing required parameter: 'status_code'.", "status_code")
-        if not isinstance(status, int) or isinstance(status, bool) or not 400 <= status <= 699:
-            return _error(400, Code.INVALID_VALUE, "'status_code' must be a SIP final status from 400 to 699 "
-                          "(486 Busy Here, 603 Decline...).", "status_code")  # fmt: skip
+        if not _sip_final_status(status):
+            return _error(400, Code.INVALID_VALUE, SIP_STATUS_MESSAGE, "status_code")
         return await self._answer_live(request.path_params["session_id"], Rejected("rejected", status))
 
     async def _answer_live(self, session_id: str, answer: Accepted | Rejected) -> Response:
@@ -317,10 +324,9 @@ class HttpApi:
 
     async def live_hangup(self, request: Request) -> Response:
         """GPT-Live's hangup: the Live session's call ends (SIP: BYE), and its session for good."""
-        grant = await self.rt.auth.authenticate_http(request.headers)
-        if grant is None:
-            self.rt.metrics.auth_failures.inc()
-            return _error(401, Code.UNAUTHORIZED, "Ending a call needs 'Authorization: Bearer <API key>'.")
+        grant = await self._grant(request, "Ending a call")
+        if isinstance(grant, Response):
+            return grant
         session_id = request.path_params["session_id"]
         if not session_id.startswith(LIVE_PREFIX) or len(session_id) > 133:
             ended = False
@@ -334,20 +340,18 @@ class HttpApi:
         return JSONResponse({})
 
     async def call_reject(self, request: Request) -> Response:
-        grant = await self.rt.auth.authenticate_http(request.headers)
-        if grant is None:
-            self.rt.metrics.auth_failures.inc()
-            return _error(401, Code.UNAUTHORIZED, "Rejecting a call needs 'Authorization: Bearer <API key>'.")
+        grant = await self._grant(request, "Rejecting a call")
+        if isinstance(grant, Response):
+            return grant
         try:
-            body: Any = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body(), empty={})
+            body: Any = await self._body(request)
         except BodyRefused as refused:
             return refused.response()
         status = body.get("status_code") if isinstance(body, dict) else None
         if not isinstance(body, dict) or set(body) - {"status_code"}:
             return _error(400, Code.INVALID_VALUE, 'The body is empty or {"status_code": 400-699}.')
-        if status is not None and (not isinstance(status, int) or isinstance(status, bool) or not 400 <= status <= 699):
-            return _error(400, Code.INVALID_VALUE, "'status_code' must be a SIP final status from 400 to 699 "
-                          "(486 Busy Here, 603 Decline...).", "status_code")  # fmt: skip
+        if status is not None and not _sip_final_status(status):
+            return _error(400, Code.INVALID_VALUE, SIP_STATUS_MESSAGE, "status_code")
         return await self._answer_call(request, Rejected("rejected", status))
 
     async def _answer_call(self, request: Request, answer: Accepted | Rejected) -> Response:
@@ -396,13 +400,12 @@ class HttpApi:
 
     async def video_interaction(self, request: Request) -> Response:
         """POST an interaction to a streaming video session, from any replica."""
-        grant = await self.rt.auth.authenticate_http(request.headers)
-        if grant is None:
-            self.rt.metrics.auth_failures.inc()
-            return _error(401, Code.UNAUTHORIZED, "Send 'Authorization: Bearer <API key>'.")
+        grant = await self._grant(request, "Posting an interaction")
+        if isinstance(grant, Response):
+            return grant
         sid = request.path_params["session_id"]
         try:
-            body = json_body(await capped(request, self.rt.settings.max_http_body_bytes).body(), empty={})
+            body = await self._body(request)
             payload = body.get("interaction", body) if isinstance(body, dict) else None
             spec = decode_interaction(payload)
         except BodyRefused as refused:
@@ -422,6 +425,14 @@ class HttpApi:
         if outcome.forwarded:  # the owning replica reports the outcome on the session's socket
             body = {"queued": True, "forwarded": True, "session_id": sid, "event_id": spec.event_id}
         return JSONResponse(body, status_code=202)
+
+
+SIP_STATUS_MESSAGE = "'status_code' must be a SIP final status from 400 to 699 (486 Busy Here, 603 Decline...)."
+
+
+def _sip_final_status(value: Any) -> bool:
+    """A reject's ``status_code``: the SIP final response the caller gets."""
+    return isinstance(value, int) and not isinstance(value, bool) and 400 <= value <= 699
 
 
 _ACCEPT_KEYS = frozenset({"type", "model", "audio", "delegation", "input", "instructions", "safety_identifier",

@@ -15,13 +15,16 @@ import asyncio
 import base64
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import httpx
 import pytest
 from support.gateway import RunningGateway, connect, run_gateway
+from support.gateway import post as gateway_post
 from support.redis_server import REDIS_BINARY, RedisServer
 from support.twilio_sim import TwilioCall
+from support.waiting import until
 from support.webhook_receiver import Delivery, Receiver, receiver
 
 from gateway.hosting.host import SessionHost
@@ -32,14 +35,7 @@ pytestmark = pytest.mark.timeout(90)
 
 SECRET = "whsec_" + base64.b64encode(b"a-webhook-key-of-32-bytes-exact!").decode()
 KEY = {"Authorization": "Bearer k"}
-
-
-async def wait_for(condition: Any, what: str, timeout: float = 30) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+post = partial(gateway_post, headers=KEY)  # the API key's POST
 
 
 @pytest.fixture
@@ -69,11 +65,6 @@ def twilio(gw: RunningGateway, **kwargs: Any) -> TwilioCall:
     return TwilioCall(f"ws://127.0.0.1:{gw.port}/v1/telephony/twilio", None, **kwargs)
 
 
-async def post(gw: RunningGateway, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
-    async with httpx.AsyncClient() as http:
-        return await http.post(gw.http + path, headers=KEY, json=body or {})
-
-
 async def test_a_call_announced_on_one_replica_is_accepted_driven_and_hung_up_from_the_other(
     cluster: tuple[RunningGateway, RunningGateway, Receiver],
 ) -> None:
@@ -94,7 +85,7 @@ async def test_a_call_announced_on_one_replica_is_accepted_driven_and_hung_up_fr
     call = twilio(a, call_sid="CA-accepted")
     await call.connect()
     try:
-        await wait_for(lambda: answers, "the backend's accept")
+        await until(lambda: answers, "the backend's accept")
         assert answers[0].status_code == 200, answers[0].text
         [delivery] = hooks.received
         assert delivery.verified  # signed with the whsec_ secret, Standard Webhooks
@@ -114,7 +105,7 @@ async def test_a_call_announced_on_one_replica_is_accepted_driven_and_hung_up_fr
         assert "host" in names and "sec-websocket-key" not in names
         # The session opened on A, the stream's replica, with the accepted configuration.
         session_id = "sess_" + call_id.removeprefix("rtc_")
-        await wait_for(lambda: session_id in a.runtime.hosting.hosts, "the call's session on A")
+        await until(lambda: session_id in a.runtime.hosting.hosts, "the call's session on A")
         host = a.runtime.hosting.hosts[session_id]
         assert isinstance(host, SessionHost)
         assert host.session.config.instructions == "You answer phones."
@@ -123,7 +114,7 @@ async def test_a_call_announced_on_one_replica_is_accepted_driven_and_hung_up_fr
         async with connect(b.url + f"?call_id={call_id}", headers=KEY) as sideband:
             await sideband.send({"type": "response.create"})
             await sideband.wait_for("response.done")
-        await wait_for(lambda: any(m.get("event") == "media" for m in call.received), "the answer's audio")
+        await until(lambda: any(m.get("event") == "media" for m in call.received), "the answer's audio")
         # A second accept finds nothing waiting.
         again = await post(b, f"/v1/realtime/calls/{call_id}/accept", {"type": "realtime"})
         assert again.status_code == 404 and again.json()["error"]["code"] == "call_id_not_found"
@@ -142,7 +133,7 @@ async def test_a_rejected_call_ends_before_any_audio_and_an_unanswered_one_when_
     a, b, hooks = cluster
     rejected = twilio(a, call_sid="CA-rejected")
     await rejected.connect()
-    await wait_for(lambda: hooks.received, "the announcement")
+    await until(lambda: hooks.received, "the announcement")
     call_id = hooks.received[0].body["data"]["call_id"]
     res = await post(b, f"/v1/realtime/calls/{call_id}/reject")
     assert res.status_code == 200, res.text
@@ -154,7 +145,7 @@ async def test_a_rejected_call_ends_before_any_audio_and_an_unanswered_one_when_
     # Nobody answers: refused when call_accept_timeout_s is over; a late accept finds nothing.
     unanswered = twilio(a, call_sid="CA-unanswered")
     await unanswered.connect()
-    await wait_for(lambda: len(hooks.received) == 2, "the second announcement")
+    await until(lambda: len(hooks.received) == 2, "the second announcement")
     await asyncio.wait_for(unanswered.closed.wait(), 15)
     assert unanswered.close_code == 4001
     late = hooks.received[1].body["data"]["call_id"]

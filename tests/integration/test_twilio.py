@@ -35,6 +35,7 @@ from support.twilio_sim import (
     pcm16,
     vonage_jwt,
 )
+from support.waiting import until
 
 from gateway.audio.codecs import AudioFormat, Codec
 from gateway.hosting.calls import call_id_of
@@ -64,14 +65,6 @@ class WrittenAtOnceThinker:
             assert isinstance(word, str)
             yield word
         yield ". " + TAIL
-
-
-async def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def mint(gw: RunningGateway, headers: dict[str, str] | None = None) -> str:
@@ -120,7 +113,7 @@ async def test_a_spoken_call_answer_marks_barge_in_dtmf_and_stop(carrier: str) -
         secret = await mint(gw)
         call = simulator(f"ws://127.0.0.1:{gw.port}/v1/telephony/{path}", secret)
         await call.connect()
-        await wait_for(lambda: phone_host(gw) is not None, "the call's session")
+        await until(lambda: phone_host(gw) is not None, "the call's session")
         host = phone_host(gw)
         assert host is not None
         # The session's audio is the carrier's G.711, both ways, or for linear PCM at 16 or 8 kHz the
@@ -138,20 +131,20 @@ async def test_a_spoken_call_answer_marks_barge_in_dtmf_and_stop(carrier: str) -
             try:
                 # The caller asks; the answer is written at once and paced out, a mark after each chunk.
                 await call.speak(quiet * 5 + utterance + quiet * 15)
-                await wait_for(lambda: first("response.done") is not None, "the first answer")
+                await until(lambda: first("response.done") is not None, "the first answer")
                 done = first("response.done")
                 assert done is not None and done["response"]["status"] == "completed"
                 item_id = done["response"]["output"][0]["id"]
-                await wait_for(lambda: call.heard_ms() > 1500 and len(call.marks_echoed) > 5, "the answer to play")
+                await until(lambda: call.heard_ms() > 1500 and len(call.marks_echoed) > 5, "the answer to play")
                 assert first("output_audio_buffer.started") is not None
                 # The caller talks over it: clear, truncated at what was played, the turn cancelled.
                 mark_count = len(events)
                 began = time.monotonic()
                 speaking = asyncio.get_running_loop().create_task(call.speak(utterance + quiet * 15))
-                await wait_for(lambda: bool(call.clears), "the clear")
+                await until(lambda: bool(call.clears), "the clear")
                 heard_at_clear = call.heard_ms()
                 print(f"barge-in: clear {1000 * (call.clears[0] - began):.0f} ms after the caller began to speak")
-                await wait_for(lambda: first("conversation.item.truncated", mark_count) is not None, "the truncation")
+                await until(lambda: first("conversation.item.truncated", mark_count) is not None, "the truncation")
                 truncated = first("conversation.item.truncated", mark_count)
                 cleared = first("output_audio_buffer.cleared", mark_count)
                 assert truncated is not None and cleared is not None
@@ -165,7 +158,7 @@ async def test_a_spoken_call_answer_marks_barge_in_dtmf_and_stop(carrier: str) -
                 # the second answer's (sent after its response.created, which needs the caller's
                 # whole utterance first).
                 await speaking
-                await wait_for(lambda: sum(1 for e in events if e["type"] == "response.created") >= 2,
+                await until(lambda: sum(1 for e in events if e["type"] == "response.created") >= 2,
                                "the second answer")  # fmt: skip
                 second = [i for i, e in enumerate(events) if e["type"] == "response.created"][1]
                 clear_at = next(i for i, m in enumerate(call.received) if m["event"] == call.clear_event)
@@ -183,7 +176,7 @@ async def test_a_spoken_call_answer_marks_barge_in_dtmf_and_stop(carrier: str) -
                     assert call.odd_media == 0
                 # A key press reaches the session and its sideband.
                 await call.dtmf("5")
-                await wait_for(lambda: first("input_audio_buffer.dtmf_event_received") is not None, "the key")
+                await until(lambda: first("input_audio_buffer.dtmf_event_received") is not None, "the key")
                 key = first("input_audio_buffer.dtmf_event_received")
                 assert key is not None and key["event"] == "5" and abs(key["received_at"] - time.time()) < 60
                 print(f"lead: at most {call.max_buffered_ms:.0f} ms of audio waited in the carrier's buffer")
@@ -212,7 +205,7 @@ async def test_a_bad_client_secret_is_refused_before_any_audio(carrier: str) -> 
         secret = await mint(gw)
         first_call = simulator(url.format(gw.port), secret)
         await first_call.connect()
-        await wait_for(lambda: phone_host(gw) is not None, "the first call's session")
+        await until(lambda: phone_host(gw) is not None, "the first call's session")
         again = simulator(url.format(gw.port), secret, call_sid="CA2")
         await again.connect()
         await asyncio.wait_for(again.closed.wait(), 15)
@@ -235,7 +228,7 @@ async def test_with_the_auth_token_set_a_stream_without_a_valid_signature_is_ref
         # backend hangs it up (POST /v1/realtime/calls/{call_id}/hangup, as a WebRTC call's).
         call = TwilioCall(url, await mint(gw), auth_token=TOKEN)
         await call.connect()
-        await wait_for(lambda: phone_host(gw) is not None, "the signed call's session")
+        await until(lambda: phone_host(gw) is not None, "the signed call's session")
         host = phone_host(gw)
         assert host is not None
         async with httpx.AsyncClient() as http:
@@ -274,7 +267,7 @@ async def test_with_the_carriers_authorization_set_an_upgrade_without_it_is_refu
             assert b"signature_invalid" in refused.value.response.body
         call = simulator(url, await mint(gw), **good)
         await call.connect()
-        await wait_for(lambda: phone_host(gw) is not None, "the authorized call's session")
+        await until(lambda: phone_host(gw) is not None, "the authorized call's session")
         await call.stop()
         await asyncio.wait_for(call.closed.wait(), 10)
         assert call.close_code == 1000
@@ -289,7 +282,7 @@ async def test_a_drain_lets_a_phone_call_finish_while_other_sessions_are_handed_
     async with run_gateway(settings, engine=PassthroughEngine(audio_chunks=5), vad_factory=None) as gw:
         call = TwilioCall(twilio_url(gw), await mint(gw))
         await call.connect()
-        await wait_for(lambda: phone_host(gw) is not None, "the call's session")
+        await until(lambda: phone_host(gw) is not None, "the call's session")
         host = phone_host(gw)
         assert host is not None and host.holds_call
         async with connect(gw.url + f"?call_id={call_id_of(host.id)}") as sideband:
@@ -303,7 +296,7 @@ async def test_a_drain_lets_a_phone_call_finish_while_other_sessions_are_handed_
             assert not call.closed.is_set() and not drain.done()
             await sideband.send({"type": "response.create"})
             await sideband.wait_for("response.done")
-            await wait_for(lambda: any(m.get("event") == "media" for m in call.received), "the answer's audio")
+            await until(lambda: any(m.get("event") == "media" for m in call.received), "the answer's audio")
             assert not drain.done()
         # The caller hangs up: the drain hands the session over and is done.
         await call.stop()
@@ -319,14 +312,14 @@ async def test_a_sidebands_output_audio_buffer_clear_silences_the_call_at_what_w
     async with run_gateway(settings, engine=engine, vad_factory=None) as gw:
         call = TwilioCall(twilio_url(gw), await mint(gw))
         await call.connect()
-        await wait_for(lambda: phone_host(gw) is not None, "the call's session")
+        await until(lambda: phone_host(gw) is not None, "the call's session")
         host = phone_host(gw)
         assert host is not None
         try:
             async with connect(gw.url + f"?call_id={call_id_of(host.id)}") as sideband:
                 await sideband.send({"type": "response.create"})
                 done = await sideband.wait_for("response.done")  # written; it plays on from the pacer
-                await wait_for(lambda: call.heard_ms() > 500 and len(call.marks_echoed) > 3, "the answer to play")
+                await until(lambda: call.heard_ms() > 500 and len(call.marks_echoed) > 3, "the answer to play")
                 await sideband.send({"type": "output_audio_buffer.clear"})
                 truncated = await sideband.wait_for("conversation.item.truncated")
                 cleared = await sideband.wait_for("output_audio_buffer.cleared")

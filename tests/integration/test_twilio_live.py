@@ -17,20 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from functools import partial
 
-import httpx
 import orjson
 import pytest
 import websockets
 from openai.types.webhooks import LiveTransportIncomingWebhookEvent
-from support.gateway import RunningGateway, run_gateway
-from support.sdk_shapes import check_live_event
+from support.gateway import post as gateway_post
+from support.gateway import run_gateway
+from support.live_sideband import Sideband
 from support.speech import silence, speak
 from support.twilio_sim import TwilioCall, mulaw
+from support.waiting import until
 from support.webhook_receiver import receiver
 
 from gateway.hosting.host import SessionHost
@@ -45,6 +45,7 @@ pytestmark = pytest.mark.timeout(180)
 
 SECRET = "whsec_" + base64.b64encode(b"a-webhook-key-of-32-bytes-exact!").decode()
 KEY = {"Authorization": "Bearer k"}
+post = partial(gateway_post, headers=KEY)  # the API key's POST
 TAIL = " ".join(["I am still talking about this and that, so you can interrupt me."] * 4)
 
 
@@ -66,37 +67,6 @@ class LongFirstAnswer:
             yield ". " + TAIL
 
 
-async def wait_for(condition: Any, what: str, timeout: float = 60) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def post(gw: RunningGateway, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=30) as http:
-        return await http.post(gw.http + path, headers=KEY, json=body or {})
-
-
-class Sideband:
-    """A Live sideband: every event checked against the SDK's ``ConnectServerEvent``."""
-
-    def __init__(self, ws: Any) -> None:
-        self.ws = ws
-        self.events: list[dict[str, Any]] = []
-
-    async def read(self) -> None:
-        with contextlib.suppress(websockets.ConnectionClosed):
-            async for message in self.ws:
-                event = orjson.loads(message)
-                check_live_event(event, sideband=True)
-                self.events.append(event)
-
-    def count(self, kind: str) -> int:
-        return sum(1 for e in self.events if e["type"] == kind)
-
-
 async def test_a_live_session_answers_a_twilio_stream_accepted_through_the_webhook() -> None:
     utterance = mulaw(await speak("what is your name", 8000))
     quiet = mulaw(silence(100, 8000))
@@ -108,7 +78,7 @@ async def test_a_live_session_answers_a_twilio_stream_accepted_through_the_webho
             call = TwilioCall(f"ws://127.0.0.1:{gw.port}/v1/telephony/twilio", None)
             await call.connect()
             try:
-                await wait_for(lambda: len(hooks.received) == 2, "both announcements", 30)
+                await until(lambda: len(hooks.received) == 2, "both announcements", 30)
                 by_type = {hook.body["type"]: hook.body for hook in hooks.received}
                 assert all(hook.verified for hook in hooks.received)  # signed per Standard Webhooks
                 body = by_type["live.transport.incoming"]
@@ -127,7 +97,7 @@ async def test_a_live_session_answers_a_twilio_stream_accepted_through_the_webho
                 assert accepted.status_code == 200, accepted.text
                 late = await post(gw, f"/v1/realtime/calls/{realtime['call_id']}/accept", {})
                 assert late.status_code == 404  # the first accept chose the dialect
-                await wait_for(lambda: session_id in gw.runtime.hosting.hosts, "the call's Live session")
+                await until(lambda: session_id in gw.runtime.hosting.hosts, "the call's Live session")
                 host = gw.runtime.hosting.hosts[session_id]
                 assert isinstance(host, SessionHost) and host.session.config.instructions == "Answer the phone."
                 phone = next(d.media for d in host.doors if isinstance(d.media, PhoneCall))
@@ -136,33 +106,33 @@ async def test_a_live_session_answers_a_twilio_stream_accepted_through_the_webho
                     sideband = Sideband(ws)
                     reader = asyncio.get_running_loop().create_task(sideband.read())
                     try:
-                        await wait_for(lambda: bool(host.sidebands), "the sideband to join")
+                        await until(lambda: bool(host.sidebands), "the sideband to join")
                         # The caller asks; the Live answer is paced out, a mark after each chunk.
                         await call.speak(quiet * 5 + utterance + quiet * 15)
-                        await wait_for(lambda: call.heard_ms() > 1500 and len(call.marks_echoed) > 5,
+                        await until(lambda: call.heard_ms() > 1500 and len(call.marks_echoed) > 5,
                                        "the answer to play")  # fmt: skip
                         assert sideband.count("session.output_audio.delta") > 0
                         assert not call.clears
                         # The caller talks over it: clear, and the rest of the 15 s answer is never heard.
                         began = time.monotonic()
                         await call.speak(utterance + quiet * 15)
-                        await wait_for(lambda: bool(call.clears), "the clear")
+                        await until(lambda: bool(call.clears), "the clear")
                         heard_at_clear = call.heard_ms()
                         print(f"barge-in: clear {1000 * (call.clears[0] - began):.0f} ms after the caller began")
-                        await wait_for(lambda: thinker.answers >= 2, "the second answer")
-                        await wait_for(lambda: phone.playout.playing is None and not call.buffered_ms,
+                        await until(lambda: thinker.answers >= 2, "the second answer")
+                        await until(lambda: phone.playout.playing is None and not call.buffered_ms,
                                        "the second answer to play out")  # fmt: skip
                         # What was heard after the clear: the lead at most, then the short second answer.
                         assert call.heard_ms() - heard_at_clear < 8000, (heard_at_clear, call.heard_ms())
                         # A key press: transport.dtmf.received on the Live sideband.
                         await call.dtmf("5")
-                        await wait_for(lambda: sideband.count("transport.dtmf.received") > 0, "the key")
+                        await until(lambda: sideband.count("transport.dtmf.received") > 0, "the key")
                         key = next(e for e in sideband.events if e["type"] == "transport.dtmf.received")
                         assert key["event"] == "5"
                         # A carrier's stream sends no keys: transport.dtmf.send is refused, the call goes on.
                         send = {"type": "transport.dtmf.send", "event": "9", "event_id": "k1"}
                         await ws.send(orjson.dumps(send).decode())
-                        await wait_for(lambda: sideband.count("error") > 0, "the refusal")
+                        await until(lambda: sideband.count("error") > 0, "the refusal")
                         refused = next(e for e in sideband.events if e["type"] == "error")
                         assert refused["error"]["code"] == "unsupported" and not call.closed.is_set()
                         # A clean stop: the gateway closes the stream normally.
@@ -185,7 +155,7 @@ async def test_a_live_reject_ends_the_stream_and_a_live_hangup_ends_the_accepted
             async def announced(call: TwilioCall) -> str:
                 before = len(hooks.received)
                 await call.connect()
-                await wait_for(lambda: len(hooks.received) == before + 2, "both announcements", 30)
+                await until(lambda: len(hooks.received) == before + 2, "both announcements", 30)
                 (live,) = [h.body for h in hooks.received[before:] if h.body["type"] == "live.transport.incoming"]
                 return str(live["data"]["session_id"])
 
@@ -205,7 +175,7 @@ async def test_a_live_reject_ends_the_stream_and_a_live_hangup_ends_the_accepted
                 res = await post(gw, f"/v1/live/sessions/{session_id}/accept",
                                  {"session": {"type": "live", "model": "gpt-live-1"}})  # fmt: skip
                 assert res.status_code == 200, res.text
-                await wait_for(lambda: session_id in gw.runtime.hosting.hosts, "the call's Live session")
+                await until(lambda: session_id in gw.runtime.hosting.hosts, "the call's Live session")
                 host = gw.runtime.hosting.hosts[session_id]
                 hung = await post(gw, f"/v1/live/sessions/{session_id}/hangup")
                 assert hung.status_code == 200, hung.text

@@ -21,23 +21,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import math
 import struct
-from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
-import websockets
 from openai.types.webhooks import LiveTransportIncomingWebhookEvent, RealtimeCallIncomingWebhookEvent
 from support.docs import code_blocks
-from support.gateway import RunningGateway, free_port, run_gateway
-from support.sdk_shapes import check_live_event
+from support.gateway import free_port, run_gateway
+from support.gateway import post as gateway_post
+from support.live_sideband import attached
 from support.sip_peer import RtpPeer, sipp, sipp_uas
 from support.speech import speak
+from support.waiting import until
 from support.webhook_receiver import receiver
 
 from gateway.settings import Settings
@@ -46,65 +45,7 @@ pytestmark = pytest.mark.timeout(240)
 
 SECRET = "whsec_" + base64.b64encode(b"a-webhook-key-of-32-bytes-exact!").decode()
 KEY = {"Authorization": "Bearer k"}
-
-
-async def until(condition: Any, what: str, timeout: float = 30) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def post(gw: RunningGateway, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=30) as http:
-        return await http.post(gw.http + path, headers=KEY, json=body or {})
-
-
-class Sideband:
-    """A Live sideband (``/v1/live/sessions/{id}/attach``): every event checked against the SDK."""
-
-    def __init__(self, ws: Any) -> None:
-        self.ws = ws
-        self.events: list[dict[str, Any]] = []
-        self.closed = asyncio.Event()
-
-    async def read(self) -> None:
-        try:
-            async for message in self.ws:
-                event = orjson.loads(message)
-                check_live_event(event, sideband=True)
-                self.events.append(event)
-        except websockets.ConnectionClosed:
-            pass
-        finally:
-            self.closed.set()
-
-    async def wait_for(self, kind: str, timeout: float = 30, **fields: Any) -> dict[str, Any]:
-        def found() -> dict[str, Any] | None:
-            return next((e for e in self.events if e["type"] == kind and all(e.get(k) == v for k, v in
-                                                                               fields.items())), None)  # fmt: skip
-
-        await until(lambda: found() is not None, f"{kind} on the sideband", timeout)
-        event = found()
-        assert event is not None
-        return event
-
-    async def send(self, event: dict[str, Any]) -> None:
-        await self.ws.send(orjson.dumps(event).decode())
-
-
-@contextlib.asynccontextmanager
-async def attached(gw: RunningGateway, session_id: str, headers: dict[str, str]) -> AsyncIterator[Sideband]:
-    url = f"ws://127.0.0.1:{gw.port}/v1/live/sessions/{session_id}/attach"
-    async with websockets.connect(url, max_size=None, additional_headers=headers) as ws:
-        sideband = Sideband(ws)
-        reader = asyncio.ensure_future(sideband.read())
-        try:
-            await until(lambda: bool(gw.runtime.hosting.hosts[session_id].sidebands), "the sideband to join")
-            yield sideband
-        finally:
-            reader.cancel()
+post = partial(gateway_post, headers=KEY)  # the API key's POST
 
 
 async def test_a_live_call_accepted_through_the_webhook_speaks_takes_and_sends_keys_and_is_hung_up(

@@ -8,15 +8,14 @@ against that key's tenant. A minimal Python caller on 127.0.0.1 places the calls
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import re
-from typing import Any
 
 import httpx
 import pytest
 from support.gateway import free_port, run_gateway
 from support.sip_peer import SipUac
+from support.waiting import until
 from support.webhook_receiver import receiver
 
 from gateway.settings import Settings
@@ -24,14 +23,6 @@ from gateway.settings import Settings
 pytestmark = pytest.mark.timeout(120)
 
 SECRET = "whsec_" + base64.b64encode(b"a-webhook-key-of-32-bytes-exact!").decode()
-
-
-async def until(condition: Any, what: str, timeout: float = 30) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def _tag(message: str) -> str | None:

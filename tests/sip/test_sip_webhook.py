@@ -15,13 +15,15 @@ import contextlib
 import re
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
-import httpx
 import pytest
 from support.gateway import RunningGateway, free_port, run_gateway
+from support.gateway import post as gateway_post
 from support.redis_server import REDIS_BINARY, RedisServer
 from support.sip_peer import SipUac
+from support.waiting import until
 from support.webhook_receiver import Receiver, receiver
 
 from gateway.settings import Settings
@@ -31,14 +33,7 @@ pytestmark = pytest.mark.timeout(120)
 
 SECRET = "whsec_" + base64.b64encode(b"a-webhook-key-of-32-bytes-exact!").decode()
 KEY = {"Authorization": "Bearer k"}
-
-
-async def until(condition: Any, what: str, timeout: float = 30) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+post = partial(gateway_post, headers=KEY)  # the API key's POST
 
 
 @contextlib.asynccontextmanager
@@ -64,11 +59,6 @@ async def two_replicas(**extra: Any) -> AsyncIterator[tuple[RunningGateway, Runn
 async def replicas() -> AsyncIterator[tuple[RunningGateway, RunningGateway, Receiver]]:
     async with two_replicas() as found:
         yield found
-
-
-async def post(gw: RunningGateway, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
-    async with httpx.AsyncClient() as http:
-        return await http.post(gw.http + path, headers=KEY, json=body or {})
 
 
 def _tag(message: str) -> str | None:

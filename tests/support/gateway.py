@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import orjson
 import uvicorn
 import websockets
@@ -172,3 +173,10 @@ async def connect(
         close_timeout=1,
     ) as ws:  # fmt: skip
         yield Client(ws, realtime=realtime, beta=beta, extensions=extensions, live=live)
+
+
+async def post(gw: RunningGateway, path: str, body: dict[str, Any] | None = None, *,
+               headers: dict[str, str]) -> httpx.Response:  # fmt: skip
+    """POST ``body`` (JSON; none: ``{}``) to ``path`` on ``gw`` with ``headers`` (a credential)."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        return await http.post(gw.http + path, headers=headers, json=body or {})
