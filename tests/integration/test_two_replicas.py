@@ -15,8 +15,9 @@ import pytest
 import websockets
 from support.gateway import Client, RunningGateway, connect, run_gateway
 from support.redis_server import REDIS_BINARY, RedisServer
+from support.waiting import until
 
-from gateway.hosting import takeover
+from gateway.hosting import claim, takeover
 from gateway.settings import Settings
 from gateway.store.base import StoreUnavailable
 from orchestrator.engines.passthrough import PassthroughEngine
@@ -323,3 +324,55 @@ async def test_a_commit_by_the_old_owner_between_the_snapshot_read_and_the_fence
                 dones = [e["response"] for e in c2.events if e["type"] == "response.done"]
                 assert [d["status"] for d in dones] == ["completed", "completed"], dones
                 assert dones[0]["id"] != second["response"]["id"]
+
+
+async def test_a_stalled_old_owner_does_not_hold_the_resume_and_is_fenced() -> None:
+    """The resuming replica asks the live owner to commit first, but an owner that does not
+    answer (stalled: a frozen event loop, a lost bus message) is not waited for past
+    ``TAKEOVER_FLUSH_WAIT_S``: the resume is answered (a resync here: the client holds events
+    the stalled owner never committed) and the old owner, fenced, lets the session go."""
+    if not REDIS_BINARY:
+        pytest.skip("redis-server is not installed")
+    with RedisServer() as server:
+        base = Settings(engine="passthrough", redis_url=server.url, api_keys=("k",), video_engine="none")
+        async with (
+            run_gateway(
+                replace(base, replica_id="ra", journal_flush_ms=30_000),
+                engine=PassthroughEngine(audio_chunks=200),
+                vad_factory=None,
+            ) as a,  # fmt: skip
+            run_gateway(
+                replace(base, replica_id="rb"), engine=PassthroughEngine(audio_chunks=5), vad_factory=None
+            ) as b,
+        ):
+            asked = asyncio.Event()
+            never = asyncio.Event()
+
+            async def stalled(body: dict[str, Any]) -> dict[str, Any]:
+                asked.set()
+                await never.wait()  # (the asker's wait runs out first)
+                return {}
+
+            a.runtime.hosting.answerers[claim.FLUSH_ASK] = stalled
+            async with connect(a.url, headers=KEY) as c:
+                created = await c.wait_for("session.created")
+                await c.send({"type": "response.create"})
+                await c.wait_for(lambda e: e["type"] == "response.output_audio.delta" and e["server_event_seq"] > 20)
+                last = c.events[-1]["server_event_seq"]
+            sid, token = created["session"]["id"], created["resume_token"]
+            async with connect(b.url, headers=KEY) as c2:
+                await c2.wait_for("session.created")
+                await c2.send({"type": "session.resume", "session_id": sid, "resume_token": token,
+                               "last_received_server_event_seq": last})  # fmt: skip
+                answer = await c2.wait_for(
+                    lambda e: e["type"] in ("session.resumed", "session.resync_required", "error")
+                )
+                assert asked.is_set(), "the old owner was not asked to commit"
+                assert answer["type"] in ("session.resumed", "session.resync_required"), answer
+                await until(lambda: sid not in a.runtime.hosting.hosts, "the old owner to let the session go", 20)
+                # The answer the stalled owner was making ended as cut; the next one is made here.
+                cut = next(e["response"]["id"] for e in c.events if e["type"] == "response.created")
+                await c2.send({"type": "response.create"})
+                done = await c2.wait_for(lambda e: e["type"] == "response.done" and e["response"]["id"] != cut)
+                assert done["response"]["status"] == "completed"
+            never.set()
