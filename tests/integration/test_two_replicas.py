@@ -5,6 +5,7 @@ real processes killed, are in tests/cluster.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -233,6 +234,23 @@ async def test_a_conversation_the_store_cannot_give_after_the_answer_means_resum
         assert got["item"]["content"][0]["text"] == "message 4"
 
 
+@contextlib.asynccontextmanager
+async def owner_and_taker(engine: PassthroughEngine) -> AsyncIterator[tuple[RunningGateway, RunningGateway]]:
+    """Replica A, the owner, answering on ``engine`` and committing its journal only when asked
+    (``journal_flush_ms`` 30 s), and replica B, which takes sessions over, on one Redis."""
+    if not REDIS_BINARY:
+        pytest.skip("redis-server is not installed")
+    with RedisServer() as server:
+        base = Settings(engine="passthrough", redis_url=server.url, api_keys=("k",), video_engine="none")
+        async with (
+            run_gateway(replace(base, replica_id="ra", journal_flush_ms=30_000), engine=engine, vad_factory=None) as a,
+            run_gateway(
+                replace(base, replica_id="rb"), engine=PassthroughEngine(audio_chunks=5), vad_factory=None
+            ) as b,
+        ):
+            yield a, b
+
+
 async def test_a_dropped_socket_resumed_on_another_replica_replays_what_its_owner_had_not_committed() -> None:
     """Its owner sends deltas before their commit (one flush per ``journal_flush_ms`` while
     busy), so a client that reconnects elsewhere faster than the owner's next flush holds
@@ -240,35 +258,20 @@ async def test_a_dropped_socket_resumed_on_another_replica_replays_what_its_owne
     resuming replica asks the live owner to commit first (claim.py, ``FLUSH_ASK``): a replay,
     never a resync. Here the owner flushes at most every 30 s while it answers, so without the
     ask the client is ahead of the journal every time."""
-    if not REDIS_BINARY:
-        pytest.skip("redis-server is not installed")
-    with RedisServer() as server:
-        base = Settings(engine="passthrough", redis_url=server.url, api_keys=("k",), video_engine="none")
-        async with (
-            run_gateway(
-                replace(base, replica_id="ra", journal_flush_ms=30_000),
-                engine=PassthroughEngine(audio_chunks=200),
-                vad_factory=None,
-            ) as a,  # fmt: skip
-            run_gateway(
-                replace(base, replica_id="rb"), engine=PassthroughEngine(audio_chunks=5), vad_factory=None
-            ) as b,
-        ):
-            async with connect(a.url, headers=KEY) as c:
-                created = await c.wait_for("session.created")
-                await c.send({"type": "response.create"})
-                await c.wait_for(lambda e: e["type"] == "response.output_audio.delta" and e["server_event_seq"] > 20)
-                last = c.events[-1]["server_event_seq"]
-            async with connect(b.url, headers=KEY) as c2:
-                await c2.wait_for("session.created")
-                sid, token = created["session"]["id"], created["resume_token"]
-                await c2.send({"type": "session.resume", "session_id": sid, "resume_token": token,
-                               "last_received_server_event_seq": last})  # fmt: skip
-                answer = await c2.wait_for(
-                    lambda e: e["type"] in ("session.resumed", "session.resync_required", "error")
-                )
-                assert answer["type"] == "session.resumed", answer
-                assert answer["replay_from"] == last + 1, answer  # (what the owner made since: replayed)
+    async with owner_and_taker(PassthroughEngine(audio_chunks=200)) as (a, b):
+        async with connect(a.url, headers=KEY) as c:
+            created = await c.wait_for("session.created")
+            await c.send({"type": "response.create"})
+            await c.wait_for(lambda e: e["type"] == "response.output_audio.delta" and e["server_event_seq"] > 20)
+            last = c.events[-1]["server_event_seq"]
+        async with connect(b.url, headers=KEY) as c2:
+            await c2.wait_for("session.created")
+            sid, token = created["session"]["id"], created["resume_token"]
+            await c2.send({"type": "session.resume", "session_id": sid, "resume_token": token,
+                           "last_received_server_event_seq": last})  # fmt: skip
+            answer = await c2.wait_for(lambda e: e["type"] in ("session.resumed", "session.resync_required", "error"))
+            assert answer["type"] == "session.resumed", answer
+            assert answer["replay_from"] == last + 1, answer  # (what the owner made since: replayed)
 
 
 async def test_a_commit_by_the_old_owner_between_the_snapshot_read_and_the_fence_is_not_lost(
@@ -280,50 +283,37 @@ async def test_a_commit_by_the_old_owner_between_the_snapshot_read_and_the_fence
     believed running and ended once more as cut (response.done incomplete after the completed
     one). Here the owner flushes only when asked, and the test makes that flush land exactly
     in the window."""
-    if not REDIS_BINARY:
-        pytest.skip("redis-server is not installed")
-    with RedisServer() as server:
-        base = Settings(engine="passthrough", redis_url=server.url, api_keys=("k",), video_engine="none")
-        async with (
-            run_gateway(
-                replace(base, replica_id="ra", journal_flush_ms=30_000),
-                engine=PassthroughEngine(audio_chunks=40),  # paced: 0.8 s of answer
-                vad_factory=None,
-            ) as a,  # fmt: skip
-            run_gateway(
-                replace(base, replica_id="rb"), engine=PassthroughEngine(audio_chunks=5), vad_factory=None
-            ) as b,
-        ):
-            async with connect(a.url, headers=KEY) as c:
-                created = await c.wait_for("session.created")
-                await c.send({"type": "response.create"})
-                await c.wait_for(lambda e: e["type"] == "response.output_audio.delta")
-                last = c.events[-1]["server_event_seq"]
-            sid, token = created["session"]["id"], created["resume_token"]
-            store, real = b.runtime.store, b.runtime.store.load_snapshot
-            raced: list[bool] = []
+    async with owner_and_taker(PassthroughEngine(audio_chunks=40)) as (a, b):
+        async with connect(a.url, headers=KEY) as c:
+            created = await c.wait_for("session.created")
+            await c.send({"type": "response.create"})
+            await c.wait_for(lambda e: e["type"] == "response.output_audio.delta")
+            last = c.events[-1]["server_event_seq"]
+        sid, token = created["session"]["id"], created["resume_token"]
+        store, real = b.runtime.store, b.runtime.store.load_snapshot
+        raced: list[bool] = []
 
-            async def read_then_owner_commits(session_id: str) -> bytes | None:
-                head = await real(session_id)
-                if session_id == sid and not raced:  # the first read: the one admitting the resume
-                    owner = a.runtime.hosting.hosts[sid]
-                    async with asyncio.timeout(20):
-                        while owner.session.active_response_id is not None:  # noqa: ASYNC110 (the answer ends)
-                            await asyncio.sleep(0.02)
-                    await owner.writer.flush()  # its periodic flush, landing in the window
-                    raced.append(True)
-                return head
+        async def read_then_owner_commits(session_id: str) -> bytes | None:
+            head = await real(session_id)
+            if session_id == sid and not raced:  # the first read: the one admitting the resume
+                owner = a.runtime.hosting.hosts[sid]
+                async with asyncio.timeout(20):
+                    while owner.session.active_response_id is not None:  # noqa: ASYNC110 (the answer ends)
+                        await asyncio.sleep(0.02)
+                await owner.writer.flush()  # its periodic flush, landing in the window
+                raced.append(True)
+            return head
 
-            monkeypatch.setattr(store, "load_snapshot", read_then_owner_commits)
-            async with connect(b.url, headers=KEY) as c2:
-                resumed = await _resumed(c2, sid, token, last)
-                assert raced, "the owner's commit was not placed in the window"
-                await c2.send({"type": "response.create"})
-                after = resumed["replay_to"]
-                second = await c2.wait_for(lambda e: e["type"] == "response.done" and e["server_event_seq"] > after)
-                dones = [e["response"] for e in c2.events if e["type"] == "response.done"]
-                assert [d["status"] for d in dones] == ["completed", "completed"], dones
-                assert dones[0]["id"] != second["response"]["id"]
+        monkeypatch.setattr(store, "load_snapshot", read_then_owner_commits)
+        async with connect(b.url, headers=KEY) as c2:
+            resumed = await _resumed(c2, sid, token, last)
+            assert raced, "the owner's commit was not placed in the window"
+            await c2.send({"type": "response.create"})
+            after = resumed["replay_to"]
+            second = await c2.wait_for(lambda e: e["type"] == "response.done" and e["server_event_seq"] > after)
+            dones = [e["response"] for e in c2.events if e["type"] == "response.done"]
+            assert [d["status"] for d in dones] == ["completed", "completed"], dones
+            assert dones[0]["id"] != second["response"]["id"]
 
 
 async def test_a_stalled_old_owner_does_not_hold_the_resume_and_is_fenced() -> None:
@@ -331,48 +321,33 @@ async def test_a_stalled_old_owner_does_not_hold_the_resume_and_is_fenced() -> N
     answer (stalled: a frozen event loop, a lost bus message) is not waited for past
     ``TAKEOVER_FLUSH_WAIT_S``: the resume is answered (a resync here: the client holds events
     the stalled owner never committed) and the old owner, fenced, lets the session go."""
-    if not REDIS_BINARY:
-        pytest.skip("redis-server is not installed")
-    with RedisServer() as server:
-        base = Settings(engine="passthrough", redis_url=server.url, api_keys=("k",), video_engine="none")
-        async with (
-            run_gateway(
-                replace(base, replica_id="ra", journal_flush_ms=30_000),
-                engine=PassthroughEngine(audio_chunks=200),
-                vad_factory=None,
-            ) as a,  # fmt: skip
-            run_gateway(
-                replace(base, replica_id="rb"), engine=PassthroughEngine(audio_chunks=5), vad_factory=None
-            ) as b,
-        ):
-            asked = asyncio.Event()
-            never = asyncio.Event()
+    async with owner_and_taker(PassthroughEngine(audio_chunks=200)) as (a, b):
+        asked = asyncio.Event()
+        never = asyncio.Event()
 
-            async def stalled(body: dict[str, Any]) -> dict[str, Any]:
-                asked.set()
-                await never.wait()  # (the asker's wait runs out first)
-                return {}
+        async def stalled(body: dict[str, Any]) -> dict[str, Any]:
+            asked.set()
+            await never.wait()  # (the asker's wait runs out first)
+            return {}
 
-            a.runtime.hosting.answerers[claim.FLUSH_ASK] = stalled
-            async with connect(a.url, headers=KEY) as c:
-                created = await c.wait_for("session.created")
-                await c.send({"type": "response.create"})
-                await c.wait_for(lambda e: e["type"] == "response.output_audio.delta" and e["server_event_seq"] > 20)
-                last = c.events[-1]["server_event_seq"]
-            sid, token = created["session"]["id"], created["resume_token"]
-            async with connect(b.url, headers=KEY) as c2:
-                await c2.wait_for("session.created")
-                await c2.send({"type": "session.resume", "session_id": sid, "resume_token": token,
-                               "last_received_server_event_seq": last})  # fmt: skip
-                answer = await c2.wait_for(
-                    lambda e: e["type"] in ("session.resumed", "session.resync_required", "error")
-                )
-                assert asked.is_set(), "the old owner was not asked to commit"
-                assert answer["type"] in ("session.resumed", "session.resync_required"), answer
-                await until(lambda: sid not in a.runtime.hosting.hosts, "the old owner to let the session go", 20)
-                # The answer the stalled owner was making ended as cut; the next one is made here.
-                cut = next(e["response"]["id"] for e in c.events if e["type"] == "response.created")
-                await c2.send({"type": "response.create"})
-                done = await c2.wait_for(lambda e: e["type"] == "response.done" and e["response"]["id"] != cut)
-                assert done["response"]["status"] == "completed"
-            never.set()
+        a.runtime.hosting.answerers[claim.FLUSH_ASK] = stalled
+        async with connect(a.url, headers=KEY) as c:
+            created = await c.wait_for("session.created")
+            await c.send({"type": "response.create"})
+            await c.wait_for(lambda e: e["type"] == "response.output_audio.delta" and e["server_event_seq"] > 20)
+            last = c.events[-1]["server_event_seq"]
+        sid, token = created["session"]["id"], created["resume_token"]
+        async with connect(b.url, headers=KEY) as c2:
+            await c2.wait_for("session.created")
+            await c2.send({"type": "session.resume", "session_id": sid, "resume_token": token,
+                           "last_received_server_event_seq": last})  # fmt: skip
+            answer = await c2.wait_for(lambda e: e["type"] in ("session.resumed", "session.resync_required", "error"))
+            assert asked.is_set(), "the old owner was not asked to commit"
+            assert answer["type"] in ("session.resumed", "session.resync_required"), answer
+            await until(lambda: sid not in a.runtime.hosting.hosts, "the old owner to let the session go", 20)
+            # The answer the stalled owner was making ended as cut; the next one is made here.
+            cut = next(e["response"]["id"] for e in c.events if e["type"] == "response.created")
+            await c2.send({"type": "response.create"})
+            done = await c2.wait_for(lambda e: e["type"] == "response.done" and e["response"]["id"] != cut)
+            assert done["response"]["status"] == "completed"
+        never.set()
