@@ -23,7 +23,7 @@ WebSocket client, the carrier), which includes server VAD's silence window on ev
 What a path adds is its turn latency minus the WebSocket's (p50); the media stream's
 ``response.create`` figure is printed beside it.
 
-    python bench/phone_paths.py                              # N=10, 20 s windows: ~2.5 min
+    python bench/phone_paths.py                              # N=10, 20 s windows: ~2 min
     python bench/phone_paths.py --calls 20 --window-s 30 --json figures.json
 
 Only 127.0.0.1; each gateway (and sipp) is ended on exit, error or Ctrl-C. Figures: bench/README.md.
