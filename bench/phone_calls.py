@@ -13,7 +13,9 @@ real time, marks echoed as the answer's audio plays in real time from its buffer
    gateway hears it (server VAD), answers (a tone), paces the answer out with its marks.
    Calls per core = N / the gateway's CPU (in cores) over the window. Pacing is reported as
    the most audio that ever waited in any caller's buffer (the gateway's bound is
-   ``LEAD_MS`` plus one chunk in flight) and the answer audio heard.
+   ``LEAD_MS`` plus one chunk in flight) and the answer audio heard; the turn latency as
+   ``bench/sip_calls.py`` times it: the caller's last speech message -> the first answer
+   audio with sound at the carrier (server VAD's silence window included).
 2. **Latency** (``--latency-trials``, the order rotating): the same request,
    ``response.create`` (server VAD off), to the first audio of the answer at the client: over
    a plain WebSocket session in PCM 24 kHz and in μ-law 8 kHz (the first
@@ -26,6 +28,7 @@ real time, marks echoed as the answer's audio plays in real time from its buffer
     python bench/phone_calls.py                      # N=8 for 20 s, then 20 latency trials: ~1 min
     python bench/phone_calls.py --calls 32 --duration 30 --latency-trials 0
     python bench/phone_calls.py --carrier vonage
+    python bench/phone_calls.py --cpu 0              # the gateway pinned to CPU 0 (taskset)
 
 Only 127.0.0.1; the gateway is ended on exit, error or Ctrl-C. Figures: bench/README.md.
 """
@@ -37,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -56,10 +60,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the carrier simulator (tests/support/twilio_sim.py)
 sys.path.insert(0, str(ROOT))
 
+from sip_calls import is_loud, turn_stats, turns_after  # noqa: E402  (bench/sip_calls.py: one way of timing a turn)
 from support.speech import silence, speak  # noqa: E402
 from support.twilio_sim import ExotelCall, PlivoCall, TelnyxCall, TwilioCall, VonageCall, alaw, mulaw, pcm16  # noqa: E402
 
+from gateway.audio.codecs import AudioFormat, Codec  # noqa: E402
+
 # --carrier: its simulator, how it encodes the caller's voice, at what rate, whether its session is G.711
+# (and the codec of the carrier's audio both ways: the answer's is decoded to find where its sound begins)
 CARRIERS: dict[str, tuple[type[TwilioCall], Any, int, bool]] = {
     "twilio": (TwilioCall, mulaw, 8000, True),
     "telnyx": (TelnyxCall, alaw, 8000, True),
@@ -67,9 +75,10 @@ CARRIERS: dict[str, tuple[type[TwilioCall], Any, int, bool]] = {
     "vonage": (VonageCall, pcm16, 16000, False),
     "exotel": (ExotelCall, pcm16, 8000, False),
 }
+CODECS: dict[str, Codec] = {"twilio": "pcmu", "telnyx": "pcma", "plivo": "pcmu", "vonage": "pcm16", "exotel": "pcm16"}
 
 MODEL = "bench-passthrough"
-NO_VAD = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+NO_VAD: dict[str, Any] = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
 
 
 def free_port() -> int:
@@ -79,9 +88,10 @@ def free_port() -> int:
 
 
 class Gateway:
-    """``python -m gateway serve`` on 127.0.0.1 with the passthrough engine; ended by ``stop``."""
+    """``python -m gateway serve`` on 127.0.0.1 with the passthrough engine, pinned to ``cpu`` if
+    given; ended by ``stop``."""
 
-    def __init__(self, answer_s: float) -> None:
+    def __init__(self, answer_s: float, cpu: int | None = None) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="phone_calls_", suffix=".log", delete=False)
@@ -93,6 +103,8 @@ class Gateway:
                    OMNI_GATEWAY_MAX_SESSIONS="10000", OMNI_GATEWAY_DRAIN_WINDOW_S="1")  # fmt: skip
         cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--engine", "passthrough"]  # fmt: skip
+        if cpu is not None and shutil.which("taskset"):
+            cmd = ["taskset", "-c", str(cpu), *cmd]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.ps = psutil.Process(self.proc.pid)
 
@@ -133,7 +145,7 @@ async def load(gw: Gateway, carrier: str, n: int, duration: float, cycle_s: floa
     simulator, encode, rate, _ = CARRIERS[carrier]
     speech = await speak("what is your name", rate)  # (PCM16)
     quiet_ms = max(200, int(cycle_s * 1000) - len(speech) * 1000 // (2 * rate))
-    loop_audio = encode(speech) + encode(silence(quiet_ms, rate))
+    spoken, quiet = encode(speech), encode(silence(quiet_ms, rate))
     calls: list[TwilioCall] = []
     async with httpx.AsyncClient(timeout=30) as http:
         for i in range(n):
@@ -142,10 +154,14 @@ async def load(gw: Gateway, carrier: str, n: int, duration: float, cycle_s: floa
             await call.connect()
             calls.append(call)
 
+    speech_ends: dict[int, list[float]] = {id(c): [] for c in calls}
+
     async def talk(call: TwilioCall, offset: float) -> None:
         await asyncio.sleep(offset)
         while not call.closed.is_set():
-            await call.speak(loop_audio)
+            await call.speak(spoken)
+            speech_ends[id(call)].append(call.last_media_at)
+            await call.speak(quiet)
 
     talkers = [asyncio.create_task(talk(c, cycle_s * i / n)) for i, c in enumerate(calls)]
     try:
@@ -161,6 +177,11 @@ async def load(gw: Gateway, carrier: str, n: int, duration: float, cycle_s: floa
         for call in calls:
             await call.close()
     cores = (cpu1 - cpu0) / (t1 - t0)
+    fmt = AudioFormat(CODECS[carrier], rate)
+    turns = []
+    for c in calls:
+        loud = [at for at, m in zip(c.arrivals, c.received, strict=True) if at >= t0 and _is_loud_media(c, m, fmt)]
+        turns += turns_after([end for end in speech_ends[id(c)] if t0 <= end <= t1], loud)
     return {
         "calls": n,
         "connected": sum(1 for c in calls if c.close_code is None or c.close_code == 1000),
@@ -172,7 +193,13 @@ async def load(gw: Gateway, carrier: str, n: int, duration: float, cycle_s: floa
         "max_buffered_ms": round(max(c.max_buffered_ms for c in calls), 1),
         "marks_echoed": sum(len(c.marks_echoed) for c in calls),
         "clears": sum(len(c.clears) for c in calls),
+        "turn_latency_ms": turn_stats(turns),
     }
+
+
+def _is_loud_media(call: TwilioCall, message: dict[str, Any], fmt: AudioFormat) -> bool:
+    kind, audio = call.classify(message)
+    return kind == "audio" and is_loud(fmt, audio)
 
 
 MULAW_OUT = {**NO_VAD, "audio": {**NO_VAD["audio"], "output": {"format": {"type": "audio/pcmu"}}}}
@@ -252,28 +279,37 @@ async def latency(gw: Gateway, carrier: str, trials: int) -> dict[str, Any]:
     return out
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
-    gw = Gateway(args.answer_s)
+async def measure(carrier: str, calls: int, *, duration: float, warmup: float, cycle_s: float, answer_s: float,
+                  latency_trials: int, cpu: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """The load (``calls`` > 0) and the latency trials (``latency_trials`` > 0) on a gateway of their own."""
+    gw = Gateway(answer_s, cpu)
     figures: dict[str, Any] = {}
     try:
-        gw.wait_ready()
-        if args.calls:
-            figures["load"] = await load(gw, args.carrier, args.calls, args.duration, args.cycle_s, args.warmup)
-            ld = figures["load"]
-            print(f"{ld['calls']} {args.carrier} calls (paced): gateway {ld['gateway_cores']:.3f} cores -> "
-                  f"{ld['calls_per_core']} calls per core ({ld['core_share_per_call_pct']} % of a core per call); "
-                  f"answer audio heard {ld['answer_audio_heard_s']} s, at most {ld['max_buffered_ms']} ms waited "
-                  f"in a carrier's buffer, {ld['marks_echoed']} marks echoed")  # fmt: skip
-        if args.latency_trials:
-            figures["latency"] = lat = await latency(gw, args.carrier, args.latency_trials)
-            print(f"response.create -> first answer audio, p50 over {lat['phone_ms']['n']} trials: WebSocket "
-                  f"(PCM 24 kHz) {lat['websocket_pcm_ms']['p50']} ms, WebSocket (μ-law 8 kHz) "
-                  f"{lat['websocket_mulaw_ms']['p50']} ms, {args.carrier} call {lat['phone_ms']['p50']} ms; "
-                  f"the bridge adds {lat['added_p50_ms']} ms (p50) to the WebSocket path in the session's "
-                  "format")  # fmt: skip
+        await asyncio.to_thread(gw.wait_ready)
+        if calls:
+            figures["load"] = await load(gw, carrier, calls, duration, cycle_s, warmup)
+        if latency_trials:
+            figures["latency"] = await latency(gw, carrier, latency_trials)
     finally:
         gw.stop()
     return figures
+
+
+def report(figures: dict[str, Any], carrier: str) -> None:
+    if ld := figures.get("load"):
+        turns = ld["turn_latency_ms"]
+        print(f"{ld['calls']} {carrier} calls (paced): gateway {ld['gateway_cores']:.3f} cores -> "
+              f"{ld['calls_per_core']} calls per core ({ld['core_share_per_call_pct']} % of a core per call); "
+              f"answer audio heard {ld['answer_audio_heard_s']} s, at most {ld['max_buffered_ms']} ms waited "
+              f"in a carrier's buffer, {ld['marks_echoed']} marks echoed; turn latency (end of speech -> first "
+              f"answer sound at the carrier, incl. the VAD's silence window): {turns['n']} turns, p50 "
+              f"{turns['p50']} ms")  # fmt: skip
+    if lat := figures.get("latency"):
+        print(f"response.create -> first answer audio, p50 over {lat['phone_ms']['n']} trials: WebSocket "
+              f"(PCM 24 kHz) {lat['websocket_pcm_ms']['p50']} ms, WebSocket (μ-law 8 kHz) "
+              f"{lat['websocket_mulaw_ms']['p50']} ms, {carrier} call {lat['phone_ms']['p50']} ms; "
+              f"the bridge adds {lat['added_p50_ms']} ms (p50) to the WebSocket path in the session's "
+              "format")  # fmt: skip
 
 
 if __name__ == "__main__":
@@ -285,8 +321,12 @@ if __name__ == "__main__":
     p.add_argument("--cycle-s", type=float, default=5.0, help="each caller's turn cycle, s")
     p.add_argument("--answer-s", type=float, default=2.0, help="seconds of answer per turn (the passthrough tone)")
     p.add_argument("--latency-trials", type=int, default=20, help="0: no latency phase")
+    p.add_argument("--cpu", type=int, help="pin the gateway to this CPU (taskset; default: not pinned)")
     p.add_argument("--json", type=Path, help="write the figures here too")
     args = p.parse_args()
-    result = asyncio.run(main(args))
+    result = asyncio.run(measure(args.carrier, args.calls, duration=args.duration, warmup=args.warmup,
+                                 cycle_s=args.cycle_s, answer_s=args.answer_s, latency_trials=args.latency_trials,
+                                 cpu=args.cpu))  # fmt: skip
+    report(result, args.carrier)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

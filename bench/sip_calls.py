@@ -22,6 +22,8 @@ Reported, over the window in which every call is up:
     python bench/sip_calls.py                               # 20 calls held 30 s: ~45 s
     python bench/sip_calls.py --calls 60 --hold-s 40 --rate 10
 
+``measure`` returns these figures (``report`` prints them): ``bench/phone_paths.py`` runs it in
+one run beside a WebSocket baseline and a carrier's media stream, for the latency SIP adds.
 The gateway and sipp are ended on exit, error or Ctrl-C. Only 127.0.0.1 is used.
 """
 
@@ -41,6 +43,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -115,22 +118,82 @@ class _Proto(asyncio.DatagramProtocol):
     def __init__(self, peer: Peer) -> None:
         self.peer = peer
 
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:  # type: ignore[override]
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         self.peer.received(data, addr, time.monotonic())
 
 
+def is_loud(fmt: AudioFormat, audio: bytes) -> bool:
+    """Whether ``audio`` carries sound (the passthrough answer's tone; never the quiet between)."""
+    pcm = np.frombuffer(decode_to_pcm16(fmt, audio), dtype="<i2")
+    return bool(pcm.size) and float(np.abs(pcm).max()) > 1000
+
+
+def turns_after(speech_ends: list[float], loud_at: list[float]) -> list[float]:
+    """Each end of speech -> the first sound after it (s); none where no answer came within 10 s."""
+    out = []
+    for end in speech_ends:
+        first = next((t for t in loud_at if t > end), None)
+        if first is not None and first - end < 10:
+            out.append(first - end)
+    return out
+
+
+def turn_stats(turns: list[float]) -> dict[str, Any]:
+    """n, p50 and p95 in ms (None without a turn)."""
+    if not turns:
+        return {"n": 0, "p50": None, "p95": None}
+    return {"n": len(turns), "p50": round(1000 * statistics.median(turns), 1), "p95": round(1000 * _pct(turns, 95), 1)}
+
+
 @dataclass
-class Peer:
-    """One call's media: sends the caller's audio, times what comes back."""
+class Caller:
+    """One caller's microphone (μ-law 8 kHz, paced on the clock) and ear; ``send`` is its wire."""
+
+    up: asyncio.Event = field(default_factory=asyncio.Event)
+    loud_at: list[float] = field(default_factory=list)  # arrivals of answer audio with sound
+    speech_ends: list[float] = field(default_factory=list)  # when the caller's last speech packet left
+    measuring: bool = False
+
+    async def send(self, payload: bytes) -> bool:
+        """20 ms of the caller's μ-law on the wire; whether it went."""
+        raise NotImplementedError
+
+    def heard(self, audio: bytes, now: float) -> None:
+        if self.measuring and is_loud(ULAW, audio):
+            self.loud_at.append(now)
+
+    async def run(self, speech: bytes, cycle_s: float, offset_s: float, stop: asyncio.Event) -> None:
+        """Speech, then quiet, every ``cycle_s``, paced on the clock from ``offset_s``."""
+        await self.up.wait()
+        loop = asyncio.get_running_loop()
+        frames = [encode_from_pcm16(ULAW, speech[i : i + 2 * FRAME].ljust(2 * FRAME, b"\0"))
+                  for i in range(0, len(speech), 2 * FRAME)]  # fmt: skip
+        quiet = encode_from_pcm16(ULAW, bytes(2 * FRAME))
+        per_cycle = int(cycle_s * 50)
+        start = loop.time() + offset_s
+        n = 0
+        while not stop.is_set():
+            k = n % per_cycle
+            due = start + n * 0.02
+            delay = due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if await self.send(frames[k] if k < len(frames) else quiet) and k == len(frames) - 1 and self.measuring:
+                self.speech_ends.append(time.monotonic())
+            n += 1
+
+    def turn_latencies(self) -> list[float]:
+        return turns_after(self.speech_ends, self.loud_at)
+
+
+@dataclass
+class Peer(Caller):
+    """One SIP call's media: RTP to and from the gateway; times what comes back."""
 
     transport: asyncio.DatagramTransport | None = None
     port: int = 0
     remote: tuple[str, int] | None = None
-    up: asyncio.Event = field(default_factory=asyncio.Event)
     arrivals: list[tuple[float, int]] = field(default_factory=list)  # (arrival, RTP timestamp)
-    loud_at: list[float] = field(default_factory=list)  # arrivals of packets with sound
-    speech_ends: list[float] = field(default_factory=list)  # when the caller's last speech packet left
-    measuring: bool = False
     _seq: int = 0
     _ts: int = 0
 
@@ -146,37 +209,18 @@ class Peer:
         if self.remote is None:
             self.remote = addr
             self.up.set()
-        if not self.measuring:
-            return
-        self.arrivals.append((now, packet.timestamp))
-        pcm = np.frombuffer(decode_to_pcm16(ULAW, packet.payload), dtype="<i2")
-        if pcm.size and float(np.abs(pcm).max()) > 1000:
-            self.loud_at.append(now)
+        if self.measuring:
+            self.arrivals.append((now, packet.timestamp))
+        self.heard(packet.payload, now)
 
-    async def run(self, speech: bytes, cycle_s: float, offset_s: float, stop: asyncio.Event) -> None:
-        """The caller's microphone: speech, then quiet, every ``cycle_s``, paced on the clock."""
-        await self.up.wait()
-        loop = asyncio.get_running_loop()
-        frames = [encode_from_pcm16(ULAW, speech[i : i + 2 * FRAME].ljust(2 * FRAME, b"\0"))
-                  for i in range(0, len(speech), 2 * FRAME)]  # fmt: skip
-        quiet = encode_from_pcm16(ULAW, bytes(2 * FRAME))
-        per_cycle = int(cycle_s * 50)
-        start = loop.time() + offset_s
-        n = 0
-        while not stop.is_set():
-            k = n % per_cycle
-            payload = frames[k] if k < len(frames) else quiet
-            due = start + n * 0.02
-            delay = due - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if self.transport is not None and self.remote is not None and not self.transport.is_closing():
-                self._seq = (self._seq + 1) & 0xFFFF
-                self.transport.sendto(build_rtp(0, self._seq, self._ts, 1234, payload), self.remote)
-                if k == len(frames) - 1 and self.measuring:
-                    self.speech_ends.append(time.monotonic())
-            self._ts += FRAME
-            n += 1
+    async def send(self, payload: bytes) -> bool:
+        sent = False
+        if self.transport is not None and self.remote is not None and not self.transport.is_closing():
+            self._seq = (self._seq + 1) & 0xFFFF
+            self.transport.sendto(build_rtp(0, self._seq, self._ts, 1234, payload), self.remote)
+            sent = True
+        self._ts += FRAME  # (the clock runs on, sent or not)
+        return sent
 
     def pacing(self) -> list[float]:
         """Each packet's delay (s) against its timestamp's schedule, anchored at the least delayed."""
@@ -187,23 +231,16 @@ class Peer:
         anchor = min(offsets)
         return [o - anchor for o in offsets]
 
-    def turn_latencies(self) -> list[float]:
-        out = []
-        for end in self.speech_ends:
-            first = next((t for t in self.loud_at if t > end), None)
-            if first is not None and first - end < 10:
-                out.append(first - end)
-        return out
 
-
-def _start_sipp(sip_port: int, rtp_ports: list[int], args: argparse.Namespace) -> subprocess.Popen[bytes]:
-    """sipp placing ``args.calls`` held calls, each offering its own RTP peer's port."""
+def _start_sipp(sip_port: int, rtp_ports: list[int], rate: float, hold_s: float) -> subprocess.Popen[bytes]:
+    """sipp placing a held call per RTP peer, each offering its own peer's port."""
     inf = Path(tempfile.mkstemp(prefix="sip_calls_", suffix=".csv")[1])
     inf.write_text("SEQUENTIAL\n" + "".join(f"{port}\n" for port in rtp_ports))
+    calls = len(rtp_ports)
     cmd = ["sipp", f"127.0.0.1:{sip_port}", "-sf", str(SCENARIO), "-inf", str(inf), "-i", "127.0.0.1",
-           "-p", str(_free_port(socket.SOCK_DGRAM)), "-m", str(args.calls), "-l", str(args.calls),
-           "-r", str(args.rate), "-d", str(int(args.hold_s * 1000)), "-nostdin",
-           "-timeout", f"{int(args.hold_s + 120)}s"]  # fmt: skip
+           "-p", str(_free_port(socket.SOCK_DGRAM)), "-m", str(calls), "-l", str(calls),
+           "-r", str(rate), "-d", str(int(hold_s * 1000)), "-nostdin",
+           "-timeout", f"{int(hold_s + 120)}s"]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -211,14 +248,21 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-async def bench(args: argparse.Namespace) -> None:
+def window_s(calls: int, rate: float, hold_s: float, cycle_s: float) -> float:
+    """The measured window: every call up (``calls / rate``), one cycle to settle, one to spare."""
+    return max(cycle_s, hold_s - calls / rate - 2 * cycle_s)
+
+
+async def measure(calls: int, *, rate: float, hold_s: float, cycle_s: float, answer_s: float, late_ms: float,
+                  cpu: int) -> dict[str, Any]:  # fmt: skip
+    """Place ``calls`` held calls at a gateway pinned to ``cpu``; their figures (``report`` prints them)."""
     from support.speech import speak  # eSpeak NG, as the tests speak
 
     if shutil.which("sipp") is None:
         raise SystemExit("sipp is not installed (apt install sip-tester)")
     speech = await speak("what is your name", rate=8000)
-    gateway = Gateway(args.cpu, args.answer_s, args.calls)
-    peers = [Peer() for _ in range(args.calls)]
+    gateway = Gateway(cpu, answer_s, calls)
+    peers = [Peer() for _ in range(calls)]
     sipp: subprocess.Popen[bytes] | None = None
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
@@ -226,14 +270,13 @@ async def bench(args: argparse.Namespace) -> None:
         await asyncio.to_thread(gateway.wait_ready)
         for peer in peers:
             await peer.open()
-        sipp = await asyncio.to_thread(_start_sipp, gateway.sip_port, [p.port for p in peers], args)
-        tasks = [asyncio.create_task(p.run(speech, args.cycle_s, i * args.cycle_s / args.calls, stop))
-                 for i, p in enumerate(peers)]  # fmt: skip
+        sipp = await asyncio.to_thread(_start_sipp, gateway.sip_port, [p.port for p in peers], rate, hold_s)
+        tasks = [asyncio.create_task(p.run(speech, cycle_s, i * cycle_s / calls, stop)) for i, p in enumerate(peers)]
         set_up = time.monotonic()
-        await asyncio.wait_for(asyncio.gather(*(p.up.wait() for p in peers)), args.calls / args.rate + 60)
-        print(f"{args.calls} calls up in {time.monotonic() - set_up:.1f} s (sipp at {args.rate}/s)")
-        await asyncio.sleep(args.cycle_s)  # one cycle to settle, then the window
-        window = max(args.cycle_s, args.hold_s - args.calls / args.rate - 2 * args.cycle_s)
+        await asyncio.wait_for(asyncio.gather(*(p.up.wait() for p in peers)), calls / rate + 60)
+        set_up_s = time.monotonic() - set_up
+        await asyncio.sleep(cycle_s)  # one cycle to settle, then the window
+        window = window_s(calls, rate, hold_s, cycle_s)
         for p in peers:
             p.measuring = True
         me = psutil.Process()
@@ -245,25 +288,9 @@ async def bench(args: argparse.Namespace) -> None:
         for p in peers:
             p.measuring = False
         delays = [d for p in peers for d in p.pacing()]
-        turns = [t for p in peers for t in p.turn_latencies()]
-        late = sum(1 for d in delays if d > args.late_ms / 1000) / max(1, len(delays))
+        late = sum(1 for d in delays if d > late_ms / 1000) / max(1, len(delays))
         got = sorted(len(p.arrivals) / (50 * elapsed) for p in peers)
-        print(f"callers' process: {own:.2f} cores; packets received per call, of those sent: min "
-              f"{100 * got[0]:.0f} %, median {100 * statistics.median(got):.0f} % (below ~95 %: the callers' "
-              "process or the machine is short of CPU, and the figures below are not the gateway's)")  # fmt: skip
-        per_core = args.calls / max(cores, 1e-6)
-        print(f"window {window:.0f} s: the gateway used {cores:.2f} cores for {args.calls} calls "
-              f"-> {per_core:.0f} calls per core (μ-law 8 kHz, paced 20 ms, both ways)")  # fmt: skip
-        print(f"pacing: {len(delays)} packets, {100 * late:.2f} % later than {args.late_ms} ms, "
-              f"p50 {1000 * _pct(delays, 50):.1f} ms, p99 {1000 * _pct(delays, 99):.1f} ms")  # fmt: skip
-        if turns:
-            print(f"turn latency (end of speech -> first answer sound, incl. the VAD's silence window): "
-                  f"{len(turns)} turns, median {1000 * statistics.median(turns):.0f} ms, "
-                  f"p95 {1000 * _pct(turns, 95):.0f} ms")  # fmt: skip
-        else:
-            print("turn latency: no answered turn in the window")
-        rc = await asyncio.to_thread(sipp.wait, args.hold_s + 150)
-        print(f"sipp ended with {rc} (0: every call completed)")
+        rc = await asyncio.to_thread(sipp.wait, hold_s + 150)
     finally:
         stop.set()
         for task in tasks:
@@ -274,6 +301,34 @@ async def bench(args: argparse.Namespace) -> None:
             if p.transport is not None:
                 p.transport.close()
         gateway.stop()
+    return {
+        "calls": calls, "rate": rate, "set_up_s": round(set_up_s, 1), "window_s": round(elapsed, 1),
+        "gateway_cores": round(cores, 3), "calls_per_core": round(calls / max(cores, 1e-6), 1),
+        "callers_cores": round(own, 2),
+        "received_min_pct": round(100 * got[0], 1), "received_median_pct": round(100 * statistics.median(got), 1),
+        "pacing": {"packets": len(delays), "late_ms": late_ms, "late_pct": round(100 * late, 2),
+                   "p50_ms": round(1000 * _pct(delays, 50), 1), "p99_ms": round(1000 * _pct(delays, 99), 1)},
+        "turn_latency_ms": turn_stats([t for p in peers for t in p.turn_latencies()]),
+        "sipp_rc": rc,
+    }  # fmt: skip
+
+
+def report(f: dict[str, Any]) -> None:
+    pacing, turns = f["pacing"], f["turn_latency_ms"]
+    print(f"{f['calls']} calls up in {f['set_up_s']:.1f} s (sipp at {f['rate']}/s)")
+    print(f"callers' process: {f['callers_cores']:.2f} cores; packets received per call, of those sent: min "
+          f"{f['received_min_pct']:.0f} %, median {f['received_median_pct']:.0f} % (below ~95 %: the callers' "
+          "process or the machine is short of CPU, and the figures below are not the gateway's)")  # fmt: skip
+    print(f"window {f['window_s']:.0f} s: the gateway used {f['gateway_cores']:.2f} cores for {f['calls']} calls "
+          f"-> {f['calls_per_core']:.0f} calls per core (μ-law 8 kHz, paced 20 ms, both ways)")  # fmt: skip
+    print(f"pacing: {pacing['packets']} packets, {pacing['late_pct']:.2f} % later than {pacing['late_ms']:g} ms, "
+          f"p50 {pacing['p50_ms']:.1f} ms, p99 {pacing['p99_ms']:.1f} ms")  # fmt: skip
+    if turns["n"]:
+        print(f"turn latency (end of speech -> first answer sound, incl. the VAD's silence window): "
+              f"{turns['n']} turns, median {turns['p50']:.0f} ms, p95 {turns['p95']:.0f} ms")  # fmt: skip
+    else:
+        print("turn latency: no answered turn in the window")
+    print(f"sipp ended with {f['sipp_rc']} (0: every call completed)")
 
 
 def main() -> None:
@@ -285,7 +340,9 @@ def main() -> None:
     parser.add_argument("--answer-s", type=float, default=1.0, help="the passthrough answer's length")
     parser.add_argument("--late-ms", type=float, default=40.0)
     parser.add_argument("--cpu", type=int, default=0, help="the CPU the gateway is pinned to")
-    asyncio.run(bench(parser.parse_args()))
+    a = parser.parse_args()
+    report(asyncio.run(measure(a.calls, rate=a.rate, hold_s=a.hold_s, cycle_s=a.cycle_s, answer_s=a.answer_s,
+                               late_ms=a.late_ms, cpu=a.cpu)))  # fmt: skip
 
 
 if __name__ == "__main__":

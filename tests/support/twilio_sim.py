@@ -78,6 +78,7 @@ class TwilioCall:
     clears: list[float] = field(default_factory=list)  # when each clear arrived
     max_buffered_ms: float = 0.0  # the most audio ever waiting in the buffer
     media_sent: int = 0
+    last_media_at: float = 0.0  # when the caller's last media message went (monotonic seconds)
     _ws: Any = None
     _seq: int = 0
     _queue: deque[tuple[str, bytearray | str]] = field(default_factory=deque)
@@ -181,6 +182,7 @@ class TwilioCall:
         self.media_sent += len(frames)
         for n, (chunk, frame) in enumerate(self.media_order(frames)):
             await self.send_media(base + chunk, frame)
+            self.last_media_at = time.monotonic()
             delay = t0 + (n + 1) * self.send_ms / 1000 - asyncio.get_running_loop().time()
             if delay > 0:
                 await asyncio.sleep(delay)
