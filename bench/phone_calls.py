@@ -4,9 +4,10 @@ The gateway is a process of its own (``python -m gateway serve``, the passthroug
 tone of ``--answer-s`` per turn, so that what is measured is the bridge, not a model), its
 CPU read with psutil. The carriers are simulators (``tests/support/twilio_sim.py``, written
 from each carrier's documents) in this process, Twilio's by default on ``/v1/telephony/twilio``
-(``--carrier`` picks another: telnyx, plivo, vonage, exotel): each holds one call, μ-law 8 kHz
-both ways (Vonage: binary PCM16 at 16 kHz; Exotel: PCM16 at 8 kHz), the caller's audio at
-real time, marks echoed as the answer's audio plays in real time from its buffer.
+(``--carrier`` picks another: telnyx, plivo, plivo-l16, vonage, exotel): each holds one call,
+μ-law 8 kHz both ways (Vonage: binary PCM16 at 16 kHz; Exotel: PCM16 at 8 kHz; plivo-l16:
+Plivo's ``audio/x-l16`` at 16 kHz), the caller's audio at real time, marks echoed as the
+answer's audio plays in real time from its buffer.
 
 1. **Calls per core.** N calls at once for ``--duration`` s; each caller's voice loops a
    spoken sentence (eSpeak NG) then quiet over ``--cycle-s``, the calls staggered; the
@@ -21,8 +22,8 @@ real time, marks echoed as the answer's audio plays in real time from its buffer
    a plain WebSocket session in PCM 24 kHz and in μ-law 8 kHz (the first
    ``response.output_audio.delta``), and over a phone call (sent on the call's sideband; the
    first ``media`` message at the carrier). Phone minus WebSocket in the session's format
-   (μ-law; PCM 24 kHz for Vonage and Exotel, whose call converts to the carrier's rate) is
-   what the bridge adds (the pacer, the carrier's messages); μ-law minus PCM is what the
+   (μ-law; PCM 24 kHz for Vonage, Exotel and plivo-l16, whose call converts to the carrier's
+   rate) is what the bridge adds (the pacer, the carrier's messages); μ-law minus PCM is what the
    conversion to 8 kHz costs on any path (the resampler's filter delay).
 
     python bench/phone_calls.py                      # N=8 for 20 s, then 20 latency trials: ~1 min
@@ -62,7 +63,17 @@ sys.path.insert(0, str(ROOT))
 
 from sip_calls import is_loud, turn_stats, turns_after  # noqa: E402  (bench/sip_calls.py: one way of timing a turn)
 from support.speech import silence, speak  # noqa: E402
-from support.twilio_sim import ExotelCall, PlivoCall, TelnyxCall, TwilioCall, VonageCall, alaw, mulaw, pcm16  # noqa: E402
+from support.twilio_sim import (  # noqa: E402
+    ExotelCall,
+    PlivoCall,
+    PlivoL16Call,
+    TelnyxCall,
+    TwilioCall,
+    VonageCall,
+    alaw,
+    mulaw,
+    pcm16,
+)
 
 from gateway.audio.codecs import AudioFormat, Codec  # noqa: E402
 
@@ -72,10 +83,18 @@ CARRIERS: dict[str, tuple[type[TwilioCall], Any, int, bool]] = {
     "twilio": (TwilioCall, mulaw, 8000, True),
     "telnyx": (TelnyxCall, alaw, 8000, True),
     "plivo": (PlivoCall, mulaw, 8000, True),
+    "plivo-l16": (PlivoL16Call, pcm16, 16000, False),  # contentType="audio/x-l16;rate=16000"
     "vonage": (VonageCall, pcm16, 16000, False),
     "exotel": (ExotelCall, pcm16, 8000, False),
 }
-CODECS: dict[str, Codec] = {"twilio": "pcmu", "telnyx": "pcma", "plivo": "pcmu", "vonage": "pcm16", "exotel": "pcm16"}
+CODECS: dict[str, Codec] = {
+    "twilio": "pcmu",
+    "telnyx": "pcma",
+    "plivo": "pcmu",
+    "plivo-l16": "pcm16",
+    "vonage": "pcm16",
+    "exotel": "pcm16",
+}
 
 MODEL = "bench-passthrough"
 NO_VAD: dict[str, Any] = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
@@ -141,6 +160,11 @@ async def mint(http: httpx.AsyncClient, gw: Gateway, session: dict[str, Any] | N
     return str(res.json()["value"])
 
 
+def stream_url(gw: Gateway, carrier: str) -> str:
+    """The carrier's endpoint (``plivo-l16``: Plivo's, in another format)."""
+    return f"ws://127.0.0.1:{gw.port}/v1/telephony/{carrier.partition('-')[0]}"
+
+
 async def load(gw: Gateway, carrier: str, n: int, duration: float, cycle_s: float, warmup: float) -> dict[str, Any]:
     simulator, encode, rate, _ = CARRIERS[carrier]
     speech = await speak("what is your name", rate)  # (PCM16)
@@ -149,7 +173,7 @@ async def load(gw: Gateway, carrier: str, n: int, duration: float, cycle_s: floa
     calls: list[TwilioCall] = []
     async with httpx.AsyncClient(timeout=30) as http:
         for i in range(n):
-            call = simulator(f"ws://127.0.0.1:{gw.port}/v1/telephony/{carrier}", await mint(http, gw),
+            call = simulator(stream_url(gw, carrier), await mint(http, gw),
                              stream_sid=f"MZ{i:032d}", call_sid=f"CA{i:032d}")  # fmt: skip
             await call.connect()
             calls.append(call)
@@ -221,7 +245,7 @@ async def first_ws_audio(gw: Gateway, session: dict[str, Any]) -> float:
 
 async def first_phone_audio(gw: Gateway, http: httpx.AsyncClient, carrier: str) -> float:
     simulator = CARRIERS[carrier][0]
-    call = simulator(f"ws://127.0.0.1:{gw.port}/v1/telephony/{carrier}", await mint(http, gw, NO_VAD),
+    call = simulator(stream_url(gw, carrier), await mint(http, gw, NO_VAD),
                      call_sid="CA" + os.urandom(16).hex())  # fmt: skip
     await call.connect()
     try:

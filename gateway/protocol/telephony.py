@@ -144,8 +144,9 @@ class Carrier(Protocol):
     def message_per_frame(self) -> bool:
         """Each ``frame_ms`` of audio is a message of its own (else a message carries whole frames)."""
 
-    def media(self, stream_id: str, audio: bytes) -> Outgoing:
-        """The message that carries ``audio`` (the start's format) to the caller."""
+    def media(self, stream_id: str, audio: bytes, fmt: AudioFormat) -> Outgoing:
+        """The message that carries ``audio`` to the caller, in ``fmt``: the start's format (a
+        carrier whose message names its audio's format says it; the others ignore it)."""
 
     def mark(self, stream_id: str, name: str) -> bytes: ...
 
@@ -272,7 +273,7 @@ class TwilioCodec:
             return StreamStop()
         return None  # an event of a later protocol version: ignored, as Twilio asks
 
-    def media(self, stream_id: str, audio: bytes) -> Outgoing:
+    def media(self, stream_id: str, audio: bytes, fmt: AudioFormat) -> Outgoing:
         payload = base64.b64encode(audio).decode("ascii")
         return orjson.dumps({"event": "media", "streamSid": stream_id, "media": {"payload": payload}})
 
@@ -358,7 +359,7 @@ class TelnyxCodec:
             return StreamStop()
         return None  # (error, and what a later version adds)
 
-    def media(self, stream_id: str, audio: bytes) -> Outgoing:
+    def media(self, stream_id: str, audio: bytes, fmt: AudioFormat) -> Outgoing:
         return orjson.dumps({"event": "media", "media": {"payload": base64.b64encode(audio).decode("ascii")}})
 
     def mark(self, stream_id: str, name: str) -> bytes:
@@ -384,13 +385,20 @@ def _header_pairs(raw: Any) -> dict[str, str]:
     return {k.strip(): v.strip() for k, _, v in pairs[:MAX_PARAMETERS]}
 
 
+# Plivo's contentType (the start's mediaFormat encoding and sampleRate) -> the stream's audio, both ways
+_PLIVO_FORMATS = {("audio/x-mulaw", 8000): PCMU_8K, ("audio/x-l16", 8000): L16_8K, ("audio/x-l16", 16000): L16_16K}
+_PLIVO_CONTENT_TYPES = {fmt.codec: encoding for (encoding, _), fmt in _PLIVO_FORMATS.items()}
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class PlivoCodec:
     """Plivo Audio Streams (``<Stream bidirectional="true" contentType="audio/x-mulaw;rate=8000">``):
     ``start`` first (no ``connected``), with ``callId``, ``streamId`` and the ``extraHeaders``
     as ``extra_headers``; the gateway sends ``playAudio``, ``checkpoint`` (Plivo answers
-    ``playedStream`` once the audio before it has played) and ``clearAudio``. Only μ-law
-    at 8 kHz is taken (Plivo's L16 has no session format here). Plivo's ``extraHeaders``
+    ``playedStream`` once the audio before it has played) and ``clearAudio``. The stream's
+    ``contentType`` is the start's ``mediaFormat`` (``encoding``, ``sampleRate``): μ-law at
+    8 kHz, or L16 (linear PCM16, little-endian, mono) at 8 or 16 kHz; the ``playAudio`` says
+    the same format back (its ``contentType`` and ``sampleRate``). Plivo's ``extraHeaders``
     allow only letters and digits, which a client secret is not made of: its secret goes in
     the stream URL's query (``?client_secret=ek_...``), or the call is announced (the call
     webhook). Plivo documents no signature of the stream's upgrade."""
@@ -418,15 +426,17 @@ class PlivoCodec:
         if kind == "start":
             start = _obj(d, "start")
             raw = _obj(start, "mediaFormat")
+            encoding = raw.get("encoding")
             rate = _int(raw.get("sampleRate"), "mediaFormat.sampleRate")
-            if raw.get("encoding") != "audio/x-mulaw" or rate != 8000:
-                raise CarrierMessageError(f"mediaFormat {raw.get('encoding')!r} {rate} Hz: only audio/x-mulaw at "
-                                          "8000 Hz is taken (contentType=\"audio/x-mulaw;rate=8000\")")  # fmt: skip
+            fmt = _PLIVO_FORMATS.get((encoding, rate)) if isinstance(encoding, str) else None
+            if fmt is None:
+                raise CarrierMessageError(f"mediaFormat {str(encoding)[:32]!r} {rate} Hz: only audio/x-mulaw at 8000 "
+                                          "Hz or audio/x-l16 at 8000 or 16000 Hz is taken")  # fmt: skip
             return StreamStart(
                 stream_id=_str(start, "streamId"),
                 call_id=_str(start, "callId"),
                 account_id=str(start.get("accountId") or ""),
-                audio=PCMU_8K,
+                audio=fmt,
                 channels=1,
                 parameters=_header_pairs(d.get("extra_headers")),
             )
@@ -434,9 +444,10 @@ class PlivoCodec:
             return StreamStop()
         return None  # (clearedAudio, and what a later version adds)
 
-    def media(self, stream_id: str, audio: bytes) -> Outgoing:
+    def media(self, stream_id: str, audio: bytes, fmt: AudioFormat) -> Outgoing:
         payload = base64.b64encode(audio).decode("ascii")
-        return orjson.dumps({"event": "playAudio", "media": {"contentType": "audio/x-mulaw", "sampleRate": 8000,
+        content_type = _PLIVO_CONTENT_TYPES[fmt.codec]
+        return orjson.dumps({"event": "playAudio", "media": {"contentType": content_type, "sampleRate": fmt.rate,
                                                              "payload": payload}})  # fmt: skip
 
     def mark(self, stream_id: str, name: str) -> bytes:
@@ -525,7 +536,7 @@ class VonageCodec:
                                parameters=parameters)  # fmt: skip
         return None  # (websocket:cleared, websocket:media:..., and what a later version adds)
 
-    def media(self, stream_id: str, audio: bytes) -> Outgoing:
+    def media(self, stream_id: str, audio: bytes, fmt: AudioFormat) -> Outgoing:
         return Binary(audio)
 
     def mark(self, stream_id: str, name: str) -> bytes:
@@ -614,7 +625,7 @@ class ExotelCodec:
             return StreamStop()
         return None
 
-    def media(self, stream_id: str, audio: bytes) -> Outgoing:
+    def media(self, stream_id: str, audio: bytes, fmt: AudioFormat) -> Outgoing:
         payload = base64.b64encode(audio).decode("ascii")
         return orjson.dumps({"event": "media", "stream_sid": stream_id, "media": {"payload": payload}})
 

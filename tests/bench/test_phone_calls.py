@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 # (Twilio's media stream is measured by tests/bench/test_phone_paths.py, beside SIP and a WebSocket.)
-@pytest.mark.parametrize("carrier", ["vonage", "exotel"])
+@pytest.mark.parametrize("carrier", ["vonage", "exotel", "plivo-l16"])
 def test_calls_are_answered_and_the_latency_of_each_path_is_sampled(carrier: str, tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
     cmd = [sys.executable, "bench/phone_calls.py", "--carrier", carrier, "--calls", "2", "--duration", "6",

@@ -1,13 +1,14 @@
 """Phone calls through carriers' media streams, end to end: Twilio Media Streams
 (``/v1/telephony/twilio``, μ-law), Telnyx Media Streaming (``/v1/telephony/telnyx``,
-A-law, its media delivered out of order), Plivo Audio Streams (μ-law), Vonage's Voice API
-WebSockets (``/v1/telephony/vonage``, binary linear PCM16 at 16 kHz) and Exotel's Voicebot
-applet (``/v1/telephony/exotel``, linear PCM16 at 8 kHz in base64).
+A-law, its media delivered out of order), Plivo Audio Streams (``/v1/telephony/plivo``,
+μ-law, and L16 at 16 kHz), Vonage's Voice API WebSockets (``/v1/telephony/vonage``, binary
+linear PCM16 at 16 kHz) and Exotel's Voicebot applet (``/v1/telephony/exotel``, linear
+PCM16 at 8 kHz in base64).
 
 The carrier is a simulator of ``tests/support/twilio_sim.py`` (written from each carrier's
 documents: their clouds cannot run here), over a real loopback WebSocket; the gateway is
 the real one on the embedded CPU cascade (silero VAD, pocketsphinx, eSpeak NG), the
-caller's voice is eSpeak NG's, in the carrier's G.711. A backend's sideband
+caller's voice is eSpeak NG's, in the carrier's G.711 or linear PCM. A backend's sideband
 (``/v1/realtime?call_id=``) watches the session's events.
 """
 
@@ -27,6 +28,7 @@ from support.speech import silence, speak
 from support.twilio_sim import (
     ExotelCall,
     PlivoCall,
+    PlivoL16Call,
     TelnyxCall,
     TwilioCall,
     VonageCall,
@@ -98,6 +100,7 @@ CARRIERS: dict[str, tuple[str, type[TwilioCall], Callable[[bytes], bytes], int, 
     "twilio": ("twilio", TwilioCall, mulaw, 8000, ("pcmu", 8000)),
     "telnyx": ("telnyx", TelnyxCall, alaw, 8000, ("pcma", 8000)),
     "plivo": ("plivo", PlivoCall, mulaw, 8000, ("pcmu", 8000)),
+    "plivo-l16": ("plivo", PlivoL16Call, pcm16, 16000, ("pcm16", 24000)),
     "vonage": ("vonage", VonageCall, pcm16, 16000, ("pcm16", 24000)),
     "exotel": ("exotel", ExotelCall, pcm16, 8000, ("pcm16", 24000)),
 }
@@ -174,6 +177,11 @@ async def test_a_spoken_call_answer_marks_barge_in_dtmf_and_stop(carrier: str) -
                     assert call.frame_sizes == {640}
                 if isinstance(call, ExotelCall):
                     assert call.odd_media == 0
+                # Plivo's playAudio names the stream's own format (L16: linear PCM16 at its rate, as it came).
+                if isinstance(call, PlivoCall):
+                    formats = {(m["media"]["contentType"], m["media"]["sampleRate"]) for m in call.received
+                               if m["event"] == "playAudio"}  # fmt: skip
+                    assert formats == {(call.encoding, call.rate)}
                 # A key press reaches the session and its sideband.
                 await call.dtmf("5")
                 await until(lambda: first("input_audio_buffer.dtmf_event_received") is not None, "the key")

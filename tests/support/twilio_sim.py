@@ -332,12 +332,19 @@ class PlivoCall(TwilioCall):
     with ``streamId``, ``dtmf``; the server's ``playAudio``, ``checkpoint`` (answered with
     ``playedStream`` once the audio before it has played) and ``clearAudio`` (answered with
     ``clearedAudio``). The client secret goes in the URL's query (extraHeaders allow only
-    letters and digits)."""
+    letters and digits). The ``<Stream>``'s ``contentType`` is ``audio/x-mulaw;rate=8000``
+    (here by default) or ``audio/x-l16;rate=8000`` or ``rate=16000`` (``PlivoL16Call``): the
+    start's ``mediaFormat`` says it (``encoding``, ``sampleRate``), the ``media`` payloads are
+    in it (L16: linear PCM16, little-endian, mono), and a ``playAudio`` names its own
+    ``contentType`` and ``sampleRate``, which must be the stream's (this one plays no other)."""
 
+    encoding: str = "audio/x-mulaw"
+    rate: int = 8000
     stream_sid: str = "87654321-4321-4321-4321-cba987654321"
     call_sid: str = "12345678-1234-1234-1234-123456789abc"
 
     def __post_init__(self) -> None:
+        self.bytes_per_ms = self.rate // 1000 * (1 if self.encoding == "audio/x-mulaw" else 2)
         if self.client_secret is not None:
             self.url += ("&" if "?" in self.url else "?") + "client_secret=" + self.client_secret
             self.client_secret = None  # (not in the start: the URL carries it)
@@ -348,7 +355,7 @@ class PlivoCall(TwilioCall):
     def start_message(self, parameters: dict[str, str]) -> dict[str, Any]:
         return {"event": "start", "start": {
             "callId": self.call_sid, "streamId": self.stream_sid, "accountId": "MAXXXXXXXXXXXXXXXXXX",
-            "tracks": ["inbound"], "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000},
+            "tracks": ["inbound"], "mediaFormat": {"encoding": self.encoding, "sampleRate": self.rate},
         }, "extra_headers": "userId=12345;sessionId=abc"}  # fmt: skip
 
     def numbered(self, message: dict[str, Any], seq: int) -> dict[str, Any]:
@@ -366,8 +373,9 @@ class PlivoCall(TwilioCall):
     def classify(self, message: dict[str, Any]) -> tuple[str, Any]:
         kind = message.get("event")
         if kind == "playAudio":
-            assert message["media"]["contentType"] == "audio/x-mulaw" and message["media"]["sampleRate"] == 8000
-            return "audio", base64.b64decode(message["media"]["payload"])
+            media = message["media"]
+            assert (media["contentType"], media["sampleRate"]) == (self.encoding, self.rate), media
+            return "audio", base64.b64decode(media["payload"])
         if kind == "checkpoint":
             return "mark", message["name"]
         if kind == "clearAudio":
@@ -385,6 +393,15 @@ class PlivoCall(TwilioCall):
         await self._send({"event": "clearedAudio"})
 
 
+@dataclass
+class PlivoL16Call(PlivoCall):
+    """Plivo Audio Streams with ``contentType="audio/x-l16;rate=16000"`` (``rate=8000`` by
+    passing it): linear PCM16 both ways."""
+
+    encoding: str = "audio/x-l16"
+    rate: int = 16000
+
+
 def vonage_jwt(signature_secret: str, iat: int) -> str:
     """The JWT Vonage signs its webhooks with (and a websocket endpoint's ``authorization`` of type
     ``vonage`` sends): HS256 under the account's signature secret, with ``iat`` and ``jti``."""
@@ -398,7 +415,7 @@ def vonage_jwt(signature_secret: str, iat: int) -> str:
 
 
 def pcm16(audio: bytes) -> bytes:
-    """The caller's voice as linear PCM16 (Vonage's and Exotel's audio): as it is."""
+    """The caller's voice as linear PCM16 (Vonage's, Exotel's and Plivo's L16 audio): as it is."""
     return audio
 
 

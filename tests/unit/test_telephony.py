@@ -82,7 +82,7 @@ def test_what_does_not_decode_is_refused(message: str) -> None:
 
 
 def test_twilio_output_messages() -> None:
-    assert orjson.loads(TWILIO.media("MZ1", b"\x00\x01")) == {
+    assert orjson.loads(TWILIO.media("MZ1", b"\x00\x01", PCMU_8K)) == {
         "event": "media", "streamSid": "MZ1", "media": {"payload": base64.b64encode(b"\x00\x01").decode()}}  # fmt: skip
     assert orjson.loads(TWILIO.mark("MZ1", "3")) == {"event": "mark", "streamSid": "MZ1", "mark": {"name": "3"}}
     assert orjson.loads(TWILIO.clear("MZ1")) == {"event": "clear", "streamSid": "MZ1"}
@@ -242,16 +242,44 @@ def test_plivo_and_telnyx_messages_decode_as_their_documents_show_them() -> None
     assert PLIVO.decode('{"event":"clearedAudio","streamId":"s1"}') is None
     assert orjson.loads(PLIVO.mark("s1", "4")) == {"event": "checkpoint", "streamId": "s1", "name": "4"}
     assert orjson.loads(PLIVO.clear("s1")) == {"event": "clearAudio", "streamId": "s1"}
-    assert orjson.loads(PLIVO.media("s1", b"\x01"))["media"] == {
-        "contentType": "audio/x-mulaw", "sampleRate": 8000, "payload": base64.b64encode(b"\x01").decode()}  # fmt: skip
-    with pytest.raises(CarrierMessageError):  # L16: no session format for it here
-        PLIVO.decode('{"event":"start","start":{"callId":"c","streamId":"s","mediaFormat":'
-                     '{"encoding":"audio/x-l16","sampleRate":16000}}}')  # fmt: skip
+    assert start.audio == PCMU_8K
+    assert orjson.loads(PLIVO.media("s1", b"\x01", PCMU_8K)) == {"event": "playAudio", "media": {
+        "contentType": "audio/x-mulaw", "sampleRate": 8000, "payload": base64.b64encode(b"\x01").decode()}}  # fmt: skip
     start = TELNYX.decode(orjson.dumps({"event": "start", "sequence_number": "1", "stream_id": "st", "start": {
         "call_control_id": "v3:x", "custom_parameters": {"client_secret": "ek_1"},
         "media_format": {"encoding": "PCMA", "sample_rate": 8000, "channels": 1}}}))  # fmt: skip
     assert isinstance(start, StreamStart) and start.audio.codec == "pcma" and start.stream_id == "st"
     assert orjson.loads(TELNYX.clear("st")) == {"event": "clear"}
+
+
+@pytest.mark.parametrize("rate", [8000, 16000])
+def test_a_plivo_l16_stream_is_linear_pcm_both_ways(rate: int) -> None:
+    """``contentType="audio/x-l16;rate=..."``: the start's mediaFormat says it, the caller's audio is
+    base64 PCM16 little-endian at that rate, and ``playAudio`` names the same format."""
+    from gateway.protocol.telephony import L16_8K, L16_16K, PLIVO
+
+    start = PLIVO.decode(orjson.dumps({"event": "start", "sequenceNumber": 0, "start": {
+        "callId": "c1", "streamId": "s1", "accountId": "MA1", "tracks": ["inbound"],
+        "mediaFormat": {"encoding": "audio/x-l16", "sampleRate": rate}}, "extra_headers": "{}"}))  # fmt: skip
+    assert isinstance(start, StreamStart) and start.audio == {8000: L16_8K, 16000: L16_16K}[rate]
+    samples = b"\x01\x00\xff\x7f" * (rate // 100)  # 20 ms of PCM16 (little-endian: 1, 32767, ...)
+    media = PLIVO.decode(orjson.dumps({"event": "media", "sequenceNumber": 2, "streamId": "s1", "media": {
+        "track": "inbound", "timestamp": "1700000000000", "chunk": 1,
+        "payload": base64.b64encode(samples).decode()}}))  # fmt: skip
+    assert media == MediaIn(samples, 1)
+    assert orjson.loads(PLIVO.media("s1", samples, start.audio)) == {"event": "playAudio", "media": {
+        "contentType": "audio/x-l16", "sampleRate": rate, "payload": base64.b64encode(samples).decode()}}  # fmt: skip
+
+
+@pytest.mark.parametrize("encoding, rate", [("audio/x-l16", 24000), ("audio/x-l16", 44100), ("audio/x-mulaw", 16000),
+                                            ("audio/x-alaw", 8000), ("audio/l16", 16000), (None, 8000)])  # fmt: skip
+def test_a_plivo_start_in_another_format_is_refused_naming_what_is_taken(encoding: str | None, rate: int) -> None:
+    from gateway.protocol.telephony import PLIVO
+
+    message = orjson.dumps({"event": "start", "start": {"callId": "c", "streamId": "s", "mediaFormat": {
+        "encoding": encoding, "sampleRate": rate}}})  # fmt: skip
+    with pytest.raises(CarrierMessageError, match="only audio/x-mulaw at 8000 Hz or audio/x-l16 at 8000 or 16000 Hz"):
+        PLIVO.decode(message)
 
 
 def test_vonage_messages_decode_as_its_documents_show_them() -> None:
@@ -267,7 +295,7 @@ def test_vonage_messages_decode_as_its_documents_show_them() -> None:
     assert VONAGE.decode('{"event":"websocket:dtmf","digit":"7","duration":260}') == DtmfIn("7")
     assert VONAGE.decode('{"event":"websocket:notify","payload":{"name":"12"}}') == MarkIn("12")
     assert VONAGE.decode('{"event":"websocket:cleared"}') is None
-    assert VONAGE.media("", b"\x00\x01") == Binary(b"\x00\x01")
+    assert VONAGE.media("", b"\x00\x01", L16_16K) == Binary(b"\x00\x01")
     assert orjson.loads(VONAGE.mark("", "3")) == {"action": "notify", "payload": {"name": "3"}}
     assert orjson.loads(VONAGE.clear("")) == {"action": "clear"}
     for bad in ('{"event":"websocket:connected","content-type":"audio/l16;rate=24000"}',
@@ -300,7 +328,7 @@ def test_exotel_messages_decode_as_its_documents_show_them() -> None:
     assert EXOTEL.decode('{"event":"mark","stream_sid":"s","mark":{"name":"9"}}') == MarkIn("9")
     assert isinstance(EXOTEL.decode('{"event":"connected"}'), Connected)
     assert isinstance(EXOTEL.decode('{"event":"stop","stop":{"call_sid":"c","reason":"callended"}}'), StreamStop)
-    out = EXOTEL.media("MZ1", b"\x00\x01")
+    out = EXOTEL.media("MZ1", b"\x00\x01", L16_8K)
     payload = base64.b64encode(b"\x00\x01").decode()
     assert isinstance(out, bytes)
     assert orjson.loads(out) == {"event": "media", "stream_sid": "MZ1", "media": {"payload": payload}}

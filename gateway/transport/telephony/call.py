@@ -234,14 +234,14 @@ class PhoneCall:
         message per frame where the carrier takes them so (``codec.frame_ms``)."""
         frame = self._frame
         if not frame:
-            return [self.codec.media(self.stream_id, audio)]
+            return [self.codec.media(self.stream_id, audio, self.fmt)]
         short = -len(audio) % frame
         if short:
             silence = _SILENCE[self.fmt.codec]
             audio += silence * (short // len(silence))
         if not self.codec.message_per_frame:
-            return [self.codec.media(self.stream_id, audio)]
-        return [self.codec.media(self.stream_id, audio[i : i + frame]) for i in range(0, len(audio), frame)]
+            return [self.codec.media(self.stream_id, audio, self.fmt)]
+        return [self.codec.media(self.stream_id, audio[i : i + frame], self.fmt) for i in range(0, len(audio), frame)]
 
     def _write(self, message: Outgoing) -> None:
         if self.ended:
