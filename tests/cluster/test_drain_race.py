@@ -289,7 +289,11 @@ async def test_a_crash_mid_answer_resumed_with_the_stored_seq_reissues_the_answe
             break
     assert held != "as_stored" or c.last_seq == stored, (c.last_seq, stored)
     playing = c.created[-1]
-    assert playing not in c.done
+    # After the last delta but one, a busy machine can let the answer end before the kill lands
+    # (the wait for the store above lets the replica run on): then nothing was cut, and the
+    # resume must not re-issue it; the session answers the next request. Earlier, it is cut.
+    finished = playing in c.done
+    assert not finished or (deltas == KILL_AT_DELTAS[-1] and c.done[playing] == "completed"), (deltas, c.done)
     resumed = await c.resume(b.url)
     if c.last_seq <= stored:
         assert resumed["type"] == "session.resumed", resumed  # equal seqs: nothing to resync
@@ -297,9 +301,12 @@ async def test_a_crash_mid_answer_resumed_with_the_stored_seq_reissues_the_answe
         assert resumed["type"] == "session.resync_required", resumed
         assert resumed["reason"] == "client_ahead", resumed
     try:
+        if finished:
+            await c.send({"type": "response.create"})
         while not c.answered(c.created.index(playing) + 1):
             event = await c.next()
             assert event["type"] != "error", event
-        assert c.done[playing] == "incomplete", c.done
+        assert c.done[playing] == ("completed" if finished else "incomplete"), c.done
     finally:
         await c.ws.close()
+    print(f"crash after {deltas} deltas ({held}): the answer {'had ended' if finished else 'was cut'}")
