@@ -211,3 +211,34 @@ async def test_an_outbound_live_call_rings_is_answered_and_speaks_with_its_trans
                 await until(lambda: session_id not in gw.runtime.hosts, "the session to end")
         finally:
             peer.close()
+
+
+async def test_an_outbound_live_call_hung_up_while_it_rings_is_cancelled(tmp_path: Path) -> None:
+    """Its session ends (the REST hangup) while the trunk rings: the gateway sends CANCEL
+    and ACKs the trunk's 487 (sipp's scenario ends 0 only so), not ringing on until the ring
+    timeout (an hour here: without the CANCEL, sipp would wait past the test's bound); the
+    sideband hears no transport.answered and the session ends."""
+    settings = Settings(engine="passthrough", video_engine="none", webrtc=False, sip_port=free_port(),
+                        sip_ring_timeout_s=3600)  # fmt: skip
+    async with run_gateway(settings) as gw:
+        peer = RtpPeer()
+        await peer.open()
+        try:
+            async with sipp_uas("rings_until_cancelled.xml", peer.port, tmp_path) as trunk:
+                created = await post(gw, "/v1/live/sessions", _create(trunk.port))
+                assert created.status_code == 201, created.text
+                session_id = created.json()["session"]["id"]
+                async with attached(gw, session_id, {}) as sideband:
+                    await trunk.wait_invite()
+                    trunk.send_info()  # the cue: the trunk rings
+                    await sideband.wait_for("transport.ringing")
+                    hung = await post(gw, f"/v1/live/sessions/{session_id}/hangup")
+                    assert hung.status_code == 200, hung.text
+                    assert await trunk.wait(60) == 0, trunk.text()  # CANCEL came, and the 487 was ACKed
+                    await asyncio.wait_for(sideband.closed.wait(), 30)
+                    assert not sideband.count("transport.answered")
+                text = trunk.messages.read_text()
+                assert "CANCEL sip:+15551234567@127.0.0.1 SIP/2.0" in text
+                await until(lambda: session_id not in gw.runtime.hosts, "the session to end")
+        finally:
+            peer.close()

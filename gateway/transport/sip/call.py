@@ -52,6 +52,9 @@ class SipCall:
         self.door: Door | None = None
         self.seat: Seat | None = None  # its share of its tenant's limits (gateway/quotas.py): released as it ends
         self.ended = False
+        # Set when the session lets the call go (``close``): an outbound call still ringing
+        # is cancelled then (``uac.invite``), not left to ring on.
+        self.let_go = asyncio.Event()
         self._on_close = on_close
         self._buf = bytearray()
         self._inbox: asyncio.Queue[bytes] = asyncio.Queue(INBOX_CHUNKS)
@@ -122,7 +125,9 @@ class SipCall:
             self._speech_started()
 
     def close(self, code: int, reason: str) -> None:
-        """The session let the call go (a REST hangup, the session closed): hang up (BYE)."""
+        """The session let the call go (a REST hangup, the session closed): hang up (BYE), or
+        cancel the call while it rings."""
+        self.let_go.set()
         if not self.ended:
             self._on_close(self, reason or str(code))
 

@@ -650,8 +650,9 @@ class SipServer:
         ``door``'s session is open already (its id is the call's), and hears of the call as
         it goes, on its sidebands: ``transport.ringing`` (the trunk's 180 or 183),
         ``transport.answered`` (200 OK: the media runs), or ``transport.failed`` (the SIP
-        status, or no answer in time; the session then ends). A session that ended while the
-        call rang hangs the answered call up (BYE)."""
+        status, or no answer in time; the session then ends). A session that ends while the
+        call rings cancels it (CANCEL); one the trunk answered as the CANCEL crossed it is hung
+        up (BYE)."""
         host = door.host
         assert host is not None and self._loop is not None
         rang = False
@@ -701,8 +702,9 @@ class SipServer:
         """The INVITE of an outbound call (``call``: its RTP bound, not started; the transaction:
         ``uac.invite``), rung until its final answer (``on_ringing``: a 180 or 183 came): the
         answered call's dialog (ACK sent, the call given its media for the answer's SDP), or the
-        SIP status it failed with (408: no answer in time; 488: an answer the gateway cannot
-        take). The RTP socket is closed on failure."""
+        SIP status it failed with (408: no answer in time; 487: cancelled as it rang, its session
+        having let it go; 488: an answer the gateway cannot take). The RTP socket is closed on
+        failure."""
         cfg = self.config
         sock = call.media.sock
         host = cfg.advertised_address or (cfg.rtp_host if cfg.rtp_host not in ("0.0.0.0", "::", "") else "127.0.0.1")
@@ -724,7 +726,7 @@ class SipServer:
         self._dialing[out.call_id] = answers
         try:
             placed = await uac.invite(out, send, answers, ring_timeout_s=cfg.ring_timeout_s, credentials=credentials,
-                                      on_ringing=on_ringing)  # fmt: skip
+                                      on_ringing=on_ringing, abandoned=call.let_go)  # fmt: skip
         finally:
             self._dialing.pop(out.call_id, None)
         if isinstance(placed, int):

@@ -2,9 +2,10 @@
 
 ``invite`` sends the INVITE (again at T1, 3 T1, 7 T1 and 15 T1 until any answer comes),
 reports a 180 or 183, answers one digest challenge (401 or 407) with the credentials it was
-given, sends CANCEL when nobody answers by the ring deadline, ACKs a failure (hop by hop: the
-INVITE's branch) and builds the ACK of a 2xx (end to end: a branch of its own, to the answer's
-Contact). It touches no socket: ``send`` writes to the trunk, and ``answers`` brings the
+given, sends CANCEL when nobody answers by the ring deadline or the call is abandoned while it
+rings (its session ended), ACKs a failure (hop by hop: the INVITE's branch; the 487 that ends a
+cancelled INVITE too) and builds the ACK of a 2xx (end to end: a branch of its own, to the
+answer's Contact). It touches no socket: ``send`` writes to the trunk, and ``answers`` brings the
 responses the listener routes here by Call-ID (``server.SipServer``).
 """
 
@@ -22,6 +23,10 @@ from gateway.transport.sip.message import SipMessage
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY"  # the methods the gateway takes in a dialog
 T1 = 0.5  # RFC 3261's round-trip estimate: the first retransmission interval
 _RESENDS = (T1, 3 * T1, 7 * T1, 15 * T1)  # an INVITE sent again at these (timer A, doubling) until any answer
+# After a CANCEL, the longest wait for the INVITE's final answer (the 487 to ACK, or a 2xx that
+# crossed the CANCEL); past it the transaction is left to the trunk's own timers.
+CANCELLED_FINAL_WAIT_S = 4 * T1
+REQUEST_TERMINATED = 487  # what a cancelled INVITE ends with
 
 Send = Callable[[bytes], None]
 
@@ -54,23 +59,22 @@ class Answered:
 
 
 async def invite(out: Outgoing, send: Send, answers: asyncio.Queue[SipMessage], *, ring_timeout_s: float,
-                 credentials: tuple[str, str] | None = None,
-                 on_ringing: Callable[[], None] | None = None) -> Answered | int:  # fmt: skip
+                 credentials: tuple[str, str] | None = None, on_ringing: Callable[[], None] | None = None,
+                 abandoned: asyncio.Event | None = None) -> Answered | int:  # fmt: skip
     """Place the call: the 2xx (``Answered``), or the SIP status it failed with (408: nobody
-    answered within ``ring_timeout_s``; else the trunk's final status, its ACK sent)."""
+    answered within ``ring_timeout_s``; 487: ``abandoned`` was set while it rang; else the
+    trunk's final status, its ACK sent). A cancelled call that the trunk answered as the CANCEL
+    crossed it is ``Answered`` too: the caller hangs it up."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + ring_timeout_s
     cseq, auth = 1, None
     while True:
         request = _invite(out, cseq, auth)
-        final = await _ring(request, send, answers, deadline, on_ringing)
-        if final is None:  # nobody answered in time: CANCEL (the INVITE's branch); its 487 ends it
-            cancel = SipMessage(method="CANCEL", uri=out.target)
-            for name in ("Via", "Max-Forwards", "From", "To", "Call-ID"):
-                cancel.add(name, request.get(name) or "")
-            cancel.add("CSeq", f"{cseq} CANCEL")
-            send(cancel.encode())
-            return 408
+        final = await _ring(request, send, answers, deadline, on_ringing, abandoned)
+        if final is None:  # nobody answered in time, or nobody wants the call now: CANCEL
+            final = await _cancel(out, request, cseq, send, answers)
+            if final is None or (final.status or 500) >= 300:
+                return REQUEST_TERMINATED if abandoned is not None and abandoned.is_set() else 408
         status = final.status or 500
         if status in (401, 407) and credentials is not None and auth is None:
             send(_ack_failure(out, request, final, cseq))
@@ -125,10 +129,58 @@ def _ack_failure(out: Outgoing, request: SipMessage, final: SipMessage, cseq: in
     return ack.encode()
 
 
+async def _cancel(out: Outgoing, request: SipMessage, cseq: int, send: Send,
+                  answers: asyncio.Queue[SipMessage]) -> SipMessage | None:  # fmt: skip
+    """CANCEL the ringing ``request`` (in its transaction: its branch), then wait (at most
+    ``CANCELLED_FINAL_WAIT_S``) for the INVITE's final answer: a failure (the 487) is ACKed
+    and returned; a 2xx (answered as the CANCEL crossed it) is returned for the caller to take
+    and hang up; None: none came."""
+    cancel = SipMessage(method="CANCEL", uri=out.target)
+    for name in ("Via", "Max-Forwards", "From", "To", "Call-ID"):
+        cancel.add(name, request.get(name) or "")
+    cancel.add("CSeq", f"{cseq} CANCEL")
+    send(cancel.encode())
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CANCELLED_FINAL_WAIT_S
+    while (left := deadline - loop.time()) > 0:
+        try:
+            msg = await asyncio.wait_for(answers.get(), left)
+        except TimeoutError:
+            return None
+        if msg.cseq == (cseq, "INVITE") and msg.status is not None and msg.status >= 200:
+            if msg.status >= 300:
+                send(_ack_failure(out, request, msg, cseq))
+            return msg
+    return None
+
+
+async def _next_answer(answers: asyncio.Queue[SipMessage], within_s: float,
+                       abandoned: asyncio.Event | None) -> SipMessage | None:  # fmt: skip
+    """The trunk's next answer within ``within_s`` (TimeoutError past it), or None once
+    ``abandoned`` is set (an answer already queued is taken first)."""
+    if abandoned is None or not answers.empty():
+        return await asyncio.wait_for(answers.get(), within_s)
+    if abandoned.is_set():
+        return None
+    got, gone = asyncio.ensure_future(answers.get()), asyncio.ensure_future(abandoned.wait())
+    try:
+        await asyncio.wait((got, gone), timeout=within_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (got, gone):
+            if not task.done():
+                task.cancel()
+    if got.done() and not got.cancelled():
+        return got.result()
+    if gone.done():
+        return None
+    raise TimeoutError
+
+
 async def _ring(request: SipMessage, send: Send, answers: asyncio.Queue[SipMessage], deadline: float,
-                on_ringing: Callable[[], None] | None) -> SipMessage | None:  # fmt: skip
+                on_ringing: Callable[[], None] | None,
+                abandoned: asyncio.Event | None) -> SipMessage | None:  # fmt: skip
     """Send ``request`` (again until any answer) and wait for its final response until
-    ``deadline`` (None: none came); ``on_ringing``: called on a 180 or 183."""
+    ``deadline`` or ``abandoned`` (None: none came); ``on_ringing``: called on a 180 or 183."""
     loop = asyncio.get_running_loop()
     data = request.encode()
     send(data)
@@ -140,8 +192,10 @@ async def _ring(request: SipMessage, send: Send, answers: asyncio.Queue[SipMessa
             if left <= 0:
                 return None
             try:
-                msg = await asyncio.wait_for(answers.get(), left)
+                msg = await _next_answer(answers, left, abandoned)
             except TimeoutError:
+                return None
+            if msg is None:
                 return None
             for handle in resend:
                 handle.cancel()  # any answer: the INVITE arrived
