@@ -373,15 +373,20 @@ async def test_a_webrtc_call_plays_the_engines_audio_converted_once_not_the_sess
         await call.end("test over")
 
 
-async def test_a_sip_call_plays_the_engines_audio_converted_once(rt: Runtime, stages: Stages) -> None:
-    client = Client()
+def sip_call() -> tuple[SipCall, RtpMedia, socket.socket]:
+    """A SIP call on a μ-law line (its RTP socket on loopback; its track's clock is the test's)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
     offer = Offer(address="127.0.0.1", port=9, payload_type=0, dtmf_type=None, ptime_ms=20)
     media = RtpMedia(sock, offer, on_audio=lambda audio: None, on_dtmf=lambda key: None)
-    call = SipCall("ringing", media, on_close=lambda call, reason: None)
+    frames_of(media.track)
+    return SipCall("ringing", media, on_close=lambda call, reason: None), media, sock
+
+
+async def test_a_sip_call_plays_the_engines_audio_converted_once(rt: Runtime, stages: Stages) -> None:
+    client = Client()
+    call, media, sock = sip_call()
     try:
-        frames_of(media.track)
         door = await session(rt, client, input_format=PCMU, output_format={"type": "audio/pcma"}, media=call)
         call.door = door
         deltas = await answered(rt, door, client)
@@ -416,13 +421,8 @@ async def test_a_live_sessions_answer_plays_on_a_sip_call_converted_once(rt: Run
     the call paces it): each ``session.output_audio.delta`` carries the engine's own audio, and
     the call converts it once, 24 kHz to the line's 8 kHz, never the session's PCM again."""
     client = Client()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    offer = Offer(address="127.0.0.1", port=9, payload_type=0, dtmf_type=None, ptime_ms=20)
-    media = RtpMedia(sock, offer, on_audio=lambda audio: None, on_dtmf=lambda key: None)
-    call = SipCall("ringing", media, on_close=lambda call, reason: None)
+    call, media, sock = sip_call()
     try:
-        frames_of(media.track)
         door = Door(rt.hosting, rt, client, dialect=LIVE, principal="key:me", model=rt.settings.model,
                     max_message_bytes=rt.settings.max_message_bytes, media=call)  # fmt: skip
         assert await door.open_media({"model": rt.settings.model}) is None
