@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 import websockets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # (the two benches this one runs)
@@ -112,16 +111,7 @@ async def websocket_load(calls: int, *, window_s: float, cycle_s: float, answer_
         await asyncio.wait_for(asyncio.gather(*(c.up.wait() for c in callers)), 60)
         tasks = [asyncio.create_task(c.run(speech, cycle_s, i * cycle_s / calls, stop)) for i, c in enumerate(callers)]
         await asyncio.sleep(cycle_s)  # one cycle to settle, then the window
-        for c in callers:
-            c.measuring = True
-        me = psutil.Process()
-        cpu0, own0, t0 = gateway.cpu_s(), sum(me.cpu_times()[:2]), time.monotonic()
-        await asyncio.sleep(window_s)
-        elapsed = time.monotonic() - t0
-        cores = (gateway.cpu_s() - cpu0) / elapsed
-        own = (sum(me.cpu_times()[:2]) - own0) / elapsed
-        for c in callers:
-            c.measuring = False
+        cores, own, elapsed = await sip_calls.measured_window(gateway, callers, window_s)
     finally:
         stop.set()
         for task in tasks:

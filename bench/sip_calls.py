@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,23 @@ def _start_sipp(sip_port: int, rtp_ports: list[int], rate: float, hold_s: float)
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+async def measured_window(gateway: Any, callers: Sequence[Any], window_s: float) -> tuple[float, float, float]:
+    """Run the callers' measuring for ``window_s``: (the gateway's cores, this process's cores,
+    the seconds it really lasted). ``gateway``: anything with ``cpu_s()``; each caller has
+    ``measuring``."""
+    for c in callers:
+        c.measuring = True
+    me = psutil.Process()
+    cpu0, own0, t0 = gateway.cpu_s(), sum(me.cpu_times()[:2]), time.monotonic()
+    await asyncio.sleep(window_s)
+    elapsed = time.monotonic() - t0
+    cores = (gateway.cpu_s() - cpu0) / elapsed
+    own = (sum(me.cpu_times()[:2]) - own0) / elapsed
+    for c in callers:
+        c.measuring = False
+    return cores, own, elapsed
+
+
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -277,16 +295,7 @@ async def measure(calls: int, *, rate: float, hold_s: float, cycle_s: float, ans
         set_up_s = time.monotonic() - set_up
         await asyncio.sleep(cycle_s)  # one cycle to settle, then the window
         window = window_s(calls, rate, hold_s, cycle_s)
-        for p in peers:
-            p.measuring = True
-        me = psutil.Process()
-        cpu0, own0, t0 = gateway.cpu_s(), sum(me.cpu_times()[:2]), time.monotonic()
-        await asyncio.sleep(window)
-        elapsed = time.monotonic() - t0
-        cores = (gateway.cpu_s() - cpu0) / elapsed
-        own = (sum(me.cpu_times()[:2]) - own0) / elapsed
-        for p in peers:
-            p.measuring = False
+        cores, own, elapsed = await measured_window(gateway, peers, window)
         delays = [d for p in peers for d in p.pacing()]
         late = sum(1 for d in delays if d > late_ms / 1000) / max(1, len(delays))
         got = sorted(len(p.arrivals) / (50 * elapsed) for p in peers)
