@@ -280,14 +280,18 @@ async def test_a_crash_mid_answer_resumed_with_the_stored_seq_reissues_the_answe
     finally:
         await r.aclose()
     # What the replica sent before it died is in the socket: read it (as far as the store holds).
-    while True:
+    # The replica journals an event before it writes it, so a kill between the two leaves the
+    # store ahead of what ever reached the socket: then the client holds less than the store
+    # and the resume replays the difference (a busy machine lands the kill there more often).
+    closed = False
+    while not closed:
         if held == "as_stored" and c.last_seq >= stored:
             break
         try:
             await c.next()
         except websockets.ConnectionClosed:
-            break
-    assert held != "as_stored" or c.last_seq == stored, (c.last_seq, stored)
+            closed = True
+    assert held != "as_stored" or c.last_seq == stored or (closed and c.last_seq < stored), (c.last_seq, stored)
     playing = c.created[-1]
     # After the last delta but one, a busy machine can let the answer end before the kill lands
     # (the wait for the store above lets the replica run on): then nothing was cut, and the
@@ -301,9 +305,13 @@ async def test_a_crash_mid_answer_resumed_with_the_stored_seq_reissues_the_answe
         assert resumed["type"] == "session.resync_required", resumed
         assert resumed["reason"] == "client_ahead", resumed
     try:
-        if finished:
-            await c.send({"type": "response.create"})
+        asked = False
         while not c.answered(c.created.index(playing) + 1):
+            # An end the socket lost comes in the replay (again only after the last delta but one).
+            if not asked and c.done.get(playing) == "completed":
+                assert deltas == KILL_AT_DELTAS[-1], (deltas, c.done)
+                await c.send({"type": "response.create"})
+                asked = finished = True
             event = await c.next()
             assert event["type"] != "error", event
         assert c.done[playing] == ("completed" if finished else "incomplete"), c.done
