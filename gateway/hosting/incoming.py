@@ -16,6 +16,10 @@ the store as a single-use token naming its replica (``incoming:{call_id}``), whi
 answer takes; the answer then reaches the waiting call on its replica directly, or over
 the bus (``call.accept``, ``call.reject``). After the answer, the call is an ordinary
 call: its sideband (``/v1/realtime?call_id=``) and ``/hangup`` work from any replica.
+An accept answers once the call's session is open and in the store, where those look for
+it (the backend's next step, at once): the call's transport settles it
+(``IncomingCall.settle``), which answers the accept's ``ref`` (over the bus as an ``ask``'s
+``answer``, ``ask.py``) after the session's first commit.
 
 **GPT-Live** (a SIP call, with ``call_webhook_live``): the same call is also announced as
 ``live.transport.incoming`` (openai-python 3.63.0's ``LiveTransportIncomingWebhookEvent``:
@@ -29,6 +33,7 @@ dialect its session speaks (``Accepted.dialect``); the other answers 404.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -38,8 +43,10 @@ from typing import Any
 import orjson
 
 from gateway.auth import Grant
+from gateway.hosting.ask import answered
 from gateway.hosting.calls import CALL_PREFIX, SESSION_PREFIX, session_id_of
 from gateway.hosting.context import HostContext
+from gateway.hosting.host import SessionHost
 from gateway.hosting.webhook_client import WebhookFailure, post_json
 from gateway.protocol.dialects import GA, Dialect, by_name
 from gateway.protocol.live_events import LIVE_PREFIX
@@ -49,6 +56,11 @@ from gateway.store.base import StoreError, replica_channel
 log = logging.getLogger("omni.incoming")
 
 _TOKEN = "incoming:"  # (the store's single-use token of a call waiting for its answer)
+
+# How long an accept waits for the call's session to open and be stored (``IncomingCall.settle``).
+# Past it the 200 goes anyway, the answer delivered: the call's replica died, or is too slow, and
+# a sideband or hangup for the call may then answer call_id_not_found for a while.
+ACCEPT_OPEN_WAIT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,27 +97,53 @@ class IncomingCall:
     def __init__(self, ctx: HostContext, call_id: str) -> None:
         self.ctx = ctx
         self.call_id = call_id
-        self.session_id = session_id_of(call_id)
         self._answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self._reply: tuple[str, str] | None = None  # the accept's (ref, replica), until settled
 
     def on_bus(self, body: dict[str, Any]) -> None:
         """An answer another replica took for this call."""
         kind = body.get("type")
         if kind == "call.accept" and isinstance(body.get("session"), dict) and isinstance(body.get("grant"), dict):
-            session_id = body.get("session_id")
+            session_id, ref, reply_to = body.get("session_id"), body.get("ref"), body.get("reply_to")
             try:
                 dialect = by_name(str(body.get("dialect", GA.name)))
             except KeyError:
                 return
-            self.answer(Accepted(Grant.from_dict(body["grant"]), body["session"], dialect,
-                                 session_id if isinstance(session_id, str) else None))  # fmt: skip
+            accepted = Accepted(Grant.from_dict(body["grant"]), body["session"], dialect,
+                                session_id if isinstance(session_id, str) else None)  # fmt: skip
+            self.answer(accepted, (ref, reply_to) if isinstance(ref, str) and isinstance(reply_to, str) else None)
         elif kind == "call.reject":
             status = body.get("status_code")
             self.answer(Rejected("rejected", status if isinstance(status, int) else None))
 
-    def answer(self, answer: Answer) -> None:
+    def answer(self, answer: Answer, reply: tuple[str, str] | None = None) -> None:
+        """``answer`` for the call; ``reply``: the accept's (ref, replica), told when it settles."""
         if not self._answer.done():
             self._answer.set_result(answer)
+            self._reply = reply
+
+    async def settle(self, opened: bool) -> None:
+        """The accepted call's session opened here (``opened``) or never will: the accept that
+        chose it answers now, once an opened session's first commit is in the store (where a
+        sideband or hangup on any replica looks for it). Again: nothing."""
+        reply, self._reply = self._reply, None
+        if reply is None:
+            return
+        answer = self._answer.result()
+        if opened and isinstance(answer, Accepted):
+            host = self.ctx.hosts.get(answer.session_id or session_of(self.call_id))
+            if isinstance(host, SessionHost):
+                with contextlib.suppress(StoreError):  # (the store's trouble is then the sideband's to meet)
+                    await host.writer.flush()
+        ref, replica = reply
+        message = {"type": "answer", "ref": ref, "answer": {"opened": opened}}
+        if replica == self.ctx.replica_id:
+            answered(self.ctx, message)
+            return
+        try:
+            await self.ctx.store.publish(replica_channel(replica), orjson.dumps(message))
+        except StoreError as exc:  # (the accept's wait runs out)
+            log.warning("call %s: cannot tell its accept on %s that it settled: %s", self.call_id, replica, exc)
 
     async def wait(self, timeout_s: float) -> Answer:
         try:
@@ -193,18 +231,42 @@ async def answer_call(ctx: HostContext, call_id: str, answer: Answer) -> bool:
     taken = await ctx.store.take_token(_TOKEN + call_id)
     if taken is None:
         return False
-    replica = orjson.loads(taken).get("replica")
-    local = ctx.incoming.get(call_id)
+    replica = str(orjson.loads(taken).get("replica"))
+    if not isinstance(answer, Accepted):
+        return await _deliver(ctx, call_id, replica, answer, None)
+    # An accept waits (bounded) for the call's transport to settle it: its session open and stored.
+    ref = secrets.token_hex(8)
+    settled: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    ctx.asks[ref] = settled
+    try:
+        if not await _deliver(ctx, call_id, replica, answer, ref):
+            return False
+        try:
+            outcome = await asyncio.wait_for(settled, ACCEPT_OPEN_WAIT_S)
+        except TimeoutError:
+            log.warning("call %s: accepted, but not settled within %g s", call_id, ACCEPT_OPEN_WAIT_S)
+        else:
+            if not outcome.get("opened"):
+                log.info("call %s: accepted, but its session did not open (see the call's replica)", call_id)
+        return True
+    finally:
+        ctx.asks.pop(ref, None)
+
+
+async def _deliver(ctx: HostContext, call_id: str, replica: str, answer: Answer, ref: str | None) -> bool:
+    """``answer`` to the call waiting on ``replica`` (``ref``: where an accept waits to be
+    settled); False: it waits there no more. Raises StoreError."""
     if replica == ctx.replica_id:
+        local = ctx.incoming.get(call_id)
         if not isinstance(local, IncomingCall):
             return False
-        local.answer(answer)
+        local.answer(answer, (ref, replica) if ref is not None else None)
         return True
     message: dict[str, Any]
     if isinstance(answer, Accepted):
         message = {"type": "call.accept", "call_id": call_id, "session": answer.session,
                    "grant": answer.grant.to_dict(), "dialect": answer.dialect.name,
-                   "session_id": answer.session_id}  # fmt: skip
+                   "session_id": answer.session_id, "ref": ref, "reply_to": ctx.replica_id}  # fmt: skip
     else:
         message = {"type": "call.reject", "call_id": call_id, "status_code": answer.status_code}
-    return await ctx.store.publish(replica_channel(str(replica)), orjson.dumps(message)) > 0
+    return await ctx.store.publish(replica_channel(replica), orjson.dumps(message)) > 0

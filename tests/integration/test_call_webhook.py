@@ -82,6 +82,15 @@ async def test_a_call_announced_on_one_replica_is_accepted_driven_and_hung_up_fr
         )
 
     hooks.on_event = backend
+    # A busy replica A: its session takes a while to open after the accept reaches it.
+    store = a.runtime.hosting.store
+    acquire = store.acquire
+
+    async def slow_acquire(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.3)
+        return await acquire(*args, **kwargs)
+
+    store.acquire = slow_acquire  # type: ignore[method-assign]
     call = twilio(a, call_sid="CA-accepted")
     await call.connect()
     try:
@@ -103,9 +112,9 @@ async def test_a_call_announced_on_one_replica_is_accepted_driven_and_hung_up_fr
         )
         names = {h["name"] for h in data["headers"]}  # the upgrade's headers, as the carrier sent them
         assert "host" in names and "sec-websocket-key" not in names
-        # The session opened on A, the stream's replica, with the accepted configuration.
+        # The accept answered once the session was open on A, the stream's replica, with the
+        # accepted configuration, and stored: the backend's next step, at once, finds it.
         session_id = "sess_" + call_id.removeprefix("rtc_")
-        await until(lambda: session_id in a.runtime.hosting.hosts, "the call's session on A")
         host = a.runtime.hosting.hosts[session_id]
         assert isinstance(host, SessionHost)
         assert host.session.config.instructions == "You answer phones."

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -62,6 +63,8 @@ class Accept:
     dialect: Dialect = GA  # what its session speaks (GPT-Live's: opened with ``session`` as its start settings)
     call_id: str | None = None  # the id its controls and sideband name it by; None: ``rtc_`` + the session's
     grant: Grant | None = None  # the accepting credential: its tenant's limits admit the call; None: the default's
+    # Told once the call's session opened (True) or will not (False): the webhook's accept answers then.
+    settle: Callable[[bool], Awaitable[None]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +114,7 @@ class WebhookControl:
         return Accept(session=answer.session, principal=answer.grant.principal,
                       session_id=answer.session_id or session_of(call_id),
                       model=model if isinstance(model, str) and model else None, dialect=answer.dialect,
-                      call_id=answer.session_id, grant=answer.grant)  # fmt: skip
+                      call_id=answer.session_id, grant=answer.grant, settle=waiting.settle)  # fmt: skip
 
 
 class DefaultAnswer:

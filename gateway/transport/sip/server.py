@@ -397,13 +397,17 @@ class SipServer:
         except Exception:
             log.exception("sip: call control failed on %s", incoming.call_id)
             decision = Reject(500, _reason(500))
-        if dialog.state != "ringing":
-            return
         if isinstance(decision, Reject):
-            status = decision.status_code if 400 <= decision.status_code <= 699 else 603
-            await self._final(dialog, status)
+            if dialog.state == "ringing":
+                status = decision.status_code if 400 <= decision.status_code <= 699 else 603
+                await self._final(dialog, status)
             return
-        await self._accept(dialog, decision)
+        try:
+            if dialog.state == "ringing":
+                await self._accept(dialog, decision)
+        finally:
+            if decision.settle is not None:
+                await decision.settle(False)  # (a session that opened settled it already)
 
     async def _final(self, dialog: Dialog, status: int) -> None:
         dialog.state = "ended"
@@ -490,6 +494,8 @@ class SipServer:
         dialog.state = "answered"
         dialog.send(dialog.last_response)
         log.info("sip call %s answered (from %s, %s)", call.call_id, dialog.source[0], dialog.media.offer.codec)
+        if decision.settle is not None:
+            await decision.settle(True)  # (the accept answers now: its sideband finds the session)
         self.rt.hosting.metrics.sip_calls.labels("inbound").inc()
         assert self._loop is not None
         if dialog.transport == "UDP":

@@ -42,7 +42,16 @@ from gateway.audio.codecs import AudioFormat
 from gateway.auth import CredentialsUnavailable, Grant
 from gateway.hosting.calls import call_id_of
 from gateway.hosting.door import Door, Sessions
-from gateway.hosting.incoming import Rejected, Webhook, announce, call_of_live, forget, new_call_id, session_of
+from gateway.hosting.incoming import (
+    IncomingCall,
+    Rejected,
+    Webhook,
+    announce,
+    call_of_live,
+    forget,
+    new_call_id,
+    session_of,
+)
 from gateway.protocol.dialects import GA, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.telephony import Carrier, CarrierMessageError, StreamStart, StreamStop
@@ -80,6 +89,7 @@ class _Accepted:
     session: dict[str, Any]
     dialect: Dialect  # the accept endpoint's: Realtime, or GPT-Live's (``/v1/live/sessions/{id}/accept``)
     session_id: str  # the session's id: ``sess_`` (Realtime) or ``live_`` (Live) + the call id's suffix
+    incoming: IncomingCall  # settled once the session opened (or will not): the accept waits for it
 
 
 class TelephonyServices(Services, Protocol):
@@ -191,29 +201,35 @@ class TelephonyEndpoint:
             iter(query.get(self.codec.secret_parameter, ())), ""
         )
         webhook = self._webhook()
-        session_id: str | None = None
-        dialect = GA
-        requested: dict[str, Any] | None
         if not secret and webhook is not None:  # announced to the operator's backend, which accepts it
             accepted = await self._announce(scope, receive, start, webhook)
             if isinstance(accepted, tuple):
                 await self._close(send, *accepted)
                 return
-            grant, requested, session_id = accepted.grant, accepted.session, accepted.session_id
-            dialect = accepted.dialect
-        else:
             try:
-                found = await rt.auth.client_secret(secret)
-            except CredentialsUnavailable:
-                await self._close(send, CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
-                return
-            if found is None or found.minted is None or found.minted.type == "video":
-                rt.hosting.metrics.auth_failures.inc()
-                log.info("%s stream %s refused: no valid client secret in customParameters.%s", self.codec.name,
-                         start.stream_id, self.codec.secret_parameter)  # fmt: skip
-                await self._close(send, CloseCode.UNAUTHORIZED, Code.UNAUTHORIZED)
-                return
-            grant, requested = found, found.minted.session
+                await self._admit(receive, send, scope, start, accepted.grant, accepted.session, accepted)
+            finally:
+                await accepted.incoming.settle(False)  # (a session that opened settled it already)
+            return
+        try:
+            found = await rt.auth.client_secret(secret)
+        except CredentialsUnavailable:
+            await self._close(send, CloseCode.TRY_AGAIN_LATER, Code.STORE_UNAVAILABLE)
+            return
+        if found is None or found.minted is None or found.minted.type == "video":
+            rt.hosting.metrics.auth_failures.inc()
+            log.info("%s stream %s refused: no valid client secret in customParameters.%s", self.codec.name,
+                     start.stream_id, self.codec.secret_parameter)  # fmt: skip
+            await self._close(send, CloseCode.UNAUTHORIZED, Code.UNAUTHORIZED)
+            return
+        await self._admit(receive, send, scope, start, found, found.minted.session, None)
+
+    async def _admit(self, receive: Any, send: Any, scope: dict[str, Any], start: StreamStart, grant: Grant,
+                     requested: dict[str, Any] | None, accepted: _Accepted | None) -> None:  # fmt: skip
+        """The call's session, for ``grant`` with ``requested`` (a client secret's, or the
+        backend's ``accepted`` one), if its model and its tenant's limits admit it; then the call."""
+        rt = self.runtime
+        session_id, dialect = (accepted.session_id, accepted.dialect) if accepted is not None else (None, GA)
         hs = Handshake(request_headers(scope), [], {}, grant)
         refusal = common_refusal(rt, hs)
         if refusal is not None:
@@ -239,7 +255,8 @@ class TelephonyEndpoint:
             await self._close(send, CloseCode.RATE_LIMITED, seat.code)
             return
         try:
-            await self._run(receive, send, start, grant, model, settings, seat, session_id, dialect)
+            await self._run(receive, send, start, grant, model, settings, seat, session_id, dialect,
+                            accepted.incoming if accepted is not None else None)  # fmt: skip
         finally:
             await seat.close()
 
@@ -286,7 +303,7 @@ class TelephonyEndpoint:
             timed_out = answer.reason != "rejected"
             return (CloseCode.UNAUTHORIZED, Code.UNAUTHORIZED) if timed_out else (CloseCode.NORMAL, "rejected")
         return _Accepted(call_id, answer.grant, answer.session, answer.dialect,
-                         answer.session_id or session_of(call_id))  # fmt: skip
+                         answer.session_id or session_of(call_id), incoming)  # fmt: skip
 
     async def _until_stop(self, receive: Any) -> None:
         """Read and drop the carrier's messages until its stop or the socket's end."""
@@ -301,7 +318,7 @@ class TelephonyEndpoint:
 
     async def _run(self, receive: Any, send: Any, start: StreamStart, grant: Any, model: str,
                    settings: dict[str, Any] | None, seat: Any, session_id: str | None,
-                   dialect: Dialect) -> None:  # fmt: skip
+                   dialect: Dialect, incoming: IncomingCall | None) -> None:  # fmt: skip
         rt = self.runtime
         outbox = Outbox(send, rt.settings.outbound_queue_bytes, rt.settings.outbound_stall_s)
         writer = asyncio.get_running_loop().create_task(outbox.run())
@@ -324,6 +341,8 @@ class TelephonyEndpoint:
             log.info("%s call %s (stream %s) is call %s, session %s", self.codec.name, start.call_id, start.stream_id,
                      call_of_live(door.host.id) or call_id_of(door.host.id), door.host.id)  # fmt: skip
             call.start(door)
+            if incoming is not None:
+                await incoming.settle(True)  # (the accept answers now: its sideband finds the session)
             await self._read(receive, call)
         finally:
             metrics.sessions.dec()
