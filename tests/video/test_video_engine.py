@@ -4,6 +4,8 @@ metadata, refusals, abort and cancellation."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 from dataclasses import replace
 
@@ -23,6 +25,28 @@ F = 4  # frames per chunk
 def request(num_frames: int | None = 8 * F, **fields: object) -> VideoRequest:
     base = VideoRequest("req", OLD, width=128, height=96, fps=12, num_frames=num_frames, frames_per_chunk=F)
     return replace(base, **fields)  # type: ignore[arg-type]
+
+
+def test_a_gateway_with_the_cpu_video_engine_starts_without_torch_which_the_first_chunk_imports() -> None:
+    # (~1.8 s of CPU, which a replica that serves no video never spends, nor one that is starting)
+    code = (
+        "import sys, asyncio; from gateway.app import create_app; from gateway.settings import Settings; "
+        "from orchestrator.engines.video.engine import CpuVideoEngine; from orchestrator.video_engine import "
+        "VideoRequest; app = create_app(Settings(engine='passthrough'), vad_factory=None); "
+        "assert isinstance(app.state.runtime.video_engine, CpuVideoEngine); print('torch' in sys.modules); "
+        "engine = CpuVideoEngine()\n"
+        "async def first():\n"
+        "    await engine.start()\n"
+        "    stream = engine.generate_video(VideoRequest('r', 'a fox', width=64, height=48, fps=12, num_frames=4, "
+        "frames_per_chunk=4))\n"
+        "    chunk = await anext(stream)\n"
+        "    await stream.aclose(); await engine.close()\n"
+        "    return chunk\n"
+        "chunk = asyncio.run(first()); assert chunk.data; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"]
 
 
 def test_cpu_engine_implements_the_video_engine_protocol() -> None:

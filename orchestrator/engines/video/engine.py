@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib.util
 import logging
 import os
 import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from orchestrator.engine import EngineError
-from orchestrator.engines.video.encode import H264_CRF, Fmp4Encoder, JpegEncoder, flush_chunk_media
-from orchestrator.engines.video.render import RenderState, iter_chunk
 from orchestrator.video_engine import (
     Interaction,
     VideoChunk,
@@ -41,7 +41,16 @@ from orchestrator.video_engine import (
     validate_request,
 )
 
+if TYPE_CHECKING:
+    from orchestrator.engines.video.encode import Fmp4Encoder, JpegEncoder
+    from orchestrator.engines.video.render import RenderState
+
 logger = logging.getLogger(__name__)
+
+# torch and PyAV are imported by the first chunk, in its worker: importing torch costs ~1.8 s
+# of CPU, which a replica that serves no video never spends (nor one that is starting: its
+# start-up would take that from the sessions beside it on the same cores).
+NEEDS = ("torch", "av")
 
 # Limits (each documented where it is hit, with what happens):
 # - workers: chunks rendered at once, engine-wide; more running requests
@@ -76,7 +85,7 @@ class _Pipeline:
     (chunks of a request are sequential); built on the first chunk, in the
     worker, so that the event loop never waits for it."""
 
-    def __init__(self, request: VideoRequest, crf: int) -> None:
+    def __init__(self, request: VideoRequest, crf: int | None) -> None:
         self.request = request
         self.crf = crf
         self.cancelled = threading.Event()
@@ -84,13 +93,17 @@ class _Pipeline:
         self.encoder: Fmp4Encoder | JpegEncoder | None = None
 
     def next_chunk(self, interactions: list[Interaction], n_frames: int) -> VideoChunk:
+        from orchestrator.engines.video.encode import Fmp4Encoder, JpegEncoder, flush_chunk_media
+        from orchestrator.engines.video.render import RenderState, iter_chunk
+
         req = self.request
         if self.state is None:
             self.state = RenderState(req.prompt, req.width, req.height, req.fps, req.chunk_frames, req.seed or 0)
             if req.format == "jpeg":
                 self.encoder = JpegEncoder(req.width, req.height, req.fps)
             else:
-                self.encoder = Fmp4Encoder(req.width, req.height, req.fps, req.chunk_frames, self.crf)
+                crf = {"crf": self.crf} if self.crf is not None else {}
+                self.encoder = Fmp4Encoder(req.width, req.height, req.fps, req.chunk_frames, **crf)
         state, encoder = self.state, self.encoder
         assert encoder is not None
         index = state.chunk_index
@@ -143,12 +156,16 @@ class CpuVideoEngine:
         workers: int = DEFAULT_WORKERS,
         max_active_requests: int = DEFAULT_MAX_ACTIVE_REQUESTS,
         max_pending_interactions: int = DEFAULT_MAX_PENDING_INTERACTIONS,
-        crf: int = H264_CRF,
+        crf: int | None = None,
     ) -> None:
+        """Raises ImportError where torch or PyAV is not installed (the ``video`` extra)."""
+        missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ImportError(f"No module named {' or '.join(map(repr, missing))}")
         self.workers = workers
         self.max_active_requests = max_active_requests
         self.max_pending_interactions = max_pending_interactions
-        self.crf = crf  # x264 constant rate factor: lower is better and larger
+        self.crf = crf  # x264 constant rate factor, lower is better and larger; None: encode.H264_CRF
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
         self._active: dict[str, _Active] = {}
