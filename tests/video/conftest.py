@@ -14,7 +14,7 @@ from orchestrator.engines.video.engine import CpuVideoEngine
 async def engine() -> AsyncIterator[CpuVideoEngine]:
     # crf 18: less codec noise in the pixel measurements of transitions.
     eng = CpuVideoEngine(workers=2, crf=18)
-    await eng.start()
+    await eng.warm()  # (torch's import is not the first chunk's time)
     try:
         yield eng
     finally:

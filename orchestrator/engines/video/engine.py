@@ -76,6 +76,11 @@ INFO = VideoEngineInfo(
 )
 
 
+def _import_libraries() -> None:
+    import orchestrator.engines.video.encode
+    import orchestrator.engines.video.render  # noqa: F401
+
+
 class _Aborted(Exception):
     """Raised in a worker when its request was aborted mid-chunk."""
 
@@ -184,6 +189,13 @@ class CpuVideoEngine:
         if executor is not None:
             # Waits for chunks already rendering (bounded by one chunk each).
             await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
+
+    async def warm(self) -> None:
+        """Import torch and PyAV now, in a worker, as the first chunk would (tests whose clock
+        starts with a stream's first chunk)."""
+        await self.start()
+        assert self._executor is not None
+        await asyncio.get_running_loop().run_in_executor(self._executor, _import_libraries)
 
     def healthy(self) -> bool:
         return self._executor is not None and not self._closed
