@@ -46,6 +46,7 @@ from gateway.protocol.dialects import SESSION_NOT_OPEN, Control, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.server_events import decode_input_frame
 from gateway.quotas import NeedBudget, Seat
+from gateway.session.events import MediaEvent
 from gateway.session.session import RealtimeSession
 from gateway.store.base import StateLimitExceeded, StateQuota, StoreError
 from gateway.store.health import THROTTLE
@@ -131,7 +132,7 @@ class Media(Protocol):
 class Screened:
     """A frontend's peer behind its session's channel policy: a server event the policy does
     not allow is not sent (``ChannelPolicy.allows_server``; the journal and the sidebands
-    still have it)."""
+    still have it). A ``MediaEvent`` is the call's, never the channel's: it passes."""
 
     def __init__(self, peer: Peer, policy: Callable[[], Any]) -> None:
         self.peer = peer
@@ -139,7 +140,7 @@ class Screened:
 
     def send(self, data: bytes, event: dict[str, Any] | None = None) -> None:
         policy = self._policy()
-        if policy is None or policy.allows_server(event, data):
+        if policy is None or isinstance(event, MediaEvent) or policy.allows_server(event, data):
             self.peer.send(data, event)
 
     def close(self, code: int, reason: str) -> None:

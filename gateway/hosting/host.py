@@ -49,7 +49,7 @@ from gateway.session.effects import (
     StartTranscription,
     Wake,
 )
-from gateway.session.events import STATE_EVENTS
+from gateway.session.events import STATE_EVENTS, MediaEvent
 from gateway.session.session import RealtimeSession
 from gateway.store.base import FencedError, StateQuota, StoreError
 from gateway.store.health import THROTTLE
@@ -429,12 +429,18 @@ class SessionHost:
             self.trace.flushed(session.audio_ms, events, effects)
         encode, doors, writer = session.dialect.encode, self.doors, self.writer
         journal = True
-        held = bool(doors) and any(event["type"] in STATE_EVENTS for event in events)
+        held = bool(doors) and any(event["type"] in STATE_EVENTS and not isinstance(event, MediaEvent)
+                                   for event in events)  # fmt: skip
         if held:
             for door in doors:
                 door.delivery.hold()  # until the commit (below)
         try:
             for event in events:
+                if isinstance(event, MediaEvent):  # (for the connections that play the audio, in order)
+                    for door in doors:
+                        if getattr(door, "media", None) is not None:
+                            door.delivery.send(event, b"")
+                    continue
                 data = encode(event)
                 if data is None:
                     continue  # the dialect never had it (beta: conversation.item.done); its seq is skipped

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from gateway.session.events import MediaEvent
+
+__all__ = ["MediaEvent", "Peer"]  # MediaEvent: for the transports, which reach the session floor only through hosting
+
 
 class Peer(Protocol):
     def send(self, data: bytes, event: dict[str, Any] | None = None) -> None:
@@ -18,7 +22,9 @@ class Peer(Protocol):
         session event; a replay from the journal or a connection event has only the
         bytes). A peer may carry an event its own way (an audio delta as a binary
         frame, or on an audio track), never out of order. A peer that cannot keep up
-        closes itself (4010)."""
+        closes itself (4010). A connection that plays the audio itself (a door's ``media``)
+        is also handed ``MediaEvent``s, with empty ``data``: they are for it alone
+        (session/events.py)."""
 
     def close(self, code: int, reason: str) -> None:
         """Close after what was sent. Also how a peer learns it was replaced

@@ -83,6 +83,16 @@ class AudioEvent(dict[str, Any]):
     source: tuple[bytes, AudioFormat]
 
 
+class MediaEvent(dict[str, Any]):
+    """An event only for the connections that play the answers' audio themselves (a WebRTC
+    call, a phone call: a door's ``media``), where the dialect tells its clients nothing of it:
+    GPT-Live's answer's end (``response.done``, naming no response: its audio deltas name none).
+    Never encoded, sent on a wire or journaled; it has no seq of its own but the event's
+    before it (a resume's replay that carried that event is past it too)."""
+
+    __slots__ = ()
+
+
 class Spelling(Protocol):
     """A dialect's step between the parts and the log: it receives every event the
     parts emit and writes (``EventLog.write``) what its clients are sent instead:
@@ -152,6 +162,10 @@ class EventLog:
         out.source = self._source  # type: ignore[assignment]  # (not None: the caller checked)
         self._source = self._source_of = None
         return out
+
+    def to_media(self, type_: str, fields: dict[str, Any]) -> None:
+        """Append a ``MediaEvent`` (what a spelling calls), in order with the events written."""
+        self.events.append(MediaEvent({"type": type_, **fields, "server_event_seq": self.seq}))
 
     def write(self, type_: str, fields: dict[str, Any]) -> None:
         """Append the event as it is sent (what a spelling calls)."""

@@ -37,8 +37,9 @@ VAD, responses, seq, epoch, snapshot, journal, resume) with:
   goes out in real time, at most ``output_lead_ms`` ahead of the client's ear
   (``PacedOutput``, live_output.py), and a barge-in drops what was not sent,
   with its transcript. A WebRTC call's track plays the audio in real time
-  itself: its audio goes to the track as made, and a barge-in cuts the track
-  (``CutAudio``).
+  itself: its audio goes to the track as made, each answer's end after it (a
+  ``MediaEvent``, the call's alone: the call plays what its converter held), and
+  a barge-in cuts the track (``CutAudio``).
 
 Delegation, both kinds (the model's built-in ``delegate`` function,
 ``session.delegation.created``, the spoken acknowledgement, the Responses

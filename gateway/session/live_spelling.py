@@ -20,7 +20,9 @@ events), ``LiveSpelling.spell`` writes:
   on, to the timeline's now);
 - ``error`` in the Live shape (``client_event_id``), and ``session.warning``
   as ``info``;
-- the Live session's own events (``session.*``, ``error``, ``info``), as they are.
+- the Live session's own events (``session.*``, ``error``, ``info``), as they are;
+- where the audio is sent as made (a call's session), an answer's end as ``response.done``
+  to the connection that plays it alone (``MediaEvent``, events.py: no Live client reads it).
 
 Everything else is not sent (``EventLog.unsent``: its state still reaches the
 snapshot). **The session timeline** is what the API measures ``*_ms`` on,
@@ -173,6 +175,13 @@ class LiveSpelling:
         self._said_ms.pop(rid, None)
         if self._answer == rid:
             self._answer = None
+            if self.output is None:
+                # Sent as made (a call's session): a call plays it, and the Live dialect has no
+                # event for its end; the call learns it as a Realtime call does, from a
+                # ``response.done`` of its own (naming no response: the call ends the speech it
+                # plays, its converter's last ms and all, whatever the status: Live cuts only
+                # on the caller's speech, ``CutAudio``).
+                self._log.to_media("response.done", {"response": {}})
 
     # --- paced output (a WebSocket session's: live_output.py) ---------------------------
 

@@ -17,10 +17,12 @@ microphone that records (the sockets are bound on 127.0.0.1 and never sent to).
 from __future__ import annotations
 
 import asyncio
+import base64
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
+from unittest.mock import ANY
 
 import numpy as np
 import orjson
@@ -28,13 +30,13 @@ import pytest
 from av import AudioFrame
 
 from gateway.audio import codecs, resample
-from gateway.audio.codecs import AudioFormat, ulaw_encode
+from gateway.audio.codecs import AudioFormat, ulaw_decode, ulaw_encode
 from gateway.audio.convert import Converter
 from gateway.hosting.door import Door, Pending
-from gateway.protocol.dialects import GA, LIVE
+from gateway.protocol.dialects import GA, LIVE, Dialect
 from gateway.protocol.telephony import PCMU_8K, TWILIO, VONAGE, MediaIn
 from gateway.runtime import Runtime
-from gateway.session.events import AudioEvent
+from gateway.session.events import AudioEvent, MediaEvent
 from gateway.settings import Settings
 from gateway.store.memory import MemoryStore
 from gateway.transport.outbox import Outbox
@@ -118,13 +120,17 @@ class RecordingEngine(PassthroughEngine):
 
 @dataclass
 class Client:
-    """A ``Peer`` that keeps the events themselves (an ``AudioEvent`` carries the engine's audio)."""
+    """A ``Peer`` that keeps the events themselves (an ``AudioEvent`` carries the engine's audio)
+    and, if it has one, hands each on to ``call`` as it comes (what a call's door does)."""
 
     events: list[dict[str, Any]] = field(default_factory=list)
+    call: Any = None
 
     def send(self, data: bytes, event: dict[str, Any] | None = None) -> None:
         if event is not None:
             self.events.append(event)
+        if self.call is not None:
+            self.call.send(data, event)
 
     def close(self, code: int, reason: str) -> None:
         pass
@@ -206,9 +212,9 @@ def stereo_frame(mono: np.ndarray, pts: int) -> AudioFrame:
     return frame
 
 
-def webrtc_call() -> Call:
+def webrtc_call(dialect: Dialect = GA) -> Call:
     factory = PeerFactory(WebRTCConfig(advertised_addresses=("127.0.0.1",), advertise_mode="replace"))
-    return Call("rtc_test", factory, on_ended=lambda call: None, max_message_size=65536)
+    return Call("rtc_test", factory, on_ended=lambda call: None, max_message_size=65536, dialect=dialect)
 
 
 # --- in: what the engine hears ------------------------------------------------------------
@@ -416,36 +422,134 @@ def test_a_converter_is_one_stage_and_the_identity_costs_nothing(stages: Stages)
     assert len(down.process(pcm) + down.flush()) == 800 and stages.resamplers == [(24000, 8000)]
 
 
-async def test_a_live_sessions_answer_plays_on_a_sip_call_converted_once(rt: Runtime, stages: Stages) -> None:
+async def live_answer(rt: Runtime, client: Client, call: Any) -> list[AudioEvent]:
+    """A Live session on ``call`` (its door's media, ``client`` its peer) says a commentary: its
+    answer's audio events, once its end reached the call (``response.done``, the call's alone)."""
+    door = Door(rt.hosting, rt, client, dialect=LIVE, principal="key:me", model=rt.settings.model,
+                max_message_bytes=rt.settings.max_message_bytes, media=call)  # fmt: skip
+    assert await door.open_media({"model": rt.settings.model}) is None
+    call.start(door)  # (its dialect's audio event: the Live one)
+    say = {"type": "session.commentary.append", "content": "one two three", "delegation_id": None}
+    await hand(door.receive(orjson.dumps(say).decode()))
+    await until(lambda: bool(client.of("response.done")), "the answer's end")
+    assert client.of("response.done") == [{"type": "response.done", "response": {}, "server_event_seq": ANY}]
+    assert isinstance(client.of("response.done")[0], MediaEvent)  # (never on a Live wire)
+    deltas = client.of("session.output_audio.delta")
+    assert len(deltas) == engine_of(rt).audio_chunks and all(isinstance(e, AudioEvent) for e in deltas)
+    assert {e.source[1] for e in deltas if isinstance(e, AudioEvent)} == {ENGINE_OUT}
+    return [e for e in deltas if isinstance(e, AudioEvent)]
+
+
+def fed_to(track: Any) -> bytearray:
+    """What is fed to ``track`` (a call's track or playout) from now on (the feed still runs)."""
+    fed = bytearray()
+    feed = track.feed
+
+    def recording(audio: bytes, **where: str) -> None:
+        fed.extend(audio)
+        feed(audio, **where)
+
+    track.feed = recording
+    return fed
+
+
+async def test_a_live_sessions_answer_plays_whole_on_a_sip_call_converted_once(rt: Runtime, stages: Stages) -> None:
     """GPT-Live on a phone line (a media connection: its output is not paced by the session,
     the call paces it): each ``session.output_audio.delta`` carries the engine's own audio, and
-    the call converts it once, 24 kHz to the line's 8 kHz, never the session's PCM again."""
-    client = Client()
+    the call converts it once, 24 kHz to the line's 8 kHz, never the session's PCM again. The
+    answer's end (which the Live dialect tells its clients nothing of) reaches the call: what
+    its converter held (its filter's last ms) is played then, not at the next speech, and the
+    answer's stream ends on the track."""
     call, media, sock = sip_call()
+    client = Client(call=call)
+    stopped: list[str] = []
+    media.track.on_stopped = stopped.append  # (a Live call reports nothing of it: the track says it here)
+    fed = fed_to(media.track)
     try:
-        door = Door(rt.hosting, rt, client, dialect=LIVE, principal="key:me", model=rt.settings.model,
-                    max_message_bytes=rt.settings.max_message_bytes, media=call)  # fmt: skip
-        assert await door.open_media({"model": rt.settings.model}) is None
-        call.door = door
-        say = {"type": "session.commentary.append", "content": "one two three", "delegation_id": None}
-        await hand(door.receive(orjson.dumps(say).decode()))
-        engine = engine_of(rt)
-        await until(lambda: len(client.of("session.output_audio.delta")) >= engine.audio_chunks, "the answer")
-        deltas = client.of("session.output_audio.delta")
-        assert all(isinstance(e, AudioEvent) for e in deltas)
-        assert {e.source[1] for e in deltas if isinstance(e, AudioEvent)} == {ENGINE_OUT}
         stages.reset()
-        call.start(door)  # (its dialect's audio event: the Live one)
-        for event in client.events:
-            call.send(b"", event)
+        deltas = await live_answer(rt, client, call)
         assert stages.resamplers == [(24000, 8000)] and stages.encodes == 0
-        want = once([e.source[0] for e in deltas if isinstance(e, AudioEvent)], ENGINE_OUT, AudioFormat("pcm16", 8000))
-        # The Live dialect tells a media connection no answer's end (no response.done), so the
-        # converter holds its filter's last ms (about 70 ms at 8 kHz) until the next speech:
-        # everything before that tail is compared (docs/telephony.md, What is not built yet).
-        held = 2 * 8 * 100
-        got = await played(media.track, 20 * engine.audio_chunks)
-        assert near(got[: len(want) - held], want[: len(want) - held])
+        want = once([e.source[0] for e in deltas], ENGINE_OUT, AudioFormat("pcm16", 8000))
+        assert len(want) == 2 * 8 * 20 * engine_of(rt).audio_chunks  # every ms of the answer, at 8 kHz
+        assert len(fed) == len(want) and near(bytes(fed), want)  # all of it on the track at the answer's end
+        assert near(await played(media.track, 20 * engine_of(rt).audio_chunks), want)
+        assert stopped == ["speech0"] and media.track.playing is None
     finally:
         await call.end("test over")
         sock.close()
+
+
+ULAW_LEVELS = np.unique(np.frombuffer(ulaw_decode(bytes(range(256))), dtype="<i2"))
+
+
+def near_ulaw(got: bytes, want: bytes) -> bool:
+    """The same µ-law audio, to the resampler's dither (which may move a sample one level)."""
+    a, b = (np.searchsorted(ULAW_LEVELS, np.frombuffer(ulaw_decode(x), dtype="<i2")) for x in (got, want))
+    return len(a) == len(b) and int(np.abs(a - b).max(initial=0)) <= 1
+
+
+async def test_a_live_sessions_answer_reaches_a_twilio_stream_whole_converted_once(rt: Runtime, stages: Stages) -> None:
+    """The same on a carrier's media stream: the engine's 24 kHz PCM converted once to the
+    stream's µ-law, and at the answer's end the converter's last ms go out after the rest (in
+    ``media`` messages, each followed by its ``mark``), not at the next speech."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(orjson.loads(message["text"]))
+
+    outbox = Outbox(send, max_bytes=1 << 20)
+    writer = asyncio.get_running_loop().create_task(outbox.run())
+    call = PhoneCall(TWILIO, "MZ1", "CA1", outbox, PCMU_8K)
+    client = Client(call=call)
+    fed = fed_to(call.playout)
+    try:
+        stages.reset()
+        deltas = await live_answer(rt, client, call)
+        assert stages.resamplers == [(24000, 8000)]  # (and its µ-law encoded as it comes)
+        want = once([e.source[0] for e in deltas], ENGINE_OUT, PCMU_8K)
+        assert len(want) == 8 * 20 * engine_of(rt).audio_chunks
+        assert len(fed) == len(want) and near_ulaw(bytes(fed), want)  # all of it queued at the answer's end
+        await until(lambda: not call.playout.queued_ms and not outbox.queued_bytes, "the answer sent")
+        payloads = [base64.b64decode(m["media"]["payload"]) for m in sent if m["event"] == "media"]
+        assert near_ulaw(b"".join(payloads), want)
+        assert [m["event"] for m in sent] == ["media", "mark"] * len(payloads)
+    finally:
+        call.end("test over", code=None)
+        writer.cancel()
+
+
+def fed_to_channel(call: Call) -> list[bytes]:
+    """What ``call`` sends on its data channel from now on (the channel still sends it)."""
+    sent: list[bytes] = []
+    send = call.channel.send
+
+    def recording(event: Any) -> bool:
+        sent.append(event)
+        return send(event)
+
+    call.channel.send = recording  # type: ignore[method-assign]
+    return sent
+
+
+async def test_a_live_sessions_answer_plays_whole_on_a_webrtc_call(rt: Runtime, stages: Stages) -> None:
+    """And on a Live WebRTC call's track (48 kHz): the whole answer at its end, the track's
+    stream ended; the answer's end is the call's, never sent on its data channel."""
+    call = webrtc_call(LIVE)
+    frames_of(call.track)
+    client = Client(call=call)
+    channel = fed_to_channel(call)
+    stopped: list[str] = []
+    call.track.on_stopped = stopped.append
+    fed = fed_to(call.track)
+    try:
+        stages.reset()
+        deltas = await live_answer(rt, client, call)
+        assert stages.resamplers == [(24000, 48000)] and stages.encodes == 0
+        want = once([e.source[0] for e in deltas], ENGINE_OUT, AudioFormat("pcm16", 48000))
+        assert len(want) == 2 * 48 * 20 * engine_of(rt).audio_chunks
+        assert len(fed) == len(want) and near(bytes(fed), want)
+        assert near(await played(call.track, 20 * engine_of(rt).audio_chunks), want)
+        assert stopped == ["speech0"]
+        assert channel and all(data and b'"response.done"' not in data for data in channel)
+    finally:
+        await call.end("test over")

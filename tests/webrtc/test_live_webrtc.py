@@ -418,14 +418,15 @@ async def test_speech_over_a_written_answer_cuts_the_calls_track(tmp_path: Path)
             await page.wait_for("session.started")
             await wait_for(lambda: len(gw.runtime.calls.calls) == 1, "the call")
             [call] = gw.runtime.calls.calls.values()
-            await wait_for(lambda: call.track.queued_ms > 5000, "an answer written ahead of its audio", 120)
-            stream = f"speech{call._cuts}"  # (each cut starts a new stream: the one playing now)
-            cuts = call._cuts
-            await wait_for(lambda: call._cuts > cuts, "the barge-in to cut the track", 120)
+            await wait_for(lambda: call.track.queued_ms > 5000 and call.track.playing is not None,
+                           "an answer written ahead of its audio, playing", 120)  # fmt: skip
+            stream, _ = call.track.playing  # (each answer is a stream of its own, a new one after a cut)
+            await wait_for(lambda: not call.track.queued_ms, "the barge-in to cut the track", 120)
             cut_at = call.track.response_sent_ms(stream)
-            assert cut_at < 10_000, cut_at  # far from the 15 s that answer had written
+            assert cut_at < 10_000, cut_at  # far from the 15 s that answer had written: it was cut
             # The second utterance is answered: its audio plays as a new stream.
-            await wait_for(lambda: call.track.response_sent_ms(f"speech{call._cuts}") > 500, "the next answer", 120)
+            await wait_for(lambda: (playing := call.track.playing) is not None and playing[0] != stream
+                           and call.track.response_sent_ms(playing[0]) > 500, "the next answer", 120)  # fmt: skip
             assert call.track.response_sent_ms(stream) == cut_at  # what was cut went no further
 
 

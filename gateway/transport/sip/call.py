@@ -10,9 +10,10 @@ the call reports what was played (``output_audio_buffer.started``/``.stopped``) 
 audio on barge-in, a cancel and ``output_audio_buffer.clear``, as a WebRTC call does. The
 other events have no wire here: a sideband socket (``/v1/realtime?call_id=``) sees them.
 A GPT-Live session's call (its door's dialect) plays ``session.output_audio.delta`` (one
-stream of speech, a new one after each cut) and reports nothing of what it played, as a Live
-WebRTC call; a key its sideband sends (``transport.dtmf.send``) goes on the call's RTP
-(``send_dtmf``).
+stream of speech per answer, a new one after each answer's end and each cut: the answer's end
+is a ``response.done`` naming no response, which the door hands the call alone,
+``MediaEvent``) and reports nothing of what it played, as a Live WebRTC call; a key its
+sideband sends (``transport.dtmf.send``) goes on the call's RTP (``send_dtmf``).
 
 The call ends on the caller's BYE, on the session's end (a REST hangup, the call length cap:
 then the server sends BYE, ``close``), or at shutdown.
@@ -64,7 +65,7 @@ class SipCall:
         self.dropped_chunks = 0
         self._audio_type = AUDIO_DELTA  # the event whose audio plays (the door's dialect's, once started)
         self._playback = True  # what was played is reported to the session (the door's dialect's)
-        self._cuts = 0  # the audio was cut this many times (GPT-Live's speech: a new stream after each)
+        self._speech = 0  # GPT-Live's speech stream now playing (a new one after each answer's end and cut)
         self.take_media(media)
 
     def take_media(self, media: RtpMedia) -> None:
@@ -148,8 +149,8 @@ class SipCall:
         return self.media.send_dtmf(digit, on_sent)
 
     def _play(self, event: dict[str, Any]) -> None:
-        # A GPT-Live delta names no response: its speech is one stream, a new one after each cut.
-        response_id = event.get("response_id") or f"speech{self._cuts}"
+        # A GPT-Live delta names no response: its answer's speech is one stream.
+        response_id = event.get("response_id") or f"speech{self._speech}"
         fmt = self._formats.get(response_id)
         if fmt is None and self.door is not None and self.door.host is not None:
             fmt = self.door.host.output_format
@@ -163,7 +164,10 @@ class SipCall:
                 del self._item_ids[next(iter(self._item_ids))]
 
     def _answer_ended(self, response: dict[str, Any]) -> None:
-        response_id = response["id"]
+        response_id = response.get("id")
+        if response_id is None:  # GPT-Live's answer ended (its end names none, as its deltas)
+            response_id = f"speech{self._speech}"
+            self._speech += 1
         tail = self._out.end(response_id)
         item_id = self._item_ids.pop(response_id, None)
         if response.get("status") in _CUT:
@@ -181,7 +185,7 @@ class SipCall:
         track = self.media.track
         if track.playing is None and not track.queued_ms:
             return
-        self._cuts += 1
+        self._speech += 1
         cut = track.clear()
         if cut is not None and self.door is not None and self._playback:
             asyncio.get_running_loop().call_soon(self.door.played, "cleared", cut.response_id, cut.item_id,
@@ -189,7 +193,7 @@ class SipCall:
 
     def clear_audio(self) -> tuple[str, str, int] | None:
         """The door's ``Media``: ``output_audio_buffer.clear`` cuts the audio now."""
-        self._cuts += 1
+        self._speech += 1
         cut = self.media.track.clear()
         return None if cut is None else (cut.response_id, cut.item_id, cut.audio_end_ms)
 

@@ -19,10 +19,11 @@ session cancels the turn and truncates the item at the audio actually played
 
 A GPT-Live session's call (its door's dialect, accepted on ``/v1/live/sessions/{id}/accept``)
 plays ``session.output_audio.delta`` (the dialect's ``media_audio``: one stream of speech
-with no end, a new one after each cut, so what comes goes, however short), paced and marked
-the same way, and reports nothing of what it played (``media_playback``: Live has no items
-to truncate); on the caller's speech the Live session stops its answer and cuts the call's
-audio (``CutAudio``: ``clear_audio``), which sends ``clear``. A key press becomes
+per answer, a new one after each answer's end and each cut; the answer's end is a
+``response.done`` naming no response, which the door hands the call alone, ``MediaEvent``),
+paced and marked the same way, and reports nothing of what it played (``media_playback``:
+Live has no items to truncate); on the caller's speech the Live session stops its answer
+and cuts the call's audio (``CutAudio``: ``clear_audio``), which sends ``clear``. A key press becomes
 ``transport.dtmf.received`` on its sidebands.
 """
 
@@ -80,11 +81,12 @@ class PhoneCall:
         self._wake = asyncio.Event()
         self._pacer: asyncio.Task[None] | None = None
         self._formats: dict[str, AudioFormat] = {}  # response id -> its audio format (response.created)
+        self._item_ids: dict[str, str] = {}  # response id -> the item its audio plays (the converter's tail)
         self._out = OutputConverters(fmt)  # the answers' audio to the carrier's format (if it is not already)
         self._audio_type = AUDIO_DELTA  # the event whose audio plays (the door's dialect's, once started)
         self._audio_json = _quoted(AUDIO_DELTA)
         self._playback = True  # what was played is reported to the session (the door's dialect's)
-        self._cuts = 0  # the audio was cut this many times (GPT-Live's speech: a new stream after each)
+        self._speech = 0  # GPT-Live's speech stream now playing (a new one after each answer's end and cut)
 
     def start(self, door: Door) -> None:
         self.door = door
@@ -159,25 +161,34 @@ class PhoneCall:
             del self._formats[next(iter(self._formats))]
 
     def _play(self, event: dict[str, Any]) -> None:
-        # A GPT-Live delta names no response: its speech is one stream, a new one after each cut.
-        response_id = event.get("response_id") or f"speech{self._cuts}"
+        # A GPT-Live delta names no response: its answer's speech is one stream.
+        response_id = event.get("response_id") or f"speech{self._speech}"
         fmt = self._formats.get(response_id)
         if fmt is None and self.door is not None and self.door.host is not None:
             fmt = self.door.host.output_format
+        item_id = event.get("item_id") or ""
         audio = self._out.convert(response_id, bytes(event["delta"]), fmt or self.fmt, event)
-        self.playout.feed(audio, response_id=response_id, item_id=event.get("item_id") or "")
-        if not self._playback:  # (a stream that never ends: a short piece need not wait for more)
-            self.playout.end_response(response_id)
+        self.playout.feed(audio, response_id=response_id, item_id=item_id)
+        if response_id not in self._item_ids:
+            self._item_ids[response_id] = item_id
+            while len(self._item_ids) > _MAX_FORMATS:
+                del self._item_ids[next(iter(self._item_ids))]
         self._wake.set()
 
     def _answer_ended(self, response: dict[str, Any]) -> None:
-        response_id = response["id"]
-        self._out.end(response_id)  # (what a converter still held: a few ms, not worth a chunk)
+        response_id = response.get("id")
+        if response_id is None:  # GPT-Live's answer ended (its end names none, as its deltas)
+            response_id = f"speech{self._speech}"
+            self._speech += 1
+        tail = self._out.end(response_id)
+        item_id = self._item_ids.pop(response_id, None)
         if response.get("status") in _CUT:
             playing = self.playout.playing
             if playing is not None and playing[0] == response_id:
                 self._cut_now()
                 return
+        if tail and item_id is not None:
+            self.playout.feed(tail, response_id=response_id, item_id=item_id)  # (what the converter held)
         self.playout.end_response(response_id)
         self._wake.set()
 
@@ -197,7 +208,7 @@ class PhoneCall:
 
     def _clear(self) -> Cut | None:
         cut = self.playout.clear()
-        self._cuts += 1
+        self._speech += 1
         if cut is not None:
             self.clears += 1
             self._write(self.codec.clear(self.stream_id))

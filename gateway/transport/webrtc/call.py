@@ -37,6 +37,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection
 from gateway.audio.codecs import AudioFormat
 from gateway.audio.convert import OutputConverters
 from gateway.hosting.door import Door
+from gateway.hosting.peer import MediaEvent
 from gateway.protocol.dialects import GA, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
 from gateway.protocol.session_config import parse_ga_format
@@ -95,7 +96,7 @@ class Call:
         self._formats: dict[str, AudioFormat] = {}  # response id -> its audio format (response.created)
         self._out = OutputConverters(_TRACK)  # the answers' audio to the track's format, once
         self._item_ids: dict[str, str] = {}  # response id -> the item its audio plays (the converter's tail)
-        self._cuts = 0  # the audio was cut this many times (GPT-Live's speech: a new stream after each)
+        self._speech = 0  # GPT-Live's speech stream now playing (a new one after each answer's end and cut)
         self.pc.on("datachannel", self.channel.accept)
         self.pc.on("track", self._track)
 
@@ -154,6 +155,8 @@ class Call:
                 self._answer_ended(event["response"])
             elif kind == _SPEECH_STARTED:
                 self._speech_started()
+            if isinstance(event, MediaEvent):
+                return  # (the call's alone: nothing for the channel)
         if self.slow:
             return  # (the hangup is under way: one WARNING said why, the rest goes nowhere)
         try:
@@ -197,9 +200,9 @@ class Call:
             del self._formats[next(iter(self._formats))]
 
     def _play(self, event: dict[str, Any]) -> None:
-        # A GPT-Live delta names no response: its speech is one stream, a new one after each cut
-        # (what was cut stays cut: audio of it still on its way is dropped).
-        response_id = event.get("response_id") or f"speech{self._cuts}"
+        # A GPT-Live delta names no response: its answer's speech is one stream (what was cut
+        # stays cut: audio of it still on its way is dropped).
+        response_id = event.get("response_id") or f"speech{self._speech}"
         fmt = self._formats.get(response_id)
         if fmt is None and self.door is not None and self.door.host is not None:
             fmt = self.door.host.output_format
@@ -212,7 +215,10 @@ class Call:
                 del self._item_ids[next(iter(self._item_ids))]
 
     def _answer_ended(self, response: dict[str, Any]) -> None:
-        response_id = response["id"]
+        response_id = response.get("id")
+        if response_id is None:  # GPT-Live's answer ended (its end names none, as its deltas)
+            response_id = f"speech{self._speech}"
+            self._speech += 1
         tail = self._out.end(response_id)
         item_id = self._item_ids.pop(response_id, None)
         if response.get("status") in _CUT:
@@ -248,7 +254,7 @@ class Call:
 
     def clear_audio(self) -> tuple[str, str, int] | None:
         """The door's ``Media``: ``output_audio_buffer.clear`` (and GPT-Live's barge-in) cuts the audio now."""
-        self._cuts += 1
+        self._speech += 1
         cut = self.track.clear()
         return None if cut is None else (cut.response_id, cut.item_id, cut.audio_end_ms)
 
