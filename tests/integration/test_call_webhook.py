@@ -5,8 +5,9 @@ Two gateway replicas on one real Redis (loopback), a real HTTP receiver for the 
 specification), the Twilio simulator as the carrier (Twilio's cloud cannot run here). The
 call's stream is held by replica A; the backend answers on replica B: accept (the session
 opens on A with the configuration it sent), the sideband from B drives it, hangup from B
-ends it; reject ends a call before any audio; a call nobody answers is refused when its
-wait is over.
+ends it; a GPT-Live accept from B opens a Live session on A, driven by a Live sideband on
+B; reject ends a call before any audio; a call nobody answers is refused when its wait is
+over.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from typing import Any
 
 import httpx
 import pytest
+import websockets
 from support.gateway import RunningGateway, connect, run_gateway
 from support.gateway import post as gateway_post
+from support.live_sideband import Sideband
 from support.redis_server import REDIS_BINARY, RedisServer
 from support.twilio_sim import TwilioCall
 from support.waiting import until
@@ -63,6 +66,48 @@ async def cluster() -> AsyncIterator[tuple[RunningGateway, RunningGateway, Recei
 
 def twilio(gw: RunningGateway, **kwargs: Any) -> TwilioCall:
     return TwilioCall(f"ws://127.0.0.1:{gw.port}/v1/telephony/twilio", None, **kwargs)
+
+
+async def test_a_live_accept_on_the_other_replica_opens_the_calls_live_session_which_its_sideband_there_drives(
+    cluster: tuple[RunningGateway, RunningGateway, Receiver],
+) -> None:
+    # GPT-Live's accept (/v1/live/sessions/live_x/accept) of a stream held by A, on B: the
+    # same single-use token and bus as the Realtime accept, the session in the Live dialect.
+    a, b, hooks = cluster
+    answers: list[tuple[str, httpx.Response]] = []
+
+    async def backend(delivery: Delivery) -> None:
+        live_id = "live_" + delivery.body["data"]["call_id"].removeprefix("rtc_")
+        session = {"type": "live", "model": "gpt-live-1", "instructions": "Answer the phone."}
+        answers.append((live_id, await post(b, f"/v1/live/sessions/{live_id}/accept", {"session": session})))
+
+    hooks.on_event = backend
+    call = twilio(a, call_sid="CA-live")
+    await call.connect()
+    try:
+        await until(lambda: answers, "the backend's Live accept")
+        live_id, accepted = answers[0]
+        assert accepted.status_code == 200, accepted.text
+        host = a.runtime.hosting.hosts[live_id]  # open on A, and stored, when the accept answered
+        assert isinstance(host, SessionHost) and host.session.config.instructions == "Answer the phone."
+        url = f"ws://127.0.0.1:{b.port}/v1/live/sessions/{live_id}/attach"
+        async with websockets.connect(url, max_size=None, additional_headers=KEY) as ws:
+            sideband = Sideband(ws)
+            reader = asyncio.get_running_loop().create_task(sideband.read())
+            try:
+                await until(lambda: bool(host.sidebands), "the sideband, relayed from B, to join on A")
+                await sideband.send({"type": "session.commentary.append", "content": "Hello.", "delegation_id": None})
+                await sideband.wait_for("session.commentary.appended")
+                await until(lambda: any(m.get("event") == "media" for m in call.received), "the answer on the call")
+                await sideband.wait_for("session.output_audio.delta")
+            finally:
+                reader.cancel()
+        hung = await post(b, f"/v1/live/sessions/{live_id}/hangup")
+        assert hung.status_code == 200, hung.text
+        await asyncio.wait_for(call.closed.wait(), 10)
+        assert call.close_code == 1000
+    finally:
+        await call.close()
 
 
 async def test_a_call_announced_on_one_replica_is_accepted_driven_and_hung_up_from_the_other(
