@@ -46,6 +46,8 @@ POLICY = ReconnectPolicy(max_attempts=None, max_elapsed=60.0)  # the SDK's delay
 ANSWER_TIMEOUT_S = 60.0
 FAILURES = ("silence", "gap", "bad_answer", "error", "resume_failed")
 PAUSE_S = 0.1  # a silence at least this long is kept with its moment, to say what caused it
+TICK_S = 0.01  # the clients' loop is checked this often: late by STALL_S or more, it stalled
+STALL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Pause:
     began: float
     ended: float
     handover: bool
+    session: int = -1  # the listener's index
 
 
 @dataclass
@@ -64,11 +67,15 @@ class Report:
 
     counts: Counter[str] = field(default_factory=Counter)
     silences: list[float] = field(default_factory=list)  # the largest per session, seconds
+    silence_of: dict[int, float] = field(default_factory=dict)  # the same, by the listener's index
     sdk: Counter[str] = field(default_factory=Counter)
     restarts: list[tuple[str, float]] = field(default_factory=list)  # (replica, seconds from signal to exit)
     failures: list[str] = field(default_factory=list)
     pauses: list[Pause] = field(default_factory=list)
     starting: list[tuple[float, float]] = field(default_factory=list)  # a replica's spawn to ready (loop times)
+    # The clients' own process stalled (its loop ran nothing): every session's silence then is
+    # the measuring process's, not the gateway's (loop times, from when it was due to when it ran).
+    stalls: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def answers(self) -> int:
@@ -88,8 +95,23 @@ class Report:
         return sum(self.counts[k] for k in FAILURES)
 
     def silence_ms(self, q: float) -> float:
-        ordered = sorted(self.silences) or [0.0]
-        return 1000 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+        return _quantile_ms(self.silences, q)
+
+    def silences_without_stalls(self) -> list[float]:
+        """The largest silence per session less the time the clients' process itself stalled
+        within it: the gateway's side of it. Silences of PAUSE_S or more are known by their
+        moments; a session whose every such silence was mostly a stall counts its largest
+        remainder (its shorter silences, under PAUSE_S, are not kept)."""
+        largest = {i: s for i, s in self.silence_of.items() if s < PAUSE_S}
+        for p in self.pauses:
+            stalled = sum(max(0.0, min(p.ended, end) - max(p.began, start)) for start, end in self.stalls)
+            largest[p.session] = max(largest.get(p.session, 0.0), p.ended - p.began - stalled)
+        return list(largest.values())
+
+
+def _quantile_ms(values: list[float], q: float) -> float:
+    ordered = sorted(values) or [0.0]
+    return 1000 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 class Listener:
@@ -132,6 +154,7 @@ class Listener:
             self.fail("resume_failed", repr(exc))
         finally:
             self.report.silences.append(self.largest_silence)
+            self.report.silence_of[self.index] = self.largest_silence
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.rt.close(), 30)
 
@@ -215,7 +238,7 @@ class Listener:
                 now = loop.time()
                 self.largest_silence = max(self.largest_silence, now - heard)
                 if now - heard >= PAUSE_S:
-                    self.report.pauses.append(Pause(heard, now, self.connections != heard_on))
+                    self.report.pauses.append(Pause(heard, now, self.connections != heard_on, self.index))
                 heard, heard_on = now, self.connections
                 audio[event["response_id"]] = audio.get(event["response_id"], 0) + len(event["delta"])
             elif kind == "response.done":
@@ -264,6 +287,7 @@ async def rolling_deploy(cluster: Cluster, *, sessions: int, rounds: int, sig: i
     stop = asyncio.Event()
     listeners = [Listener(i, cluster.url, report, plain=plain) for i in range(sessions)]
     running = [asyncio.create_task(listener.run(stop)) for listener in listeners]
+    running.append(asyncio.create_task(watch_stalls(report, stop)))
     try:
         await asyncio.sleep(warm_up_s)  # every session under way
         await roll(cluster, rounds, sig, report, settle_s=settle_s)
@@ -278,6 +302,17 @@ async def rolling_deploy(cluster: Cluster, *, sessions: int, rounds: int, sig: i
     return report
 
 
+async def watch_stalls(report: Report, stop: asyncio.Event) -> None:
+    """Note each moment the clients' own loop ran nothing for STALL_S or more (its process was
+    not scheduled, or a client blocked it): a silence then is the measuring process's."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        due = loop.time() + TICK_S
+        await asyncio.sleep(TICK_S)
+        if loop.time() - due >= STALL_S:
+            report.stalls.append((due, loop.time()))
+
+
 def summary(report: Report) -> list[str]:
     silences = report.silences or [0.0]
     exits = [t for _, t in report.restarts] or [0.0]
@@ -289,7 +324,10 @@ def summary(report: Report) -> list[str]:
         f"its re-issue never completed); event gap p99 {report.silence_ms(0.99):.0f} ms (the largest per session)",
         "SDK: " + ", ".join(f"{k} {v}" for k, v in report.sdk.items()),
         f"largest silence per session: p50 {report.silence_ms(0.5):.0f} ms, p99 {report.silence_ms(0.99):.0f} ms, "
-        f"max {1000 * max(silences):.0f} ms ({len(report.silences)} sessions)",
+        f"max {1000 * max(silences):.0f} ms ({len(report.silences)} sessions); less the clients' own stalls "
+        f"({len(report.stalls)}, {sum(e - b for b, e in report.stalls):.1f} s): p50 "
+        f"{_quantile_ms(report.silences_without_stalls(), 0.5):.0f} ms, "
+        f"p99 {_quantile_ms(report.silences_without_stalls(), 0.99):.0f} ms",
         f"signal -> exit per replica: median {statistics.median(exits):.2f} s, max {max(exits):.2f} s "
         f"({len(report.restarts)} restarts)",
         pauses(report),
@@ -299,22 +337,29 @@ def summary(report: Report) -> list[str]:
 
 def pauses(report: Report) -> str:
     """What the silences of PAUSE_S or more coincided with: the session's own handover (it
-    changed socket within the silence), a replica starting (spawn to ready: its start-up
-    takes CPU from the others on a small machine), or neither (the load itself); and the
-    most sessions silent at one moment (many at once: a stall every session shares, such as
-    the clients' own process)."""
+    changed socket within the silence), the clients' own process stalling (the measuring
+    process ran nothing: half the silence or more), a replica starting (spawn to ready: its
+    start-up takes CPU from the others on a small machine), or none of these (the load
+    itself); and the most sessions silent at one moment (many at once: a stall they share)."""
     kinds: Counter[str] = Counter()
+    longest: tuple[float, str] = (0.0, "")
     for p in report.pauses:
+        stalled = sum(max(0.0, min(p.ended, end) - max(p.began, start)) for start, end in report.stalls)
         if p.handover:
-            kinds["handover"] += 1
+            kind = "handover"
+        elif stalled >= (p.ended - p.began) / 2:
+            kind = "clients' stall"
         elif any(p.began < ready and p.ended > spawned for spawned, ready in report.starting):
-            kinds["replica starting"] += 1
+            kind = "replica starting"
         else:
-            kinds["neither"] += 1
+            kind = "neither"
+        kinds[kind] += 1
+        longest = max(longest, (p.ended - p.began, kind))
     edges = sorted([(p.began, 1) for p in report.pauses] + [(p.ended, -1) for p in report.pauses])
     most = depth = 0
     for _, step in edges:
         depth += step
         most = max(most, depth)
-    what = ", ".join(f"{kinds[k]} in {k}" for k in ("handover", "replica starting", "neither"))
-    return f"silences of {1000 * PAUSE_S:.0f} ms or more: {len(report.pauses)} ({what}); at most {most} at once"
+    what = ", ".join(f"{kinds[k]} in {k}" for k in ("handover", "clients' stall", "replica starting", "neither"))
+    line = f"silences of {1000 * PAUSE_S:.0f} ms or more: {len(report.pauses)} ({what}); at most {most} at once"
+    return line + (f"; the longest {1000 * longest[0]:.0f} ms, in {longest[1]}" if longest[1] else "")
