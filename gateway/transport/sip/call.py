@@ -5,7 +5,7 @@ to the door 20 ms at a time with its format (``Door.receive_audio``: the session
 what the engine takes, in one step, never through the session's input format); a key press
 (RFC 4733) becomes ``Door.dtmf``. Of what the session says, the answers' audio is played on
 the call's paced RTP track (converted once from the engine's own audio, which each audio event
-carries, to PCM16 at the codec's rate: ``audio.convert.OutputConverters``);
+carries, to PCM16 at the codec's rate: ``transport/answer_audio.py``);
 the call reports what was played (``output_audio_buffer.started``/``.stopped``) and cuts the
 audio on barge-in, a cancel and ``output_audio_buffer.clear``, as a WebRTC call does. The
 other events have no wire here: a sideband socket (``/v1/realtime?call_id=``) sees them.
@@ -28,11 +28,10 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.audio.codecs import AudioFormat
-from gateway.audio.convert import OutputConverters
 from gateway.hosting.door import Door
 from gateway.protocol.server_events import AUDIO_DELTA
-from gateway.protocol.session_config import parse_ga_format
 from gateway.quotas import Seat
+from gateway.transport.answer_audio import AnswerAudio
 from gateway.transport.sip.media import RtpMedia
 
 log = logging.getLogger("omni.sip")
@@ -41,7 +40,6 @@ CHUNK_MS = 20  # what the door is handed at a time
 INBOX_CHUNKS = 50  # 1 s of the caller's audio waiting for the session; more: the oldest is dropped
 _CUT = frozenset({"cancelled", "failed"})
 _SPEECH_STARTED = "input_audio_buffer.speech_started"
-_MAX_FORMATS = 16
 
 
 class SipCall:
@@ -60,12 +58,9 @@ class SipCall:
         self._buf = bytearray()
         self._inbox: asyncio.Queue[bytes] = asyncio.Queue(INBOX_CHUNKS)
         self._reader: asyncio.Task[None] | None = None
-        self._formats: dict[str, AudioFormat] = {}
-        self._item_ids: dict[str, str] = {}  # response id -> the item its audio plays (the converter's tail)
         self.dropped_chunks = 0
         self._audio_type = AUDIO_DELTA  # the event whose audio plays (the door's dialect's, once started)
         self._playback = True  # what was played is reported to the session (the door's dialect's)
-        self._speech = 0  # GPT-Live's speech stream now playing (a new one after each answer's end and cut)
         self.take_media(media)
 
     def take_media(self, media: RtpMedia) -> None:
@@ -74,7 +69,7 @@ class SipCall:
         self.media = media
         self._chunk = 2 * media.rate * CHUNK_MS // 1000
         self._format = AudioFormat("pcm16", media.rate)  # what the door is handed, and what the track takes
-        self._out = OutputConverters(self._format)  # the answers' audio to the track's, once
+        self._answers = AnswerAudio(self._format, AudioFormat("pcm16", 24_000))  # to the track's, once
         media.on_audio = self._audio
         media.on_dtmf = self._dtmf
         media.track.on_started = self._started
@@ -119,7 +114,7 @@ class SipCall:
         if kind == self._audio_type:
             self._play(event)
         elif kind == "response.created":
-            self._note_format(event["response"])
+            self._answers.created(event["response"])
         elif kind == "response.done":
             self._answer_ended(event["response"])
         elif kind == _SPEECH_STARTED:
@@ -134,42 +129,18 @@ class SipCall:
 
     # --- the answer's audio --------------------------------------------------------------
 
-    def _note_format(self, response: dict[str, Any]) -> None:
-        try:
-            fmt = parse_ga_format(response["audio"]["output"]["format"], "response.audio.output.format")
-        except Exception:
-            return
-        self._formats[response["id"]] = fmt
-        while len(self._formats) > _MAX_FORMATS:
-            del self._formats[next(iter(self._formats))]
-
     def send_dtmf(self, digit: str, on_sent: Callable[[], None]) -> str | None:
         """The session's ``SendDtmf``: the key on the call's RTP (None; ``on_sent`` once its end
         went), or why not."""
         return self.media.send_dtmf(digit, on_sent)
 
     def _play(self, event: dict[str, Any]) -> None:
-        # A GPT-Live delta names no response: its answer's speech is one stream.
-        response_id = event.get("response_id") or f"speech{self._speech}"
-        fmt = self._formats.get(response_id)
-        if fmt is None and self.door is not None and self.door.host is not None:
-            fmt = self.door.host.output_format
-        fmt = fmt or AudioFormat("pcm16", 24_000)
-        item_id = event.get("item_id") or ""
-        pcm = self._out.convert(response_id, bytes(event["delta"]), fmt, event)
+        host = self.door.host if self.door is not None else None
+        response_id, item_id, pcm = self._answers.delta(event, host.output_format if host is not None else None)
         self.media.track.feed(pcm, response_id=response_id, item_id=item_id)
-        if response_id not in self._item_ids:
-            self._item_ids[response_id] = item_id
-            while len(self._item_ids) > _MAX_FORMATS:
-                del self._item_ids[next(iter(self._item_ids))]
 
     def _answer_ended(self, response: dict[str, Any]) -> None:
-        response_id = response.get("id")
-        if response_id is None:  # GPT-Live's answer ended (its end names none, as its deltas)
-            response_id = f"speech{self._speech}"
-            self._speech += 1
-        tail = self._out.end(response_id)
-        item_id = self._item_ids.pop(response_id, None)
+        response_id, item_id, tail = self._answers.ended(response)
         if response.get("status") in _CUT:
             self._cut()
             return
@@ -185,7 +156,7 @@ class SipCall:
         track = self.media.track
         if track.playing is None and not track.queued_ms:
             return
-        self._speech += 1
+        self._answers.cut()
         cut = track.clear()
         if cut is not None and self.door is not None and self._playback:
             asyncio.get_running_loop().call_soon(self.door.played, "cleared", cut.response_id, cut.item_id,
@@ -193,7 +164,7 @@ class SipCall:
 
     def clear_audio(self) -> tuple[str, str, int] | None:
         """The door's ``Media``: ``output_audio_buffer.clear`` cuts the audio now."""
-        self._speech += 1
+        self._answers.cut()
         cut = self.media.track.clear()
         return None if cut is None else (cut.response_id, cut.item_id, cut.audio_end_ms)
 
@@ -221,7 +192,7 @@ class SipCall:
             self._reader.cancel()
         if self.door is not None:
             self.door.detach()
-        self._out.clear()
+        self._answers.clear()
         with contextlib.suppress(Exception):
             await self.media.stop()
         if self.seat is not None:

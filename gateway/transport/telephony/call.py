@@ -7,7 +7,7 @@ session converts it, once, to what the engine takes, whatever its input format s
 
 What the session says: its answers' audio (already in the carrier's format: the session
 converted the engine's output, once; if a sideband asked for another format, converted once
-from the engine's audio the event carries, ``audio.convert.OutputConverters``) is paced out
+from the engine's audio the event carries, ``transport/answer_audio.py``) is paced out
 by ``Playout`` (``playout.py``: at most ``LEAD_MS`` ahead of the caller's ear, a ``mark``
 after each chunk); every other event is
 the session's and its sidebands' business, not the carrier's. Because the gateway knows
@@ -39,12 +39,11 @@ from typing import Any
 import orjson
 
 from gateway.audio.codecs import AudioFormat
-from gateway.audio.convert import OutputConverters
 from gateway.hosting.door import Door
 from gateway.protocol.errors import CloseCode, Code
 from gateway.protocol.server_events import AUDIO_DELTA
-from gateway.protocol.session_config import parse_ga_format
 from gateway.protocol.telephony import Binary, Carrier, DtmfIn, MarkIn, MediaIn, Outgoing, StreamStop
+from gateway.transport.answer_audio import AnswerAudio
 from gateway.transport.outbox import Outbox, SlowConsumer
 from gateway.transport.telephony.playout import Cut, Playout
 from gateway.transport.telephony.reorder import Reorder
@@ -53,7 +52,6 @@ log = logging.getLogger("omni.telephony")
 
 _SPEECH_STARTED = "input_audio_buffer.speech_started"
 _CUT = frozenset({"cancelled", "failed"})  # an answer that ends so has its audio cut at once
-_MAX_FORMATS = 16  # responses whose output format is remembered
 _SILENCE = {"pcm16": b"\x00\x00", "pcmu": b"\xff", "pcma": b"\xd5"}  # one sample of silence
 
 
@@ -80,13 +78,10 @@ class PhoneCall:
         self._clock = clock or self._loop.time
         self._wake = asyncio.Event()
         self._pacer: asyncio.Task[None] | None = None
-        self._formats: dict[str, AudioFormat] = {}  # response id -> its audio format (response.created)
-        self._item_ids: dict[str, str] = {}  # response id -> the item its audio plays (the converter's tail)
-        self._out = OutputConverters(fmt)  # the answers' audio to the carrier's format (if it is not already)
+        self._answers = AnswerAudio(fmt, fmt)  # the answers' audio to the carrier's format (if it is not already)
         self._audio_type = AUDIO_DELTA  # the event whose audio plays (the door's dialect's, once started)
         self._audio_json = _quoted(AUDIO_DELTA)
         self._playback = True  # what was played is reported to the session (the door's dialect's)
-        self._speech = 0  # GPT-Live's speech stream now playing (a new one after each answer's end and cut)
 
     def start(self, door: Door) -> None:
         self.door = door
@@ -135,7 +130,7 @@ class PhoneCall:
         if kind == self._audio_type:
             self._play(event)
         elif kind == "response.created":
-            self._note_format(event["response"])
+            self._answers.created(event["response"])
         elif kind == "response.done":
             self._answer_ended(event["response"])
         elif kind == _SPEECH_STARTED:
@@ -151,37 +146,14 @@ class PhoneCall:
 
     # --- the answer's audio ---------------------------------------------------------------
 
-    def _note_format(self, response: dict[str, Any]) -> None:
-        try:
-            fmt = parse_ga_format(response["audio"]["output"]["format"], "response.audio.output.format")
-        except Exception:  # a partial response: the session's format applies
-            return
-        self._formats[response["id"]] = fmt
-        while len(self._formats) > _MAX_FORMATS:
-            del self._formats[next(iter(self._formats))]
-
     def _play(self, event: dict[str, Any]) -> None:
-        # A GPT-Live delta names no response: its answer's speech is one stream.
-        response_id = event.get("response_id") or f"speech{self._speech}"
-        fmt = self._formats.get(response_id)
-        if fmt is None and self.door is not None and self.door.host is not None:
-            fmt = self.door.host.output_format
-        item_id = event.get("item_id") or ""
-        audio = self._out.convert(response_id, bytes(event["delta"]), fmt or self.fmt, event)
+        host = self.door.host if self.door is not None else None
+        response_id, item_id, audio = self._answers.delta(event, host.output_format if host is not None else None)
         self.playout.feed(audio, response_id=response_id, item_id=item_id)
-        if response_id not in self._item_ids:
-            self._item_ids[response_id] = item_id
-            while len(self._item_ids) > _MAX_FORMATS:
-                del self._item_ids[next(iter(self._item_ids))]
         self._wake.set()
 
     def _answer_ended(self, response: dict[str, Any]) -> None:
-        response_id = response.get("id")
-        if response_id is None:  # GPT-Live's answer ended (its end names none, as its deltas)
-            response_id = f"speech{self._speech}"
-            self._speech += 1
-        tail = self._out.end(response_id)
-        item_id = self._item_ids.pop(response_id, None)
+        response_id, item_id, tail = self._answers.ended(response)
         if response.get("status") in _CUT:
             playing = self.playout.playing
             if playing is not None and playing[0] == response_id:
@@ -208,7 +180,7 @@ class PhoneCall:
 
     def _clear(self) -> Cut | None:
         cut = self.playout.clear()
-        self._speech += 1
+        self._answers.cut()
         if cut is not None:
             self.clears += 1
             self._write(self.codec.clear(self.stream_id))
@@ -281,7 +253,7 @@ class PhoneCall:
             self._pacer.cancel()
         if self.door is not None:
             self.door.detach()
-        self._out.clear()
+        self._answers.clear()
         if code is not None:
             self.outbox.close(code, reason[:120])
 

@@ -35,12 +35,11 @@ import orjson
 from aiortc import MediaStreamTrack, RTCPeerConnection
 
 from gateway.audio.codecs import AudioFormat
-from gateway.audio.convert import OutputConverters
 from gateway.hosting.door import Door
 from gateway.hosting.peer import MediaEvent
 from gateway.protocol.dialects import GA, Dialect
 from gateway.protocol.errors import CloseCode, Code, ProtocolError
-from gateway.protocol.session_config import parse_ga_format
+from gateway.transport.answer_audio import AnswerAudio
 from gateway.transport.webrtc.audio_in import AudioIn
 from gateway.transport.webrtc.audio_out import AudioOutTrack
 from gateway.transport.webrtc.datachannel import ChannelOverflow, EventChannel, MessageTooLarge
@@ -54,7 +53,6 @@ TRACK_RATE = 48_000
 _TRACK = AudioFormat("pcm16", TRACK_RATE)
 _SPEECH_STARTED = "input_audio_buffer.speech_started"
 _CUT = frozenset({"cancelled", "failed"})  # an answer that ends so has its audio cut at once
-_MAX_FORMATS = 16  # responses whose output format is remembered (a response.create may set its own)
 TOO_LARGE_LOG_S = 10.0  # a call logs at most one WARNING this often for events too large to send
 
 
@@ -93,10 +91,7 @@ class Call:
         self._reader: asyncio.Task[None] | None = None
         self._audio_in: AudioIn | None = None
         self._watchdog = PeerWatchdog.for_config(self.pc, self._dead, factory.config)
-        self._formats: dict[str, AudioFormat] = {}  # response id -> its audio format (response.created)
-        self._out = OutputConverters(_TRACK)  # the answers' audio to the track's format, once
-        self._item_ids: dict[str, str] = {}  # response id -> the item its audio plays (the converter's tail)
-        self._speech = 0  # GPT-Live's speech stream now playing (a new one after each answer's end and cut)
+        self._answers = AnswerAudio(_TRACK, AudioFormat("pcm16", 24_000))  # to the track's format, once
         self.pc.on("datachannel", self.channel.accept)
         self.pc.on("track", self._track)
 
@@ -150,7 +145,7 @@ class Call:
             return  # the audio is on the track, never on the channel (OpenAI's WebRTC does the same)
         if event is not None:
             if kind == "response.created":
-                self._note_format(event["response"])
+                self._answers.created(event["response"])
             elif kind == "response.done":
                 self._answer_ended(event["response"])
             elif kind == _SPEECH_STARTED:
@@ -190,37 +185,14 @@ class Call:
 
     # --- the answer's audio --------------------------------------------------------------
 
-    def _note_format(self, response: dict[str, Any]) -> None:
-        try:
-            fmt = parse_ga_format(response["audio"]["output"]["format"], "response.audio.output.format")
-        except Exception:  # a beta-shaped or partial response: the session's format applies
-            return
-        self._formats[response["id"]] = fmt
-        while len(self._formats) > _MAX_FORMATS:
-            del self._formats[next(iter(self._formats))]
-
     def _play(self, event: dict[str, Any]) -> None:
-        # A GPT-Live delta names no response: its answer's speech is one stream (what was cut
-        # stays cut: audio of it still on its way is dropped).
-        response_id = event.get("response_id") or f"speech{self._speech}"
-        fmt = self._formats.get(response_id)
-        if fmt is None and self.door is not None and self.door.host is not None:
-            fmt = self.door.host.output_format
-        fmt = fmt or AudioFormat("pcm16", 24_000)
-        audio = self._out.convert(response_id, bytes(event["delta"]), fmt, event)
-        self.track.feed(audio, response_id=response_id, item_id=event.get("item_id", ""))
-        if response_id not in self._item_ids:
-            self._item_ids[response_id] = event.get("item_id", "")
-            while len(self._item_ids) > _MAX_FORMATS:
-                del self._item_ids[next(iter(self._item_ids))]
+        # (what was cut stays cut: audio of it still on its way is dropped by the track)
+        host = self.door.host if self.door is not None else None
+        response_id, item_id, audio = self._answers.delta(event, host.output_format if host is not None else None)
+        self.track.feed(audio, response_id=response_id, item_id=item_id)
 
     def _answer_ended(self, response: dict[str, Any]) -> None:
-        response_id = response.get("id")
-        if response_id is None:  # GPT-Live's answer ended (its end names none, as its deltas)
-            response_id = f"speech{self._speech}"
-            self._speech += 1
-        tail = self._out.end(response_id)
-        item_id = self._item_ids.pop(response_id, None)
+        response_id, item_id, tail = self._answers.ended(response)
         if response.get("status") in _CUT:
             playing = self.track.playing
             queued = self.track.queued_ms
@@ -254,7 +226,7 @@ class Call:
 
     def clear_audio(self) -> tuple[str, str, int] | None:
         """The door's ``Media``: ``output_audio_buffer.clear`` (and GPT-Live's barge-in) cuts the audio now."""
-        self._speech += 1
+        self._answers.cut()
         cut = self.track.clear()
         return None if cut is None else (cut.response_id, cut.item_id, cut.audio_end_ms)
 
@@ -293,7 +265,7 @@ class Call:
             self.door.detach()
         self.channel.close()
         self.track.stop()
-        self._out.clear()
+        self._answers.clear()
         with contextlib.suppress(Exception):
             if self._audio_in is not None:
                 await self._audio_in.stop()
