@@ -21,10 +21,9 @@ from typing import Any
 
 import httpx
 import pytest
-import websockets
 from support.gateway import RunningGateway, connect, run_gateway
 from support.gateway import post as gateway_post
-from support.live_sideband import Sideband
+from support.live_sideband import attached
 from support.redis_server import REDIS_BINARY, RedisServer
 from support.twilio_sim import TwilioCall
 from support.waiting import until
@@ -90,18 +89,11 @@ async def test_a_live_accept_on_the_other_replica_opens_the_calls_live_session_w
         assert accepted.status_code == 200, accepted.text
         host = a.runtime.hosting.hosts[live_id]  # open on A, and stored, when the accept answered
         assert isinstance(host, SessionHost) and host.session.config.instructions == "Answer the phone."
-        url = f"ws://127.0.0.1:{b.port}/v1/live/sessions/{live_id}/attach"
-        async with websockets.connect(url, max_size=None, additional_headers=KEY) as ws:
-            sideband = Sideband(ws)
-            reader = asyncio.get_running_loop().create_task(sideband.read())
-            try:
-                await until(lambda: bool(host.sidebands), "the sideband, relayed from B, to join on A")
-                await sideband.send({"type": "session.commentary.append", "content": "Hello.", "delegation_id": None})
-                await sideband.wait_for("session.commentary.appended")
-                await until(lambda: any(m.get("event") == "media" for m in call.received), "the answer on the call")
-                await sideband.wait_for("session.output_audio.delta")
-            finally:
-                reader.cancel()
+        async with attached(b, live_id, KEY, serving=a) as sideband:  # relayed from B to A
+            await sideband.send({"type": "session.commentary.append", "content": "Hello.", "delegation_id": None})
+            await sideband.wait_for("session.commentary.appended")
+            await until(lambda: any(m.get("event") == "media" for m in call.received), "the answer on the call")
+            await sideband.wait_for("session.output_audio.delta")
         hung = await post(b, f"/v1/live/sessions/{live_id}/hangup")
         assert hung.status_code == 200, hung.text
         await asyncio.wait_for(call.closed.wait(), 10)

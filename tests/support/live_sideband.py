@@ -53,14 +53,17 @@ class Sideband:
 
 
 @contextlib.asynccontextmanager
-async def attached(gw: RunningGateway, session_id: str, headers: dict[str, str]) -> AsyncIterator[Sideband]:
-    """A sideband on ``session_id`` (live on ``gw``), reading, once the session has it."""
+async def attached(gw: RunningGateway, session_id: str, headers: dict[str, str],
+                   serving: RunningGateway | None = None) -> AsyncIterator[Sideband]:  # fmt: skip
+    """A sideband on ``session_id`` through ``gw``, reading, once the session has it (where it
+    is live: ``serving``, another replica the sideband is relayed to, else ``gw``)."""
     url = f"ws://127.0.0.1:{gw.port}/v1/live/sessions/{session_id}/attach"
+    owner = serving or gw
     async with websockets.connect(url, max_size=None, additional_headers=headers) as ws:
         sideband = Sideband(ws)
         reader = asyncio.ensure_future(sideband.read())
         try:
-            await until(lambda: bool(gw.runtime.hosting.hosts[session_id].sidebands), "the sideband to join")
+            await until(lambda: bool(owner.runtime.hosting.hosts[session_id].sidebands), "the sideband to join")
             yield sideband
         finally:
             reader.cancel()
