@@ -135,6 +135,7 @@ class HttpApi:
                     # session fields this model accepts but does not act on (session.warning names them too)
                     "ignored_fields": list(engine.info.ignored_fields),
                     "accepts_images": engine.info.accepts_images,  # input_image parts (PNG, JPEG)
+                    "takes_turns": engine.info.takes_turns,  # its model takes its own turns (docs/live.md)
                     "health": health.get(spec.name, "ok"),
                 }
             )

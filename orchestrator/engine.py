@@ -23,6 +23,16 @@ streams as ``ToolCallDelta``s of one ``index``: the first carries its
 conversation carries calls back as an assistant ``Message`` with
 ``tool_calls`` and their results as ``Message(role="tool", tool_call_id=...)``.
 
+Turns the engine takes itself (``converse``, optional, with ``info.takes_turns``): a model
+that listens and decides when to speak (a full-duplex omni model behind an upstream
+that runs its own speech detection) is given the caller's audio for a whole session,
+as it comes, and says what it decides as ``TurnOutput``s: the caller began or stopped
+speaking (``SpeechStarted``, ``SpeechStopped``; a speech start over an answer is the
+engine's barge-in: it stops that answer), what it heard (``Heard``), and each answer
+it starts by itself (``AnswerStarted``, then that answer's ``TextDelta``/``AudioDelta``
+outputs, ending with its ``Finished``). The outputs end when the inputs do (the session
+is over); an ``EngineError`` ends the conversation (the session may start another).
+
 Cancellation is first class: the orchestrator cancels the task that iterates
 the outputs and then calls ``abort(request_id)``; an engine must release
 everything it holds for that request in either case. An engine raises
@@ -218,6 +228,40 @@ class Finished:
 EngineOutput = TextDelta | AudioDelta | ToolCallDelta | Finished
 
 
+@dataclass(frozen=True, slots=True)
+class SpeechStarted:
+    """The engine heard the caller begin to speak (``converse``): an answer of the engine's
+    that was under way stops (its barge-in); ``audio_ms``: where, in the conversation's
+    input audio (None: not said)."""
+
+    audio_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStopped:
+    """The caller stopped speaking (``converse``); ``audio_ms`` as ``SpeechStarted``'s."""
+
+    audio_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Heard:
+    """What the engine heard the caller say (``converse``): more of the turn's transcript
+    (``final``: the turn's whole transcript, which may revise the pieces before it)."""
+
+    text: str
+    final: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerStarted:
+    """The engine began an answer by itself (``converse``): the text and audio deltas that
+    follow are this answer's, up to its ``Finished``."""
+
+
+TurnOutput = EngineOutput | SpeechStarted | SpeechStopped | Heard | AnswerStarted
+
+
 class EngineError(Exception):
     """A failure with a stable machine-readable code, safe to show a client."""
 
@@ -254,6 +298,24 @@ class EngineInfo:
     # Whether user turns may carry images (Message.images). Otherwise the session refuses
     # an input_image part with a coded error naming it; the engine never sees one.
     accepts_images: bool = False
+    # Whether the engine's model takes its own turns (``Engine.converse``): a session then
+    # streams it the caller's audio for the whole session and runs no speech detector of
+    # its own for turns; the engine's turn events become the dialect's.
+    takes_turns: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRequest:
+    """A conversation the engine takes its turns in (``converse``): its context so far,
+    and the settings of the answers it will make (as ``ResponseRequest``'s)."""
+
+    request_id: str
+    messages: tuple[Message, ...] = ()
+    instructions: str = ""
+    modalities: tuple[Literal["text", "audio"], ...] = ("audio",)
+    voice: str | None = None
+    temperature: float | None = None
+    speed: float = 1.0
 
 
 class Transcriber(Protocol):
@@ -294,7 +356,9 @@ class Engine(Protocol):
     ``transcribe`` (None: this request goes through ``transcribe``); and
     ``responder(request, emit, fail) -> Responder | None``: the engine pushes a
     response's outputs instead of the orchestrator iterating ``respond`` (None: this
-    request goes through ``respond``)."""
+    request goes through ``respond``); and, where ``info.takes_turns``,
+    ``converse(request: ConversationRequest, inputs: AsyncIterator[EngineInput]) ->
+    AsyncIterator[TurnOutput]`` (see the module docstring)."""
 
     info: EngineInfo
 

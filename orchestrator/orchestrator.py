@@ -21,6 +21,10 @@ one task the orchestrator owns:
    (``engine.Responder``) is pushed instead of iterated: the engine calls the
    handle with each output from a callback of its own (a paced engine steps all
    its answers in one timer), and the request's task only waits for the end.
+
+A ``conversation`` (an engine that takes its own turns: ``Engine.converse``) is a
+request like the others, held for a session's whole length: its inputs are the
+caller's audio as it comes, its outputs the engine's turn events and answers.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any, Literal
 from orchestrator.engine import (
     AudioChunk,
     AudioDelta,
+    ConversationRequest,
     Engine,
     EngineError,
     EngineInput,
@@ -57,7 +62,7 @@ async def _nothing() -> AsyncIterator[Any]:
     yield
 
 
-Kind = Literal["transcription", "response", "video"]
+Kind = Literal["transcription", "response", "video", "conversation"]
 _END = object()
 
 
@@ -69,6 +74,10 @@ class AdmissionLimits:
     max_transcriptions: int = 1024
     max_responses: int = 256
     max_videos: int = 32
+    # Conversations held at once (each an engine that takes its own turns, for a whole session:
+    # one upstream session each on the remote engine); past it a session's wait for one is
+    # bounded by ``admission_timeout_s`` like any request's, then ``server_busy``.
+    max_conversations: int = 256
     admission_timeout_s: float = 10.0
     # Video is paced to real time: the next chunk is asked of the engine no
     # earlier than ``video_lead_chunks`` chunks before it is due to play, so a
@@ -83,7 +92,7 @@ class RequestHandle:
         self,
         orchestrator: Orchestrator,
         kind: Kind,
-        request: TranscriptionRequest | ResponseRequest | VideoRequest,
+        request: TranscriptionRequest | ResponseRequest | VideoRequest | ConversationRequest,
         on_output: Callable[[Any], None],
         on_error: Callable[[str, str], None],
         turn_started_at: float | None,
@@ -319,6 +328,11 @@ class RequestHandle:
             elif kind == "video":
                 assert orch.video_engine is not None and isinstance(self.request, VideoRequest)
                 stream = self._paced(orch.video_engine.generate_video(self.request), self.request.fps)
+            elif kind == "conversation":
+                converse = getattr(engine, "converse", None)
+                if converse is None or not engine.info.takes_turns:
+                    raise EngineError("unsupported", "This engine takes no turns of its own.")
+                stream = converse(self.request, self._input_stream())
             elif kind == "transcription":
                 stream = engine.transcribe(self.request, self._input_stream())  # type: ignore[arg-type]
             else:
@@ -368,7 +382,7 @@ class Orchestrator:
         self._paused = False
         self._admitting = 0
         self._waiting = 0  # admissions blocked on a full kind
-        self._active = {"transcription": 0, "response": 0, "video": 0}
+        self._active = {"transcription": 0, "response": 0, "video": 0, "conversation": 0}
         self._handles: dict[str, RequestHandle] = {}  # every request not yet finished
         self._running: dict[str, RequestHandle] = {}  # admitted: the engine has it
         self._aborts: set[asyncio.Task[None]] = set()  # abort and wake-up tasks in flight
@@ -378,7 +392,7 @@ class Orchestrator:
     def submit(
         self,
         kind: Kind,
-        request: TranscriptionRequest | ResponseRequest | VideoRequest,
+        request: TranscriptionRequest | ResponseRequest | VideoRequest | ConversationRequest,
         *,
         on_output: Callable[[Any], None],
         on_error: Callable[[str, str], None],
@@ -399,7 +413,8 @@ class Orchestrator:
 
     def _capacity(self, kind: Kind) -> int:
         lim = self.limits
-        return {"transcription": lim.max_transcriptions, "response": lim.max_responses, "video": lim.max_videos}[kind]
+        return {"transcription": lim.max_transcriptions, "response": lim.max_responses, "video": lim.max_videos,
+                "conversation": lim.max_conversations}[kind]  # fmt: skip
 
     async def _admit(self, kind: Kind) -> None:
         engine_ok = self.video_engine.healthy() if kind == "video" and self.video_engine else self.engine.healthy()

@@ -45,6 +45,7 @@ from gateway.session.effects import (
     ListMcpTools,
     RunResponses,
     SendDtmf,
+    StartConversation,
     StartResponse,
     StartTranscription,
     Wake,
@@ -609,6 +610,9 @@ class SessionHost:
                 case StartTranscription() | StartResponse():
                     if not self.ended:
                         self._start(effect)
+                case StartConversation():
+                    if not self.ended:
+                        self._converse(effect)
                 case ListMcpTools():
                     self._list_anew(effect)
                 case CallMcpTool():
@@ -715,6 +719,23 @@ class SessionHost:
             on_error=callbacks[1],
             turn_started_at=None if isinstance(effect, StartTranscription) else effect.turn_started_at,
         )
+
+    def _converse(self, effect: StartConversation) -> None:
+        """A conversation with an engine that takes its own turns: held until the session
+        cancels it (its end or its close); its outputs and its failure go to the session."""
+        rid = effect.request.request_id
+
+        def on_output(output: Any) -> None:
+            self.session.on_turn(rid, output)
+            self.flush()
+
+        def on_error(code: str, message: str) -> None:
+            self.handles.pop(rid, None)
+            self.session.on_turns_failed(rid, code, message)
+            self.flush()
+
+        self.handles[rid] = self.orchestrator.submit("conversation", effect.request, on_output=on_output,
+                                                     on_error=on_error)  # fmt: skip
 
     # --- MCP servers (the session's effects; gateway/hosting/mcp.py does the I/O) ---------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.engine import EngineInput, ResponseRequest, TranscriptionRequest
+from orchestrator.engine import ConversationRequest, EngineInput, ResponseRequest, TranscriptionRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +22,15 @@ class StartTranscription:
 class StartResponse:
     request: ResponseRequest
     turn_started_at: float | None  # clock() when the user's speech stopped (metrics)
+
+
+@dataclass(frozen=True, slots=True)
+class StartConversation:
+    """Start a conversation with an engine that takes its own turns (``Engine.converse``):
+    ``Feed`` gives it the caller's audio, and its outputs go to ``session.on_turn``, its
+    failure to ``session.on_turns_failed(code, message)``; ``Cancel`` ends it."""
+
+    request: ConversationRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +128,7 @@ class SendDtmf:
 Effect = (
     StartTranscription
     | StartResponse
+    | StartConversation
     | Feed
     | EndInput
     | Cancel

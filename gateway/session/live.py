@@ -8,7 +8,11 @@ VAD, responses, seq, epoch, snapshot, journal, resume) with:
 - **its turns** (``LiveTurns``): speech the VAD ends is committed and answered
   at once; speech over an answer stops it (barge-in). Without a speech
   detector (``vad`` off) input audio only moves the session timeline: the
-  model takes no turn of its own (an appended commentary is still said);
+  model takes no turn of its own (an appended commentary is still said). On an
+  engine that takes its own turns (``info.takes_turns``) the gateway's speech
+  detector takes none: the caller's audio streams to the engine for the whole
+  session, and its speech starts (barge-in), answers and transcripts are the
+  session's (``EngineTurns``, engine_turns.py);
 - **its events** (``LiveSpelling``, live_spelling.py): audio, the two
   transcripts with their place on the session timeline, errors and notices;
   nothing of items, responses or buffers;
@@ -68,6 +72,7 @@ from gateway.protocol.live_channel import PERMISSIONS_INFO, ChannelPolicy
 from gateway.session import live_recording
 from gateway.session.conversation import Item, Part, PartType
 from gateway.session.effects import CloseSocket, CutAudio, SendDtmf, Wake
+from gateway.session.engine_turns import EngineTurns
 from gateway.session.live_delegation import (
     ACK_INSTRUCTIONS,
     ACK_SAY,
@@ -82,7 +87,7 @@ from gateway.session.live_spelling import WAKE_PACE, LiveSpelling
 from gateway.session.response import Response
 from gateway.session.session import RealtimeSession
 from gateway.session.turn_taking import Parts, RealtimeTurns
-from orchestrator.engine import EngineInfo
+from orchestrator.engine import EngineInfo, TurnOutput
 
 USAGE_EVERY_S = 15.0  # session.usage.updated this often (as the API was measured to)
 FIXTURE_CHUNK_MS = 100  # an audio fixture goes out in deltas of this length
@@ -121,6 +126,12 @@ class LiveTurns(RealtimeTurns):
         self.ended(resp)
         if status != "cancelled":
             self.answered()
+
+    def answer_led(self) -> str | None:
+        """An answer the engine began by itself (``EngineTurns``): one under way gives way to it."""
+        if self._responses.current is not None:
+            self._responses.end_current("cancelled", {"type": "cancelled", "reason": "turn_detected"}, cancel=True)
+        return self._responses.create(ce.ResponseParams(tools=()), None, led=True)
 
 
 class LiveSession(RealtimeSession):
@@ -164,6 +175,13 @@ class LiveSession(RealtimeSession):
         self._active_ms = 0.0
         spelling.on_quiet = self._quiet
         self._live_turns.ended = self._delegated
+        # An engine that takes its own turns is given the caller's audio, and says when to answer.
+        self._engine_turns: EngineTurns | None = None
+        if self.engine.takes_turns:
+            self._engine_turns = EngineTurns(self._log, self._history, self._input, self._responses,
+                                             engine=self.engine, session_id=session_id,
+                                             answer=self._live_turns.answer_led,
+                                             barge_in=self._live_turns.speech_during_response)  # fmt: skip
 
     @property
     def dialect(self) -> Dialect:
@@ -234,6 +252,10 @@ class LiveSession(RealtimeSession):
             raise ProtocolError(RESPONSES_BACKEND_UNCONFIGURED, "This gateway has no Responses backend to delegate "
                                 "to (its operator sets live_responses_url); use delegation type 'client'.",
                                 param="session.delegation.type")  # fmt: skip
+        if live.wake_policy is not None and self._engine_turns is not None:
+            raise ProtocolError(Code.UNSUPPORTED, "'session.wake_policy' is for the gateway's speech detector, and "
+                                "this session's engine takes its own turns; leave it out.",
+                                param="session.wake_policy")  # fmt: skip
         if live.wake_policy is not None and self._vad_factory is None:
             raise ProtocolError(Code.UNSUPPORTED, "'session.wake_policy' needs a speech detector, and this gateway "
                                 "runs none (its operator installs the cpu extra: silero-vad); leave it out.",
@@ -370,6 +392,8 @@ class LiveSession(RealtimeSession):
     def shutdown(self) -> None:
         super().shutdown()
         self._delegations.shutdown()
+        if self._engine_turns is not None:
+            self._engine_turns.shutdown()
 
     def _close(self, reason: str, event_id: str | None) -> None:
         """``session.closed``: the session's last event (everything stops first)."""
@@ -443,6 +467,13 @@ class LiveSession(RealtimeSession):
         fixture plays (its timeline goes on either way). With no speech detector here the
         model takes no turn of its own: the audio moves the timeline only."""
         fmt = fmt or self.config.input_format
+        turns = self._engine_turns
+        if turns is not None:  # the engine hears it all, and takes its turns itself
+            self._check_audio(audio, fmt)
+            if self.muted or self.fixture is not None:
+                audio = self._silent(len(audio), fmt)
+            turns.append(audio, fmt)
+            return
         if self._vad_factory is None:
             if len(audio) % fmt.bytes_per_sample:
                 raise ProtocolError(Code.INVALID_AUDIO, f"Audio length {len(audio)} is not a whole number of "
@@ -453,6 +484,30 @@ class LiveSession(RealtimeSession):
             audio = self._silent(len(audio), fmt)
         self.append_audio(audio, event_id, fmt)
         self._check_idle()
+
+    def _check_audio(self, audio: bytes, fmt: AudioFormat) -> None:
+        """What ``input_audio_buffer.append`` refuses of audio the engine hears whole."""
+        if len(audio) % fmt.bytes_per_sample:
+            raise ProtocolError(Code.INVALID_AUDIO, f"Audio length {len(audio)} is not a whole number of "
+                                f"{fmt.codec} samples.", param="audio")  # fmt: skip
+        duration = fmt.duration_ms(len(audio))
+        if duration > self.limits.max_append_ms:
+            raise ProtocolError(Code.APPEND_TOO_LARGE, f"One append may carry at most {self.limits.max_append_ms} "
+                                f"ms of audio; this one has {duration:.0f} ms. Send smaller chunks.",
+                                param="audio")  # fmt: skip
+
+    def on_turn(self, request_id: str, output: TurnOutput) -> None:
+        """What the engine that takes its own turns decided, or said (``EngineTurns``)."""
+        if self._engine_turns is not None and not self.closed:
+            self._engine_turns.on_output(request_id, output)
+
+    def on_turns_failed(self, request_id: str, code: str, message: str) -> None:
+        if self._engine_turns is not None and not self.closed:
+            self._engine_turns.on_failed(request_id, code, message)
+
+    def _engine_speaking(self) -> bool:
+        """The engine that takes its own turns hears the caller speak."""
+        return self._engine_turns is not None and self._engine_turns.speaking
 
     def _silent(self, nbytes: int, fmt: AudioFormat) -> bytes:
         if self._silence[0] != (nbytes, fmt):
@@ -509,7 +564,7 @@ class LiveSession(RealtimeSession):
         """Speak the commentary waiting, unless an answer or a fixture is under way (it is said
         when that ends: ``LiveTurns.answer_ended`` calls back here)."""
         if (not self._pending_say or self.fixture is not None or self._responses.answering() or self._input.is_open
-                or self.paused):  # fmt: skip
+                or self.paused or self._engine_speaking()):  # fmt: skip
             return  # said once the answer, the fixture or the user's speech under way is over (or at the wake)
         texts = [text for text, _ in self._pending_say]
         event_id = self._pending_say[-1][1]
@@ -562,7 +617,7 @@ class LiveSession(RealtimeSession):
         """A short acknowledgement of a delegation, unless the model, the user or a fixture is
         heard, or a result waits to be said (it would only interrupt, or come late)."""
         if (self.fixture is not None or self._responses.answering() or self._input.is_open or self._pending_say
-                or self.paused):  # fmt: skip
+                or self.paused or self._engine_speaking()):  # fmt: skip
             return
         params = ce.ResponseParams(instructions=(self.config.instructions + "\n\n" + ACK_INSTRUCTIONS).strip(),
                                    say=ACK_SAY, tools=())  # fmt: skip

@@ -199,8 +199,11 @@ class Responses:
 
     # --- responses ----------------------------------------------------------
 
-    def create(self, params: ce.ResponseParams, event_id: str | None, turn_started_at: float | None = None) -> None:
-        """Start a response, or raise the ProtocolError that refuses it."""
+    def create(self, params: ce.ResponseParams, event_id: str | None, turn_started_at: float | None = None,
+               *, led: bool = False) -> str | None:  # fmt: skip
+        """Start a response, or raise the ProtocolError that refuses it; its id (None: it waits
+        for an MCP listing). ``led``: an answer the engine began by itself (``engine_turns``):
+        no engine request is started for it, its outputs come from the engine's conversation."""
         cfg = self.config
         if cfg.type == "transcription":
             raise ProtocolError(
@@ -250,9 +253,9 @@ class Responses:
                     why = "MCP tools need the GA protocol (the beta has no MCP events)."
                     raise ProtocolError(Code.UNSUPPORTED, why, param=f"response.tools[{i}].type", event_id=event_id)
             self._mcp.configure(params.tools, "response.tools")  # (servers the session has are listed once)
-        if self._mcp.listing(tools):
+        if self._mcp.listing(tools) and not led:
             self._deferred.append((params, event_id, turn_started_at))
-            return
+            return None
         context, awaiting, input_items = self._context(params, instructions, max_tokens)
         functions = engine_tools(tools)
         mcp_functions, mcp = self._mcp.offered(tools, {t.name for t in functions})
@@ -304,9 +307,12 @@ class Responses:
         self._emit("response.created", response=self._render(resp, "in_progress", None))
         if eager:
             self._announce_message(resp)
+        if led:
+            return resp.id
         self._effects.append(StartResponse(request, turn_started_at))
         if not awaiting:
             self._effects.append(EndInput(resp.id))
+        return resp.id
 
     def listings_done(self) -> None:
         """An MCP listing ended: the responses that waited for it are created now (or wait

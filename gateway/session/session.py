@@ -52,7 +52,7 @@ from gateway.session.limits import SessionLimits, check_images
 from gateway.session.mcp import McpServers
 from gateway.session.responses import Responses
 from gateway.session.turn_taking import Parts, RealtimeTurns, TurnTaking
-from orchestrator.engine import EngineInfo, EngineOutput
+from orchestrator.engine import EngineInfo, EngineOutput, TurnOutput
 
 __all__ = ["STATE_EVENTS", "VAD_RATE", "RealtimeSession", "SessionLimits", "VadStream"]
 
@@ -316,6 +316,13 @@ class RealtimeSession:
 
     def wake(self, key: str) -> None:
         """A ``Wake`` effect this session asked for is due (the Realtime API asks for none)."""
+
+    def on_turn(self, request_id: str, output: TurnOutput) -> None:
+        """An output of the ``StartConversation`` request ``request_id``: what an engine that
+        takes its own turns decided (a dialect that holds such a conversation: GPT-Live's)."""
+
+    def on_turns_failed(self, request_id: str, code: str, message: str) -> None:
+        """The ``StartConversation`` request ``request_id`` failed with the engine's ``code``."""
 
     def backend_event(self, request_id: str, event: dict[str, Any]) -> None:
         """An event of the ``RunResponses`` request ``request_id`` (the Realtime API runs none)."""

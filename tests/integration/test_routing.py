@@ -59,6 +59,7 @@ async def test_v1_models_lists_the_routes_with_their_health() -> None:
         assert all(m["health"] == "ok" for m in body["data"])
         # what each model accepts but does not act on, and whether it takes images
         assert all("instructions" in m["ignored_fields"] and m["accepts_images"] is False for m in body["data"])
+        assert all(m["takes_turns"] is False for m in body["data"])  # the gateway's speech detector takes them
         ready = (await http.get("/readyz")).json()
         assert ready["engines"] == {"tone-fast": "ok", "tone-long": "ok"}
 

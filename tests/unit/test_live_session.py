@@ -5,6 +5,7 @@ with what a snapshot keeps for the replica that takes the session over."""
 from __future__ import annotations
 
 import base64
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,11 +20,20 @@ from gateway.protocol import live_events as le
 from gateway.protocol.dialects import LIVE
 from gateway.protocol.errors import ProtocolError
 from gateway.protocol.session_config import SessionConfig
-from gateway.session.effects import Cancel, StartResponse, Wake
+from gateway.session.effects import Cancel, CutAudio, Feed, StartConversation, StartResponse, Wake
 from gateway.session.events import LIVE_STATE_EVENTS
 from gateway.session.kinds import kind_of, restore_kind
 from gateway.session.live import USAGE_EVERY_S, LiveSession
-from orchestrator.engine import AudioDelta, Finished, TextDelta
+from orchestrator.engine import (
+    AnswerStarted,
+    AudioChunk,
+    AudioDelta,
+    Finished,
+    Heard,
+    SpeechStarted,
+    SpeechStopped,
+    TextDelta,
+)
 from orchestrator.engines.passthrough import PassthroughEngine
 
 INFO = PassthroughEngine().info
@@ -360,3 +370,104 @@ def test_a_session_keeps_its_lead_on_the_replica_that_restores_it() -> None:
     again = restore_kind(state).restore(state, engine=INFO, vad_factory=None)  # (built with the default lead)
     assert isinstance(again, LiveSession) and again.spelling.output is not None
     assert again.spelling.output.lead_ms == 150
+
+
+# --- an engine that takes its own turns (engine_turns.py) ---------------------------------
+
+
+def turns_session(clock: Clock | None = None) -> LiveSession:
+    """A session on an engine that takes its own turns, with no speech detector here."""
+    engine = replace(INFO, takes_turns=True)
+    s = LiveSession(session_id="live_test", config=SessionConfig(model="m"), engine=engine, vad_factory=None,
+                    pace_clock=clock or Clock())  # fmt: skip
+    s.configure({"model": "gpt-live-1", "instructions": "Be brief."})
+    s.start(resume_token="tok", configured=True, event_id="start")
+    take(s)
+    return s
+
+
+def test_an_engine_that_takes_its_turns_hears_everything_and_its_answers_and_barge_in_pass_through() -> None:
+    clock = Clock()
+    s = turns_session(clock)
+    s.handle(ce.AudioAppend(None, TONE * 5))
+    _, effects = take(s)
+    (start,) = [e for e in effects if isinstance(e, StartConversation)]
+    rid = start.request.request_id
+    assert start.request.instructions == "Be brief."
+    assert [type(e) for e in effects] == [StartConversation, Feed]  # no turn of the gateway's own
+    assert effects[1].chunk == AudioChunk(TONE * 5)  # (24 kHz in, 24 kHz to the engine)
+    s.handle(le.InputMute(None, True))
+    s.handle(ce.AudioAppend(None, TONE))
+    _, effects = take(s)
+    assert [e.chunk for e in effects if isinstance(e, Feed)] == [AudioChunk(bytes(len(TONE)))]  # muted: silence
+    s.handle(le.InputMute(None, False))
+    # The engine's turn: speech, its transcript, then an answer it starts by itself.
+    s.on_turn(rid, SpeechStarted(20.0))
+    s.on_turn(rid, SpeechStopped(100.0))
+    s.on_turn(rid, Heard("hello there", final=True))
+    s.on_turn(rid, AnswerStarted())
+    s.on_turn(rid, TextDelta("Hi "))
+    s.on_turn(rid, AudioDelta(TONE * 50))  # a second of it, paced out
+    events, effects = take(s)
+    heard = [e for e in events if e["type"] == "session.input_transcript.delta"]
+    assert [(e["delta"], e["start_ms"], e["end_ms"]) for e in heard] == [("hello there", 20, 100)]
+    assert sum(len(base64.b64decode(e["delta"])) for e in events if e["type"] == "session.output_audio.delta") > 0
+    assert any(it.role == "user" and it.as_message().text == "hello there" for it in s.conversation)
+    assert not [e for e in effects if isinstance(e, StartResponse)]  # the engine's answer: no request of ours
+    # The engine hears the caller over its answer: what was not sent of it is not.
+    s.on_turn(rid, SpeechStarted())
+    events, effects = take(s)
+    assert any(isinstance(e, CutAudio) for e in effects) and not s.output_pending
+    assert s.active_response_id is None
+    s.on_turn(rid, AudioDelta(TONE * 10))  # (what the engine made of it before it stopped)
+    s.on_turn(rid, Finished())
+    clock.now += 5
+    s.wake("pace")
+    events, _ = take(s)
+    assert not [e for e in events if e["type"] == "session.output_audio.delta"]
+    for e in events:
+        ConnectServerEvent.validate_python(e)
+
+
+def test_a_failed_conversation_is_said_and_the_next_audio_starts_another() -> None:
+    s = turns_session()
+    s.handle(ce.AudioAppend(None, TONE))
+    _, effects = take(s)
+    first = next(e for e in effects if isinstance(e, StartConversation)).request.request_id
+    s.on_turns_failed(first, "upstream_lost", "upstream: the socket closed")
+    events, _ = take(s)
+    assert [(e["type"], e["error"]["code"]) for e in events] == [("error", "upstream_lost")]
+    s.handle(ce.AudioAppend(None, TONE))
+    _, effects = take(s)
+    second = next(e for e in effects if isinstance(e, StartConversation)).request.request_id
+    assert second != first
+    s.on_turn(first, AnswerStarted())  # (the conversation that failed says nothing more)
+    assert s.active_response_id is None
+    s.handle(le.Close(None))
+    _, effects = take(s)
+    assert Cancel(second) in effects
+
+
+def test_a_restored_session_opens_its_own_conversation_with_what_was_said_as_context() -> None:
+    s = turns_session()
+    s.handle(ce.AudioAppend(None, TONE))
+    _, effects = take(s)
+    rid = next(e for e in effects if isinstance(e, StartConversation)).request.request_id
+    s.on_turn(rid, Heard("book a table", final=True))
+    take(s)
+    state = orjson.loads(orjson.dumps(s.snapshot_state(), default=str))
+    engine = replace(INFO, takes_turns=True)
+    again = restore_kind(state).restore(state, engine=engine, vad_factory=None)
+    assert isinstance(again, LiveSession)
+    again.effects.clear()
+    again.handle(ce.AudioAppend(None, TONE))  # (the conversation was the lost replica's)
+    (start,) = [e for e in again.effects if isinstance(e, StartConversation)]
+    assert [(m.role, m.text) for m in start.request.messages if m.role == "user"] == [("user", "book a table")]
+
+
+def test_a_wake_policy_is_refused_where_the_engine_takes_the_turns() -> None:
+    s = LiveSession(session_id="live_test", config=SessionConfig(model="m"), engine=replace(INFO, takes_turns=True),
+                    vad_factory=lambda: LevelVad())  # fmt: skip
+    with pytest.raises(ProtocolError) as err:
+        s.configure({"model": "gpt-live-1", "wake_policy": {"type": "speech"}}, media=True)
+    assert err.value.code == "unsupported" and err.value.param == "session.wake_policy"

@@ -34,6 +34,25 @@ transcribe
     An upstream whose ``session.updated`` shows no transcription (vLLM-Omni's
     realtime endpoint does not transcribe) -> ``EngineError("unsupported")``.
 
+converse (route option ``turns: "upstream"``: ``info.takes_turns``)
+    The upstream takes the turns: one upstream session for the whole
+    conversation (a gateway session's), never lent to another request, with its
+    own speech detection (``turn_detection`` ``server_vad``, answers created and
+    interrupted by it; in the duplex dialect ``extra_body.auto_response: true``),
+    input transcription on, and the conversation so far as items. The caller's
+    audio is appended as it comes and never committed by us. Its events become
+    ``TurnOutput``s: ``input_audio_buffer.speech_started``/``.speech_stopped`` ->
+    ``SpeechStarted``/``SpeechStopped`` (its ``audio_start_ms``/``audio_end_ms``),
+    the input transcription's ``.delta``/``.completed`` -> ``Heard``,
+    ``response.created`` -> ``AnswerStarted``, its audio and transcript deltas ->
+    ``AudioDelta``/``TextDelta``, ``response.done`` -> ``Finished`` (whatever its
+    status: an interrupted answer ends there). An upstream ``error`` about its
+    own work is logged, and the conversation goes on; a lost socket ends it
+    (``upstream_lost``, never retried: the upstream held what was said). At the
+    inputs' end the upstream session is closed (``session.close`` in the duplex
+    dialect). Without the option (the default) every request is its own, as
+    above, and ``converse`` is refused.
+
 Reuse: a session is kept per kind of request (respond, transcribe) and lent
 to the next request of that kind. When a request ends, the pool makes its
 session clean again in the background (see ``pool.Lease``): whatever it left
@@ -64,20 +83,26 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from orchestrator.engine import (
+    AnswerStarted,
     AudioChunk,
     AudioDelta,
+    ConversationRequest,
     EngineError,
     EngineInfo,
     EngineInput,
     EngineOutput,
     Finished,
+    Heard,
     Message,
     ResponseRequest,
+    SpeechStarted,
+    SpeechStopped,
     TextChunk,
     TextDelta,
     TokenLogprob,
     ToolCallDelta,
     TranscriptionRequest,
+    TurnOutput,
     Usage,
 )
 from orchestrator.engines.remote.pool import (
@@ -178,6 +203,8 @@ class RemoteEngine(PooledEngine):
     ``dialect``: "auto" (vLLM-Omni's duplex dialect where an upstream advertises it, else
     OpenAI's), "openai" or "duplex" (``pool``, "dialect"). ``probe_s``: how long a new
     connection waits for a session the upstream opens at connect (the sign of OpenAI's dialect).
+    ``turns``: "request" (default: the gateway's speech detector takes the turns, each request
+    its own upstream session) or "upstream" (the upstreams take them: ``converse``).
     """
 
     def __init__(
@@ -195,8 +222,11 @@ class RemoteEngine(PooledEngine):
         max_replay_bytes: int = 8 * 1024 * 1024,
         dialect: str = "auto",
         probe_s: float = 0.25,
+        turns: str = "request",
         **pool_options: Any,
     ) -> None:
+        if turns not in ("request", "upstream"):
+            raise ValueError(f"turns must be 'request' or 'upstream', not {turns!r}")
         if isinstance(upstreams, UpstreamPool):
             self.pool = upstreams
         else:
@@ -216,6 +246,7 @@ class RemoteEngine(PooledEngine):
             modalities=("text", "audio"),
             ignored_fields=(),  # everything is passed upstream, which reports what it ignores
             accepts_images=True,  # passed upstream as input_image parts; an upstream that takes none says so
+            takes_turns=turns == "upstream",
         )
         self._stt_names: Mapping[str, str] | None = (
             dict(transcription_models) if isinstance(transcription_models, Mapping) else None
@@ -256,6 +287,130 @@ class RemoteEngine(PooledEngine):
         return self._run(
             "transcribe", request.request_id, inputs, lambda lease, kept: self._transcribe(lease, request, kept)
         )
+
+    def converse(self, request: ConversationRequest, inputs: AsyncIterator[EngineInput]) -> AsyncIterator[TurnOutput]:
+        """A conversation whose turns the upstream takes (see the module docstring)."""
+        if not self.info.takes_turns:
+            return failing(EngineError("unsupported", "this route's upstreams take no turns of their own here "
+                                       "(route option turns: upstream)"))  # fmt: skip
+        if not self._started:
+            return failing(EngineError("engine_not_started", "the remote engine is not running"))
+        if request.request_id in self._requests:
+            return failing(EngineError("request_id_conflict", f"request {request.request_id!r} is already running"))
+        req = _Request()
+        self._requests[request.request_id] = req
+        return self._held(request, inputs, req)
+
+    async def _held(
+        self, request: ConversationRequest, inputs: AsyncIterator[EngineInput], req: _Request
+    ) -> AsyncIterator[TurnOutput]:
+        try:
+            if req.aborted:
+                return
+            lease = req.lease = await self.pool.lease("converse", REALTIME_PATH)
+            lease.broken = True  # its upstream session is this conversation's: closed at its end, never lent
+            try:
+                async for out in self._conversation(lease, request, inputs):
+                    yield out
+            finally:
+                req.lease = None
+                lease.release()
+        finally:
+            self._requests.pop(request.request_id, None)
+
+    async def _conversation(
+        self, lease: Lease, request: ConversationRequest, inputs: AsyncIterator[EngineInput]
+    ) -> AsyncIterator[TurnOutput]:
+        conn = lease.conn
+        audio = "audio" in request.modalities
+        transcription = {"model": self.transcription_model(None)}
+        modalities = ["audio", "text"] if audio else ["text"]
+        duplex = self._duplex_session(
+            modalities=modalities, transcription=transcription, voice=request.voice, speed=request.speed
+        )
+        # The upstream's own speech detection takes the turns, and answers them (auto_response).
+        duplex.update(turn_detection={"type": "server_vad"}, extra_body={"auto_response": True})
+        output: dict[str, Any] = {"format": {"type": "audio/pcm", "rate": RATE}}
+        if request.voice:
+            output["voice"] = request.voice
+        if request.speed != 1.0:
+            output["speed"] = request.speed
+        vad = {"type": "server_vad", "create_response": True, "interrupt_response": True}
+        ga: dict[str, Any] = {
+            "output_modalities": ["audio"] if audio else ["text"],
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE}, "turn_detection": vad,
+                                "transcription": transcription}, "output": output},
+        }  # fmt: skip
+        if request.instructions:
+            ga["instructions"] = duplex["instructions"] = request.instructions
+        if request.temperature is not None:
+            ga["temperature"] = duplex["temperature"] = request.temperature
+        await self._open(lease, ga, duplex)
+        if conn.duplex:
+            lease.expect([{"type": "session.close"}])  # (sent as it closes: the session ends for good)
+        for message in request.messages:
+            await self._add_message(lease, message)
+        loop = asyncio.get_running_loop()
+        sender = loop.create_task(self._stream_audio(conn, inputs))
+        receiver: asyncio.Task[dict[str, Any] | bytes] | None = None
+        text: list[str] = []
+        try:
+            while True:
+                if receiver is None:
+                    receiver = loop.create_task(conn.recv())
+                waiting: set[asyncio.Task[Any]] = {receiver} if sender.done() else {receiver, sender}
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if sender in done:
+                    if sender.exception() is not None:
+                        raise sender.exception()  # type: ignore[misc]
+                    return  # the inputs ended: the session is over
+                event, receiver = receiver.result(), None
+                if isinstance(event, bytes):
+                    pcm = output_audio_frame(event)
+                    if pcm:
+                        yield AudioDelta(pcm)
+                    continue
+                kind = event.get("type")
+                if kind in _AUDIO_DELTAS:
+                    pcm = base64.b64decode(event.get("delta") or "")
+                    if pcm:
+                        yield AudioDelta(pcm)
+                elif kind in _TEXT_DELTAS:
+                    if event.get("delta"):
+                        text.append(event["delta"])
+                        yield TextDelta(event["delta"])
+                elif kind == "input_audio_buffer.speech_started":
+                    yield SpeechStarted(_ms(event.get("audio_start_ms")))
+                elif kind == "input_audio_buffer.speech_stopped":
+                    yield SpeechStopped(_ms(event.get("audio_end_ms")))
+                elif kind == "conversation.item.input_audio_transcription.delta":
+                    if event.get("delta"):
+                        yield Heard(event["delta"])
+                elif kind == "conversation.item.input_audio_transcription.completed":
+                    yield Heard(event.get("transcript") or "", final=True)
+                elif kind == "response.created":
+                    text = []
+                    yield AnswerStarted()
+                elif kind == "response.done":
+                    response = event.get("response") or {}
+                    incomplete = response.get("status") == "incomplete"
+                    reason = (response.get("status_details") or {}).get("reason")
+                    yield Finished(reason="length" if incomplete and reason == "max_output_tokens" else "stop",
+                                   text="".join(text), usage=usage_of(response.get("usage")))  # fmt: skip
+                elif kind == "error" and not conn.stale(event):
+                    # About the upstream's own work (a transcript it could not make...): the
+                    # conversation goes on; only a lost upstream ends it.
+                    log.warning("upstream %s: %s", lease.upstream.name, event.get("error"))
+        finally:
+            for task in (sender, receiver):
+                if task is not None and not task.done():
+                    task.cancel()
+
+    async def _stream_audio(self, conn: Connection, inputs: AsyncIterator[EngineInput]) -> None:
+        """The caller's audio, appended as it comes (the upstream's detector commits the turns)."""
+        async for chunk in inputs:
+            if isinstance(chunk, AudioChunk) and chunk.pcm:
+                await self._append(conn, chunk.pcm)
 
     def _run(
         self, kind: str, request_id: str, inputs: AsyncIterator[Any], attempt: Attempt
@@ -636,6 +791,10 @@ class RemoteEngine(PooledEngine):
             await lease.conn.send({"type": "input_audio_buffer.commit"})
         else:
             await lease.conn.send({"type": "input_audio_buffer.clear"})
+
+
+def _ms(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _transcribes(updated: dict[str, Any]) -> bool:

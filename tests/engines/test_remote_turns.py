@@ -1,0 +1,154 @@
+"""Turns an upstream takes itself (the ``remote`` engine's ``turns: "upstream"``), passed through.
+
+The upstream is a second gateway in this process on the CPU cascade (silero VAD,
+pocketsphinx, the echo thinker, eSpeak NG) with its speech detector on: in the duplex
+dialect (which a gateway advertises) with ``server_vad`` it ends turns, answers them and
+stops its answers when the caller speaks over them, by itself. The gateway the client
+talks to runs ``RemoteEngine(turns="upstream")`` with **no speech detector at all**
+(``vad_factory=None``): it cannot end a turn or hear a barge-in, so whatever turn the
+client sees taken, the upstream took. Speech is eSpeak NG's, made at test time; the
+Live client's events are checked strictly against ``openai.types.live``. Nothing is
+mocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from support.gateway import Client, RunningGateway, connect, run_gateway
+from support.speech import chunks, silence, speak
+
+from gateway.settings import Settings
+from orchestrator.engines.remote import RemoteEngine
+
+pytestmark = pytest.mark.timeout(120)
+
+SPOKEN = "what is your name"  # pocketsphinx hears "what" in every eSpeak rendering
+LONG = (
+    "what is the weather going to be like tomorrow morning in the city "
+    "and should I take the train or the bus to the office"
+)
+
+
+def upstream_settings() -> Settings:
+    return Settings(engine="cascade", video_engine="none", drain_window_s=0)
+
+
+async def say(c: Client, pcm: bytes) -> None:
+    for chunk in chunks(pcm):
+        await c.send({"type": "session.input_audio.append", "audio": base64.b64encode(chunk).decode()})
+
+
+def upstream_sessions(up: RunningGateway) -> int:
+    return len(up.runtime.hosts)
+
+
+async def read_until(c: Client, done: Any, timeout: float = 40.0) -> None:
+    """Read events until ``done()`` (over ``c.events``) holds."""
+    while not done():
+        await c.recv(timeout)
+
+
+def said(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "session.output_transcript.delta")
+
+
+def audio_ms(event: dict[str, Any]) -> float:
+    if event["type"] != "session.output_audio.delta":
+        return 0.0
+    return len(base64.b64decode(event["delta"])) / 2 / 24  # PCM16 at 24 kHz, the session's format
+
+
+def heard(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "session.input_transcript.delta")
+
+
+@pytest.fixture
+async def chain() -> AsyncIterator[tuple[RunningGateway, RunningGateway, RemoteEngine]]:
+    async with run_gateway(upstream_settings()) as up:  # its own speech detector: it takes the turns
+        remote = RemoteEngine([up.http], turns="upstream")
+        async with run_gateway(Settings(video_engine="none", live_output_lead_ms=300), engine=remote,
+                               vad_factory=None) as gw:  # fmt: skip
+            assert gw.runtime.vad_factory is None  # this gateway can end no turn by itself
+            yield up, gw, remote
+
+
+def live_url(gw: RunningGateway) -> str:
+    return f"ws://127.0.0.1:{gw.port}/v1/live/sessions"
+
+
+async def test_the_upstreams_own_turn_passes_through_to_a_live_client(
+    chain: tuple[RunningGateway, RunningGateway, RemoteEngine],
+) -> None:
+    up, gw, remote = chain
+    async with httpx.AsyncClient(base_url=gw.http) as http:
+        (model,) = (await http.get("/v1/models")).json()["data"]
+    assert model["engine"] == "remote" and model["takes_turns"] is True
+    speech = await speak(SPOKEN)
+    async with connect(live_url(gw)) as c:
+        await c.send({"type": "session.start", "session": {"model": "gpt-live-1"}})
+        await c.wait_for("session.started")
+        await say(c, silence(300) + speech + silence(1500))
+        # The upstream heard the turn, ended it and answered it: "You said: what ..." in speech.
+        await read_until(c, lambda: "what" in said(c.events).lower())
+        assert "what" in heard(c.events).lower()
+        assert said(c.events).lower().startswith("you said")
+        transcript = next(e for e in c.events if e["type"] == "session.input_transcript.delta")
+        # Placed on the session timeline where the upstream's detector heard the speech (from
+        # its prefix padding on: 300 ms before the speech, so from about 0 here).
+        speech_end_ms = 300 + len(speech) // 48
+        assert 0 <= transcript["start_ms"] < speech_end_ms < transcript["end_ms"] <= speech_end_ms + 1500
+        # One upstream session held for the whole session (not one per answer), with its own VAD.
+        (stats,) = remote.pool.stats()
+        assert stats["served"] == 1
+        assert upstream_sessions(up) == 1
+        await c.send({"type": "session.close"})
+        await c.wait_for("session.closed")
+    # The session's end closes the upstream's for good (session.close in the duplex dialect).
+    await read_upstream_gone(up)
+
+
+async def read_upstream_gone(up: RunningGateway) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while upstream_sessions(up):
+        assert loop.time() < deadline, "the upstream session outlived the gateway session"
+        await asyncio.sleep(0.02)
+
+
+async def test_the_upstreams_barge_in_cuts_the_answer_that_plays(
+    chain: tuple[RunningGateway, RunningGateway, RemoteEngine],
+) -> None:
+    _, gw, _ = chain
+    question, interruption = await speak(LONG), await speak("stop, stop, wait a moment")
+    async with connect(live_url(gw)) as c:
+        await c.send({"type": "session.start", "session": {"model": "gpt-live-1"}})
+        await c.wait_for("session.started")
+        await say(c, silence(300) + question + silence(1500))
+        # The upstream answers the long question: some seconds of "You said: ...", paced.
+        await c.wait_for("session.output_audio.delta", timeout=40)
+        asked = heard(c.events)
+        assert asked.strip()
+        # The caller talks over the answer: only the upstream can hear it (no detector here).
+        mark = len(c.events)
+        await say(c, interruption + silence(1500))
+        # The upstream takes the interruption as the next turn: its transcript, then its answer.
+        await read_until(c, lambda: heard(c.events[mark:]).strip() != "")
+        cut = len(c.events)
+        await read_until(c, lambda: said(c.events[cut:]).lower().startswith("you said"))
+        # What the client was sent of the first answer is a beginning of it, cut short: the
+        # whole answer, "You said: " and the question as the upstream heard it, is some seconds
+        # of eSpeak NG (the upstream's voice), and the client had barely begun to play it.
+        whole_ms = len(await speak(f"You said: {asked.strip()}")) / 2 / 24
+        sent_ms = sum(audio_ms(e) for e in c.events[:cut])
+        print(f"first answer: {sent_ms:.0f} ms of {whole_ms:.0f} ms sent")
+        assert 0 < sent_ms < whole_ms / 2, (sent_ms, whole_ms)
+        # (Counted up to the interruption's transcript: the first answer's audio, and perhaps
+        # the beginning of the upstream's answer to the interruption, which need not wait for it.)
+        errors = [e for e in c.events if e["type"] == "error"]
+        assert not errors, errors
