@@ -31,7 +31,9 @@ speaking (``SpeechStarted``, ``SpeechStopped``; a speech start over an answer is
 engine's barge-in: it stops that answer), what it heard (``Heard``), and each answer
 it starts by itself (``AnswerStarted``, then that answer's ``TextDelta``/``AudioDelta``
 outputs, ending with its ``Finished``). The outputs end when the inputs do (the session
-is over); an ``EngineError`` ends the conversation (the session may start another).
+is over); an ``EngineError`` ends the conversation (the session may start another). A
+``TextChunk`` among its inputs is context appended to the conversation (a system message
+the engine's later answers follow).
 
 Cancellation is first class: the orchestrator cancels the task that iterates
 the outputs and then calls ``abort(request_id)``; an engine must release

@@ -15,6 +15,8 @@ decides into the events the session's parts emit, which its dialect spells:
 - ``Heard``: ``conversation.item.input_audio_transcription.delta`` of the turn's item
   (a final transcript sends what the deltas had not said), then the turn as a user
   message in the conversation, and ``...transcription.completed``;
+- context the dialect appends meanwhile (``context``: instructions, silent thinking)
+  goes to the conversation as ``TextChunk``s (the engine adds each as a system message);
 - ``AnswerStarted``: a response the engine leads (``Responses.create(..., led=True)``:
   no engine request of its own), given the text and audio that follow, ended by their
   ``Finished``. Deltas of an answer the session ended already (a barge-in) are dropped.
@@ -49,6 +51,7 @@ from orchestrator.engine import (
     Heard,
     SpeechStarted,
     SpeechStopped,
+    TextChunk,
     TextDelta,
     ToolCallDelta,
     TurnOutput,
@@ -91,6 +94,12 @@ class EngineTurns:
         pcm = converter.process(audio)
         if pcm and self.request_id is not None:
             self._log.effects.append(Feed(self.request_id, AudioChunk(pcm)))
+
+    def context(self, text: str) -> None:
+        """Context appended to the conversation (a system message): to the conversation under
+        way as it comes (one started later has it in its history)."""
+        if self.request_id is not None:
+            self._log.effects.append(Feed(self.request_id, TextChunk(text)))
 
     def _start(self) -> None:
         self._started += 1

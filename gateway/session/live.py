@@ -542,9 +542,12 @@ class LiveSession(RealtimeSession):
         start = self.spelling.timeline_ms()
         if event.kind == "instructions":
             self._add_context("system", event.content)
+            self._tell_engine(event.content)
         else:
             self._delegations.appended()  # (the acknowledgements still due are dropped)
             self._add_context("system", (_THINK if event.kind == "thinking" else _SAY) + event.content)
+            if event.kind == "thinking":
+                self._tell_engine(_THINK + event.content)
         self._emit(f"session.{event.kind}.appended", start_ms=start, end_ms=self.spelling.timeline_ms(),
                    **_echo(event.event_id))  # fmt: skip
         if event.kind == "commentary":
@@ -612,6 +615,13 @@ class LiveSession(RealtimeSession):
 
     def tell(self, text: str) -> None:
         self._add_context("system", _THINK + text)
+        self._tell_engine(_THINK + text)
+
+    def _tell_engine(self, text: str) -> None:
+        """Silent context, to an engine that takes its own turns: its own answers follow it too.
+        (Commentary is not: the gateway's answer says it, and the engine would say it again.)"""
+        if self._engine_turns is not None:
+            self._engine_turns.context(text)
 
     def acknowledge(self) -> None:
         """A short acknowledgement of a delegation, unless the model, the user or a fixture is

@@ -107,6 +107,10 @@ async def test_the_upstreams_own_turn_passes_through_to_a_live_client(
         (stats,) = remote.pool.stats()
         assert stats["served"] == 1
         assert upstream_sessions(up) == 1
+        # Context appended meanwhile reaches the upstream's conversation (its answers follow it).
+        await c.send({"type": "session.instructions.append", "content": "Answer in French.", "delegation_id": None})
+        await c.wait_for("session.instructions.appended")
+        await eventually(lambda: "Answer in French." in upstream_texts(up))
         await c.send({"type": "session.close"})
         await c.wait_for("session.closed")
     # The session's end closes the upstream's for good (session.close in the duplex dialect).
@@ -114,10 +118,23 @@ async def test_the_upstreams_own_turn_passes_through_to_a_live_client(
 
 
 async def read_upstream_gone(up: RunningGateway) -> None:
+    await eventually(lambda: upstream_sessions(up) == 0)  # (else it outlived the gateway session)
+
+
+def upstream_texts(up: RunningGateway) -> list[str]:
+    return [
+        item.as_message().text
+        for host in up.runtime.hosts.values()
+        for item in host.session.conversation
+        if item.type == "message"
+    ]
+
+
+async def eventually(condition: Any, within: float = 10.0) -> None:
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while upstream_sessions(up):
-        assert loop.time() < deadline, "the upstream session outlived the gateway session"
+    deadline = loop.time() + within
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
 
 

@@ -32,6 +32,7 @@ from orchestrator.engine import (
     Heard,
     SpeechStarted,
     SpeechStopped,
+    TextChunk,
     TextDelta,
 )
 from orchestrator.engines.passthrough import PassthroughEngine
@@ -401,6 +402,14 @@ def test_an_engine_that_takes_its_turns_hears_everything_and_its_answers_and_bar
     _, effects = take(s)
     assert [e.chunk for e in effects if isinstance(e, Feed)] == [AudioChunk(bytes(len(TONE)))]  # muted: silence
     s.handle(le.InputMute(None, False))
+    # Silent context reaches the conversation under way (commentary does not: the gateway says it).
+    s.handle(le.ContextAppend(None, "instructions", "Speak slowly.", None))
+    s.handle(le.ContextAppend(None, "commentary", "The table is booked.", None))
+    _, effects = take(s)
+    assert [e.chunk for e in effects if isinstance(e, Feed)] == [TextChunk("Speak slowly.")]
+    (say,) = [e for e in effects if isinstance(e, StartResponse)]  # said by an answer of the gateway's
+    s.on_response(say.request.request_id, Finished())
+    take(s)
     # The engine's turn: speech, its transcript, then an answer it starts by itself.
     s.on_turn(rid, SpeechStarted(20.0))
     s.on_turn(rid, SpeechStopped(100.0))

@@ -40,7 +40,8 @@ converse (route option ``turns: "upstream"``: ``info.takes_turns``)
     own speech detection (``turn_detection`` ``server_vad``, answers created and
     interrupted by it; in the duplex dialect ``extra_body.auto_response: true``),
     input transcription on, and the conversation so far as items. The caller's
-    audio is appended as it comes and never committed by us. Its events become
+    audio is appended as it comes and never committed by us; a ``TextChunk``
+    (context appended meanwhile) becomes a system item. Its events become
     ``TurnOutput``s: ``input_audio_buffer.speech_started``/``.speech_stopped`` ->
     ``SpeechStarted``/``SpeechStopped`` (its ``audio_start_ms``/``audio_end_ms``),
     the input transcription's ``.delta``/``.completed`` -> ``Heard``,
@@ -351,7 +352,7 @@ class RemoteEngine(PooledEngine):
         for message in request.messages:
             await self._add_message(lease, message)
         loop = asyncio.get_running_loop()
-        sender = loop.create_task(self._stream_audio(conn, inputs))
+        sender = loop.create_task(self._stream_inputs(lease, inputs))
         receiver: asyncio.Task[dict[str, Any] | bytes] | None = None
         text: list[str] = []
         try:
@@ -406,11 +407,14 @@ class RemoteEngine(PooledEngine):
                 if task is not None and not task.done():
                     task.cancel()
 
-    async def _stream_audio(self, conn: Connection, inputs: AsyncIterator[EngineInput]) -> None:
-        """The caller's audio, appended as it comes (the upstream's detector commits the turns)."""
+    async def _stream_inputs(self, lease: Lease, inputs: AsyncIterator[EngineInput]) -> None:
+        """The caller's audio, appended as it comes (the upstream's detector commits the turns);
+        context (``TextChunk``) as system items."""
         async for chunk in inputs:
             if isinstance(chunk, AudioChunk) and chunk.pcm:
-                await self._append(conn, chunk.pcm)
+                await self._append(lease.conn, chunk.pcm)
+            elif isinstance(chunk, TextChunk) and chunk.text:
+                await self._add_item(lease, "system", chunk.text)
 
     def _run(
         self, kind: str, request_id: str, inputs: AsyncIterator[Any], attempt: Attempt
