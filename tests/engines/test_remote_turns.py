@@ -169,3 +169,25 @@ async def test_the_upstreams_barge_in_cuts_the_answer_that_plays(
         # the beginning of the upstream's answer to the interruption, which need not wait for it.)
         errors = [e for e in c.events if e["type"] == "error"]
         assert not errors, errors
+
+
+async def test_a_conversation_lost_with_its_upstream_is_said_and_the_next_audio_opens_another() -> None:
+    async with run_gateway(upstream_settings()) as a, run_gateway(upstream_settings()) as b:
+        remote = RemoteEngine([a.http, b.http], turns="upstream")
+        async with (
+            run_gateway(Settings(video_engine="none"), engine=remote, vad_factory=None) as gw,
+            connect(live_url(gw)) as c,
+        ):
+            await c.send({"type": "session.start", "session": {"model": "gpt-live-1"}})
+            await c.wait_for("session.started")
+            await say(c, silence(200))  # the first audio opens the conversation, on one upstream
+            await eventually(lambda: upstream_sessions(a) + upstream_sessions(b) == 1)
+            holder, other = (a, b) if upstream_sessions(a) else (b, a)
+            await holder.stop()  # the upstream is gone, and the conversation with it
+            lost = await c.wait_for("error", timeout=30)
+            assert lost["error"]["code"] == "upstream_lost"
+            # The session goes on: its next audio opens a conversation on the other upstream,
+            # which takes the turn.
+            await say(c, silence(300) + await speak(SPOKEN) + silence(1500))
+            await read_until(c, lambda: "what" in said(c.events).lower())
+            assert upstream_sessions(other) == 1

@@ -313,6 +313,10 @@ class RemoteEngine(PooledEngine):
             try:
                 async for out in self._conversation(lease, request, inputs):
                     yield out
+            except UpstreamLost as exc:
+                if not req.aborted:
+                    self.pool.mark_down(lease.upstream, str(exc))
+                raise
             finally:
                 req.lease = None
                 lease.release()
