@@ -375,11 +375,15 @@ class Runtime:
     def serves(self, model: str) -> bool:
         return self.router.resolve(model) is not None
 
-    def session_config(self, model: str, requested: dict[str, Any] | None, *, dialect: Dialect) -> SessionConfig:
-        """What a new session starts with: the dialect's defaults for ``model`` (server VAD
-        where a detector runs), then what a client secret was minted with (``requested``,
-        validated when minted: a shape that no longer applies falls back to the defaults)."""
-        config = kind_of(dialect).defaults(model, self.vad_factory is not None)
+    def session_config(self, model: str, requested: dict[str, Any] | None, *, dialect: Dialect,
+                       takes_turns: bool = False) -> SessionConfig:  # fmt: skip
+        """What a new session starts with: the dialect's defaults for ``model`` (server turn
+        detection where a detector runs, or where the engine takes its own turns: ``takes_turns``),
+        then what a client secret was minted with (``requested``, validated when minted: a shape
+        that no longer applies falls back to the defaults)."""
+        kind = kind_of(dialect)
+        detects = self.vad_factory is not None or (takes_turns and kind.cls.passes_engine_turns)
+        config = kind.defaults(model, detects)
         if requested:
             try:
                 config, _ = apply_update(
@@ -387,7 +391,7 @@ class Runtime:
                 )
             except ProtocolError as err:  # (validated when minted: a route or voice list changed since)
                 log.warning("a client secret's session settings no longer apply (%s): the defaults", err.message)
-            if self.vad_factory is None:
+            if not detects:
                 config = replace(config, turn_detection=None)  # no detector here: manual turns
         return config
 
@@ -407,7 +411,7 @@ class Runtime:
         if found is None:
             raise ProtocolError(Code.MODEL_NOT_FOUND, f"No model {model!r} here; see GET /v1/models.")
         engine, orch = found
-        config = self.session_config(model, requested, dialect=dialect)
+        config = self.session_config(model, requested, dialect=dialect, takes_turns=engine.info.takes_turns)
         if "audio" not in engine.info.modalities and "audio" in config.output_modalities:
             config = replace(config, output_modalities=("text",))  # a text model answers in text
         kind = kind_of(dialect)

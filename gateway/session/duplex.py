@@ -94,6 +94,8 @@ _TRIGGERS: dict[type, str] = {
 class DuplexSession(RealtimeSession):
     """See the module docstring."""
 
+    passes_engine_turns = False  # (its turns are the dialect's own: units, the overlap policy)
+
     def __init__(
         self,
         *,

@@ -11,10 +11,13 @@ decides into the events the session's parts emit, which its dialect spells:
 - ``SpeechStarted``: ``input_audio_buffer.speech_started`` (a Live client's input
   transcript is placed from there; the Live dialect's barge-in cuts what plays), and
   the answer under way ends ``cancelled`` (``turn_detected``): the engine stopped it;
-- ``SpeechStopped``: ``input_audio_buffer.speech_stopped``;
-- ``Heard``: ``conversation.item.input_audio_transcription.delta`` of the turn's item
-  (a final transcript sends what the deltas had not said), then the turn as a user
-  message in the conversation, and ``...transcription.completed``;
+- ``SpeechStopped``: ``input_audio_buffer.speech_stopped``, and the turn committed as a
+  server VAD turn is (``InputAudio.commit_heard``: ``input_audio_buffer.committed``, its
+  ``input_audio`` user item, its transcript to come);
+- ``Heard``: the turn's transcript, as a transcription's (``InputAudio.heard``:
+  ``...input_audio_transcription.delta``, then ``.completed``, the item's transcript);
+  pieces heard before the turn is committed wait for it, and a final transcript of a turn
+  the engine said no speech end of commits it first;
 - context the dialect appends meanwhile (``context``: instructions, silent thinking)
   goes to the conversation as ``TextChunk``s (the engine adds each as a system message);
 - ``AnswerStarted``: a response the engine leads (``Responses.create(..., led=True)``:
@@ -35,7 +38,7 @@ from gateway.audio.codecs import AudioFormat
 from gateway.audio.convert import Converter, engine_format
 from gateway.protocol.session_config import engine_voice
 from gateway.session.context import fit_context
-from gateway.session.conversation import Item, Part, to_messages
+from gateway.session.conversation import to_messages
 from gateway.session.effects import Cancel, Feed, StartConversation
 from gateway.session.events import EventLog
 from gateway.session.history import History
@@ -80,7 +83,8 @@ class EngineTurns:
         self._converter: Converter | None = None
         self._answering: str | None = None  # the response the engine's deltas go to
         self._turn_item: str | None = None  # the caller's turn under way: its item
-        self._heard = ""  # what the turn's deltas said
+        self._committed = False  # ... which is in the conversation (its speech ended)
+        self._held: list[str] = []  # ... and what was heard of it before that
         self.speaking = False  # the engine hears the caller speak
 
     def append(self, audio: bytes, fmt: AudioFormat) -> None:
@@ -144,52 +148,59 @@ class EngineTurns:
                 self._answering = self._answer()
             case SpeechStarted():
                 self.speaking = True
-                self._turn_item = self._turn_item or self._log.new_id("item")
-                self._heard = ""
+                self._new_turn()
                 self._log.emit("input_audio_buffer.speech_started", audio_start_ms=self._at(output.audio_ms),
                                item_id=self._turn_item)  # fmt: skip
                 if self._responses.current is not None:
                     self._barge_in()
             case SpeechStopped():
                 self.speaking = False
+                if self._turn_item is None or self._committed:
+                    self._new_turn()
                 self._log.emit("input_audio_buffer.speech_stopped", audio_end_ms=self._at(output.audio_ms),
-                               item_id=self._turn_item or self._log.new_id("item"))  # fmt: skip
+                               item_id=self._turn_item)  # fmt: skip
+                self._commit()
             case Heard():
-                self._heard_text(output)
+                if self._turn_item is None:
+                    self._new_turn()
+                if output.final:
+                    self._commit()
+                    item_id, self._turn_item = self._turn_item, None
+                    assert item_id is not None
+                    self._input.heard(item_id, output.text, final=True)
+                elif not self._committed:
+                    self._held.append(output.text)
+                else:
+                    assert self._turn_item is not None
+                    self._input.heard(self._turn_item, output.text, final=False)
+
+    def _new_turn(self) -> None:
+        self._turn_item, self._committed, self._held = self._log.new_id("item"), False, []
+
+    def _commit(self) -> None:
+        """The caller's turn into the conversation (once), with what was heard of it so far."""
+        item_id = self._turn_item
+        if item_id is None or self._committed:
+            return
+        self._committed = True
+        self._input.commit_heard(item_id)
+        held, self._held = "".join(self._held), []
+        if held:
+            self._input.heard(item_id, held, final=False)
 
     def _at(self, audio_ms: float | None) -> int:
         """The engine's place in its input audio, on the session's input clock."""
         return round(self._input.audio_ms if audio_ms is None else self._origin_ms + audio_ms)
-
-    def _heard_text(self, heard: Heard) -> None:
-        item_id = self._turn_item = self._turn_item or self._log.new_id("item")
-        text = heard.text
-        if heard.final:
-            # The final transcript: what the deltas did not say yet (all of it, if they said otherwise).
-            delta = text[len(self._heard) :] if text.startswith(self._heard) else ("" if self._heard else text)
-        else:
-            delta = text
-        if delta:
-            self._heard += delta
-            self._log.emit("conversation.item.input_audio_transcription.delta", item_id=item_id, content_index=0,
-                           delta=delta)  # fmt: skip
-        if not heard.final:
-            return
-        self._turn_item, self._heard = None, ""
-        if text.strip():  # the caller's turn, in the conversation (what a gateway-led answer is given)
-            item = Item(id=item_id, type="message", role="user", content=[Part(type="input_text", text=text)])
-            prev = self._history.insert(item, None)
-            self._log.emit("conversation.item.added", previous_item_id=prev, item=item.render(False))
-            self._log.emit("conversation.item.done", previous_item_id=prev, item=item.render(False))
-        self._log.emit("conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=0,
-                       transcript=text)  # fmt: skip
 
     def on_failed(self, request_id: str, code: str, message: str) -> None:
         """The conversation failed (the engine's code): the answer under way fails with it, or
         an ``error`` says it; the next input audio starts another conversation."""
         if request_id != self.request_id:
             return
-        self.request_id, self.speaking, self._turn_item, self._heard = None, False, None, ""
+        self.request_id, self.speaking = None, False
+        if self._turn_item is not None and self._committed:  # (its transcript will not come)
+            self._input.heard(self._turn_item, "".join(self._held), final=True)
+        self._turn_item, self._held = None, []
         answering, self._answering = self._answering, None
         if answering is not None and self._responses.find(answering) is not None:
             self._responses.on_failed(answering, code, message)

@@ -425,6 +425,23 @@ class InputAudio:
         self._engine_converter = None  # the next append starts a fresh stream
         return True
 
+    def commit_heard(self, item_id: str) -> None:
+        """A turn an engine that takes its own turns ended (engine_turns.py): its user item,
+        committed as a server VAD turn is, its transcript to come (``heard``)."""
+        item = Item(item_id, "user", [Part("input_audio")], pending_transcription=True)
+        prev = self._history.insert(item, None)
+        self._emit("input_audio_buffer.committed", previous_item_id=prev, item_id=item.id)
+        self._emit("conversation.item.added", previous_item_id=prev, item=item.render(self._beta))
+        self._emit("conversation.item.done", previous_item_id=prev, item=item.render(self._beta))
+
+    def heard(self, item_id: str, text: str, *, final: bool) -> None:
+        """The engine's transcript of a turn ``commit_heard`` committed: more of it, or (``final``)
+        all of it, which completes the item as a transcription would."""
+        if final:
+            self._transcribed(item_id, text, None, None)
+        elif text and (self.config.transcription is not None or self._turns.reports_transcripts):
+            self._transcription_delta(item_id, text)
+
     def drop(self) -> None:
         """Forget the uncommitted audio (its transcription is cancelled), silently."""
         if self._input is not None:

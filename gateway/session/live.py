@@ -72,7 +72,6 @@ from gateway.protocol.live_channel import PERMISSIONS_INFO, ChannelPolicy
 from gateway.session import live_recording
 from gateway.session.conversation import Item, Part, PartType
 from gateway.session.effects import CloseSocket, CutAudio, SendDtmf, Wake
-from gateway.session.engine_turns import EngineTurns
 from gateway.session.live_delegation import (
     ACK_INSTRUCTIONS,
     ACK_SAY,
@@ -127,12 +126,6 @@ class LiveTurns(RealtimeTurns):
         if status != "cancelled":
             self.answered()
 
-    def answer_led(self) -> str | None:
-        """An answer the engine began by itself (``EngineTurns``): one under way gives way to it."""
-        if self._responses.current is not None:
-            self._responses.end_current("cancelled", {"type": "cancelled", "reason": "turn_detected"}, cancel=True)
-        return self._responses.create(ce.ResponseParams(tools=()), None, led=True)
-
 
 class LiveSession(RealtimeSession):
     """See the module docstring."""
@@ -175,13 +168,6 @@ class LiveSession(RealtimeSession):
         self._active_ms = 0.0
         spelling.on_quiet = self._quiet
         self._live_turns.ended = self._delegated
-        # An engine that takes its own turns is given the caller's audio, and says when to answer.
-        self._engine_turns: EngineTurns | None = None
-        if self.engine.takes_turns:
-            self._engine_turns = EngineTurns(self._log, self._history, self._input, self._responses,
-                                             engine=self.engine, session_id=session_id,
-                                             answer=self._live_turns.answer_led,
-                                             barge_in=self._live_turns.speech_during_response)  # fmt: skip
 
     @property
     def dialect(self) -> Dialect:
@@ -467,12 +453,10 @@ class LiveSession(RealtimeSession):
         fixture plays (its timeline goes on either way). With no speech detector here the
         model takes no turn of its own: the audio moves the timeline only."""
         fmt = fmt or self.config.input_format
-        turns = self._engine_turns
-        if turns is not None:  # the engine hears it all, and takes its turns itself
-            self._check_audio(audio, fmt)
+        if self._engine_turns is not None:  # the engine hears it all, and takes its turns itself
             if self.muted or self.fixture is not None:
                 audio = self._silent(len(audio), fmt)
-            turns.append(audio, fmt)
+            self.append_audio(audio, event_id, fmt)
             return
         if self._vad_factory is None:
             if len(audio) % fmt.bytes_per_sample:
@@ -485,25 +469,17 @@ class LiveSession(RealtimeSession):
         self.append_audio(audio, event_id, fmt)
         self._check_idle()
 
-    def _check_audio(self, audio: bytes, fmt: AudioFormat) -> None:
-        """What ``input_audio_buffer.append`` refuses of audio the engine hears whole."""
-        if len(audio) % fmt.bytes_per_sample:
-            raise ProtocolError(Code.INVALID_AUDIO, f"Audio length {len(audio)} is not a whole number of "
-                                f"{fmt.codec} samples.", param="audio")  # fmt: skip
-        duration = fmt.duration_ms(len(audio))
-        if duration > self.limits.max_append_ms:
-            raise ProtocolError(Code.APPEND_TOO_LARGE, f"One append may carry at most {self.limits.max_append_ms} "
-                                f"ms of audio; this one has {duration:.0f} ms. Send smaller chunks.",
-                                param="audio")  # fmt: skip
+    def _engine_hears(self) -> bool:
+        """The Live model runs its turns: an engine that takes its own hears everything."""
+        return self._engine_turns is not None
 
     def on_turn(self, request_id: str, output: TurnOutput) -> None:
-        """What the engine that takes its own turns decided, or said (``EngineTurns``)."""
-        if self._engine_turns is not None and not self.closed:
-            self._engine_turns.on_output(request_id, output)
+        if not self.closed:
+            super().on_turn(request_id, output)
 
     def on_turns_failed(self, request_id: str, code: str, message: str) -> None:
-        if self._engine_turns is not None and not self.closed:
-            self._engine_turns.on_failed(request_id, code, message)
+        if not self.closed:
+            super().on_turns_failed(request_id, code, message)
 
     def _engine_speaking(self) -> bool:
         """The engine that takes its own turns hears the caller speak."""

@@ -15,7 +15,12 @@ testable alone (tests/unit/test_session_parts.py):
 - ``InputAudio`` (input.py): the input buffer, server VAD, transcriptions;
 - ``Responses`` (responses.py): the running responses and their outputs;
 - a ``TurnTaking`` (turn_taking.py): what the dialect decides about turns
-  (``RealtimeTurns`` here; the duplex dialect's in duplex_turns.py).
+  (``RealtimeTurns`` here; the duplex dialect's in duplex_turns.py);
+- on an engine that takes its own turns (``info.takes_turns``), ``EngineTurns``
+  (engine_turns.py): while the session's turns are detected by the server
+  (``turn_detection`` set; a dialect may say otherwise: ``_engine_hears``), its
+  input audio goes to the engine's conversation instead of the speech detector,
+  and the engine's turns, answers and transcripts become the session's events.
 
 The facade owns the configuration, the lifecycle, the dispatch of client
 events, the conversation item events and snapshots, and wires the parts to
@@ -45,6 +50,7 @@ from gateway.protocol.session_config import (
 from gateway.session import snapshot
 from gateway.session.conversation import Conversation, Item, item_from_spec
 from gateway.session.effects import CloseSocket, Effect
+from gateway.session.engine_turns import EngineTurns
 from gateway.session.events import STATE_EVENTS, EventLog
 from gateway.session.history import History
 from gateway.session.input import VAD_RATE, InputAudio, VadStream
@@ -139,6 +145,50 @@ class RealtimeSession:
         self.on_transcription_failed = self._input.on_transcription_failed
         self.on_response = responses.on_output
         self.on_response_failed = responses.on_failed
+        self._engine_turns: EngineTurns | None = None
+        if engine.takes_turns and self.passes_engine_turns:
+            self._engine_turns = EngineTurns(log, history, self._input, responses, engine=engine,
+                                             session_id=session_id, answer=self._answer_led,
+                                             barge_in=turns.speech_during_response)  # fmt: skip
+        self._route_audio()
+
+    # Whether the dialect passes an engine's own turns through (``EngineTurns``); the duplex
+    # dialect's turns are its own protocol's (units, overlap policy), and keep the gateway's.
+    passes_engine_turns = True
+
+    def _engine_hears(self) -> bool:
+        """Whether the engine's own turns run now: the server detects the turns."""
+        cfg = self._config
+        return self._engine_turns is not None and cfg.type == "realtime" and cfg.turn_detection is not None
+
+    def _route_audio(self) -> None:
+        """Input audio to the engine's conversation, or to the input buffer and speech detector."""
+        if self._engine_hears():
+            self.append_audio = self._append_heard
+            return
+        self.append_audio = self._input.append
+        if self._engine_turns is not None:
+            self._engine_turns.shutdown()  # (turns the client commits: each answer a request of its own)
+
+    def _append_heard(self, audio: bytes, event_id: str | None, fmt: AudioFormat | None = None) -> None:
+        """Input audio for an engine that takes its own turns: checked as an append is, then heard."""
+        fmt = fmt or self.config.input_format
+        if len(audio) % fmt.bytes_per_sample:
+            raise ProtocolError(Code.INVALID_AUDIO, f"Audio length {len(audio)} is not a whole number of "
+                                f"{fmt.codec} samples.", param="audio")  # fmt: skip
+        duration = fmt.duration_ms(len(audio))
+        if duration > self.limits.max_append_ms:
+            raise ProtocolError(Code.APPEND_TOO_LARGE, f"One append may carry at most {self.limits.max_append_ms} "
+                                f"ms of audio; this one has {duration:.0f} ms. Send smaller chunks.",
+                                param="audio")  # fmt: skip
+        if audio and self._engine_turns is not None:
+            self._engine_turns.append(audio, fmt)
+
+    def _answer_led(self) -> str | None:
+        """An answer the engine began by itself: one under way gives way to it."""
+        if self._responses.current is not None:
+            self._responses.end_current("cancelled", {"type": "cancelled", "reason": "turn_detected"}, cancel=True)
+        return self._responses.create(ce.ResponseParams(tools=()), None, led=True)
 
     # --- state the shell reads ------------------------------------------------
 
@@ -152,6 +202,7 @@ class RealtimeSession:
         self._input.configure(new)
         self._responses.config = new
         self._turns.config = new
+        self._route_audio()
 
     @property
     def seq(self) -> int:
@@ -319,10 +370,14 @@ class RealtimeSession:
 
     def on_turn(self, request_id: str, output: TurnOutput) -> None:
         """An output of the ``StartConversation`` request ``request_id``: what an engine that
-        takes its own turns decided (a dialect that holds such a conversation: GPT-Live's)."""
+        takes its own turns decided (``EngineTurns``)."""
+        if self._engine_turns is not None:
+            self._engine_turns.on_output(request_id, output)
 
     def on_turns_failed(self, request_id: str, code: str, message: str) -> None:
         """The ``StartConversation`` request ``request_id`` failed with the engine's ``code``."""
+        if self._engine_turns is not None:
+            self._engine_turns.on_failed(request_id, code, message)
 
     def backend_event(self, request_id: str, event: dict[str, Any]) -> None:
         """An event of the ``RunResponses`` request ``request_id`` (the Realtime API runs none)."""
@@ -347,6 +402,8 @@ class RealtimeSession:
         """Cancel every running request (client gone or session over)."""
         self._responses.shutdown()
         self._input.shutdown()
+        if self._engine_turns is not None:
+            self._engine_turns.shutdown()
 
     # --- client events ------------------------------------------------------
 
@@ -437,10 +494,11 @@ class RealtimeSession:
             self._emit("session.warning", code="unsupported_field", message=message, param=param)
 
     def _check_config(self, new: SessionConfig) -> None:
-        """What a configuration needs of the engine and of the session (a speech
-        detector; no running response to become a transcription session)."""
+        """What a configuration needs of the engine and of the session (a speech detector, or
+        an engine that takes its own turns; no running response to become a transcription session)."""
         old_td = self.config.turn_detection
-        if new.turn_detection is not None and new.turn_detection != old_td and self._vad_factory is None:
+        detects = self._vad_factory is not None or self._engine_turns is not None
+        if new.turn_detection is not None and new.turn_detection != old_td and not detects:
             raise ProtocolError(
                 Code.INVALID_VALUE,
                 "Server VAD is not available on this gateway (no speech detector); "

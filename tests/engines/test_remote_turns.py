@@ -54,6 +54,12 @@ async def read_until(c: Client, done: Any, timeout: float = 40.0) -> None:
         await c.recv(timeout)
 
 
+async def event(c: Client, match: Any, timeout: float = 40.0) -> dict[str, Any]:
+    """The first event received that ``match``es, received already or to come."""
+    await read_until(c, lambda: any(match(e) for e in c.events), timeout)
+    return next(e for e in c.events if match(e))
+
+
 def said(events: list[dict[str, Any]]) -> str:
     return "".join(e["delta"] for e in events if e["type"] == "session.output_transcript.delta")
 
@@ -191,3 +197,56 @@ async def test_a_conversation_lost_with_its_upstream_is_said_and_the_next_audio_
             await say(c, silence(300) + await speak(SPOKEN) + silence(1500))
             await read_until(c, lambda: "what" in said(c.events).lower())
             assert upstream_sessions(other) == 1
+
+
+async def test_on_the_realtime_api_the_upstreams_turns_pass_through_with_server_turn_detection(
+    chain: tuple[RunningGateway, RunningGateway, RemoteEngine],
+) -> None:
+    up, gw, _ = chain
+    question, interruption = await speak(LONG), await speak("stop, stop, wait a moment")
+    async with connect(gw.url) as c:
+        await c.wait_for("session.created")
+        # Server turn detection (this gateway has no detector: the engine's takes the turns).
+        vad = {"type": "server_vad"}
+        audio_in = {"turn_detection": vad, "transcription": {"model": "whisper-1"}}
+        await c.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": audio_in}}})
+        await c.wait_for("session.updated")
+        for chunk in chunks(silence(300) + question + silence(1500)):
+            await c.append(chunk)
+        # The upstream's turn, as a server VAD turn: speech, committed, transcribed, answered.
+        started = await c.wait_for("input_audio_buffer.speech_started", timeout=40)
+        stopped = await c.wait_for("input_audio_buffer.speech_stopped")
+        committed = await c.wait_for("input_audio_buffer.committed")
+        assert started["item_id"] == stopped["item_id"] == committed["item_id"]
+        assert started["audio_start_ms"] < stopped["audio_end_ms"]
+        created = await c.wait_for("response.created")
+        await c.wait_for("response.output_audio.delta")
+        # The caller talks over it: the upstream hears it, and its speech start reaches the client.
+        for chunk in chunks(interruption + silence(1500)):
+            await c.append(chunk)
+        again = await c.wait_for("input_audio_buffer.speech_started", timeout=40)
+        assert again["item_id"] != started["item_id"]
+        first_id = created["response"]["id"]
+        first = await event(c, lambda e: e["type"] == "response.done" and e["response"]["id"] == first_id)
+        # Ended whole (the upstream had made it all before) or cut by the barge-in; never failed.
+        assert first["response"]["status"] in ("completed", "cancelled")
+        done = await event(c, lambda e: e["type"] == "response.done" and e["response"]["id"] != first_id)
+        assert done["response"]["status"] == "completed"
+        transcript = done["response"]["output"][0]["content"][0]["transcript"]
+        completed = [e for e in c.events if e["type"] == "conversation.item.input_audio_transcription.completed"]
+        assert [e["item_id"] for e in completed] == [started["item_id"], again["item_id"]]
+        assert transcript == f"You said: {completed[1]['transcript']}"  # the upstream's answer to the interruption
+        assert not [e for e in c.events if e["type"] == "error"]
+        # Turns the client commits (no turn detection): the gateway's requests, one per answer.
+        await c.send(
+            {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}}
+        )
+        await c.wait_for("session.updated")
+        await eventually(lambda: upstream_sessions(up) == 0)  # the conversation ended with it
+        for chunk in chunks(await speak(SPOKEN)):
+            await c.append(chunk)
+        await c.send({"type": "input_audio_buffer.commit"})
+        await c.send({"type": "response.create"})
+        done = await c.wait_for("response.done", timeout=40)
+        transcript = done["response"]["output"][0]["content"][0]["transcript"]
+        assert done["response"]["status"] == "completed" and transcript.lower().startswith("you said")

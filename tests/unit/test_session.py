@@ -14,9 +14,29 @@ from gateway.audio.codecs import ulaw_encode
 from gateway.protocol import client_events as ce
 from gateway.protocol.errors import CloseCode, Code
 from gateway.protocol.session_config import OPENAI_VOICES, SessionConfig, TurnDetection
-from gateway.session.effects import Cancel, CloseSocket, EndInput, Feed, StartResponse, StartTranscription
+from gateway.session.effects import (
+    Cancel,
+    CloseSocket,
+    EndInput,
+    Feed,
+    StartConversation,
+    StartResponse,
+    StartTranscription,
+)
 from gateway.session.session import RealtimeSession, SessionLimits
-from orchestrator.engine import AudioChunk, AudioDelta, Finished, Message, TextChunk, TextDelta, Usage
+from orchestrator.engine import (
+    AnswerStarted,
+    AudioChunk,
+    AudioDelta,
+    Finished,
+    Heard,
+    Message,
+    SpeechStarted,
+    SpeechStopped,
+    TextChunk,
+    TextDelta,
+    Usage,
+)
 from orchestrator.engines.passthrough import PassthroughEngine
 
 RATE = 24000
@@ -1047,3 +1067,48 @@ def test_session_created_with_server_vad_config_but_no_detector_keeps_manual_tur
     events, _ = d.send({"type": "input_audio_buffer.commit"})
     assert d.types(events)[0] == "input_audio_buffer.committed"
     assert isinstance(effects[0], StartTranscription)
+
+
+# --- an engine that takes its own turns (engine_turns.py) ---------------------------------
+
+
+def test_server_turn_detection_on_an_engine_that_takes_turns_is_the_engines() -> None:
+    engine = dataclasses.replace(PassthroughEngine().info, takes_turns=True)
+    s = RealtimeSession(session_id="s", config=SessionConfig(model="m", turn_detection=None), engine=engine,
+                        vad_factory=None)  # fmt: skip
+    # Turn detection is the engine's: accepted with no speech detector here.
+    s.handle(
+        ce.SessionUpdate(None, {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}})
+    )
+    events, _ = s.take()
+    assert [e["type"] for e in events] == ["session.updated"]
+    s.handle(ce.AudioAppend(None, TONE))
+    events, effects = s.take()
+    assert events == [] and [type(e) for e in effects] == [StartConversation, Feed]
+    rid = effects[0].request.request_id
+    s.on_turn(rid, SpeechStarted(0.0))
+    s.on_turn(rid, SpeechStopped(500.0))
+    s.on_turn(rid, AnswerStarted())
+    s.on_turn(rid, Heard("hello", final=True))
+    s.on_turn(rid, AudioDelta(TONE))
+    s.on_turn(rid, Finished())
+    events, effects = s.take()
+    types = [e["type"] for e in events]
+    turn = ["speech_started", "speech_stopped", "committed"]
+    assert types[:5] == [f"input_audio_buffer.{t}" for t in turn] + [
+        "conversation.item.added",
+        "conversation.item.done",
+    ]
+    assert "response.created" in types and types.index("response.done") > types.index("response.output_audio.delta")
+    done = next(e for e in events if e["type"] == "response.done")
+    assert done["response"]["status"] == "completed"
+    assert not [e for e in effects if isinstance(e, StartResponse | StartTranscription)]  # all the engine's
+    item = next(it for it in s.conversation if it.role == "user")
+    assert item.content[0].transcript == "hello" and not item.pending_transcription
+    # Turns the client commits: the conversation ends, and audio goes to the input buffer again.
+    s.handle(ce.SessionUpdate(None, {"type": "realtime", "audio": {"input": {"turn_detection": None}}}))
+    _, effects = s.take()
+    assert Cancel(rid) in effects
+    s.handle(ce.AudioAppend(None, TONE))
+    _, effects = s.take()
+    assert [type(e) for e in effects] == [StartTranscription, Feed]
