@@ -14,12 +14,16 @@ decides into the events the session's parts emit, which its dialect spells:
 - ``SpeechStopped``: ``input_audio_buffer.speech_stopped``, and the turn committed as a
   server VAD turn is (``InputAudio.commit_heard``: ``input_audio_buffer.committed``, its
   ``input_audio`` user item, its transcript to come);
-- ``Heard``: the turn's transcript, as a transcription's (``InputAudio.heard``:
-  ``...input_audio_transcription.delta``, then ``.completed``, the item's transcript);
-  pieces heard before the turn is committed wait for it, and a final transcript of a turn
-  the engine said no speech end of commits it first;
+- ``Heard``: the transcript of the oldest committed turn still without one (an engine
+  transcribes its turns in order, and may answer before it has), as a transcription's
+  (``InputAudio.heard``: ``...input_audio_transcription.delta``, then ``.completed``, the
+  item's transcript); with none committed, of the turn under way: its pieces wait for its
+  commit, and its final transcript commits it (an engine that says no speech end);
 - context the dialect appends meanwhile (``context``: instructions, silent thinking)
   goes to the conversation as ``TextChunk``s (the engine adds each as a system message);
+- a conversation that ends (the session's end, its turn detection off, a failure) with
+  turns committed and not transcribed completes them with what was heard of them, so
+  that no answer waits for their transcripts;
 - ``AnswerStarted``: a response the engine leads (``Responses.create(..., led=True)``:
   no engine request of its own), given the text and audio that follow, ended by their
   ``Finished``. Deltas of an answer the session ended already (a barge-in) are dropped.
@@ -32,6 +36,7 @@ snapshot (what the engine heard before is in the context it is started with).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 from gateway.audio.codecs import AudioFormat
@@ -82,9 +87,10 @@ class EngineTurns:
         self._origin_ms = 0.0  # the session's input clock when it started (the engine's clock is its own)
         self._converter: Converter | None = None
         self._answering: str | None = None  # the response the engine's deltas go to
-        self._turn_item: str | None = None  # the caller's turn under way: its item
-        self._committed = False  # ... which is in the conversation (its speech ended)
-        self._held: list[str] = []  # ... and what was heard of it before that
+        self._turn_item: str | None = None  # the caller's turn under way, not committed yet: its item
+        self._held: list[str] = []  # ... and what was heard of it
+        self._awaiting: deque[tuple[str, list[str]]] = deque()  # committed turns, oldest first, and
+        #   what was heard of each before its final transcript
         self.speaking = False  # the engine hears the caller speak
 
     def append(self, audio: bytes, fmt: AudioFormat) -> None:
@@ -124,10 +130,19 @@ class EngineTurns:
         self._log.effects.append(StartConversation(request))
 
     def shutdown(self) -> None:
-        """The session is over: the conversation ends (no final marker: it is cancelled)."""
+        """The session is over, or its turns are no longer the engine's: the conversation ends
+        (no final marker: it is cancelled)."""
         if self.request_id is not None:
             self._log.effects.append(Cancel(self.request_id))
             self.request_id = None
+        self._ended()
+
+    def _ended(self) -> None:
+        """No more will be heard: committed turns keep what was heard of them."""
+        self.speaking, self._turn_item, self._held, self._answering = False, None, [], None
+        while self._awaiting:
+            item_id, heard = self._awaiting.popleft()
+            self._input.heard(item_id, "".join(heard), final=True)
 
     # --- what the engine decides --------------------------------------------------------
 
@@ -148,45 +163,37 @@ class EngineTurns:
                 self._answering = self._answer()
             case SpeechStarted():
                 self.speaking = True
-                self._new_turn()
+                self._turn_item, self._held = self._log.new_id("item"), []
                 self._log.emit("input_audio_buffer.speech_started", audio_start_ms=self._at(output.audio_ms),
                                item_id=self._turn_item)  # fmt: skip
                 if self._responses.current is not None:
                     self._barge_in()
             case SpeechStopped():
                 self.speaking = False
-                if self._turn_item is None or self._committed:
-                    self._new_turn()
+                item_id = self._turn_item or self._log.new_id("item")
                 self._log.emit("input_audio_buffer.speech_stopped", audio_end_ms=self._at(output.audio_ms),
-                               item_id=self._turn_item)  # fmt: skip
-                self._commit()
+                               item_id=item_id)  # fmt: skip
+                self._commit(item_id)
             case Heard():
-                if self._turn_item is None:
-                    self._new_turn()
+                if not self._awaiting:
+                    if not output.final:
+                        self._held.append(output.text)
+                        return
+                    self._commit(self._turn_item or self._log.new_id("item"))
+                item_id, heard = self._awaiting[0]
                 if output.final:
-                    self._commit()
-                    item_id, self._turn_item = self._turn_item, None
-                    assert item_id is not None
-                    self._input.heard(item_id, output.text, final=True)
-                elif not self._committed:
-                    self._held.append(output.text)
+                    self._awaiting.popleft()
                 else:
-                    assert self._turn_item is not None
-                    self._input.heard(self._turn_item, output.text, final=False)
+                    heard.append(output.text)
+                self._input.heard(item_id, output.text, final=output.final)
 
-    def _new_turn(self) -> None:
-        self._turn_item, self._committed, self._held = self._log.new_id("item"), False, []
-
-    def _commit(self) -> None:
-        """The caller's turn into the conversation (once), with what was heard of it so far."""
-        item_id = self._turn_item
-        if item_id is None or self._committed:
-            return
-        self._committed = True
+    def _commit(self, item_id: str) -> None:
+        """The caller's turn into the conversation, with what was heard of it so far."""
+        held, self._turn_item, self._held = self._held, None, []
         self._input.commit_heard(item_id)
-        held, self._held = "".join(self._held), []
+        self._awaiting.append((item_id, held))
         if held:
-            self._input.heard(item_id, held, final=False)
+            self._input.heard(item_id, "".join(held), final=False)
 
     def _at(self, audio_ms: float | None) -> int:
         """The engine's place in its input audio, on the session's input clock."""
@@ -197,11 +204,9 @@ class EngineTurns:
         an ``error`` says it; the next input audio starts another conversation."""
         if request_id != self.request_id:
             return
-        self.request_id, self.speaking = None, False
-        if self._turn_item is not None and self._committed:  # (its transcript will not come)
-            self._input.heard(self._turn_item, "".join(self._held), final=True)
-        self._turn_item, self._held = None, []
-        answering, self._answering = self._answering, None
+        self.request_id = None
+        answering = self._answering
+        self._ended()
         if answering is not None and self._responses.find(answering) is not None:
             self._responses.on_failed(answering, code, message)
         else:

@@ -1112,3 +1112,35 @@ def test_server_turn_detection_on_an_engine_that_takes_turns_is_the_engines() ->
     s.handle(ce.AudioAppend(None, TONE))
     _, effects = s.take()
     assert [type(e) for e in effects] == [StartTranscription, Feed]
+
+
+def test_the_engines_transcripts_go_to_its_turns_in_order_and_none_is_left_waiting() -> None:
+    engine = dataclasses.replace(PassthroughEngine().info, takes_turns=True)
+    s = RealtimeSession(session_id="s", config=SessionConfig(model="m", turn_detection=TurnDetection()), engine=engine,
+                        vad_factory=None)  # fmt: skip
+    s.handle(ce.SessionUpdate(None, {"type": "realtime", "audio": {"input": {"transcription": {"model": "w"}}}}))
+    s.handle(ce.AudioAppend(None, TONE))
+    _, effects = s.take()
+    rid = next(e for e in effects if isinstance(e, StartConversation)).request.request_id
+    s.on_turn(rid, SpeechStarted())
+    s.on_turn(rid, SpeechStopped())
+    s.on_turn(rid, SpeechStarted())  # the caller goes on before the first turn's transcript came
+    s.on_turn(rid, SpeechStopped())
+    s.on_turn(rid, Heard("first", final=True))
+    s.on_turn(rid, Heard("sec"))
+    events, _ = s.take()
+    first, second = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+    done = [(e["item_id"], e["transcript"]) for e in events if e["type"].endswith("transcription.completed")]
+    assert done == [(first, "first")]
+    # The engine's turns end (turn detection off) before the second transcript is whole: the
+    # item keeps what was heard, and an answer that reads it does not wait for it.
+    s.handle(ce.SessionUpdate(None, {"type": "realtime", "audio": {"input": {"turn_detection": None}}}))
+    events, effects = s.take()
+    assert Cancel(rid) in effects
+    assert [(e["item_id"], e["transcript"]) for e in events if e["type"].endswith("transcription.completed")] == [
+        (second, "sec")
+    ]
+    assert not any(it.pending_transcription for it in s.conversation)
+    s.handle(ce.ResponseCreate(None))
+    _, effects = s.take()
+    assert [type(e) for e in effects] == [StartResponse, EndInput]
