@@ -11,6 +11,11 @@ vLLM-Omni's protocols were wrong, these tests would say so.
   still streams, and one slower than ``event_timeout_s`` is ``upstream_timeout``.
 - The gateway in front of it: a duplex session on the gateway (its own
   ``?duplex=1``) is forwarded to the duplex upstream; its resume is ours.
+- Turns the upstream takes (``turns: "upstream"``): the session object asks for its
+  server VAD, barge-in on speech and answers of its own; its speech start, commit,
+  transcript and answer come through as ``converse``'s outputs, and its barge-in of a
+  running answer ends it; through the gateway, a GPT-Live and a Realtime client see
+  the upstream's turns with no detector on the gateway, and its barge-in cuts the answer.
 - The turn-based ``/v1/realtime``: refused with a clear code.
 - ``/v1/realtime/video``: ``size``/``seconds`` reach the upstream resolved,
   chunks and interactions go through, an interaction the upstream refuses is
@@ -21,10 +26,12 @@ vLLM-Omni's protocols were wrong, these tests would say so.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 from support import upstream_docs as doc
@@ -33,12 +40,17 @@ from support.vllm_omni_double import Behaviour, OmniDouble, omni_double
 
 from gateway.settings import Settings
 from orchestrator.engine import (
+    AnswerStarted,
     AudioChunk,
     AudioDelta,
+    ConversationRequest,
     EngineError,
     Finished,
+    Heard,
     Message,
     ResponseRequest,
+    SpeechStarted,
+    SpeechStopped,
     TextDelta,
     TranscriptionRequest,
 )
@@ -226,6 +238,101 @@ async def read_video(
             interact = None
         if event["type"] == until:
             return got
+
+
+# --- turns the upstream takes (route option turns: "upstream") ------------------------------------
+
+LOUD = (0.05 * np.sin(2 * np.pi * 220 * np.arange(480) / 24000) * 32767).astype("<i2").tobytes()  # 20 ms, 24 kHz
+QUIET = bytes(len(LOUD))
+
+
+async def fed(queue: asyncio.Queue[Any]) -> AsyncIterator[Any]:
+    """Inputs as the test puts them (None: their end)."""
+    while (item := await queue.get()) is not None:
+        yield item
+
+
+async def test_the_upstream_takes_the_turns_and_its_barge_in_ends_the_answer() -> None:
+    async with omni_double(Behaviour(words=40, delay_s=0.02)) as up, engine_for(up, turns="upstream") as engine:
+        assert engine.info.takes_turns
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        outputs = engine.converse(ConversationRequest("conv_1", (Message("system", "Be brief."),), "Be kind."),
+                                  fed(queue))  # fmt: skip
+        for chunk in [LOUD] * 15 + [QUIET] * 30:  # 300 ms of sound, 600 ms of quiet
+            queue.put_nowait(AudioChunk(chunk))
+        got: list[Any] = []
+        async for out in outputs:
+            got.append(out)
+            if isinstance(out, AudioDelta) and sum(isinstance(o, AudioDelta) for o in got) == 3:
+                for chunk in [LOUD] * 5:  # the caller over the answer
+                    queue.put_nowait(AudioChunk(chunk))
+            if isinstance(out, Finished):
+                break
+        (session,) = up.seen.duplex_sessions  # one upstream session, its own turns asked for
+        assert session["turn_detection"] == {"type": "server_vad"} and session["instructions"] == "Be kind."
+        assert session["extra_body"] == {"auto_response": True} and session["overlap_policy"] == "barge_in_on_speech"
+        kinds = [type(o) for o in got]
+        assert kinds[:4] == [SpeechStarted, SpeechStopped, Heard, AnswerStarted]
+        assert got[0].audio_ms == 0 and got[1].audio_ms == 300
+        assert got[2] == Heard("heard 1200 ms", final=True)  # the double's transcript (800 ms, counted at 16 kHz)
+        # The upstream heard the caller over its answer and stopped it (its barge-in, not a cancel of ours).
+        assert SpeechStarted in kinds[4:] and kinds[-1] is Finished
+        assert up.seen.barge_ins == 1 and up.seen.cancels == 0
+        assert sum(isinstance(o, AudioDelta) for o in got) < 40
+        queue.put_nowait(None)  # the session is over: the upstream's is closed for good
+        assert [o async for o in outputs] == []
+        for _ in range(200):
+            if up.seen.closes:
+                break
+            await asyncio.sleep(0.01)
+        assert up.seen.closes == 1
+
+
+async def test_a_realtime_and_a_live_client_see_the_upstreams_turns_and_barge_in() -> None:
+    async with (
+        omni_double(Behaviour(words=50, delay_s=0.04)) as up,
+        run_gateway(
+            Settings(video_engine="none"),
+            engine=RemoteEngine([up.http], turns="upstream", **FAST_POOL),
+            vad_factory=None,
+        ) as gw,  # fmt: skip
+    ):
+        async with connect(gw.url) as c:  # server turn detection by default: the engine's
+            created = await c.wait_for("session.created")
+            assert created["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+            for chunk in [LOUD] * 15 + [QUIET] * 30:
+                await c.append(chunk)
+            first = await c.wait_for("response.created")
+            await c.wait_for("response.output_audio.delta")
+            for chunk in [LOUD] * 5 + [QUIET] * 30:
+                await c.append(chunk)
+            done = await c.wait_for("response.done")
+            assert done["response"]["id"] == first["response"]["id"]
+            assert done["response"]["status"] == "cancelled"
+            assert done["response"]["status_details"]["reason"] == "turn_detected"
+            second = await c.wait_for("response.done")  # the upstream answers the interruption
+            assert second["response"]["status"] == "completed"
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/live/sessions") as c:
+            await c.send({"type": "session.start", "session": {"model": "gpt-live-1"}})
+            await c.wait_for("session.started")
+            for chunk in [LOUD] * 15 + [QUIET] * 30:
+                await c.send({"type": "session.input_audio.append", "audio": base64.b64encode(chunk).decode()})
+            await c.wait_for("session.output_audio.delta")
+            for chunk in [LOUD] * 5:
+                await c.send({"type": "session.input_audio.append", "audio": base64.b64encode(chunk).decode()})
+            barged = up.seen.barge_ins + 1
+            for _ in range(500):
+                if up.seen.barge_ins >= barged:
+                    break
+                await asyncio.sleep(0.01)
+            # Nothing more of the answer after the upstream's barge-in, beyond what was on its way.
+            mark = len(c.events)
+            await c.send({"type": "session.close"})
+            await c.wait_for("session.closed")
+            late = [e for e in c.events[mark:] if e["type"] == "session.output_audio.delta"]
+            assert sum(len(base64.b64decode(e["delta"])) for e in late) <= 300 * 48  # the lead, at most
+            sent = [e for e in c.events if e["type"] == "session.output_audio.delta"]
+            assert sum(len(base64.b64decode(e["delta"])) for e in sent) < 50 * 20 * 48  # not the whole answer
 
 
 async def test_video_through_a_vllm_omni_upstream_with_size_seconds_and_interactions() -> None:

@@ -8,7 +8,13 @@ sections), not from our server:
   the answer (``response.speak``, ``response.output_audio.delta`` with ``format``,
   ``sample_rate_hz`` and ``metadata``, one ``response.output_audio_transcript.delta``
   per audio delta), ``response.cancel``, items, heartbeat, acks, close, and a
-  ``server_event_seq`` on every event;
+  ``server_event_seq`` on every event; with ``turn_detection`` ``server_vad``
+  ("Overlap and barge-in", "Input"), turns of its own: speech (here: an append
+  louder than ``overlap_silence_rms``, the document's RMS) says ``speech_started``,
+  ``silence_duration_ms`` of quiet ``speech_stopped`` and the commit fan-out, and,
+  with ``auto_response``, the answer; speech over a running answer under
+  ``barge_in_on_speech`` is ``overlap.decision`` ``barge_in`` and the answer ends
+  ``cancelled`` (``barge_in``), the epoch advanced;
 - ``/v1/realtime`` without ``duplex`` (``docs/serving/realtime_api.md``): the
   turn-based API (``session.created`` at connect, ``session.update`` with a
   top-level ``model``, a non-final commit starting one generation over the
@@ -77,6 +83,7 @@ class Seen:
     heartbeats: int = 0
     cancels: int = 0
     closes: int = 0
+    barge_ins: int = 0  # answers its own speech detection stopped (server VAD)
     video_starts: list[dict[str, Any]] = field(default_factory=list)
     interactions: list[dict[str, Any]] = field(default_factory=list)
     stops: int = 0
@@ -148,6 +155,9 @@ class DuplexSocket:
         self.epoch = 0
         self.turn_id = 0
         self.deltas = 0
+        self.heard_ms = 0.0  # input audio so far (server VAD's clock)
+        self.speech: tuple[str, float] | None = None  # server VAD: (item id, start ms) of speech under way
+        self.quiet_ms = 0.0  # ... and the quiet since its last loud append
 
     async def emit(self, event: dict[str, Any]) -> None:
         self.seq += 1
@@ -243,6 +253,8 @@ class DuplexSocket:
             pcm = base64.b64decode(event.get("audio") or "")
             self.buffer += pcm
             self.d.seen.appends.append((asyncio.get_running_loop().time(), len(pcm)))
+            if ((self.session or {}).get("turn_detection") or {}).get("type") == "server_vad":
+                await self.detect(pcm)
         elif kind == "input_audio_buffer.clear":
             self.buffer.clear()
             await self.emit({"type": "input_audio_buffer.cleared"})
@@ -270,6 +282,54 @@ class DuplexSocket:
             await self.cancel()
         else:
             await self.error("unknown_event", f"unsupported event {kind}", event)
+
+    async def detect(self, pcm: bytes) -> None:
+        """Server VAD ("Overlap and barge-in"; SERVER_VAD_UPDATE's silence_duration_ms, the
+        RMS of overlap_silence_rms): turns this server takes by itself."""
+        session = self.session or {}
+        rate = int(session.get("sample_rate_hz") or 16000)
+        ms = len(pcm) / 2 / rate * 1000
+        start_ms, self.heard_ms = self.heard_ms, self.heard_ms + ms
+        samples = np.frombuffer(pcm[: len(pcm) // 2 * 2], "<i2").astype(np.float64) / 32768
+        loud = bool(samples.size) and float(np.sqrt((samples**2).mean())) > float(
+            session.get("overlap_silence_rms", 0.003)
+        )
+        silence_ms = float((session.get("turn_detection") or {}).get("silence_duration_ms", 500))
+        if loud and self.speech is None:
+            item_id = f"item_{uuid.uuid4().hex[:12]}"
+            self.speech, self.quiet_ms = (item_id, start_ms), 0.0
+            await self.emit({"type": "input_audio_buffer.speech_started", "audio_start_ms": round(start_ms),
+                             "item_id": item_id})  # fmt: skip
+            if self.answer is not None and not self.answer.done():
+                await self.barge_in()
+        elif loud:
+            self.quiet_ms = 0.0
+        elif self.speech is not None:
+            self.quiet_ms += ms
+            if self.quiet_ms >= silence_ms:
+                (item_id, _), self.speech = self.speech, None
+                await self.emit({"type": "input_audio_buffer.speech_stopped",
+                                 "audio_end_ms": round(self.heard_ms - self.quiet_ms), "item_id": item_id})  # fmt: skip
+                await self.commit({})
+        else:
+            self.buffer.clear()  # (silence before any speech is no turn)
+
+    async def barge_in(self) -> None:
+        """Speech over the running answer under ``barge_in_on_speech``: it stops."""
+        task, rid = self.answer, self.answer_id
+        if task is None or rid is None or self.session is None:
+            return
+        if self.session.get("overlap_policy", "barge_in_on_speech") != "barge_in_on_speech":
+            return
+        self.d.seen.barge_ins += 1
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        self.epoch += 1
+        await self.emit({"type": "overlap.decision", "session_id": self.session_id, "epoch": self.epoch,
+                         "policy": "barge_in_on_speech", "action": "barge_in",
+                         "reason": "server_vad_utterance_active"})  # fmt: skip
+        await self.finish(rid, "", True, "cancelled", {"type": "cancelled", "reason": "barge_in"})
 
     async def error(self, code: str, message: str, cause: dict[str, Any]) -> None:
         await self.emit(

@@ -38,7 +38,8 @@ converse (route option ``turns: "upstream"``: ``info.takes_turns``)
     The upstream takes the turns: one upstream session for the whole
     conversation (a gateway session's), never lent to another request, with its
     own speech detection (``turn_detection`` ``server_vad``, answers created and
-    interrupted by it; in the duplex dialect ``extra_body.auto_response: true``),
+    interrupted by it; in the duplex dialect ``extra_body.auto_response: true`` and
+    ``overlap_policy: barge_in_on_speech``),
     input transcription on, and the conversation so far as items. The caller's
     audio is appended as it comes and never committed by us; a ``TextChunk``
     (context appended meanwhile) becomes a system item. Its events become
@@ -334,7 +335,8 @@ class RemoteEngine(PooledEngine):
             modalities=modalities, transcription=transcription, voice=request.voice, speed=request.speed
         )
         # The upstream's own speech detection takes the turns, and answers them (auto_response).
-        duplex.update(turn_detection={"type": "server_vad"}, extra_body={"auto_response": True})
+        duplex.update(turn_detection={"type": "server_vad"}, overlap_policy="barge_in_on_speech",
+                      extra_body={"auto_response": True})  # fmt: skip
         output: dict[str, Any] = {"format": {"type": "audio/pcm", "rate": RATE}}
         if request.voice:
             output["voice"] = request.voice
