@@ -498,6 +498,7 @@ class Orchestrator:
             "running_transcriptions": self._active["transcription"],
             "running_responses": self._active["response"],
             "running_videos": self._active["video"],
+            "running_conversations": self._active["conversation"],
             "max_responses": self.limits.max_responses,
         }
 
