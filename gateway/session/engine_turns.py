@@ -92,6 +92,7 @@ class EngineTurns:
         self._awaiting: deque[tuple[str, list[str]]] = deque()  # committed turns, oldest first, and
         #   what was heard of each before its final transcript
         self.speaking = False  # the engine hears the caller speak
+        self.turn_heard: Callable[[], None] = lambda: None  # a turn's transcript is whole (the dialect's)
 
     def append(self, audio: bytes, fmt: AudioFormat) -> None:
         """Input audio (already checked; silence while muted): on the timeline, and to the engine."""
@@ -186,6 +187,8 @@ class EngineTurns:
                 else:
                     heard.append(output.text)
                 self._input.heard(item_id, output.text, final=output.final)
+                if output.final:
+                    self.turn_heard()
 
     def _commit(self, item_id: str) -> None:
         """The caller's turn into the conversation, with what was heard of it so far."""

@@ -168,6 +168,8 @@ class LiveSession(RealtimeSession):
         self._active_ms = 0.0
         spelling.on_quiet = self._quiet
         self._live_turns.ended = self._delegated
+        if self._engine_turns is not None:  # (what waited for the caller's turn: said once it is heard,
+            self._engine_turns.turn_heard = self._say_pending  # or after the engine's answer to it)
 
     @property
     def dialect(self) -> Dialect:
@@ -378,8 +380,6 @@ class LiveSession(RealtimeSession):
     def shutdown(self) -> None:
         super().shutdown()
         self._delegations.shutdown()
-        if self._engine_turns is not None:
-            self._engine_turns.shutdown()
 
     def _close(self, reason: str, event_id: str | None) -> None:
         """``session.closed``: the session's last event (everything stops first)."""

@@ -438,6 +438,35 @@ def test_an_engine_that_takes_its_turns_hears_everything_and_its_answers_and_bar
         ConnectServerEvent.validate_python(e)
 
 
+def test_commentary_waits_for_the_callers_turn_the_engine_hears_and_its_answer() -> None:
+    s = turns_session()
+    s.handle(ce.AudioAppend(None, TONE))
+    _, effects = take(s)
+    rid = next(e for e in effects if isinstance(e, StartConversation)).request.request_id
+    s.on_turn(rid, SpeechStarted())
+    s.handle(le.ContextAppend(None, "commentary", "Your table is booked.", None))
+    s.on_turn(rid, SpeechStopped())
+    _, effects = take(s)
+    assert not [e for e in effects if isinstance(e, StartResponse)]  # the caller has the floor
+    s.on_turn(rid, AnswerStarted())  # the engine answers the caller (before its transcript is whole)
+    s.on_turn(rid, Heard("is it booked", final=True))
+    _, effects = take(s)
+    assert not [e for e in effects if isinstance(e, StartResponse)]  # its answer goes first
+    s.on_turn(rid, TextDelta("Let me see."))
+    s.on_turn(rid, Finished())
+    _, effects = take(s)
+    (say,) = [e for e in effects if isinstance(e, StartResponse)]
+    assert say.request.say == "Your table is booked."
+    # A turn the engine does not answer: said once its transcript is whole.
+    s.on_response(say.request.request_id, Finished())
+    s.on_turn(rid, SpeechStarted())
+    s.handle(le.ContextAppend(None, "commentary", "It is for two.", None))
+    s.on_turn(rid, SpeechStopped())
+    s.on_turn(rid, Heard("thanks", final=True))
+    _, effects = take(s)
+    assert [e.request.say for e in effects if isinstance(e, StartResponse)] == ["It is for two."]
+
+
 def test_a_failed_conversation_is_said_and_the_next_audio_starts_another() -> None:
     s = turns_session()
     s.handle(ce.AudioAppend(None, TONE))
