@@ -51,6 +51,7 @@ from support.workers import by_worker, scrape
 
 from gateway.cli import settings_from_args
 from gateway.routing import CATCH_ALL, parse_routes
+from gateway.runtime import build_engine
 from gateway.settings import Settings
 from gateway.tenants import KeysFile, TenantLimits, key_digest
 from gateway.workers import available_cores
@@ -115,8 +116,9 @@ KEYS_FILE = block_after("docs/tenants.md", "client secrets with it")
 @runs(ROUTES)
 def test_the_model_routes_shown_are_what_the_gateway_parses() -> None:
     routes = {r.name: r for r in parse_routes(ROUTES, Settings())}
-    assert set(routes) == {"omni-cascade", "tone", CATCH_ALL}
+    assert set(routes) == {"omni-cascade", "tone", "duplex-omni", CATCH_ALL}
     assert routes["tone"].engine == "passthrough" and routes["tone"].options == {"audio_chunks": 25}
+    assert build_engine(routes["duplex-omni"]).info.takes_turns  # (built: it connects only when started)
 
 
 @runs(KEYS_FILE)
