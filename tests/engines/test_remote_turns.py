@@ -102,7 +102,7 @@ async def test_the_upstreams_own_turn_passes_through_to_a_live_client(
         await say(c, silence(300) + speech + silence(1500))
         # The upstream heard the turn, ended it and answered it: "You said: what ..." in speech.
         await read_until(c, lambda: "what" in said(c.events).lower())
-        assert "what" in heard(c.events).lower()
+        await read_until(c, lambda: "what" in heard(c.events).lower())  # what it heard, on the timeline
         assert said(c.events).lower().startswith("you said")
         transcript = next(e for e in c.events if e["type"] == "session.input_transcript.delta")
         # Placed on the session timeline where the upstream's detector heard the speech (from
@@ -155,8 +155,8 @@ async def test_the_upstreams_barge_in_cuts_the_answer_that_plays(
         await say(c, silence(300) + question + silence(1500))
         # The upstream answers the long question: some seconds of "You said: ...", paced.
         await c.wait_for("session.output_audio.delta", timeout=40)
+        await read_until(c, lambda: heard(c.events).strip() != "")  # (the answer need not wait for it)
         asked = heard(c.events)
-        assert asked.strip()
         # The caller talks over the answer: only the upstream can hear it (no detector here).
         mark = len(c.events)
         await say(c, interruption + silence(1500))
@@ -169,7 +169,6 @@ async def test_the_upstreams_barge_in_cuts_the_answer_that_plays(
         # of eSpeak NG (the upstream's voice), and the client had barely begun to play it.
         whole_ms = len(await speak(f"You said: {asked.strip()}")) / 2 / 24
         sent_ms = sum(audio_ms(e) for e in c.events[:cut])
-        print(f"first answer: {sent_ms:.0f} ms of {whole_ms:.0f} ms sent")
         assert 0 < sent_ms < whole_ms / 2, (sent_ms, whole_ms)
         # (Counted up to the interruption's transcript: the first answer's audio, and perhaps
         # the beginning of the upstream's answer to the interruption, which need not wait for it.)
