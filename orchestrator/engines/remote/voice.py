@@ -372,17 +372,13 @@ class RemoteEngine(PooledEngine):
                         raise sender.exception()  # type: ignore[misc]
                     return  # the inputs ended: the session is over
                 event, receiver = receiver.result(), None
-                if isinstance(event, bytes):
-                    pcm = output_audio_frame(event)
+                pcm = _answer_audio(event)
+                if pcm is not None or isinstance(event, bytes):
                     if pcm:
                         yield AudioDelta(pcm)
                     continue
                 kind = event.get("type")
-                if kind in _AUDIO_DELTAS:
-                    pcm = base64.b64decode(event.get("delta") or "")
-                    if pcm:
-                        yield AudioDelta(pcm)
-                elif kind in _TEXT_DELTAS:
+                if kind in _TEXT_DELTAS:
                     if event.get("delta"):
                         text.append(event["delta"])
                         yield TextDelta(event["delta"])
@@ -650,17 +646,13 @@ class RemoteEngine(PooledEngine):
         streamed: set[str] = set()  # calls whose arguments came as deltas
         while True:
             event = await conn.recv(self.event_timeout_s)
-            if isinstance(event, bytes):
-                pcm = output_audio_frame(event)
+            pcm = _answer_audio(event)
+            if pcm is not None or isinstance(event, bytes):
                 if pcm:
                     yield AudioDelta(pcm)
                 continue
             kind = event.get("type")
-            if kind in _AUDIO_DELTAS:
-                pcm = base64.b64decode(event.get("delta") or "")
-                if pcm:
-                    yield AudioDelta(pcm)
-            elif kind in _TEXT_DELTAS:
+            if kind in _TEXT_DELTAS:
                 delta = event.get("delta") or ""
                 if delta:
                     text.append(delta)
@@ -801,6 +793,16 @@ class RemoteEngine(PooledEngine):
             await lease.conn.send({"type": "input_audio_buffer.commit"})
         else:
             await lease.conn.send({"type": "input_audio_buffer.clear"})
+
+
+def _answer_audio(event: dict[str, Any] | bytes) -> bytes | None:
+    """The answer audio an upstream event carries, a binary frame's (omni-binary.v1) or an audio
+    delta's (b"": one with none); None: an event of another kind."""
+    if isinstance(event, bytes):
+        return output_audio_frame(event) or b""
+    if event.get("type") in _AUDIO_DELTAS:
+        return base64.b64decode(event.get("delta") or "")
+    return None
 
 
 def _ms(value: Any) -> float | None:
