@@ -22,7 +22,7 @@ KEEP = 16  # answers whose format, item and converter are kept (older ones are f
 
 class AnswerAudio:
     def __init__(self, dst: AudioFormat, default: AudioFormat) -> None:
-        self.dst = dst  # what the call plays
+        """``dst``: what the call plays."""
         self.default = default  # an answer's format when neither it nor its session says one
         self._out = OutputConverters(dst, keep=KEEP)
         self._formats: OrderedDict[str, AudioFormat] = OrderedDict()  # response id -> its output format

@@ -136,6 +136,13 @@ def test_the_first_venv_refuses_an_engine_it_lacks_in_one_line(served: Served) -
     ]
 
 
+def test_the_first_venv_serves_no_video_and_says_what_to_install(served: Served) -> None:
+    """No torch here: the CPU video engine (which checks for torch and PyAV at start, and
+    imports them only with a video's first chunk) is not loaded, and the log says how to add it."""
+    line = next((ln for ln in served.log(200_000).splitlines() if "video engine unavailable" in ln), "")
+    assert "torch" in line and "video extra" in line, served.log()
+
+
 @pytest.fixture(scope="module")
 def served_with_video(served: Served) -> Iterator[Served]:
     """The first venv after the README's video line, serving again (the same command's serve)."""

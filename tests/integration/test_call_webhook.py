@@ -67,6 +67,14 @@ def twilio(gw: RunningGateway, **kwargs: Any) -> TwilioCall:
     return TwilioCall(f"ws://127.0.0.1:{gw.port}/v1/telephony/twilio", None, **kwargs)
 
 
+async def hung_up(gw: RunningGateway, path: str, call: TwilioCall) -> None:
+    """The hangup POSTed to ``gw``: 200, and the carrier's stream closes normally."""
+    res = await post(gw, path)
+    assert res.status_code == 200, res.text
+    await asyncio.wait_for(call.closed.wait(), 10)
+    assert call.close_code == 1000
+
+
 async def test_a_live_accept_on_the_other_replica_opens_the_calls_live_session_which_its_sideband_there_drives(
     cluster: tuple[RunningGateway, RunningGateway, Receiver],
 ) -> None:
@@ -94,10 +102,7 @@ async def test_a_live_accept_on_the_other_replica_opens_the_calls_live_session_w
             await sideband.wait_for("session.commentary.appended")
             await until(lambda: any(m.get("event") == "media" for m in call.received), "the answer on the call")
             await sideband.wait_for("session.output_audio.delta")
-        hung = await post(b, f"/v1/live/sessions/{live_id}/hangup")
-        assert hung.status_code == 200, hung.text
-        await asyncio.wait_for(call.closed.wait(), 10)
-        assert call.close_code == 1000
+        await hung_up(b, f"/v1/live/sessions/{live_id}/hangup", call)
     finally:
         await call.close()
 
@@ -164,11 +169,7 @@ async def test_a_call_announced_on_one_replica_is_accepted_driven_and_hung_up_fr
         # A second accept finds nothing waiting.
         again = await post(b, f"/v1/realtime/calls/{call_id}/accept", {"type": "realtime"})
         assert again.status_code == 404 and again.json()["error"]["code"] == "call_id_not_found"
-        # Hang up from B: the carrier's stream closes on A.
-        res = await post(b, f"/v1/realtime/calls/{call_id}/hangup")
-        assert res.status_code == 200, res.text
-        await asyncio.wait_for(call.closed.wait(), 10)
-        assert call.close_code == 1000
+        await hung_up(b, f"/v1/realtime/calls/{call_id}/hangup", call)  # from B: the stream closes on A
     finally:
         await call.close()
 
